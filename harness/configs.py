@@ -1,0 +1,367 @@
+"""Configurations as data: axes, named configs and vLLM flavours (configs/*.yaml).
+
+A configuration is a point on the axes of `configs/axes.yaml`; its name is derived from the axes.
+A flavour (`configs/flavours/*.yaml`) says how each axis value becomes env vars and server flags for
+one kind of vLLM (the users' fork, upstream, vLLM on CPU), where it can run, and which kernels it must
+and must not show per platform. Every problem in these files is a `SuiteError` of one line.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.errors import SuiteError
+from harness.platform import is_valid_selector, platform_matches
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+NAME_HEAD_AXES = ("moe", "activation")  # always in the name, in this order
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    help: str
+    tokens: dict[str, str]  # value -> name token ("" = no token)
+    default: str | None
+
+
+@dataclass(frozen=True)
+class Config:
+    axes: tuple[tuple[str, str], ...]  # (axis, value) in axes.yaml order
+    about: str = ""
+
+    @property
+    def values(self) -> dict[str, str]:
+        return dict(self.axes)
+
+    def __getitem__(self, axis: str) -> str:
+        return self.values[axis]
+
+
+@dataclass
+class KernelExpectation:
+    """Kernel-name globs one platform must / must not show for a configuration."""
+
+    must: list[str] = field(default_factory=list)
+    must_not: list[str] = field(default_factory=list)
+    fallback_log: str | None = None  # a regex: a logged fallback excuses a missing `must`
+    source: dict[str, list[str]] = field(default_factory=dict)  # pattern -> ["moe=marlin", ...]
+
+
+@dataclass
+class ServerSpec:
+    """What booting one configuration means: env vars, flags and what to expect."""
+
+    config_name: str
+    flavour: str
+    env: dict[str, str]
+    args: list[str]
+    logs: list[str]  # substrings the startup log must contain
+    kernels: KernelExpectation
+
+
+class Catalog:
+    """The axes, the named configs and the flavours, validated on load."""
+
+    def __init__(self, config_dir: Path = CONFIG_DIR) -> None:
+        self.dir = config_dir
+        self.axes = _load_axes(config_dir / "axes.yaml")
+        raw = _load_yaml(config_dir / "configs.yaml")
+        self.defaults: dict[str, str] = dict(raw.get("defaults") or {})
+        self.named: list[Config] = []
+        for i, entry in enumerate(raw.get("configs") or []):
+            where = f"{config_dir / 'configs.yaml'}: config #{i + 1}"
+            if not isinstance(entry, dict):
+                raise SuiteError(f"{where} is not a mapping of axis: value")
+            about = str(entry.get("about", ""))
+            self.named.append(self.make({k: v for k, v in entry.items() if k != "about"}, where, about))
+        self.flavours = {p.stem: Flavour(p, self) for p in sorted((config_dir / "flavours").glob("*.yaml"))}
+        for selector, name in self.defaults.items():
+            self.parse(name, f"{config_dir / 'configs.yaml'}: defaults[{selector}]")
+
+    # -- names -------------------------------------------------------------------------------
+    def make(self, values: dict[str, Any], where: str, about: str = "") -> Config:
+        """Build a Config from axis values, filling defaults; unknown axes or values fail."""
+        values = {str(k): str(v) for k, v in values.items()}
+        for axis, value in values.items():
+            if axis not in self.axes:
+                raise SuiteError(f"{where}: unknown axis '{axis}'; valid axes: {', '.join(self.axes)}")
+            if value not in self.axes[axis].tokens:
+                valid = ", ".join(self.axes[axis].tokens)
+                raise SuiteError(f"{where}: {axis}='{value}' is not one of {valid}")
+        full = []
+        for axis in self.axes.values():
+            value = values.get(axis.name, axis.default)
+            if value is None:
+                raise SuiteError(f"{where}: axis '{axis.name}' has no default and must be given")
+            full.append((axis.name, value))
+        return Config(tuple(full), about)
+
+    def name(self, config: Config) -> str:
+        parts = [self.axes[a].tokens[config[a]] for a in NAME_HEAD_AXES]
+        for axis in self.axes.values():
+            if axis.name in NAME_HEAD_AXES or config[axis.name] == axis.default:
+                continue
+            parts.append(axis.tokens[config[axis.name]])
+        return "-".join(p for p in parts if p)
+
+    def parse(self, name: str, where: str = "--config") -> Config:
+        """Parse a config name back into axis values (names are unambiguous by construction)."""
+        for known in self.named:
+            if self.name(known) == name:
+                return known
+        pieces = name.split("-")
+        if len(pieces) < 2:
+            raise self._unknown(name, where)
+        moe, act = pieces[0], pieces[1]
+        values = {"moe": self._value_for_token("moe", moe), "activation": self._value_for_token("activation", act)}
+        if None in values.values():
+            raise self._unknown(name, where)
+        rest = pieces[2:]
+        token_index = {
+            tok: (axis.name, value)
+            for axis in self.axes.values()
+            if axis.name not in NAME_HEAD_AXES
+            for value, tok in axis.tokens.items()
+            if tok
+        }
+        i = 0
+        while i < len(rest):
+            for j in range(len(rest), i, -1):  # longest token first: tokens may contain '-'
+                hit = token_index.get("-".join(rest[i:j]))
+                if hit and hit[0] not in values:
+                    values[hit[0]] = hit[1]
+                    i = j
+                    break
+            else:
+                raise self._unknown(name, where)
+        config = self.make(values, where)
+        if self.name(config) != name:  # tokens out of order or a default spelled out
+            raise SuiteError(f"{where}: '{name}' is not in canonical form; did you mean '{self.name(config)}'?")
+        return config
+
+    def _value_for_token(self, axis: str, token: str) -> str | None:
+        for value, tok in self.axes[axis].tokens.items():
+            if tok == token:
+                return value
+        return None
+
+    def _unknown(self, name: str, where: str) -> SuiteError:
+        known = ", ".join(self.name(c) for c in self.named)
+        return SuiteError(
+            f"{where}: unknown config '{name}'; valid configs: {known} "
+            f"(or any <moe>-<activation>[-option...] composition; see pytest --list-configs)"
+        )
+
+    def default_for(self, platform_name: str) -> Config:
+        for selector, name in self.defaults.items():
+            if platform_matches(selector, platform_name):
+                return self.parse(name)
+        raise SuiteError(f"no default config for platform {platform_name}: add it under `defaults` in configs/configs.yaml")
+
+    def select(self, option: str | None, platform_name: str) -> list[Config]:
+        """The configs named by `--config` (comma separated; `all` = every named config)."""
+        if not option:
+            return [self.default_for(platform_name)]
+        if option.strip() == "all":
+            return list(self.named)
+        return [self.parse(n.strip()) for n in option.split(",") if n.strip()]
+
+    def flavour(self, name: str) -> "Flavour":
+        if name not in self.flavours:
+            raise SuiteError(f"--flavour: unknown flavour '{name}'; valid flavours: {', '.join(self.flavours)}")
+        return self.flavours[name]
+
+    def default_flavour(self, platform_name: str) -> "Flavour":
+        """CPU -> cpu; CUDA -> the users' fork if the installed vLLM knows its env vars, else upstream."""
+        if platform_name == "cpu":
+            return self.flavour("cpu")
+        return self.flavour("fork" if _installed_vllm_is_fork() else "upstream")
+
+    def combinations(self, axes: list[str], base: Config) -> list[Config]:
+        """Full product over `axes` (every other axis as in `base`)."""
+        grids = [list(self.axes[a].tokens) for a in axes]
+        out = []
+        for combo in itertools.product(*grids):
+            values = dict(base.values)
+            values.update(zip(axes, combo))
+            out.append(self.make(values, "level6"))
+        return out
+
+
+class Flavour:
+    """One vLLM flavour: base env/args plus a mapping per axis value."""
+
+    def __init__(self, path: Path, catalog: Catalog) -> None:
+        raw = _load_yaml(path)
+        self.path = path
+        self.name = str(raw.get("name", path.stem))
+        self.about = str(raw.get("about", ""))
+        self.platforms = _selectors(raw.get("platforms") or [], f"{path}: platforms")
+        self.env = _str_map(raw.get("env") or {}, f"{path}: env")
+        self.args = dict(raw.get("args") or {})
+        self.values: dict[str, dict[str, dict]] = {}
+        self.unsupported = {str(k): str(v) for k, v in (raw.get("unsupported") or {}).items()}
+        self.combos = list(raw.get("combos") or [])
+        self.catalog = catalog
+        for axis, mapping in (raw.get("values") or {}).items():
+            if axis not in catalog.axes:
+                raise SuiteError(f"{path}: values: unknown axis '{axis}'; valid axes: {', '.join(catalog.axes)}")
+            for value, spec in (mapping or {}).items():
+                value = str(value)
+                if value not in catalog.axes[axis].tokens:
+                    valid = ", ".join(catalog.axes[axis].tokens)
+                    raise SuiteError(f"{path}: values.{axis}: '{value}' is not one of {valid}")
+                _check_value_spec(spec or {}, f"{path}: values.{axis}.{value}")
+                self.values.setdefault(axis, {})[value] = spec or {}
+
+    def mapping(self, axis: str, value: str) -> dict | None:
+        spec = self.values.get(axis, {}).get(value)
+        if spec is None and self.catalog.axes[axis].default == value:
+            return {}
+        return spec
+
+    def runnable(self, config: Config, platform_name: str, model: str | None = None) -> tuple[bool, str]:
+        """Can this flavour run `config` on `platform_name`? The reason says why not."""
+        name = self.catalog.name(config)
+        if not any(platform_matches(s, platform_name) for s in self.platforms):
+            return False, f"flavour '{self.name}' runs on {', '.join(self.platforms)}, not {platform_name}"
+        for axis, value in config.axes:
+            spec = self.mapping(axis, value)
+            if spec is None:
+                why = self.unsupported.get(f"{axis}.{value}", f"flavour '{self.name}' has no mapping for {axis}={value}")
+                return False, f"{name}: {why}"
+            sel = spec.get("platforms")
+            if sel and not any(platform_matches(s, platform_name) for s in sel):
+                return False, f"{name}: {axis}={value} runs on {', '.join(sel)} in flavour '{self.name}', not {platform_name}"
+            for other_axis, allowed in (spec.get("requires") or {}).items():
+                if config[other_axis] not in allowed:
+                    why = spec.get("why") or f"needs {other_axis} in {allowed}"
+                    return False, f"{name}: {axis}={value}: {why}"
+            need_model = spec.get("requires_model")
+            if need_model and model != need_model:
+                return False, f"{name}: {axis}={value} needs --model {need_model} (its draft models exist only for it)"
+        return True, ""
+
+    def resolve(self, config: Config, platform_name: str, model_args: dict | None = None) -> ServerSpec:
+        """Env vars, flags and expectations for `config` (call `runnable` first)."""
+        env = dict(self.env)
+        args: dict[str, Any] = dict(self.args)
+        args.update(model_args or {})
+        logs: list[str] = []
+        kernels = KernelExpectation()
+        for axis, value in config.axes:
+            spec = self.mapping(axis, value) or {}
+            env.update(_str_map(spec.get("env") or {}, f"{self.path}: values.{axis}.{value}.env"))
+            args.update(spec.get("args") or {})
+            logs.extend(spec.get("logs") or [])
+            for selector, exp in (spec.get("kernels") or {}).items():
+                if not platform_matches(selector, platform_name):
+                    continue
+                for pat in exp.get("must") or []:
+                    kernels.must.append(pat)
+                    kernels.source.setdefault(pat, []).append(f"{axis}={value}")
+                for pat in exp.get("must_not") or []:
+                    kernels.must_not.append(pat)
+                    kernels.source.setdefault(pat, []).append(f"{axis}={value}")
+                if exp.get("fallback_log"):
+                    kernels.fallback_log = exp["fallback_log"]
+        for combo in self.combos:
+            if all(config[a] == str(v) for a, v in (combo.get("when") or {}).items()):
+                env.update(_str_map(combo.get("env") or {}, f"{self.path}: combos"))
+                args.update(combo.get("args") or {})
+        return ServerSpec(self.catalog.name(config), self.name, env, args_to_argv(args), logs, kernels)
+
+
+def args_to_argv(args: dict[str, Any]) -> list[str]:
+    """{flag: value} -> argv; None = bare flag, False = flag removed."""
+    argv: list[str] = []
+    for flag, value in args.items():
+        if value is False:
+            continue
+        argv.append(str(flag))
+        if value is not None and value is not True:
+            argv.append(str(value))
+    return argv
+
+
+def _installed_vllm_is_fork() -> bool:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    envs = Path(list(spec.submodule_search_locations)[0]) / "envs.py"
+    try:
+        return "VLLM_MXFP4_MOE_KERNEL" in envs.read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+def _load_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SuiteError(f"{path}: cannot read ({e.strerror}); restore it from git") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SuiteError(f"{path}:{line}: malformed YAML ({problem}); fix the file") from None
+    if not isinstance(data, dict):
+        raise SuiteError(f"{path}: expected a mapping at the top level; fix the file")
+    return data
+
+
+def _load_axes(path: Path) -> dict[str, Axis]:
+    raw = _load_yaml(path).get("axes")
+    if not isinstance(raw, dict) or not raw:
+        raise SuiteError(f"{path}: needs a non-empty `axes:` mapping")
+    axes = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("tokens"), dict):
+            raise SuiteError(f"{path}: axis '{name}' needs a `tokens:` mapping of value: name token")
+        tokens = {str(k): str(v or "") for k, v in spec["tokens"].items()}
+        default = spec.get("default")
+        if default is not None and str(default) not in tokens:
+            raise SuiteError(f"{path}: axis '{name}' default '{default}' is not one of {', '.join(tokens)}")
+        axes[str(name)] = Axis(str(name), str(spec.get("help", "")), tokens, None if default is None else str(default))
+    for head in NAME_HEAD_AXES:
+        if head not in axes:
+            raise SuiteError(f"{path}: axis '{head}' is required (config names start with it)")
+    return axes
+
+
+def _selectors(items: list, where: str) -> list[str]:
+    out = [str(s) for s in items]
+    for s in out:
+        if not is_valid_selector(s):
+            raise SuiteError(f"{where}: '{s}' is not a platform selector (cpu, sm_90, sm_12x, >=sm_80)")
+    return out
+
+
+def _str_map(raw: Any, where: str) -> dict[str, str]:
+    if not isinstance(raw, dict):
+        raise SuiteError(f"{where}: expected a mapping of NAME: value")
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+_VALUE_KEYS = {"env", "args", "platforms", "logs", "kernels", "requires", "why", "requires_model"}
+
+
+def _check_value_spec(spec: dict, where: str) -> None:
+    if not isinstance(spec, dict):
+        raise SuiteError(f"{where}: expected a mapping")
+    unknown = set(spec) - _VALUE_KEYS
+    if unknown:
+        raise SuiteError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(_VALUE_KEYS))}")
+    _selectors(spec.get("platforms") or [], f"{where}.platforms")
+    for selector, exp in (spec.get("kernels") or {}).items():
+        _selectors([selector], f"{where}.kernels")
+        if not isinstance(exp, dict) or set(exp) - {"must", "must_not", "fallback_log"}:
+            raise SuiteError(f"{where}.kernels.{selector}: expected keys must / must_not / fallback_log")

@@ -1,0 +1,85 @@
+"""Which platform this run is on: `cpu`, or a CUDA compute capability such as `sm_90` / `sm_121`.
+
+Every result the suite writes carries this name, so a reader always knows where a number came from.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str  # "cpu", "sm_90", "sm_121", ...
+    device: str  # human-readable device name
+    capability: tuple[int, int] | None  # CUDA compute capability, None on CPU
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.capability is not None
+
+
+@lru_cache(maxsize=1)
+def detect_platform() -> Platform:
+    """Detect the accelerator torch sees; `SUITE_PLATFORM=cpu` forces the CPU platform."""
+    if os.environ.get("SUITE_PLATFORM", "").lower() == "cpu":
+        return _cpu_platform()
+    try:
+        import torch
+    except ImportError:
+        return _cpu_platform()
+    if not torch.cuda.is_available():
+        return _cpu_platform()
+    major, minor = torch.cuda.get_device_capability(0)
+    return Platform(f"sm_{major}{minor}", torch.cuda.get_device_name(0), (major, minor))
+
+
+def _cpu_platform() -> Platform:
+    return Platform("cpu", cpu_model_name(), None)
+
+
+def cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform as _p
+
+    return _p.processor() or "unknown cpu"
+
+
+_SM = re.compile(r"^sm_(\d+)$")
+
+
+def _sm_number(name: str) -> int | None:
+    m = _SM.match(name)
+    return int(m.group(1)) if m else None
+
+
+def platform_matches(selector: str, platform_name: str) -> bool:
+    """Does a platform selector match a platform name?
+
+    Selectors: `cpu`; an exact `sm_90`; a family `sm_12x` (any digit for `x`, so sm_120 and sm_121);
+    a lower bound `>=sm_80`.
+    """
+    selector = selector.strip()
+    if selector.startswith(">="):
+        want, have = _sm_number(selector[2:].strip()), _sm_number(platform_name)
+        return want is not None and have is not None and have >= want
+    if "x" in selector:
+        return re.fullmatch(selector.replace("x", r"\d"), platform_name) is not None
+    return selector == platform_name
+
+
+def is_valid_selector(selector: str) -> bool:
+    s = selector.strip()
+    if s == "cpu":
+        return True
+    if s.startswith(">="):
+        return _sm_number(s[2:].strip()) is not None
+    return re.fullmatch(r"sm_[0-9x]+", s) is not None
