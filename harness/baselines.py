@@ -1,0 +1,212 @@
+"""Level 5 performance baselines: YAML files `baselines/<platform-key>/<model>/<config>.yaml`.
+
+`<platform-key>` says which hardware the numbers belong to: `cpu-<cpu model slug>` on CPU (CPU results
+depend on the CPU model, so they are keyed by it), the GPU name slug on GPUs (`nvidia-h100-80gb-hbm3`,
+`nvidia-gb10`). A baseline file:
+
+    version: 1                       # SCHEMA_VERSION; bumped when the layout changes
+    date: '2026-01-09T16:25:01+00:00'
+    config: baseline
+    model: tiny-gpt-oss-mxfp4
+    platform: cpu                    # cpu / sm_90 / sm_121 ...
+    device: AMD EPYC
+    metadata: {...}                  # Phase 7 reproducibility metadata: vLLM version, git SHAs, flags, env
+    workload: {...}                  # prompt/output lengths, runs, seed ...
+    metrics:
+      tg32: {samples: [31.5, 31.6, ...], unit: tok/s, higher_is_better: true}   # every run, not a mean
+      ttft_ms: {samples: [...], unit: ms, higher_is_better: false}
+    memory_peak_gb: 61.2             # null when the platform cannot measure it
+
+Records are written only from valid results (level 1.5 kernel-path check passed) with `--force-regen`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from harness import perf
+from harness.errors import SuiteError
+
+SCHEMA_VERSION = 1
+
+
+def regen_command(config: str, model: str | None = None) -> str:
+    """The command that records (or re-records) a baseline; every message that needs a new one names it."""
+    cmd = f"pytest -m level5 --config={config} --force-regen"
+    return f"{cmd} --model={model}" if model else cmd
+
+
+def slug(text: str) -> str:
+    """Lower-case, trademark-free, dash-separated: 'Intel(R) Xeon(R) Gold 6430' -> 'intel-xeon-gold-6430'."""
+    text = re.sub(r"\((r|tm|c)\)", " ", text.lower())
+    text = re.sub(r"[^a-z0-9.]+", "-", text).strip("-.")
+    return text or "unknown"
+
+
+def platform_key(platform_name: str, device: str) -> str:
+    """Baseline directory for a platform: `cpu-<cpu model>` on CPU, the GPU name slug on CUDA.
+
+    `platform_name` / `device` are `harness.platform.Platform.name` / `.device` (on CPU the device is the
+    /proc/cpuinfo "model name").
+    """
+    if platform_name == "cpu":
+        return f"cpu-{slug(device)}"
+    return slug(device)
+
+
+def current_platform_key() -> str:
+    from harness.platform import detect_platform  # late: detect_platform may import torch
+
+    p = detect_platform()
+    return platform_key(p.name, p.device)
+
+
+def baseline_path(root: str | os.PathLike, platform_key: str, model: str, config: str) -> Path:
+    return Path(root) / slug(platform_key) / _path_part(model, "model") / f"{_path_part(config, 'config')}.yaml"
+
+
+def _path_part(name: str, what: str) -> str:
+    # Keep names readable (config names are the user's words) but never let one escape its directory.
+    if not name or name in (".", ".."):
+        raise SuiteError(f"empty or relative {what} name {name!r}; pass a real {what} name")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_metrics(metrics: object, where: str) -> None:
+    """Schema of a `metrics` mapping (shared by baselines and results); raises SuiteError naming the field."""
+    if not isinstance(metrics, Mapping) or not metrics:
+        raise SuiteError(f"{where}: 'metrics' must be a non-empty mapping of metric name -> entry")
+    for name, entry in metrics.items():
+        at = f"{where}: metrics.{name}"
+        if not isinstance(name, str) or not isinstance(entry, Mapping):
+            raise SuiteError(f"{at} must be a mapping with samples, unit and higher_is_better")
+        samples = entry.get("samples")
+        if not isinstance(samples, list) or not samples or not all(_is_number(s) for s in samples):
+            raise SuiteError(f"{at}.samples must be a non-empty list of finite numbers (got {_one_line(samples)[:60]})")
+        if not isinstance(entry.get("higher_is_better"), bool):
+            raise SuiteError(f"{at}.higher_is_better must be true or false")
+        if not isinstance(entry.get("unit"), str):
+            raise SuiteError(f"{at}.unit must be a string such as tok/s or ms")
+        try:
+            expected = perf.higher_is_better(name)
+        except SuiteError:
+            continue  # a metric this suite version does not know: accept its declared direction
+        if entry["higher_is_better"] != expected:
+            raise SuiteError(f"{at}.higher_is_better is {entry['higher_is_better']} but {name} is better when "
+                             f"{'higher' if expected else 'lower'}")
+
+
+def _check_memory(data: Mapping, where: str) -> None:
+    if "memory_peak_gb" not in data:
+        raise SuiteError(f"{where}: missing 'memory_peak_gb' (a number in GB, or null if not measurable)")
+    mem = data["memory_peak_gb"]
+    if mem is not None and not (_is_number(mem) and mem >= 0):
+        raise SuiteError(f"{where}: 'memory_peak_gb' must be a non-negative number or null (got {_one_line(mem)[:40]})")
+
+
+def check_baseline(data: object, where: str) -> None:
+    if not isinstance(data, Mapping):
+        raise SuiteError(f"{where}: top level must be a mapping (got {type(data).__name__})")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise SuiteError(f"{where}: missing or non-integer 'version' (this suite writes version {SCHEMA_VERSION})")
+    if version != SCHEMA_VERSION:
+        raise SuiteError(f"{where}: schema version {version}, this suite reads version {SCHEMA_VERSION}")
+    check_metrics(data.get("metrics"), where)
+    _check_memory(data, where)
+    for key in ("metadata", "workload"):
+        if key in data and data[key] is not None and not isinstance(data[key], Mapping):
+            raise SuiteError(f"{where}: '{key}' must be a mapping")
+
+
+def load_baseline(path: str | os.PathLike) -> dict:
+    """Read and schema-check a baseline; every problem is a one-line SuiteError that names the fix."""
+    path = Path(path)
+    config, model = path.stem, path.parent.name
+    fix = f"re-record it with: {regen_command(config, model)}"
+    if not path.is_file():
+        raise SuiteError(f"no baseline at {path}; record one with: {regen_command(config, model)}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or e
+        raise SuiteError(f"baseline {path} is not valid YAML{at} ({_one_line(problem)}); fix it or {fix}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SuiteError(f"cannot read baseline {path} ({_one_line(e)}); fix it or {fix}") from None
+    try:
+        check_baseline(data, f"baseline {path}")
+    except SuiteError as e:
+        raise SuiteError(f"{e}; fix it or {fix}") from None
+    return dict(data)
+
+
+def _plain(x: Any) -> Any:
+    # Results carry numpy scalars, Paths and tuples; YAML's safe dumper only takes plain types.
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):  # numpy scalar
+        return x.item()
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    return x
+
+
+def save_baseline(path: str | os.PathLike, results: Mapping) -> Path:
+    """Write `results` (the level 4 results dict, see harness.reports) as a baseline; refuses invalid results."""
+    path = Path(path)
+    config = str(results.get("config") or path.stem)
+    if results.get("valid") is not True:
+        why = "marked invalid (kernel-path check failed)" if "valid" in results else "not marked valid"
+        raise SuiteError(f"refusing to record a baseline for {config}: results are {why}; "
+                         "fix the level 1.5 kernel-path failure and rerun the benchmark")
+    doc = _plain({
+        "version": SCHEMA_VERSION,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": config,
+        "model": results.get("model"),
+        "platform": results.get("platform"),
+        "device": results.get("device"),
+        "metadata": results.get("metadata") or {},
+        "workload": results.get("workload") or {},
+        "metrics": {
+            name: {k: entry.get(k) for k in ("samples", "unit", "higher_is_better")}
+            if isinstance(entry, Mapping) else entry
+            for name, entry in (results.get("metrics") or {}).items()
+        },
+        "memory_peak_gb": results.get("memory_peak_gb"),
+    })
+    check_baseline(doc, f"results for {config}")  # never write a file that load_baseline would reject
+    try:
+        text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+    except yaml.YAMLError as e:
+        raise SuiteError(f"results for {config} hold a value YAML cannot store ({_one_line(e)[:80]})") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write then rename, so an interrupted --force-regen never leaves a half-written baseline behind.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

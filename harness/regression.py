@@ -1,0 +1,242 @@
+"""Level 5 regression gate: per-run samples of a baseline vs the current run -> one verdict per metric.
+
+A metric FAILS only when all three hold:
+  1. the median moved beyond the threshold in the bad direction (throughput -3%, latency +3% by default);
+  2. Mann-Whitney U (two-sided) gives p < alpha;
+  3. the bootstrap CI (level 1 - alpha) of median(current)/median(baseline) lies entirely beyond 1.0.
+Beyond the threshold but not significant -> "inconclusive" (rerun with more runs); either side noisier than
+max_cv -> "inconclusive" (the threshold cannot be resolved at that noise, whatever the medians say);
+beyond the threshold in the good direction and significant -> "improved" (record a new baseline);
+anything else -> "pass". Peak memory is one number per run: it fails when it grows by more than
+memory_growth_gb. Whether "inconclusive" fails the gate is `Thresholds.inconclusive_is_failure`
+(strict nightly GPU runs vs. warnings on noisy shared CPU CI).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Mapping, Sequence
+
+import numpy as np
+import yaml
+
+from harness import stats
+from harness.baselines import platform_key, regen_command
+from harness.errors import SuiteError
+
+STATUSES = ("pass", "fail", "inconclusive", "improved")
+MEMORY_METRIC = "memory_peak_gb"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    throughput_drop: float = 0.03  # relative drop of pp*/tg* medians that counts as a regression
+    latency_rise: float = 0.03  # relative rise of ttft/tpot/itl/e2e medians that counts as a regression
+    memory_growth_gb: float = 1.0  # absolute peak-memory growth that counts as a regression
+    alpha: float = 0.05  # significance level of the Mann-Whitney test; the CI level is 1 - alpha
+    max_cv: float = 0.05  # above this run-to-run CV on either side the 3% gate cannot be resolved
+    bootstrap_n: int = 2000  # bootstrap resamples for the ratio CI
+    inconclusive_is_failure: bool = False  # True: an inconclusive metric fails the gate too
+
+    def __post_init__(self) -> None:
+        for name in ("throughput_drop", "latency_rise", "memory_growth_gb", "max_cv"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise SuiteError(f"threshold {name} must be a positive number (got {value!r})")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
+            raise SuiteError(f"threshold alpha must be within (0, 1) (got {self.alpha!r})")
+        if isinstance(self.bootstrap_n, bool) or not isinstance(self.bootstrap_n, int) or self.bootstrap_n < 100:
+            raise SuiteError(f"threshold bootstrap_n must be an integer >= 100 (got {self.bootstrap_n!r})")
+        if not isinstance(self.inconclusive_is_failure, bool):
+            raise SuiteError("threshold inconclusive_is_failure must be true or false")
+
+
+def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thresholds:
+    """Thresholds from YAML: `defaults:` plus optional `platforms: {selector: overrides}` applied in file
+    order for every selector (`cpu`, `sm_121`, `sm_12x`, `>=sm_90`) that matches `platform`."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise SuiteError(f"no thresholds file at {path}; restore it from git (baselines/thresholds.yaml)") from None
+    except yaml.YAMLError as e:
+        raise SuiteError(f"thresholds file {path} is not valid YAML ({' '.join(str(e).split())[:120]})") from None
+    if not isinstance(data, Mapping) or not set(data) <= {"defaults", "platforms"}:
+        raise SuiteError(f"thresholds file {path} must be a mapping with 'defaults' and optional 'platforms'")
+    thresholds = _with(Thresholds(), data.get("defaults") or {}, f"{path}: defaults")
+    overrides = data.get("platforms") or {}
+    if not isinstance(overrides, Mapping):
+        raise SuiteError(f"thresholds file {path}: 'platforms' must map a platform selector to overrides")
+    if platform is not None:
+        from harness.platform import platform_matches
+
+        for selector, values in overrides.items():
+            if platform_matches(str(selector), platform):
+                thresholds = _with(thresholds, values or {}, f"{path}: platforms.{selector}")
+    return thresholds
+
+
+def _with(base: Thresholds, values: object, where: str) -> Thresholds:
+    known = {f.name for f in fields(Thresholds)}
+    if not isinstance(values, Mapping):
+        raise SuiteError(f"{where} must be a mapping of threshold name -> value")
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SuiteError(f"{where}: unknown threshold(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}")
+    try:
+        return replace(base, **values)
+    except SuiteError as e:
+        raise SuiteError(f"{where}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    status: str  # one of STATUSES
+    delta: float  # relative change of medians: current / baseline - 1 (NaN if the baseline is 0)
+    delta_abs: float  # current - baseline median, in `unit`
+    baseline: float  # median of the baseline samples
+    current: float  # median of the current samples
+    unit: str
+    higher_is_better: bool
+    p_value: float | None  # Mann-Whitney U; None where a single number was compared (memory)
+    cv_baseline: float | None
+    cv_current: float | None
+    ci: tuple[float, float] | None  # bootstrap CI of current/baseline median ratio
+    message: str  # one line for humans
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x * 100:.1f}%"
+
+
+def compare_metric(
+    name: str,
+    baseline_samples: Sequence[float],
+    current_samples: Sequence[float],
+    higher_is_better: bool,
+    thresholds: Thresholds,
+    unit: str = "",
+    config: str = "NAME",
+) -> Verdict:
+    base_med, cur_med = stats.median(baseline_samples), stats.median(current_samples)
+    if base_med <= 0:
+        raise SuiteError(f"baseline median of {name} is {base_med:g}; a rate or latency must be > 0, re-record "
+                         f"with: {regen_command(config)}")
+    delta = cur_med / base_med - 1.0
+    threshold = thresholds.throughput_drop if higher_is_better else thresholds.latency_rise
+    worse = -delta if higher_is_better else delta  # > 0 means the metric got worse
+    p = stats.mann_whitney_u(baseline_samples, current_samples)
+    lo, hi = stats.bootstrap_ratio_ci(baseline_samples, current_samples, stat=np.median,
+                                      n=thresholds.bootstrap_n, seed=0, level=1.0 - thresholds.alpha)
+    cv_b, cv_c = stats.cv(baseline_samples), stats.cv(current_samples)
+    # "beyond no change" in the bad / good direction, in ratio space
+    ci_worse = hi < 1.0 if higher_is_better else lo > 1.0
+    ci_better = lo > 1.0 if higher_is_better else hi < 1.0
+
+    change = (f"{name} {'+' if delta >= 0 else ''}{delta * 100:.1f}% ({base_med:.4g} -> {cur_med:.4g} {unit} median"
+              f"; gate {threshold * 100:.1f}%; p={p:.3g}; {round((1 - thresholds.alpha) * 100)}% CI of ratio "
+              f"[{lo:.3f}, {hi:.3f}]; CV {_pct(cv_b)} / {_pct(cv_c)})").replace("  ", " ")
+    noisy = [side for side, c in (("baseline", cv_b), ("current", cv_c)) if not math.isnan(c) and c > thresholds.max_cv]
+    if noisy:
+        status = "inconclusive"
+        message = (f"INCONCLUSIVE {name}: run-to-run CV {_pct(cv_b)} (baseline) / {_pct(cv_c)} (current) exceeds "
+                   f"max_cv {_pct(thresholds.max_cv)} on the {' and '.join(noisy)} side, so a {threshold * 100:.1f}% "
+                   f"change is not resolvable (median change {delta * 100:+.1f}%); reduce noise (idle machine, "
+                   f"locked clocks, more warmup/runs)")
+    elif worse > threshold:
+        if p < thresholds.alpha and ci_worse:
+            status = "fail"
+            message = (f"FAIL {change}; investigate, or if intended re-record with: {regen_command(config)}")
+        else:
+            status = "inconclusive"
+            message = (f"INCONCLUSIVE {change}: beyond the gate but not significant (need p < {thresholds.alpha:g}"
+                       f" and a CI excluding 1.0); rerun with more runs")
+    elif -worse > threshold and p < thresholds.alpha and ci_better:
+        status = "improved"
+        message = f"IMPROVED {change}; record a new baseline with: {regen_command(config)}"
+    else:
+        status = "pass"
+        message = f"pass {change}"
+    return Verdict(name, status, delta, cur_med - base_med, base_med, cur_med, unit, higher_is_better,
+                   p, cv_b, cv_c, (lo, hi), message)
+
+
+def _peak(value: float | Sequence[float], side: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value) or value < 0:
+            raise SuiteError(f"{side} peak memory {value!r} GB is not a non-negative number")
+        return float(value)
+    return stats.median(value)
+
+
+def compare_memory(
+    baseline_peak_gb: float | Sequence[float],
+    current_peak_gb: float | Sequence[float],
+    thresholds: Thresholds,
+    config: str = "NAME",
+) -> Verdict:
+    """Peak memory gate: growth beyond memory_growth_gb fails (medians when several runs were measured)."""
+    base, cur = _peak(baseline_peak_gb, "baseline"), _peak(current_peak_gb, "current")
+    growth, limit = cur - base, thresholds.memory_growth_gb
+    delta = cur / base - 1.0 if base > 0 else math.nan
+    what = f"peak memory {base:.2f} -> {cur:.2f} GB ({growth:+.2f} GB; gate +{limit:g} GB)"
+    if growth > limit:
+        status, message = "fail", (f"FAIL {what}; investigate, or if intended re-record with: "
+                                   f"{regen_command(config)}")
+    elif -growth > limit:
+        status, message = "improved", f"IMPROVED {what}; record a new baseline with: {regen_command(config)}"
+    else:
+        status, message = "pass", f"pass {what}"
+    return Verdict(MEMORY_METRIC, status, delta, growth, base, cur, "GB", False, None, None, None, None, message)
+
+
+def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> list[Verdict]:
+    """Verdicts for every metric both sides have (baseline order), then peak memory when both measured it.
+
+    `baseline` is a loaded baseline (harness.baselines), `current` a results dict (harness.reports).
+    Metrics only one side has are not judged; see `unshared_metrics`.
+    """
+    config = str(current.get("config") or baseline.get("config") or "NAME")
+    if current.get("valid") is False:
+        raise SuiteError(f"results for {config} are invalid (kernel-path check failed); fix level 1.5 before "
+                         "gating performance")
+    if all(side.get(k) for side in (baseline, current) for k in ("platform", "device")):
+        b_key = platform_key(baseline["platform"], baseline["device"])
+        c_key = platform_key(current["platform"], current["device"])
+        if b_key != c_key:
+            raise SuiteError(f"baseline is from {b_key} but results are from {c_key}; compare against "
+                             f"baselines/{c_key}/ (record it with: {regen_command(config)})")
+    verdicts = []
+    b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
+    for name, b in b_metrics.items():
+        if name not in c_metrics:
+            continue
+        c = c_metrics[name]
+        if b.get("higher_is_better") != c.get("higher_is_better") or b.get("unit") != c.get("unit"):
+            raise SuiteError(f"{name}: baseline ({b.get('unit')}, higher_is_better={b.get('higher_is_better')}) and "
+                             f"results ({c.get('unit')}, higher_is_better={c.get('higher_is_better')}) measure "
+                             f"different things; re-record with: {regen_command(config)}")
+        verdicts.append(compare_metric(name, b["samples"], c["samples"], bool(b["higher_is_better"]),
+                                       thresholds, unit=str(b.get("unit") or ""), config=config))
+    b_mem, c_mem = baseline.get(MEMORY_METRIC), current.get(MEMORY_METRIC)
+    if b_mem is not None and c_mem is not None:
+        verdicts.append(compare_memory(b_mem, c_mem, thresholds, config=config))
+    return verdicts
+
+
+def unshared_metrics(baseline: Mapping, current: Mapping) -> tuple[list[str], list[str]]:
+    """(metrics only the baseline has, metrics only the results have): a vanished metric deserves a warning."""
+    b, c = set(baseline.get("metrics") or {}), set(current.get("metrics") or {})
+    return sorted(b - c), sorted(c - b)
+
+
+def gate_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[Verdict]:
+    """The verdicts that fail the gate: every "fail", plus "inconclusive" when thresholds say so."""
+    bad = {"fail", "inconclusive"} if thresholds.inconclusive_is_failure else {"fail"}
+    return [v for v in verdicts if v.status in bad]
