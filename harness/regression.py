@@ -139,7 +139,7 @@ def compare_metric(
     ci_worse = hi < 1.0 if higher_is_better else lo > 1.0
     ci_better = lo > 1.0 if higher_is_better else hi < 1.0
 
-    change = (f"{name} {'+' if delta >= 0 else ''}{delta * 100:.1f}% ({base_med:.4g} -> {cur_med:.4g} {unit} median"
+    change = (f"{name} {delta * 100:+.1f}% ({stats.fmt(base_med)} -> {stats.fmt(cur_med)} {unit} median"
               f"; gate {threshold * 100:.1f}%; p={p:.3g}; {round((1 - thresholds.alpha) * 100)}% CI of ratio "
               f"[{lo:.3f}, {hi:.3f}]; CV {_pct(cv_b)} / {_pct(cv_c)})").replace("  ", " ")
     noisy = [side for side, c in (("baseline", cv_b), ("current", cv_c)) if not math.isnan(c) and c > thresholds.max_cv]

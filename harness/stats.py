@@ -89,3 +89,13 @@ def bootstrap_ratio_ci(
     tail = (1.0 - level) / 2.0 * 100.0
     lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
     return float(lo), float(hi)
+
+
+def fmt(x: float, digits: int = 4) -> str:
+    """`digits` significant digits without exponent or trailing-dot surprises: 30 -> '30.00', 4341.2 -> '4341'."""
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
