@@ -175,7 +175,8 @@ def save_baseline(path: str | os.PathLike, results: Mapping) -> Path:
     path = Path(path)
     config = str(results.get("config") or path.stem)
     if results.get("valid") is not True:
-        why = "marked invalid (kernel-path check failed)" if "valid" in results else "not marked valid"
+        why = ("marked invalid (kernel-path check failed)" if results.get("valid") is False
+               else "not marked valid (no passing kernel-path check recorded)")
         raise SuiteError(f"refusing to record a baseline for {config}: results are {why}; "
                          "fix the level 1.5 kernel-path failure and rerun the benchmark")
     doc = _plain({

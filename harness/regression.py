@@ -146,7 +146,7 @@ def compare_metric(
     if noisy:
         status = "inconclusive"
         message = (f"INCONCLUSIVE {name}: run-to-run CV {_pct(cv_b)} (baseline) / {_pct(cv_c)} (current) exceeds "
-                   f"max_cv {_pct(thresholds.max_cv)} on the {' and '.join(noisy)} side, so a {threshold * 100:.1f}% "
+                   f"max_cv {_pct(thresholds.max_cv)} on {'both sides' if len(noisy) == 2 else 'the ' + noisy[0] + ' side'}, so a {threshold * 100:.1f}% "
                    f"change is not resolvable (median change {delta * 100:+.1f}%); reduce noise (idle machine, "
                    f"locked clocks, more warmup/runs)")
     elif worse > threshold:

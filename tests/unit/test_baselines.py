@@ -1,0 +1,141 @@
+"""harness.baselines: layout, platform keys, schema errors, refusal to record invalid results."""
+import numpy as np
+import pytest
+import yaml
+
+from harness import baselines
+from harness.errors import SuiteError
+
+REGEN = "pytest -m level5 --config=cutlass --force-regen"
+
+
+def results(**over):
+    r = {
+        "config": "cutlass", "model": "tiny-gpt-oss-mxfp4", "platform": "sm_121", "device": "NVIDIA GB10",
+        "valid": True,
+        "metrics": {
+            "tg32": {"samples": [np.float64(31.5), 31.6, 31.55], "unit": "tok/s", "higher_is_better": True},
+            "ttft_ms": {"samples": [555.0, 560.0, 557.5], "unit": "ms", "higher_is_better": False},
+        },
+        "workload": {"prompt_tokens": 2048, "output_tokens": 32, "runs": 3},
+        "metadata": {"vllm_version": "0.11.0", "git_shas": {"vllm": "ac9f9330e"}},
+        "memory_peak_gb": np.float32(61.25),
+    }
+    r.update(over)
+    return r
+
+
+@pytest.fixture
+def path(tmp_path):
+    return baselines.baseline_path(tmp_path, "nvidia-gb10", "tiny-gpt-oss-mxfp4", "cutlass")
+
+
+def assert_one_line_naming_fix(err, *needles):
+    msg = str(err.value)
+    assert "\n" not in msg
+    for needle in (REGEN, *needles):
+        assert needle in msg, msg
+
+
+def test_layout(tmp_path):
+    p = baselines.baseline_path(tmp_path, "cpu-amd-epyc", "tiny-gpt-oss", "baseline")
+    assert p == tmp_path / "cpu-amd-epyc" / "tiny-gpt-oss" / "baseline.yaml"
+
+
+def test_names_cannot_escape_the_baseline_root(tmp_path):
+    p = baselines.baseline_path(tmp_path, "../../etc", "../m", "../../c")
+    assert tmp_path in p.resolve().parents
+
+
+@pytest.mark.parametrize("platform,device,key", [
+    ("cpu", "AMD EPYC 7763 64-Core Processor", "cpu-amd-epyc-7763-64-core-processor"),
+    ("cpu", "Intel(R) Xeon(R) Platinum 8480+", "cpu-intel-xeon-platinum-8480"),
+    ("sm_90", "NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+    ("sm_121", "NVIDIA GB10", "nvidia-gb10"),
+])
+def test_platform_key(platform, device, key):
+    assert baselines.platform_key(platform, device) == key
+
+
+def test_save_then_load_round_trips_samples_and_metadata(path):
+    written = baselines.save_baseline(path, results())
+    assert written == path and path.is_file()
+    b = baselines.load_baseline(path)
+    assert b["version"] == baselines.SCHEMA_VERSION
+    assert b["metrics"]["tg32"]["samples"] == [31.5, 31.6, 31.55]
+    assert b["metrics"]["ttft_ms"]["higher_is_better"] is False
+    assert b["memory_peak_gb"] == pytest.approx(61.25)
+    assert b["metadata"]["git_shas"]["vllm"] == "ac9f9330e"
+    assert b["device"] == "NVIDIA GB10" and b["config"] == "cutlass" and b["date"]
+    assert "valid" not in b
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_missing_baseline_names_the_record_command(path):
+    with pytest.raises(SuiteError) as e:
+        baselines.load_baseline(path)
+    assert_one_line_naming_fix(e, "no baseline", str(path))
+
+
+def test_corrupt_yaml(path):
+    path.parent.mkdir(parents=True)
+    path.write_text("version: 1\nmetrics: {tg32: [unclosed\n  memory_peak_gb: 3\n")
+    with pytest.raises(SuiteError) as e:
+        baselines.load_baseline(path)
+    assert_one_line_naming_fix(e, "not valid YAML")
+
+
+GOOD = {"version": 1, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": True}},
+        "memory_peak_gb": 1.0}
+
+
+@pytest.mark.parametrize("doc,needle", [
+    ([1, 2], "top level"),
+    ({k: v for k, v in GOOD.items() if k != "version"}, "version"),
+    ({**GOOD, "version": 2}, "schema version 2"),
+    ({**GOOD, "metrics": {}}, "metrics"),
+    ({**GOOD, "metrics": {"tg32": {"samples": "31.5", "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [1, "x"], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": "yes"}}}, "higher_is_better"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "higher_is_better": True}}}, "tg32.unit"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": False}}}, "better when higher"),
+    ({k: v for k, v in GOOD.items() if k != "memory_peak_gb"}, "memory_peak_gb"),
+    ({**GOOD, "memory_peak_gb": "lots"}, "memory_peak_gb"),
+])
+def test_wrong_schema(path, doc, needle):
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(SuiteError) as e:
+        baselines.load_baseline(path)
+    assert_one_line_naming_fix(e, needle)
+
+
+def test_good_minimal_schema_loads(path):
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump({**GOOD, "memory_peak_gb": None}))
+    assert baselines.load_baseline(path)["memory_peak_gb"] is None
+
+
+@pytest.mark.parametrize("over,needle", [({"valid": False}, "kernel-path check failed"),
+                                         ({"valid": None}, "not marked valid")])
+def test_save_refuses_invalid_results(path, over, needle):
+    with pytest.raises(SuiteError, match=needle) as e:
+        baselines.save_baseline(path, results(**over))
+    assert "\n" not in str(e.value)
+    assert not path.exists()
+
+
+def test_save_refuses_results_load_would_reject(path):
+    with pytest.raises(SuiteError, match="samples"):
+        baselines.save_baseline(path, results(metrics={"tg32": {"samples": [], "unit": "tok/s",
+                                                                "higher_is_better": True}}))
+    assert not path.exists()
+
+
+def test_save_overwrites_an_existing_baseline(path):
+    baselines.save_baseline(path, results())
+    r = results()
+    r["metrics"]["tg32"]["samples"] = [40.0, 40.5]
+    baselines.save_baseline(path, r)
+    assert baselines.load_baseline(path)["metrics"]["tg32"]["samples"] == [40.0, 40.5]
