@@ -1,0 +1,142 @@
+"""Suite plumbing: options, platform skips, one real vLLM server per configuration, summaries.
+
+Tests that take the `server` (or `target`) fixture are parametrized by the selected configurations;
+pytest groups them so each configuration's server boots once and serves every level.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.errors import SuiteError
+from harness.suite import RunningServer, Suite, Target
+
+SUITE_KEY = pytest.StashKey[Suite]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("gpt-oss suite")
+    g.addoption("--config", default=None, help="config name(s), comma separated, or 'all' (default: this platform's default)")
+    g.addoption("--model", default=None, help="model alias, checkpoint dir or hub id (default: the embedded tiny gpt-oss)")
+    g.addoption("--flavour", default=None, help="vLLM flavour: cpu, upstream, fork (default: from the platform and installed vLLM)")
+    g.addoption("--server-url", default=None, help="test an already running OpenAI-compatible server instead of booting one")
+    g.addoption("--list-configs", action="store_true", help="list configurations and whether this platform can run them")
+    g.addoption("--run-dir", default=None, help="where run artifacts go (default: runs/<timestamp>)")
+    g.addoption("--boot-timeout", type=float, default=float(os.environ.get("SUITE_BOOT_TIMEOUT", 900)), help="seconds to wait for /health")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        config.stash[SUITE_KEY] = _create_suite(config)
+    except SuiteError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def _create_suite(config: pytest.Config) -> Suite:
+    return Suite.create(
+        config.getoption("--config"), config.getoption("--model"), config.getoption("--flavour"),
+        config.getoption("--server-url"), config.getoption("--run-dir"), config.getoption("--boot-timeout"),
+    )
+
+
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """`--list-configs` prints and exits before any collection (it boots nothing)."""
+    if not config.getoption("--list-configs"):
+        return None
+    from harness.listing import list_configs
+
+    try:
+        suite = _create_suite(config)
+    except SuiteError as e:
+        print(f"ERROR: {e}")
+        return 4
+    print(list_configs(suite))
+    return 0
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "target" in metafunc.fixturenames:
+        suite = metafunc.config.stash[SUITE_KEY]
+        targets = suite.targets()
+        metafunc.parametrize("target", targets, ids=[t.name for t in targets], indirect=True, scope="session")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    suite = config.stash[SUITE_KEY]
+    if suite.platform.is_cuda:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU; this platform is cpu ({suite.platform.device})")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def suite(request: pytest.FixtureRequest) -> Suite:
+    return request.config.stash[SUITE_KEY]
+
+
+@pytest.fixture(scope="session")
+def target(request: pytest.FixtureRequest, suite: Suite) -> Target:
+    t: Target = request.param
+    if not t.runnable and not suite.server_url:
+        pytest.skip(t.reason)
+    return t
+
+
+@pytest.fixture(scope="session")
+def server(suite: Suite, target: Target):
+    """One real vLLM server per (model, config), shared by every level, torn down at the end."""
+    if suite.server_url:
+        yield suite.external(target)
+        return
+    running = suite.boot(target)
+    try:
+        yield running
+    finally:
+        running.process.stop()
+
+
+@pytest.fixture
+def live_server(server: RunningServer) -> RunningServer:
+    """The shared server, checked alive first: a dead server fails the test at once with its log."""
+    server.ensure_alive()
+    return server
+
+
+@pytest.fixture
+def client(live_server: RunningServer):
+    return live_server.client()
+
+
+@pytest.fixture
+def booted(live_server: RunningServer) -> RunningServer:
+    """For checks that need the server's own log or process (skipped with --server-url)."""
+    if live_server.external:
+        pytest.skip("--server-url: the server was not booted by the suite, so its log, flags and processes cannot be checked")
+    return live_server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    running = getattr(item, "funcargs", {}).get("server")
+    if report.failed and isinstance(running, RunningServer) and running.log_path:
+        from harness.server import tail
+
+        report.sections.append(("vLLM server log (tail)", f"{running.log_path}\n{tail(running.log_path, 30)}"))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is None or config.getoption("--list-configs"):
+        return
+    from harness.listing import run_summary
+
+    text = run_summary(suite, terminalreporter.stats)
+    if text:
+        terminalreporter.write_sep("=", "gpt-oss suite summary")
+        terminalreporter.write_line(text)

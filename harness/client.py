@@ -1,0 +1,134 @@
+"""Client for any OpenAI-compatible `/v1/completions` endpoint (vLLM, llama.cpp server, SGLang).
+
+Every call has a timeout; before each call (and after a connection error) the optional `alive`
+hook runs, so a dead server fails the test at once with its log tail instead of hanging.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import requests
+
+from harness.errors import SuiteError
+
+
+@dataclass
+class StreamResult:
+    """One streamed completion, timed on the client (time.perf_counter seconds)."""
+
+    text: str
+    chunk_times: list[float]  # arrival time of each chunk that carried text
+    chunk_tokens: int  # number of text-bearing chunks (NOT a token count: see usage)
+    usage: dict[str, int]
+    t_sent: float
+    t_end: float
+    finish_reason: str | None = None
+
+    @property
+    def t_first(self) -> float:
+        return self.chunk_times[0] if self.chunk_times else self.t_end
+
+    @property
+    def t_last(self) -> float:
+        return self.chunk_times[-1] if self.chunk_times else self.t_end
+
+
+@dataclass
+class Client:
+    base_url: str
+    model: str
+    timeout_s: float = 300.0
+    alive: Callable[[], None] | None = None  # raises when the server is dead
+    session: requests.Session = field(default_factory=requests.Session)
+
+    def _check(self) -> None:
+        if self.alive is not None:
+            self.alive()
+
+    def _post(self, path: str, body: dict[str, Any], stream: bool = False) -> requests.Response:
+        self._check()
+        try:
+            return self.session.post(self.base_url + path, json=body, timeout=self.timeout_s, stream=stream)
+        except requests.RequestException as e:
+            self._check()  # a dead server explains itself better than the socket error
+            raise SuiteError(f"POST {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
+
+    def get(self, path: str, timeout_s: float = 30.0) -> requests.Response:
+        self._check()
+        try:
+            return self.session.get(self.base_url + path, timeout=timeout_s)
+        except requests.RequestException as e:
+            self._check()
+            raise SuiteError(f"GET {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
+
+    def health(self) -> int:
+        return self.get("/health", timeout_s=10).status_code
+
+    def models(self) -> list[str]:
+        r = self.get("/v1/models")
+        _raise_for(r, "/v1/models")
+        return [m["id"] for m in r.json()["data"]]
+
+    def complete(self, prompt: str | list[int], max_tokens: int, **params: Any) -> dict:
+        """Non-streamed completion; greedy unless `temperature` is given."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **params}
+        r = self._post("/v1/completions", body)
+        _raise_for(r, "/v1/completions")
+        return r.json()
+
+    def raw_post(self, path: str, data: bytes | str, headers: dict | None = None) -> requests.Response:
+        """POST arbitrary bytes (abuse tests: malformed JSON)."""
+        self._check()
+        return self.session.post(self.base_url + path, data=data, headers=headers or {}, timeout=self.timeout_s)
+
+    def stream(self, prompt: str | list[int], max_tokens: int, ignore_eos: bool = True, **params: Any) -> StreamResult:
+        """Streamed completion with usage; token counts come from the server's `usage`."""
+        body = {
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, **params,
+        }
+        if ignore_eos:
+            body["ignore_eos"] = True  # vLLM / SGLang extension; llama.cpp ignores unknown fields
+        t_sent = time.perf_counter()
+        r = self._post("/v1/completions", body, stream=True)
+        _raise_for(r, "/v1/completions (stream)")
+        text, times, usage, finish = [], [], {}, None
+        for line in r.iter_lines():
+            if not line or not line.startswith(b"data: "):
+                continue
+            payload = line[6:]
+            if payload == b"[DONE]":
+                break
+            event = json.loads(payload)
+            now = time.perf_counter()
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                if choice.get("text"):
+                    text.append(choice["text"])
+                    times.append(now)
+                finish = choice.get("finish_reason") or finish
+        t_end = time.perf_counter()
+        if not usage:
+            raise SuiteError(
+                "the server's stream carried no `usage`; token counts are never taken from chunk counts "
+                "(use a server that honours stream_options.include_usage)"
+            )
+        return StreamResult("".join(text), times, len(times), usage, t_sent, t_end, finish)
+
+
+def _raise_for(r: requests.Response, what: str) -> None:
+    if r.status_code != 200:
+        raise SuiteError(f"{what} answered HTTP {r.status_code}: {r.text[:300]}")
+
+
+def token_logprobs(completion: dict) -> list[float]:
+    return list(completion["choices"][0]["logprobs"]["token_logprobs"])
+
+
+def all_finite(values: list[float | None]) -> bool:
+    return all(v is not None and math.isfinite(v) for v in values)

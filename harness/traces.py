@@ -1,0 +1,181 @@
+"""Kernel paths from torch-profiler traces of a running vLLM server.
+
+The server is started with `--profiler-config` (see `profiler_args`); `profile()` wraps a workload in
+POST /start_profile and /stop_profile and parses the worker's gzipped Chrome-trace JSON into a kernel
+summary: GPU `kernel` events on CUDA, `cpu_op` events on CPU (vLLM's CPU kernels are ops such as
+`_C::cpu_fused_moe`). The summary is kept as a run artifact; the perf levels refuse results from a
+run whose kernel-path check failed.
+"""
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import json
+import re
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import requests
+
+from harness.configs import KernelExpectation
+from harness.errors import SuiteError
+
+
+def profiler_args(trace_dir: Path, record_shapes: bool = True) -> list[str]:
+    """Server flags that enable torch profiling into `trace_dir` (the worker's trace only)."""
+    cfg = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(trace_dir.resolve()),
+        "torch_profiler_with_stack": False,  # stacks make stop_profile take ~19 s instead of ~2 s
+        "torch_profiler_record_shapes": record_shapes,  # the CPU sinks check reads argument shapes
+        "ignore_frontend": True,
+    }
+    return ["--profiler-config", json.dumps(cfg)]
+
+
+@dataclass
+class KernelStat:
+    name: str
+    calls: int
+    total_us: float
+    share: float  # of the summed time of all events counted
+
+
+@dataclass
+class KernelSummary:
+    source: str  # trace file
+    event_kind: str  # "kernel" (GPU) or "cpu_op" (CPU)
+    kernels: list[KernelStat]
+    attention_calls: list[dict] = field(default_factory=list)  # CPU attention op arguments (sinks check)
+
+    def names(self) -> list[str]:
+        return [k.name for k in self.kernels]
+
+    def matching(self, pattern: str) -> list[KernelStat]:
+        return [k for k in self.kernels if fnmatch.fnmatchcase(k.name, pattern)]
+
+    def top(self, n: int = 15) -> str:
+        rows = [f"{k.share * 100:6.2f}% {k.calls:6d}x  {k.name[:150]}" for k in self.kernels[:n]]
+        return "\n".join(rows)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "KernelSummary":
+        return cls(data["source"], data["event_kind"], [KernelStat(**k) for k in data["kernels"]], data.get("attention_calls", []))
+
+
+def parse_trace(path: Path, event_kind: str) -> KernelSummary:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError, EOFError) as e:
+        raise SuiteError(f"trace {path} is unreadable ({e}); re-run the level 1.5 profile") from None
+    calls: dict[str, int] = defaultdict(int)
+    dur: dict[str, float] = defaultdict(float)
+    attention = []
+    for ev in data.get("traceEvents", []):
+        if ev.get("cat") != event_kind or "name" not in ev:
+            continue
+        calls[ev["name"]] += 1
+        dur[ev["name"]] += float(ev.get("dur", 0.0))
+        if ev["name"] == "_C::cpu_attention_with_kv_cache" and len(attention) < 64:
+            args = ev.get("args", {})
+            attention.append({"dims": args.get("Input Dims"), "concrete": args.get("Concrete Inputs")})
+    total = sum(dur.values()) or 1.0
+    stats = sorted((KernelStat(n, calls[n], dur[n], dur[n] / total) for n in calls), key=lambda k: -k.total_us)
+    return KernelSummary(str(path), event_kind, stats, attention)
+
+
+def profile(base_url: str, trace_dir: Path, workload: Callable[[], None], event_kind: str, timeout_s: float = 180) -> KernelSummary:
+    """Profile `workload` on a server started with `profiler_args(trace_dir)`."""
+    before = set(trace_dir.glob("*.pt.trace.json.gz")) if trace_dir.exists() else set()
+    r = requests.post(base_url + "/start_profile", timeout=60)
+    if r.status_code != 200:
+        raise SuiteError(f"/start_profile answered HTTP {r.status_code}; the server must be started with --profiler-config")
+    try:
+        workload()
+    finally:
+        r = requests.post(base_url + "/stop_profile", timeout=timeout_s)
+    if r.status_code != 200:
+        raise SuiteError(f"/stop_profile answered HTTP {r.status_code}: {r.text[:200]}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:  # the worker writes its trace after stop returns
+        new = [p for p in trace_dir.glob("*.pt.trace.json.gz") if p not in before and "async_llm" not in p.name]
+        if new:
+            newest = max(new, key=lambda p: p.stat().st_mtime)
+            size = newest.stat().st_size
+            time.sleep(1.0)
+            if newest.stat().st_size == size:
+                return parse_trace(newest, event_kind)
+        time.sleep(1.0)
+    raise SuiteError(f"no worker trace appeared in {trace_dir} within {timeout_s:.0f} s after /stop_profile")
+
+
+@dataclass
+class PathVerdict:
+    ok: bool
+    problems: list[str]
+    excused: list[str]  # `must` patterns excused by a logged fallback
+
+    def explain(self, summary: KernelSummary, expectation: KernelExpectation) -> str:
+        lines = [f"kernel-path check failed ({len(self.problems)} problem(s)):"]
+        lines += [f"  - {p}" for p in self.problems]
+        lines.append(f"expected must={expectation.must} must_not={expectation.must_not}")
+        lines.append(f"kernels that ran (top by time, from {Path(summary.source).name}):")
+        lines.append(summary.top(20))
+        return "\n".join(lines)
+
+
+def check_path(summary: KernelSummary, expectation: KernelExpectation, server_log: str = "") -> PathVerdict:
+    """Every `must` glob matches some kernel; no `must_not` glob matches any."""
+    problems, excused = [], []
+    for pat in expectation.must:
+        if not summary.matching(pat):
+            why = ", ".join(expectation.source.get(pat, []))
+            if expectation.fallback_log and re.search(expectation.fallback_log, server_log):
+                excused.append(pat)
+            else:
+                problems.append(f"no kernel matches required '{pat}' ({why})")
+    for pat in expectation.must_not:
+        hits = summary.matching(pat)
+        if hits:
+            why = ", ".join(expectation.source.get(pat, []))
+            problems.append(f"forbidden '{pat}' ({why}) ran: {hits[0].name[:120]} ({hits[0].calls} calls)")
+    return PathVerdict(not problems, problems, excused)
+
+
+def cpu_attention_sinks(summary: KernelSummary) -> tuple[set, set]:
+    """(sinks tensor dims seen, sliding-window values seen) in `_C::cpu_attention_with_kv_cache` calls.
+
+    vLLM 0.32's CPU attention op takes the sinks tensor as input 13 and the sliding window as input 9
+    (seen with record_shapes on this project's CI machines).
+    """
+    sink_dims, windows = set(), set()
+    for call in summary.attention_calls:
+        dims, concrete = call.get("dims") or [], call.get("concrete") or []
+        if len(dims) > 13:
+            sink_dims.add(tuple(dims[13]))
+        if len(concrete) > 9 and concrete[9] != "":
+            windows.add(concrete[9])
+    return sink_dims, windows
+
+
+def save_summary(summary: KernelSummary, verdict: PathVerdict | None, path: Path, **meta) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"valid": bool(verdict and verdict.ok), "problems": verdict.problems if verdict else ["not checked"], **meta}
+    payload["summary"] = summary.to_json()
+    path.write_text(json.dumps(payload, indent=1))
+
+
+def load_summary(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SuiteError(f"no kernel summary at {path}; run level 1.5 for this config first (pytest -m level1_5 --config=...)") from None
+    except json.JSONDecodeError as e:
+        raise SuiteError(f"kernel summary {path} is corrupt ({e}); re-run level 1.5") from None

@@ -1,0 +1,124 @@
+"""Config loading, naming and errors (no vLLM needed)."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.configs import CONFIG_DIR, Catalog, args_to_argv
+from harness.errors import SuiteError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return Catalog()
+
+
+def test_every_named_config_round_trips_through_its_name(catalog):
+    for config in catalog.named:
+        assert catalog.parse(catalog.name(config)).values == config.values
+
+
+def test_names_are_built_from_the_axes(catalog):
+    assert catalog.name(catalog.make({"moe": "gemm", "activation": "mxfp8"}, "t")) == "gemm-mxfp8"
+    c = catalog.make({"moe": "gemm", "activation": "mxfp8", "spec": "eagle3-short", "graphs": "off"}, "t")
+    assert catalog.name(c) == "gemm-mxfp8-eagle3-short-eager"
+
+
+def test_unknown_config_lists_valid_choices(catalog):
+    with pytest.raises(SuiteError, match="unknown config 'nope'.*valid configs: cpu-bf16"):
+        catalog.parse("nope")
+
+
+def test_non_canonical_name_suggests_the_canonical_one(catalog):
+    with pytest.raises(SuiteError, match="did you mean 'gemm-mxfp8-tile64x128-eager'"):
+        catalog.parse("gemm-mxfp8-eager-tile64x128")
+
+
+def test_unknown_axis_value_names_valid_values(catalog):
+    with pytest.raises(SuiteError, match="moe='cutlass' is not one of marlin, gemm"):
+        catalog.make({"moe": "cutlass", "activation": "bf16"}, "t")
+
+
+def test_flavours_map_the_same_name_three_ways(catalog):
+    cfg = catalog.parse("marlin-bf16")
+    fork = catalog.flavours["fork"].resolve(cfg, "sm_121")
+    upstream = catalog.flavours["upstream"].resolve(cfg, "sm_90")
+    assert fork.env["VLLM_MXFP4_MOE_KERNEL"] == "marlin"
+    assert upstream.args[upstream.args.index("--moe-backend") + 1] == "marlin"
+    ok, why = catalog.flavours["cpu"].runnable(cfg, "cpu")
+    assert not ok and "Marlin is a CUDA kernel" in why
+
+
+def test_seed_baseline_flags_are_in_every_gpu_flavour(catalog):
+    for name in ("fork", "upstream"):
+        argv = catalog.flavours[name].resolve(catalog.parse("marlin-bf16"), "sm_121").args
+        for flag, value in (("--max-num-seqs", "2"), ("--max-num-batched-tokens", "8192"), ("--gpu-memory-utilization", "0.7")):
+            assert argv[argv.index(flag) + 1] == value
+        assert "--enable-prefix-caching" in argv
+
+
+def test_runnable_reports_platform_reasons(catalog):
+    up = catalog.flavours["upstream"]
+    ok, why = up.runnable(catalog.parse("gemm-mxfp8"), "sm_90")
+    assert not ok and "sm_100" in why
+    assert up.runnable(catalog.parse("gemm-mxfp8"), "sm_121")[0]
+    assert up.runnable(catalog.parse("triton-bf16"), "sm_90")[0]
+
+
+def test_kernel_expectations_follow_the_platform(catalog):
+    spec = catalog.flavours["upstream"].resolve(catalog.parse("triton-bf16"), "sm_90")
+    assert "_matmul_ogs_*mxfp4*" in spec.kernels.must and "*marlin*" in spec.kernels.must_not
+    assert spec.kernels.source["*marlin*"] == ["moe=triton"]
+
+
+def test_args_to_argv_handles_bare_and_removed_flags():
+    assert args_to_argv({"--a": 1, "--b": None, "--c": False}) == ["--a", "1", "--b"]
+
+
+def _copy_configs(tmp_path: Path) -> Path:
+    dst = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, dst)
+    return dst
+
+
+def test_malformed_yaml_is_one_clear_line(tmp_path):
+    d = _copy_configs(tmp_path)
+    (d / "configs.yaml").write_text("configs: [ {moe: gemm,\n")
+    with pytest.raises(SuiteError) as e:
+        Catalog(d)
+    assert "malformed YAML" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_value_in_a_flavour_file_is_reported(tmp_path):
+    d = _copy_configs(tmp_path)
+    p = d / "flavours" / "cpu.yaml"
+    p.write_text(p.read_text().replace("    cpu:\n      logs", "    cpux:\n      logs"))
+    with pytest.raises(SuiteError, match="values.moe: 'cpux' is not one of"):
+        Catalog(d)
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--config=nope"], "unknown config 'nope'"),
+    (["--model=/no/such/dir"], "no such directory"),
+    (["--flavour=nope"], "unknown flavour 'nope'"),
+])
+def test_bad_options_exit_nonzero_with_one_line_and_no_traceback(argv, expect):
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv, "tests/unit/test_configs.py"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert expect in out and "Traceback" not in out
+    assert len([l for l in out.splitlines() if l.strip()]) <= 2, out
+
+
+def test_list_configs_shows_three_flavours():
+    r = subprocess.run([sys.executable, "-m", "pytest", "--list-configs", "-p", "no:cacheprovider"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for flavour in ("[cpu on", "[upstream on", "[fork on"):
+        assert flavour in r.stdout
+    assert "cpu-bf16  (default on cpu)" in r.stdout and "RUNS HERE" in r.stdout
