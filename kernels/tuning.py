@@ -1,0 +1,88 @@
+"""Per-architecture launch configs from tuning.yaml, with file and environment overrides."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+DEFAULT_FILE = Path(__file__).with_name("tuning.yaml")
+
+
+def current_arch() -> str:
+    """'sm_90', 'sm_121', ... for the current CUDA device; 'cpu' when kernels run in the interpreter."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not torch.cuda.is_available():
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read tuning file {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"tuning file {path} must map arch names to kernel configs")
+    return data
+
+
+def _parse_env(value: str) -> Any:
+    """'64' -> 64, '128,64' -> [128, 64], 'dot_scaled' -> 'dot_scaled'."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    conv = []
+    for p in parts:
+        try:
+            conv.append(int(p))
+        except ValueError:
+            try:
+                conv.append(float(p))
+            except ValueError:
+                conv.append(p)
+    return conv if len(conv) != 1 or "," in value else conv[0]
+
+
+def get_config(kernel: str, arch: str | None = None) -> dict[str, Any]:
+    """Merged config of one kernel ('gemv', 'moe', 'quant') for `arch` (default: current device).
+
+    Cached per (kernel, arch, relevant environment): launches call this on the hot path.
+    """
+    prefix = f"KERNELS_{kernel.upper()}_"
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(prefix) or k == "KERNELS_TUNING"))
+    return copy.deepcopy(_get_config(kernel, arch or current_arch(), env))
+
+
+@functools.lru_cache(maxsize=64)
+def _get_config(kernel: str, arch: str, env: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    envd = dict(env)
+    layers = [_load(str(DEFAULT_FILE))]
+    extra = envd.get("KERNELS_TUNING")
+    if extra:
+        layers.append(_load(extra))
+    cfg: dict[str, Any] = {}
+    family = arch[:-1] + "x" if arch.startswith("sm_") and len(arch) >= 5 else None
+    for data in layers:
+        for key in ("default", family, arch):
+            if key and key in data:
+                cfg = _merge(cfg, (data[key] or {}).get(kernel, {}))
+    prefix = f"KERNELS_{kernel.upper()}_"
+    for name, value in envd.items():
+        if name.startswith(prefix):
+            cfg[name[len(prefix):].lower()] = _parse_env(value)
+    if not cfg:
+        raise KeyError(f"no tuning entry for kernel {kernel!r}")
+    return cfg
