@@ -52,6 +52,18 @@ def test_noisy_five_percent_drop_is_inconclusive_and_reports_cvs():
     assert f"{v.cv_baseline * 100:.1f}%" in v.message and f"{v.cv_current * 100:.1f}%" in v.message
 
 
+def test_noisy_small_change_is_inconclusive_not_pass():
+    v = tg(0.99, cv=0.08)
+    assert v.status == "inconclusive", v.message
+    assert "not resolvable" in v.message
+
+
+def test_noisy_but_huge_drop_still_fails():
+    v = tg(0.80, cv=0.08, n=20)
+    assert v.status == "fail", v.message
+    assert v.ci[1] < 1.0 - T.throughput_drop  # resolved beyond the threshold despite the noise
+
+
 def test_drop_beyond_gate_without_significance_is_inconclusive():
     # 3 runs per side: the smallest two-sided Mann-Whitney p is 0.1, so nothing can be significant
     v = tg(0.95, n=3)
