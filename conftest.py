@@ -119,6 +119,19 @@ def booted(live_server: RunningServer) -> RunningServer:
     return live_server
 
 
+@pytest.fixture(scope="session")
+def kernel_path(suite: Suite, server: RunningServer):
+    """Level 1.5 evidence for this config: kernels seen in a profiled prefill + decode, checked.
+
+    Session-scoped, so level 4 gets it too: a perf result always carries the path check it ran under.
+    """
+    if server.external:
+        pytest.skip("--server-url: the suite cannot enable the profiler of a server it did not boot")
+    from harness.kernel_path import profile_kernel_path
+
+    return profile_kernel_path(suite, server)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
