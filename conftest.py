@@ -136,6 +136,9 @@ def kernel_path(suite: Suite, server: RunningServer):
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(SuiteError):
+        # A SuiteError already says what is wrong and how to fix it: no traceback.
+        report.longrepr = f"{call.excinfo.typename}: {call.excinfo.value}"
     running = getattr(item, "funcargs", {}).get("server")
     if report.failed and isinstance(running, RunningServer) and running.log_path:
         from harness.server import tail

@@ -73,6 +73,16 @@ class Client:
         _raise_for(r, "/v1/models")
         return [m["id"] for m in r.json()["data"]]
 
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids as the server's own tokenizer sees them (vLLM's /tokenize)."""
+        r = self._post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
+        _raise_for(r, "/tokenize")
+        return list(r.json()["tokens"])
+
+    def version(self) -> str:
+        r = self.get("/version")
+        return r.json().get("version", "unknown") if r.status_code == 200 else "unknown"
+
     def complete(self, prompt: str | list[int], max_tokens: int, **params: Any) -> dict:
         """Non-streamed completion; greedy unless `temperature` is given."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **params}

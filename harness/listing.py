@@ -18,7 +18,7 @@ def _example_platform(flavour: Flavour) -> str:
 def list_configs(suite: Suite) -> str:
     cat, here = suite.catalog, suite.platform.name
     lines = [
-        f"platform: {here} ({suite.platform.device}); flavour used here: {suite.flavour.name}; model: {suite.model.alias}",
+        f"platform: {here} ({suite.platform.device}); flavour used here: {suite.flavour.name}; model: {getattr(suite.model_or_error, 'alias', suite.model_or_error)}",
         "flavours: " + "; ".join(f"{f.name} = {f.about}" for f in cat.flavours.values()),
         "",
     ]
@@ -30,7 +30,7 @@ def list_configs(suite: Suite) -> str:
         axes = [f"{a}={v}" for a, v in config.axes if cat.axes[a].default != v]
         lines.append(f"    axes: {' '.join(axes)}")
         for flavour in cat.flavours.values():
-            ok_here, why = flavour.runnable(config, here, suite.model.path)
+            ok_here, why = flavour.runnable(config, here, getattr(suite.model_or_error, "path", None))
             example = here if ok_here else _example_platform(flavour)
             ok_there, why_there = flavour.runnable(config, example)
             if ok_there:
@@ -66,7 +66,7 @@ def run_summary(suite: Suite, stats: dict) -> str:
         return ""
     boots = {b["config"]: b for b in suite.boots}
     used = [lv for lv in LEVELS if any(lv in row for row in table.values())]
-    head = f"platform {suite.platform.name} ({suite.platform.device}), flavour {suite.flavour.name}, model {suite.model.alias}"
+    head = f"platform {suite.platform.name} ({suite.platform.device}), flavour {suite.flavour.name}, model {getattr(suite.model_or_error, 'alias', '?')}"
     rows = [head, "config".ljust(34) + "boot s".rjust(8) + "".join(lv.rjust(12) for lv in used)]
     for config, levels in sorted(table.items()):
         boot = boots.get(config, {}).get("boot_seconds")

@@ -60,7 +60,7 @@ class Suite:
     catalog: Catalog
     platform: Platform
     flavour: Flavour
-    model: Model
+    model_or_error: Model | SuiteError
     run_dir: Path
     config_option: str | None
     server_url: str | None = None
@@ -78,26 +78,40 @@ class Suite:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         rdir = Path(run_dir) if run_dir else REPO / "runs" / stamp
         rdir.mkdir(parents=True, exist_ok=True)
-        model = resolve_model(model_option or default_alias(platform.name), rdir)
+        try:
+            model: Model | SuiteError = resolve_model(model_option or default_alias(platform.name), rdir)
+        except SuiteError as e:
+            if model_option:  # an explicit bad --model fails the run at once
+                raise
+            model = e  # the default model is only needed once a server boots (unit tests run without it)
         suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s)
         suite.selected()  # validate --config now, at collection time
         return suite
+
+    @property
+    def model(self) -> Model:
+        if isinstance(self.model_or_error, SuiteError):
+            raise self.model_or_error
+        return self.model_or_error
 
     def selected(self) -> list[Config]:
         return self.catalog.select(self.config_option, self.platform.name)
 
     def target(self, config: Config) -> Target:
         name = self.catalog.name(config)
-        ok, reason = self.flavour.runnable(config, self.platform.name, self.model.path)
+        model = self.model_or_error
+        ok, reason = self.flavour.runnable(config, self.platform.name, getattr(model, "path", None))
         if not ok:
             return Target(name, config, None, False, f"{reason} [platform {self.platform.name}]")
-        return Target(name, config, self.flavour.resolve(config, self.platform.name, self.model.args), True, "")
+        return Target(name, config, self.flavour.resolve(config, self.platform.name, getattr(model, "args", {})), True, "")
 
     def targets(self) -> list[Target]:
         return [self.target(c) for c in self.selected()]
 
-    def boot(self, target: Target, tag: str = "") -> RunningServer:
-        """Boot a server for `target` (the caller must `stop()` its process)."""
+    def boot(self, target: Target, tag: str = "", model_path: str | None = None) -> RunningServer:
+        """Boot a server for `target` (the caller must `stop()` its process).
+
+        `model_path` swaps in another checkpoint of the same shape (the level 2 mutation checks)."""
         if not target.runnable or target.spec is None:
             raise SuiteError(f"cannot boot {target.name}: {target.reason}")
         key = f"{self.model.alias}__{target.name}{tag}"
@@ -105,7 +119,7 @@ class Suite:
         trace_dir = self.run_dir / "traces" / key
         # Profiling costs nothing until /start_profile, so every server can serve level 1.5 too.
         args = target.spec.args + profiler_args(trace_dir)
-        proc = VllmServer(self.model.path, args, target.spec.env, log, boot_timeout_s=self.boot_timeout_s)
+        proc = VllmServer(model_path or self.model.path, args, target.spec.env, log, boot_timeout_s=self.boot_timeout_s)
         record = {"config": target.name, "model": self.model.alias, "platform": self.platform.name, "log": str(log)}
         try:
             proc.start()
