@@ -24,9 +24,6 @@ from ._triton import INTERPRET, check_device, tl, triton
 from .mxfp4 import as_packed, dequantize_mxfp4
 from .tuning import get_config
 
-TWO_POW_126 = 8.507059173023462e37  # 2**126: bit-trick e2m1 values come out scaled by 2**-126
-
-
 @triton.jit
 def _e2m1_to_f32(codes):
     """4-bit codes (int32) -> exact float32 values. Sign to bit 31, exponent+mantissa (3 bits) to
@@ -49,9 +46,10 @@ def _dot_bf16(a, b, acc, INTERPRETED: tl.constexpr):
     """acc + a @ b for bf16 a, b. Triton's interpreter (3.9) multiplies the raw uint16 bit patterns
     of bf16 operands in tl.dot, so there we upcast to fp32 first (exact, ieee precision)."""
     if INTERPRETED:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
-        return tl.dot(a, b, acc)
+        r = tl.dot(a, b, acc)
+    return r
 
 
 @triton.jit
@@ -61,9 +59,10 @@ def _round_bf16(x, INTERPRETED: tl.constexpr):
     if INTERPRETED:
         b = x.to(tl.uint32, bitcast=True)
         b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        return b.to(tl.float32, bitcast=True).to(tl.bfloat16)
+        r = b.to(tl.float32, bitcast=True).to(tl.bfloat16)
     else:
-        return x.to(tl.bfloat16)
+        r = x.to(tl.bfloat16)
+    return r
 
 
 @triton.jit

@@ -1,0 +1,344 @@
+"""Benchmark of the MXFP4 kernels at gpt-oss-120b decode shapes: `python -m kernels.bench [--out F.json] [--quick]`.
+
+Method (why each step):
+* Copy bandwidth is MEASURED in the same run (1 GiB device-to-device copy, bytes read + written)
+  and is the yardstick for achieved GB/s; datasheet numbers are not what this card does today.
+* Every timed call reads a different weight buffer, rotating over enough buffers that their total
+  is > 2x L2 (or 3x for small layers), so no call finds its weights in L2.
+* Calls are captured in a CUDA graph (as vLLM runs decode) and timed with CUDA events around graph
+  replays; time per call = replay time / calls per graph; median over replays after warm-up.
+  Graphs take Python launch overhead out, which would otherwise dominate 5-us kernels.
+* Baseline: torch.matmul (F.linear) with BF16 weights, same M, same rotation, same run.
+* MoE layer (M=1, top-4 of 128 experts, hidden 2880, intermediate 2880): each call routes to a
+  different random set of 4 experts; floor = bytes of those 4 experts' packed weights + scales
+  at the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+SHAPES = {  # name: (N, K), y = x @ W.T with W [N, K]
+    "lm_head": (201088, 2880),
+    "qkv": (5120, 2880),
+    "o_proj": (2880, 4096),
+    "expert_gate_up": (5760, 2880),
+    "expert_down": (2880, 2880),
+}
+MS = [1, 2, 4, 8, 16]
+MOE = dict(experts=128, top_k=4, hidden=2880, inter=2880)
+TARGETS = {"lm_head_m1_speedup": 3.0, "lm_head_m1_pct_copy": 85.0, "moe_us_h200": 15.0, "moe_pct_floor": 75.0}
+
+
+def _nvidia_smi() -> dict:
+    q = "name,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.draw,temperature.gpu,driver_version"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout.strip().splitlines()
+        return dict(zip(q.split(","), [v.strip() for v in out[0].split(",")])) if out else {}
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"error": str(e)}
+
+
+def time_calls(calls: list, reps: int, inner: int) -> float:
+    """Median microseconds per call; `calls[i % len(calls)]` is call i (rotation over buffers)."""
+    for c in calls:  # compile / autotune / allocate outside timing
+        c()
+    torch.cuda.synchronize()
+    inner = max(inner, len(calls))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for c in calls:
+                c()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(inner):
+                calls[i % len(calls)]()
+        run = graph.replay
+    except Exception as e:  # noqa: BLE001 - fall back to eager launches, say so
+        print(f"  (CUDA graph capture failed: {type(e).__name__}: {e}; timing eager launches)", file=sys.stderr)
+
+        def run():
+            for i in range(inner):
+                calls[i % len(calls)]()
+
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / inner)
+    return statistics.median(times)
+
+
+def copy_bandwidth(reps: int) -> float:
+    """GB/s of a 1 GiB device-to-device copy, counting bytes read + written."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    b = torch.empty_like(a)
+    us = time_calls([lambda: b.copy_(a)], reps, 4)
+    del a, b
+    return 2 * n / (us * 1e-6) / 1e9
+
+
+def n_buffers(bytes_each: int, l2: int, floor: int = 2) -> int:
+    return max(floor, math.ceil(3 * l2 / bytes_each))
+
+
+def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: float, reps: int,
+                 impls: list[str]) -> list[dict]:
+    from .gemv import mxfp4_gemv
+    from .testing import generator, random_mxfp4
+    from .tuning import get_config
+
+    g = generator(1234, "cuda")
+    q_bytes = n * k // 2 + n * k // 32
+    nq = n_buffers(q_bytes, l2)
+    weights = [random_mxfp4((n, k), g) for _ in range(nq)]
+    bf_bytes = n * k * 2
+    nb = n_buffers(bf_bytes, l2)
+    wbf = [torch.randn(n, k, generator=g, device="cuda").to(torch.bfloat16) * 0.02 for _ in range(nb)]
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+        inner = max(nq, nb, 8 if n > 100000 else 40)
+        out_q = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(nq)]
+        res = {"shape": name, "N": n, "K": k, "M": m, "weight_bytes": q_bytes, "buffers": nq}
+        for impl in impls:
+            cfg = get_config("gemv")
+            cfg["impl"] = impl
+            calls = [lambda i=i, cfg=cfg: mxfp4_gemv(x, weights[i][0], weights[i][1], out=out_q[i], config=cfg)
+                     for i in range(nq)]
+            us = time_calls(calls, reps, inner)
+            gbps = (q_bytes + x.numel() * 2 + m * n * 2) / (us * 1e-6) / 1e9
+            res[f"us_{impl}"] = round(us, 2)
+            res[f"gbps_{impl}"] = round(gbps, 1)
+            res[f"pct_copy_{impl}"] = round(100 * gbps / copy_gbps, 1)
+        out_b = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(nb)]
+        calls = [lambda i=i: torch.matmul(x, wbf[i].T, out=out_b[i]) for i in range(nb)]
+        res["us_bf16_matmul"] = round(time_calls(calls, reps, inner), 2)
+        best = min(impls, key=lambda i: res[f"us_{i}"])
+        res["best_impl"] = best
+        res["speedup_vs_bf16"] = round(res["us_bf16_matmul"] / res[f"us_{impls[0]}"], 2)
+        res["speedup_best_vs_bf16"] = round(res["us_bf16_matmul"] / res[f"us_{best}"], 2)
+        rows.append(res)
+        print(f"  {name:15s} M={m:2d} " + " ".join(f"{i}={res[f'us_{i}']:.1f}us({res[f'pct_copy_{i}']:.0f}%)"
+                                               for i in impls) + f" bf16={res['us_bf16_matmul']:.1f}us", flush=True)
+    del weights, wbf
+    torch.cuda.empty_cache()
+    return rows
+
+
+def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str]) -> dict:
+    from .moe import moe_forward, mxfp4_moe
+    from .testing import generator, random_mxfp4
+    from .tuning import get_config
+
+    e, k, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    g = generator(99, "cuda")
+    gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
+    d_p, d_s = random_mxfp4((e, h, inter), g)
+    gu_b = torch.randn(e, 2 * inter, generator=g, device="cuda") * 0.1
+    d_b = torch.randn(e, h, generator=g, device="cuda") * 0.1
+    per_expert = 2 * inter * (h // 2 + h // 32) + h * (inter // 2 + inter // 32)
+    floor_bytes = k * per_expert
+    floor_us = floor_bytes / (copy_gbps * 1e9) * 1e6
+    x = torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16)
+    # A different expert set per call: 4 experts (~53 MB) would otherwise sit in L2 (50-60 MB).
+    n_routes = max(16, n_buffers(floor_bytes, l2))
+    routes = [torch.randperm(e, generator=g, device="cuda")[:k].view(1, k) for _ in range(n_routes)]
+    wts = torch.softmax(torch.randn(1, k, generator=g, device="cuda"), -1)
+    out = torch.empty(1, h, dtype=torch.bfloat16, device="cuda")
+    res = {"experts": e, "top_k": k, "hidden": h, "inter": inter, "floor_bytes": floor_bytes,
+           "floor_us": round(floor_us, 2)}
+    for impl in impls:
+        cfg = get_config("moe")
+        cfg["impl"] = impl
+        calls = [lambda r=r, cfg=cfg: mxfp4_moe(x, r, wts, gu_p, gu_s, gu_b, d_p, d_s, d_b, out=out, config=cfg)
+                 for r in routes]
+        us = time_calls(calls, reps, n_routes * 2)
+        res[f"us_{impl}"] = round(us, 2)
+        res[f"pct_floor_{impl}"] = round(100 * floor_us / us, 1)
+        print(f"  moe M=1 {impl}: {us:.1f} us, floor {floor_us:.1f} us ({100 * floor_us / us:.0f}%)", flush=True)
+    # Whole block incl. router GEMM + top-k + softmax in torch (routing varies with x: rotate x).
+    router_w = torch.randn(e, h, generator=g, device="cuda").to(torch.bfloat16) * 0.05
+    xs = [torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16) for _ in range(n_routes)]
+    calls = [lambda xx=xx: moe_forward(xx, router_w, None, gu_p, gu_s, gu_b, d_p, d_s, d_b, k) for xx in xs]
+    res["us_layer_with_router"] = round(time_calls(calls, reps, n_routes * 2), 2)
+    del gu_p, d_p
+    torch.cuda.empty_cache()
+    return res
+
+
+def bench_quant(reps: int) -> list[dict]:
+    from .quant import quantize_mxfp8_triton
+
+    rows = []
+    for m, k in [(1, 2880), (16, 2880), (4096, 2880)]:
+        xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(4)]
+        us = time_calls([lambda x=x: quantize_mxfp8_triton(x) for x in xs], reps, 16)
+        rows.append({"M": m, "K": k, "us": round(us, 2), "gbps": round(m * k * (2 + 1 + 1 / 32) / (us * 1e-6) / 1e9, 1)})
+    return rows
+
+
+def sweep(l2: int, copy_gbps: float, reps: int, budget_s: float) -> list[dict]:
+    """Tile sweep for lm_head / qkv at M=1 and the MoE layer, within a time budget; prints the best."""
+    import itertools
+    import os
+
+    results = []
+    t0 = time.time()
+    combos = list(itertools.product(["dot_scaled", "dequant_dot"], [64, 128, 256], [256, 512], [4, 8], [3, 4]))
+    for impl, bn, bk, nw, ns in combos:
+        if time.time() - t0 > budget_s * 0.6:
+            break
+        env = {"KERNELS_GEMV_IMPL": impl, "KERNELS_GEMV_BLOCK_N": str(bn), "KERNELS_GEMV_BLOCK_K": str(bk),
+               "KERNELS_GEMV_NUM_WARPS": str(nw), "KERNELS_GEMV_NUM_STAGES": str(ns)}
+        os.environ.update(env)
+        try:
+            r = bench_linear("lm_head", *SHAPES["lm_head"], [1], l2, copy_gbps, max(5, reps // 2), [impl])[0]
+            results.append({"kernel": "gemv", **env, "us": r[f"us_{impl}"], "pct": r[f"pct_copy_{impl}"]})
+        except Exception as ex:  # noqa: BLE001 - a config that fails to compile is a data point
+            results.append({"kernel": "gemv", **env, "error": f"{type(ex).__name__}: {str(ex)[:200]}"})
+        finally:
+            for key in env:
+                os.environ.pop(key, None)
+    combos = list(itertools.product(["dot_scaled", "fma"], [16, 32, 64], [128, 256, 512], [4, 8]))
+    for impl, bn, bk, nw in combos:
+        if time.time() - t0 > budget_s:
+            break
+        env = {"KERNELS_MOE_IMPL": impl, "KERNELS_MOE_BLOCK_N": str(bn), "KERNELS_MOE_BLOCK_K": str(bk),
+               "KERNELS_MOE_NUM_WARPS": str(nw)}
+        os.environ.update(env)
+        try:
+            r = bench_moe(l2, copy_gbps, max(5, reps // 2), [impl])
+            results.append({"kernel": "moe", **env, "us": r[f"us_{impl}"], "pct": r[f"pct_floor_{impl}"]})
+        except Exception as ex:  # noqa: BLE001
+            results.append({"kernel": "moe", **env, "error": f"{type(ex).__name__}: {str(ex)[:200]}"})
+        finally:
+            for key in env:
+                os.environ.pop(key, None)
+    for kern in ("gemv", "moe"):
+        ok = [r for r in results if r["kernel"] == kern and "us" in r]
+        for r in sorted(ok, key=lambda r: r["us"])[:5]:
+            print(f"SWEEP best {kern}: {r['us']:.1f} us ({r['pct']:.0f}%) {dict((k, v) for k, v in r.items() if k.startswith('KERNELS'))}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write results as JSON here")
+    ap.add_argument("--quick", action="store_true", help="fewer repeats, M in {1, 16}, default impl only")
+    ap.add_argument("--sweep", type=float, default=0.0, metavar="SECONDS",
+                    help="also sweep tile configs for lm_head M=1 and the MoE layer for about this long")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels.bench needs CUDA: no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
+        return 2
+
+    import triton
+
+    from .tuning import current_arch, get_config
+
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
+    reps = 10 if args.quick else 30
+    ms = [1, 16] if args.quick else MS
+    gemv_impls = [get_config("gemv")["impl"]] if args.quick else [get_config("gemv")["impl"], *(
+        [i for i in ("dot_scaled", "dequant_dot") if i != get_config("gemv")["impl"]])]
+    moe_impls = [get_config("moe")["impl"]] if args.quick else [get_config("moe")["impl"], *(
+        [i for i in ("dot_scaled", "fma") if i != get_config("moe")["impl"]])]
+    meta = {
+        "device": torch.cuda.get_device_name(0), "arch": current_arch(), "sm_count": props.multi_processor_count,
+        "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+        "python": platform.python_version(), "nvidia_smi": _nvidia_smi(), "quick": args.quick,
+        "gemv_config": get_config("gemv"), "moe_config": get_config("moe"),
+    }
+    print(f"device {meta['device']} ({meta['arch']}, {props.multi_processor_count} SMs, L2 {l2 / 2**20:.0f} MiB), "
+          f"torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    copy_gbps = copy_bandwidth(reps)
+    meta["copy_gbps"] = round(copy_gbps, 1)
+    print(f"copy bandwidth (read+write): {copy_gbps:.0f} GB/s", flush=True)
+    result: dict = {"meta": meta}
+    if args.sweep:
+        result["sweep"] = sweep(l2, copy_gbps, reps, args.sweep)
+    rows = []
+    errors = []
+
+    def guarded(what, fn, default):
+        # One failing section (a compile error on some arch, OOM) must not lose the others' numbers.
+        try:
+            return fn()
+        except Exception as ex:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            errors.append(f"{what}: {type(ex).__name__}: {str(ex)[:300]}")
+            return default
+
+    for name, (n, k) in SHAPES.items():
+        rows += guarded(name, lambda n=n, k=k, name=name: bench_linear(name, n, k, ms, l2, copy_gbps, reps, gemv_impls), [])
+    result["linear"] = rows
+    result["moe"] = guarded("moe", lambda: bench_moe(l2, copy_gbps, reps, moe_impls), {})
+    result["quant"] = guarded("quant", lambda: bench_quant(reps), [])
+    result["errors"] = errors
+    meta["nvidia_smi_after"] = _nvidia_smi()
+
+    d = gemv_impls[0]
+    result["targets"] = {}
+    lm = next((r for r in rows if r["shape"] == "lm_head" and r["M"] == 1), None)
+    if lm:
+        result["targets"]["lm_head_m1_speedup"] = {"value": lm["speedup_vs_bf16"], "target": ">= 3.0",
+                                                   "met": lm["speedup_vs_bf16"] >= 3.0}
+        result["targets"]["lm_head_m1_pct_copy"] = {"value": lm[f"pct_copy_{d}"], "target": ">= 85",
+                                                    "met": lm[f"pct_copy_{d}"] >= 85}
+    mo = result["moe"]
+    if mo:
+        moe_us = mo[f"us_{moe_impls[0]}"]
+        result["targets"]["moe_us"] = {"value": moe_us, "target": "<= 15 on H200",
+                                       "met": (moe_us <= 15.0) if "H200" in meta["device"] else None}
+        result["targets"]["moe_pct_floor"] = {"value": mo[f"pct_floor_{moe_impls[0]}"], "target": ">= 75",
+                                              "met": mo[f"pct_floor_{moe_impls[0]}"] >= 75}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    # Short table last (the part a log tail shows).
+    print(f"\n== {meta['device']} | copy {copy_gbps:.0f} GB/s | default gemv impl {d}, moe impl {moe_impls[0]} ==")
+    print(f"{'shape':15s} {'M':>3s} {'mxfp4 us':>9s} {'GB/s':>7s} {'%copy':>6s} {'bf16 us':>8s} {'speedup':>7s}"
+          + ("  alt-impl us" if len(gemv_impls) > 1 else ""))
+    for r in rows:
+        alt = f"  {r[f'us_{gemv_impls[1]}']:>8.1f}" if len(gemv_impls) > 1 else ""
+        print(f"{r['shape']:15s} {r['M']:3d} {r[f'us_{d}']:9.1f} {r[f'gbps_{d}']:7.0f} {r[f'pct_copy_{d}']:6.1f} "
+              f"{r['us_bf16_matmul']:8.1f} {r['speedup_vs_bf16']:6.2f}x{alt}")
+    if mo:
+        print(f"moe decode layer M=1 top-{mo['top_k']}/{mo['experts']}: " + ", ".join(
+            f"{i} {mo[f'us_{i}']:.1f} us ({mo[f'pct_floor_{i}']:.0f}% of floor)" for i in moe_impls)
+            + f"; floor {mo['floor_us']:.1f} us ({mo['floor_bytes'] / 1e6:.1f} MB); with router {mo['us_layer_with_router']:.1f} us")
+    print("quant bf16->mxfp8: " + ", ".join(f"[{q['M']}x{q['K']}] {q['us']:.1f} us" for q in result["quant"]))
+    for e in errors:
+        print(f"ERROR {e}")
+    for key, t in result["targets"].items():
+        print(f"target {key}: {t['value']} (want {t['target']}) -> {'MET' if t['met'] else ('n/a' if t['met'] is None else 'MISSED')}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
