@@ -90,8 +90,8 @@ def time_calls(calls: list, reps: int, inner: int) -> float:
 
 def copy_bandwidth(reps: int) -> float:
     """GB/s of a 1 GiB device-to-device copy, counting bytes read + written."""
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    n = 1 << 30  # bytes per buffer; fp32 elements so the copy kernel uses 16-byte accesses
+    a = torch.randn(n // 4, device="cuda")
     b = torch.empty_like(a)
     us = time_calls([lambda: b.copy_(a)], reps, 4)
     del a, b
@@ -100,6 +100,14 @@ def copy_bandwidth(reps: int) -> float:
 
 def n_buffers(bytes_each: int, l2: int, floor: int = 2) -> int:
     return max(floor, math.ceil(3 * l2 / bytes_each))
+
+
+GEMV_VARIANTS = {  # name -> overrides of the tuned config; "auto" is what mxfp4_linear runs
+    "auto": {},
+    "rows": {"rows_max_m": 1 << 30},
+    "mma_dot_scaled": {"rows_max_m": 0, "impl": "dot_scaled"},
+    "mma_dequant_dot": {"rows_max_m": 0, "impl": "dequant_dot"},
+}
 
 
 def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: float, reps: int,
@@ -122,8 +130,7 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
         out_q = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(nq)]
         res = {"shape": name, "N": n, "K": k, "M": m, "weight_bytes": q_bytes, "buffers": nq}
         for impl in impls:
-            cfg = get_config("gemv")
-            cfg["impl"] = impl
+            cfg = {**get_config("gemv"), **GEMV_VARIANTS.get(impl, {"impl": impl})}
             calls = [lambda i=i, cfg=cfg: mxfp4_gemv(x, weights[i][0], weights[i][1], out=out_q[i], config=cfg)
                      for i in range(nq)]
             us = time_calls(calls, reps, inner)
@@ -146,7 +153,7 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
     return rows
 
 
-def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str]) -> dict:
+def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_router: bool = True) -> dict:
     from .moe import moe_forward, mxfp4_moe
     from .testing import generator, random_mxfp4
     from .tuning import get_config
@@ -177,6 +184,8 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str]) -> dict:
         res[f"us_{impl}"] = round(us, 2)
         res[f"pct_floor_{impl}"] = round(100 * floor_us / us, 1)
         print(f"  moe M=1 {impl}: {us:.1f} us, floor {floor_us:.1f} us ({100 * floor_us / us:.0f}%)", flush=True)
+    if not with_router:
+        return res
     # Whole block incl. router GEMM + top-k + softmax in torch (routing varies with x: rotate x).
     router_w = torch.randn(e, h, generator=g, device="cuda").to(torch.bfloat16) * 0.05
     xs = [torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16) for _ in range(n_routes)]
@@ -200,42 +209,44 @@ def bench_quant(reps: int) -> list[dict]:
 
 def sweep(l2: int, copy_gbps: float, reps: int, budget_s: float) -> list[dict]:
     """Tile sweep for lm_head / qkv at M=1 and the MoE layer, within a time budget; prints the best."""
-    import itertools
     import os
 
     results = []
     t0 = time.time()
-    combos = list(itertools.product(["dot_scaled", "dequant_dot"], [64, 128, 256], [256, 512], [4, 8], [3, 4]))
-    for impl, bn, bk, nw, ns in combos:
-        if time.time() - t0 > budget_s * 0.6:
+    combos = [("lm_head", bn, bk, nw) for bn in (16, 32, 64, 128) for bk in (256, 512, 1024) for nw in (2, 4, 8)]
+    combos += [("qkv", bn, 512, nw) for bn in (4, 8, 16, 32) for nw in (1, 2, 4)]
+    for shape, bn, bk, nw in combos:
+        if time.time() - t0 > budget_s * 0.5:
             break
-        env = {"KERNELS_GEMV_IMPL": impl, "KERNELS_GEMV_BLOCK_N": str(bn), "KERNELS_GEMV_BLOCK_K": str(bk),
-               "KERNELS_GEMV_NUM_WARPS": str(nw), "KERNELS_GEMV_NUM_STAGES": str(ns)}
+        env = {"KERNELS_GEMV_ROWS__BLOCK_N": str(bn), "KERNELS_GEMV_ROWS__BLOCK_K": str(bk),
+               "KERNELS_GEMV_ROWS__NUM_WARPS": str(nw), "KERNELS_GEMV_ROWS__MIN_PROGRAMS_PER_SM": "0"}
         os.environ.update(env)
         try:
-            r = bench_linear("lm_head", *SHAPES["lm_head"], [1], l2, copy_gbps, max(5, reps // 2), [impl])[0]
-            results.append({"kernel": "gemv", **env, "us": r[f"us_{impl}"], "pct": r[f"pct_copy_{impl}"]})
+            r = bench_linear(shape, *SHAPES[shape], [1], l2, copy_gbps, max(5, reps // 2), ["rows"])[0]
+            results.append({"kernel": f"gemv_{shape}", **env, "us": r["us_rows"], "pct": r["pct_copy_rows"]})
         except Exception as ex:  # noqa: BLE001 - a config that fails to compile is a data point
-            results.append({"kernel": "gemv", **env, "error": f"{type(ex).__name__}: {str(ex)[:200]}"})
+            results.append({"kernel": f"gemv_{shape}", **env, "error": f"{type(ex).__name__}: {str(ex)[:200]}"})
         finally:
             for key in env:
                 os.environ.pop(key, None)
-    combos = list(itertools.product(["dot_scaled", "fma"], [16, 32, 64], [128, 256, 512], [4, 8]))
-    for impl, bn, bk, nw in combos:
+    combos = [(bn, dbn, 512, nw, dnw) for bn in (8, 16, 32) for dbn in (4, 8, 16) for nw, dnw in ((2, 1), (4, 2), (4, 4))]
+    combos += [(16, 8, 256, 4, 2), (16, 8, 1024, 4, 2)]
+    impl = "fma16"
+    for bn, dbn, bk, nw, dnw in combos:
         if time.time() - t0 > budget_s:
             break
-        env = {"KERNELS_MOE_IMPL": impl, "KERNELS_MOE_BLOCK_N": str(bn), "KERNELS_MOE_BLOCK_K": str(bk),
-               "KERNELS_MOE_NUM_WARPS": str(nw)}
+        env = {"KERNELS_MOE_IMPL": impl, "KERNELS_MOE_BLOCK_N": str(bn), "KERNELS_MOE_DOWN_BLOCK_N": str(dbn),
+               "KERNELS_MOE_BLOCK_K": str(bk), "KERNELS_MOE_NUM_WARPS": str(nw), "KERNELS_MOE_DOWN_NUM_WARPS": str(dnw)}
         os.environ.update(env)
         try:
-            r = bench_moe(l2, copy_gbps, max(5, reps // 2), [impl])
+            r = bench_moe(l2, copy_gbps, max(5, reps // 2), [impl], with_router=False)
             results.append({"kernel": "moe", **env, "us": r[f"us_{impl}"], "pct": r[f"pct_floor_{impl}"]})
         except Exception as ex:  # noqa: BLE001
             results.append({"kernel": "moe", **env, "error": f"{type(ex).__name__}: {str(ex)[:200]}"})
         finally:
             for key in env:
                 os.environ.pop(key, None)
-    for kern in ("gemv", "moe"):
+    for kern in ("gemv_lm_head", "gemv_qkv", "moe"):
         ok = [r for r in results if r["kernel"] == kern and "us" in r]
         for r in sorted(ok, key=lambda r: r["us"])[:5]:
             print(f"SWEEP best {kern}: {r['us']:.1f} us ({r['pct']:.0f}%) {dict((k, v) for k, v in r.items() if k.startswith('KERNELS'))}")
@@ -259,12 +270,11 @@ def main(argv: list[str] | None = None) -> int:
 
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
-    reps = 10 if args.quick else 30
+    reps = 10 if args.quick else 20
     ms = [1, 16] if args.quick else MS
-    gemv_impls = [get_config("gemv")["impl"]] if args.quick else [get_config("gemv")["impl"], *(
-        [i for i in ("dot_scaled", "dequant_dot") if i != get_config("gemv")["impl"]])]
+    gemv_impls = ["auto"] if args.quick else list(GEMV_VARIANTS)
     moe_impls = [get_config("moe")["impl"]] if args.quick else [get_config("moe")["impl"], *(
-        [i for i in ("dot_scaled", "fma") if i != get_config("moe")["impl"]])]
+        [i for i in ("fma16", "dot_scaled", "fma") if i != get_config("moe")["impl"]])]
     meta = {
         "device": torch.cuda.get_device_name(0), "arch": current_arch(), "sm_count": props.multi_processor_count,
         "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
@@ -323,9 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     # Short table last (the part a log tail shows).
     print(f"\n== {meta['device']} | copy {copy_gbps:.0f} GB/s | default gemv impl {d}, moe impl {moe_impls[0]} ==")
     print(f"{'shape':15s} {'M':>3s} {'mxfp4 us':>9s} {'GB/s':>7s} {'%copy':>6s} {'bf16 us':>8s} {'speedup':>7s}"
-          + ("  alt-impl us" if len(gemv_impls) > 1 else ""))
+          + "".join(f" {i[:12]:>12s}" for i in gemv_impls[1:]))
     for r in rows:
-        alt = f"  {r[f'us_{gemv_impls[1]}']:>8.1f}" if len(gemv_impls) > 1 else ""
+        alt = "".join(f" {r[f'us_{i}']:12.1f}" for i in gemv_impls[1:])
         print(f"{r['shape']:15s} {r['M']:3d} {r[f'us_{d}']:9.1f} {r[f'gbps_{d}']:7.0f} {r[f'pct_copy_{d}']:6.1f} "
               f"{r['us_bf16_matmul']:8.1f} {r['speedup_vs_bf16']:6.2f}x{alt}")
     if mo:

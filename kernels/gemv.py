@@ -65,6 +65,164 @@ def _round_bf16(x, INTERPRETED: tl.constexpr):
     return r
 
 
+# E2M1 x 8 (one 32-bit word) . x (8 fp16 in 4 f16x2 words) -> fp32, in 27 PTX instructions.
+# Nibble t of the word is element 8j+t. We pair nibbles (t, t+4): they sit 16 bits apart, so one
+# shift+mask moves both into the two fp16 halves at once. An E2M1 code's exponent+mantissa bits
+# land on fp16 bits 9..11 and its sign on bit 15: that fp16 equals value * 2**-14 (code 1, 0.5,
+# becomes the subnormal 2**-15 -- exact). x was pre-scaled by 2**E per word so the 2**-14 and the
+# word's magnitude cancel: products and the 4-term fp16 sums stay in [2**-14, 48], where fp16
+# keeps 11 bits. The two fp16 lanes are summed in fp32.
+_E2M1X8_DOT_F16 = tl.constexpr("""
+{
+.reg .b32 t, u, p0, p1, p2, p3, a;
+.reg .b16 lo, hi;
+.reg .f32 f0, f1;
+shl.b32 t, $1, 9;
+and.b32 t, t, 0x0E000E00;
+shl.b32 u, $1, 12;
+and.b32 u, u, 0x80008000;
+or.b32 p0, t, u;
+shl.b32 t, $1, 5;
+and.b32 t, t, 0x0E000E00;
+shl.b32 u, $1, 8;
+and.b32 u, u, 0x80008000;
+or.b32 p1, t, u;
+shl.b32 t, $1, 1;
+and.b32 t, t, 0x0E000E00;
+shl.b32 u, $1, 4;
+and.b32 u, u, 0x80008000;
+or.b32 p2, t, u;
+shr.b32 t, $1, 3;
+and.b32 t, t, 0x0E000E00;
+and.b32 u, $1, 0x80008000;
+or.b32 p3, t, u;
+mul.rn.f16x2 a, p0, $2;
+fma.rn.f16x2 a, p1, $3, a;
+fma.rn.f16x2 a, p2, $4, a;
+fma.rn.f16x2 a, p3, $5, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 f0, lo;
+cvt.f32.f16 f1, hi;
+add.f32 $0, f0, f1;
+}
+""")
+
+
+@triton.jit
+def _f16_bits(x):
+    return x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _bc(v, RANK3: tl.constexpr):
+    """Per-word vector -> broadcastable against the weight tile ([R, W] or [R, G, 4])."""
+    if RANK3:
+        r = v[None, :, :]
+    else:
+        r = v[None, :]
+    return r
+
+
+@triton.jit
+def _word_dots(w, x_row, offs_w, w_mask, INTERPRETED: tl.constexpr, RANK3: tl.constexpr = False):
+    """w int32 [R, W] (8 E2M1 codes per word) . x -> fp32 [R, W]: per word, sum_t code_t * x[8j+t]
+    (block scales NOT applied). x_row points at one bf16 activation row."""
+    xb = x_row + 8 * offs_w
+    x0 = tl.load(xb + 0, mask=w_mask, other=0.0).to(tl.float32)
+    x1 = tl.load(xb + 1, mask=w_mask, other=0.0).to(tl.float32)
+    x2 = tl.load(xb + 2, mask=w_mask, other=0.0).to(tl.float32)
+    x3 = tl.load(xb + 3, mask=w_mask, other=0.0).to(tl.float32)
+    x4 = tl.load(xb + 4, mask=w_mask, other=0.0).to(tl.float32)
+    x5 = tl.load(xb + 5, mask=w_mask, other=0.0).to(tl.float32)
+    x6 = tl.load(xb + 6, mask=w_mask, other=0.0).to(tl.float32)
+    x7 = tl.load(xb + 7, mask=w_mask, other=0.0).to(tl.float32)
+    if INTERPRETED:
+        # Same function in plain fp32 (inline PTX cannot run in the interpreter).
+        r = _e2m1_to_f32(w & 15) * _bc(x0, RANK3)
+        r += _e2m1_to_f32((w >> 4) & 15) * _bc(x1, RANK3)
+        r += _e2m1_to_f32((w >> 8) & 15) * _bc(x2, RANK3)
+        r += _e2m1_to_f32((w >> 12) & 15) * _bc(x3, RANK3)
+        r += _e2m1_to_f32((w >> 16) & 15) * _bc(x4, RANK3)
+        r += _e2m1_to_f32((w >> 20) & 15) * _bc(x5, RANK3)
+        r += _e2m1_to_f32((w >> 24) & 15) * _bc(x6, RANK3)
+        r += _e2m1_to_f32((w >> 28) & 15) * _bc(x7, RANK3)
+    else:
+        amax = tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
+                          tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7))))
+        eb = ((amax.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
+        e = tl.minimum(tl.maximum(141 - eb, -126), 126)  # word max * 2**e in [2**14, 2**15)
+        up = ((e + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - e) << 23).to(tl.float32, bitcast=True)
+        xp0 = _f16_bits(x0 * up) | (_f16_bits(x4 * up) << 16)
+        xp1 = _f16_bits(x1 * up) | (_f16_bits(x5 * up) << 16)
+        xp2 = _f16_bits(x2 * up) | (_f16_bits(x6 * up) << 16)
+        xp3 = _f16_bits(x3 * up) | (_f16_bits(x7 * up) << 16)
+        zero = tl.zeros_like(w)  # broadcast the per-word x pairs to the weight tile's shape
+        r = tl.inline_asm_elementwise(
+            _E2M1X8_DOT_F16, "=r,r,r,r,r,r",
+            [w, _bc(xp0, RANK3) + zero, _bc(xp1, RANK3) + zero, _bc(xp2, RANK3) + zero, _bc(xp3, RANK3) + zero],
+            dtype=tl.float32, is_pure=True, pack=1,
+        )
+        r = r * _bc(down, RANK3)
+    return r
+
+
+@triton.jit
+def _row_dot_words(x_row, k_len, w_base, s_base, rows, stride_wn, stride_sn,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
+    """sum_k x[k] * W[rows, k] for ONE activation row -> fp32 [BLOCK_N], no tensor cores.
+
+    Weights are read as 32-bit words (8 codes), tiled [rows, scale group, 4 words] so one thread
+    holds a whole 32-element group (16-byte loads; the group sum stays in registers), with a
+    one-tile register prefetch (the next tile's loads are issued before this tile's math) so each
+    program keeps two tiles in flight. The row stride is in bytes (a multiple of 16 for gpt-oss
+    shapes, so the loads vectorize).
+    """
+    ks = k_len // 32
+    row_ptr = (w_base + rows[:, None, None] * stride_wn).to(tl.pointer_type(tl.int32))
+    s_row = s_base + rows[:, None] * stride_sn
+    offs_g = tl.arange(0, BLOCK_K // 32)
+    offs_j = tl.arange(0, 4)
+    offs_w = offs_g[:, None] * 4 + offs_j[None, :]  # [G, 4] word index within the tile
+    # Masks at scale-group granularity (K % 32 == 0, so a group is all-in or all-out): constant
+    # over each 4-word vector, which lets the compiler keep the loads 16 bytes wide.
+    w = tl.load(row_ptr + offs_w[None, :, :], mask=(offs_g < ks)[None, :, None], other=0)
+    s = tl.load(s_row + offs_g[None, :], mask=(offs_g < ks)[None, :], other=0)
+    acc = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
+    for k0 in range(0, k_len, BLOCK_K):
+        nw = (k0 + BLOCK_K) // 8 + offs_w
+        ns = (k0 + BLOCK_K) // 32 + offs_g
+        w_next = tl.load(row_ptr + nw[None, :, :], mask=(ns < ks)[None, :, None], other=0)
+        s_next = tl.load(s_row + ns[None, :], mask=(ns < ks)[None, :], other=0)
+        cw = k0 // 8 + offs_w
+        d = _word_dots(w, x_row, cw, ((k0 // 32 + offs_g) < ks)[:, None], INTERPRETED, True)  # [BLOCK_N, G, 4]
+        acc += tl.sum(d, axis=2) * _e8m0_to_f32(s.to(tl.int32))
+        w = w_next
+        s = s_next
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _mxfp4_gemv_rows_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
+    M, N, K,
+    stride_xm, stride_wn, stride_sn, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """CUDA-core path for the smallest M: program (m, n-tile). m is the fast grid axis so the
+    programs of one weight tile run back to back and rows m > 0 find it in L2."""
+    m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    rows = tl.where(n_mask, offs_n, 0).to(tl.int64)
+    acc = _row_dot_words(x_ptr + m * stride_xm, K, w_ptr, s_ptr, rows, stride_wn, stride_sn,
+                         BLOCK_N, BLOCK_K, INTERPRETED)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + offs_n, _round_bf16(acc, INTERPRETED), mask=n_mask)
+
+
 @triton.jit
 def _mxfp4_gemv_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
@@ -161,11 +319,25 @@ def mxfp4_gemv(
         scales = scales.contiguous()
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    min_prog = int(cfg.get("min_programs_per_sm", 0)) * (_sm_count(x.device.index or 0) if x.is_cuda else 0)
-    block_n = _pick_block_n(n, cfg["block_n"], min_prog)
+    sms = _sm_count(x.device.index or 0) if x.is_cuda else 0
+    nw, ns = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 3))
+    if m <= int(cfg.get("rows_max_m", 0)):
+        # CUDA-core path (fma16): decode once per (row, token) -- cheapest for M = 1..few.
+        rcfg = {**cfg, **cfg.get("rows", {})}
+        block_n = _pick_block_n(n, rcfg["block_n"], int(rcfg.get("min_programs_per_sm", 0)) * sms)
+        block_k = max(32, min(int(rcfg["block_k"]), triton.next_power_of_2(k)))
+        _mxfp4_gemv_rows_kernel[(m, triton.cdiv(n, block_n))](
+            x, w, scales, bias if bias is not None else x, out,
+            m, n, k,
+            x.stride(0), w.stride(0), scales.stride(0), out.stride(0),
+            HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, INTERPRETED=INTERPRET,
+            num_warps=int(rcfg.get("num_warps", nw)), num_stages=int(rcfg.get("num_stages", 1)),
+        )  # fmt: skip
+        return out
+    block_n = _pick_block_n(n, cfg["block_n"], int(cfg.get("min_programs_per_sm", 0)) * sms)
     block_m = int(cfg.get("block_m", 16))
     block_k = min(int(cfg["block_k"]), triton.next_power_of_2(k))
-    block_k = max(block_k, 64)  # dot_scaled wants >= 32 scale groups... and tl.dot K >= 16 per half
+    block_k = max(block_k, 64)  # tl.dot needs K >= 16 per operand half; dot_scaled >= 2 scale groups
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m))
     _mxfp4_gemv_kernel[grid](
         x, w, scales, bias if bias is not None else x, out,
@@ -174,7 +346,7 @@ def mxfp4_gemv(
         HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         IMPL=_IMPLS[cfg.get("impl", "dot_scaled")], INTERPRETED=INTERPRET,
-        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)),
+        num_warps=nw, num_stages=ns,
     )  # fmt: skip
     return out
 

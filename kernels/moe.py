@@ -14,7 +14,9 @@ parallelism: not on this rank).
 
 impl dot_scaled: swap-AB `tl.dot_scaled` with the token in column 0 of a 16-wide operand (the MMA
 minimum); the other 15 columns are zeros, and a row sum extracts column 0 exactly.
-impl fma: no MMA, our own bit-trick upcast and an fp32 multiply-reduce (a fallback / comparison).
+impl fma16 (default): no MMA; weights read as 32-bit words and decoded 2 codes per instruction
+into f16x2 by inline PTX (plain sm_53+ instructions, nothing Hopper-specific), see gemv.py.
+impl fma: no MMA, our own fp32 bit-trick upcast and an fp32 multiply-reduce (portable fallback).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import INTERPRET, check_device, tl, triton
-from .gemv import _e2m1_to_f32, _e8m0_to_f32, _round_bf16
+from .gemv import _e2m1_to_f32, _e8m0_to_f32, _round_bf16, _row_dot_words
 from .mxfp4 import as_packed
 from .reference import SWIGLU_ALPHA, SWIGLU_LIMIT
 from .tuning import get_config
@@ -30,35 +32,53 @@ from .tuning import get_config
 
 @triton.jit
 def _row_dot(x_ptr, k_len, w_base, s_base, rows, stride_wn, stride_sn,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IMPL: tl.constexpr):  # fmt: skip
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IMPL: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
     """sum_k x[k] * W[rows, k] for one token -> fp32 [BLOCK_N]. x_ptr points at the token's row."""
-    if IMPL == 0:
-        acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    if IMPL == 2:
+        r = _row_dot_words(x_ptr, k_len, w_base, s_base, rows, stride_wn, stride_sn, BLOCK_N, BLOCK_K, INTERPRETED)
+    elif IMPL == 0:
+        r = _row_dot_mma(x_ptr, k_len, w_base, s_base, rows, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
     else:
-        acc = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
+        r = _row_dot_fma(x_ptr, k_len, w_base, s_base, rows, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
+    return r
+
+
+@triton.jit
+def _row_dot_mma(x_ptr, k_len, w_base, s_base, rows, stride_wn, stride_sn,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     cols = tl.arange(0, 16)
     for k0 in range(0, k_len, BLOCK_K):
         offs_kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         kb_mask = offs_kb < k_len // 2
         w = tl.load(w_base + rows[:, None] * stride_wn + offs_kb[None, :], mask=kb_mask[None, :], other=0)
-        if IMPL == 0:
-            offs_ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            s = tl.load(s_base + rows[:, None] * stride_sn + offs_ks[None, :],
-                        mask=(offs_ks < k_len // 32)[None, :], other=0)
-            xt = tl.load(x_ptr + offs_k[:, None] + cols[None, :] * 0,
-                         mask=(offs_k < k_len)[:, None] & (cols == 0)[None, :], other=0.0)
-            acc = tl.dot_scaled(w, s, "e2m1", xt, None, "bf16", acc)
-        else:
-            x_even = tl.load(x_ptr + 2 * offs_kb, mask=kb_mask, other=0.0).to(tl.float32)
-            x_odd = tl.load(x_ptr + 2 * offs_kb + 1, mask=kb_mask, other=0.0).to(tl.float32)
-            wi = w.to(tl.int32)
-            part = _e2m1_to_f32(wi & 15) * x_even[None, :] + _e2m1_to_f32(wi >> 4) * x_odd[None, :]
-            part = tl.sum(tl.reshape(part, (BLOCK_N, BLOCK_K // 32, 16)), axis=2)
-            offs_ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            s = tl.load(s_base + rows[:, None] * stride_sn + offs_ks[None, :],
-                        mask=(offs_ks < k_len // 32)[None, :], other=0)
-            acc += part * _e8m0_to_f32(s.to(tl.int32))
+        offs_ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        s = tl.load(s_base + rows[:, None] * stride_sn + offs_ks[None, :],
+                    mask=(offs_ks < k_len // 32)[None, :], other=0)
+        xt = tl.load(x_ptr + offs_k[:, None] + cols[None, :] * 0,
+                     mask=(offs_k < k_len)[:, None] & (cols == 0)[None, :], other=0.0)
+        acc = tl.dot_scaled(w, s, "e2m1", xt, None, "bf16", acc)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _row_dot_fma(x_ptr, k_len, w_base, s_base, rows, stride_wn, stride_sn,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    acc = tl.zeros((BLOCK_N, BLOCK_K // 32), dtype=tl.float32)
+    for k0 in range(0, k_len, BLOCK_K):
+        offs_kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        kb_mask = offs_kb < k_len // 2
+        w = tl.load(w_base + rows[:, None] * stride_wn + offs_kb[None, :], mask=kb_mask[None, :], other=0)
+        x_even = tl.load(x_ptr + 2 * offs_kb, mask=kb_mask, other=0.0).to(tl.float32)
+        x_odd = tl.load(x_ptr + 2 * offs_kb + 1, mask=kb_mask, other=0.0).to(tl.float32)
+        wi = w.to(tl.int32)
+        part = _e2m1_to_f32(wi & 15) * x_even[None, :] + _e2m1_to_f32(wi >> 4) * x_odd[None, :]
+        part = tl.sum(tl.reshape(part, (BLOCK_N, BLOCK_K // 32, 16)), axis=2)
+        offs_ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s = tl.load(s_base + rows[:, None] * stride_sn + offs_ks[None, :],
+                    mask=(offs_ks < k_len // 32)[None, :], other=0)
+        acc += part * _e8m0_to_f32(s.to(tl.int32))
     return tl.sum(acc, axis=1)
 
 
@@ -81,8 +101,8 @@ def _moe_gate_up_kernel(
         w_base = w_ptr + e * stride_we
         s_base = s_ptr + e * stride_se
         x_row = x_ptr + tok * stride_xm
-        gate = _row_dot(x_row, H, w_base, s_base, 2 * ii, stride_wn, stride_sn, BLOCK_N, BLOCK_K, IMPL)
-        up = _row_dot(x_row, H, w_base, s_base, 2 * ii + 1, stride_wn, stride_sn, BLOCK_N, BLOCK_K, IMPL)
+        gate = _row_dot(x_row, H, w_base, s_base, 2 * ii, stride_wn, stride_sn, BLOCK_N, BLOCK_K, IMPL, INTERPRETED)
+        up = _row_dot(x_row, H, w_base, s_base, 2 * ii + 1, stride_wn, stride_sn, BLOCK_N, BLOCK_K, IMPL, INTERPRETED)
         if HAS_BIAS:
             gate += tl.load(b_ptr + e * stride_be + 2 * ii).to(tl.float32)
             up += tl.load(b_ptr + e * stride_be + 2 * ii + 1).to(tl.float32)
@@ -114,14 +134,14 @@ def _moe_down_kernel(
         if e >= 0:
             wt = tl.load(wts_ptr + slot).to(tl.float32)
             y = _row_dot(h_ptr + slot * stride_hm, I, w_ptr + e * stride_we, s_ptr + e * stride_se, rows,
-                         stride_wn, stride_sn, BLOCK_N, BLOCK_K, IMPL)
+                         stride_wn, stride_sn, BLOCK_N, BLOCK_K, IMPL, INTERPRETED)
             if HAS_BIAS:
                 y += tl.load(b_ptr + e * stride_be + rows).to(tl.float32)
             total += wt * y
     tl.store(out_ptr + tok * stride_om + offs_n, _round_bf16(total, INTERPRETED), mask=n_mask)
 
 
-_IMPLS = {"dot_scaled": 0, "fma": 1}
+_IMPLS = {"dot_scaled": 0, "fma": 1, "fma16": 2}
 
 
 def mxfp4_moe(
@@ -162,7 +182,9 @@ def mxfp4_moe(
     cfg = config or get_config("moe")
     impl = _IMPLS[cfg.get("impl", "dot_scaled")]
     block_n = int(cfg["block_n"])
+    down_block_n = int(cfg.get("down_block_n", block_n))
     nw, ns = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 3))
+    down_nw = int(cfg.get("down_num_warps", nw))
     x = x.to(torch.bfloat16).contiguous()
     ids = expert_ids.to(torch.int32).contiguous()
     wts = expert_weights.to(torch.float32).contiguous()
@@ -184,13 +206,13 @@ def mxfp4_moe(
         TOP_K=top_k, HAS_BIAS=gate_up_bias is not None, ALPHA=alpha, LIMIT=limit,
         BLOCK_N=block_n, BLOCK_K=bk1, IMPL=impl, INTERPRETED=INTERPRET, num_warps=nw, num_stages=ns,
     )  # fmt: skip
-    _moe_down_kernel[(triton.cdiv(hdim, block_n), m)](
+    _moe_down_kernel[(triton.cdiv(hdim, down_block_n), m)](
         h, ids, wts, w2, down_scales, b2, out,
         hdim, inter,
         h.stride(0), w2.stride(0), w2.stride(1), down_scales.stride(0), down_scales.stride(1),
         b2.stride(0) if down_bias is not None else 0, out.stride(0),
         TOP_K=top_k, HAS_BIAS=down_bias is not None,
-        BLOCK_N=block_n, BLOCK_K=bk2, IMPL=impl, INTERPRETED=INTERPRET, num_warps=nw, num_stages=ns,
+        BLOCK_N=down_block_n, BLOCK_K=bk2, IMPL=impl, INTERPRETED=INTERPRET, num_warps=down_nw, num_stages=ns,
     )  # fmt: skip
     return out
 

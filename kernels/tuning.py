@@ -82,7 +82,12 @@ def _get_config(kernel: str, arch: str, env: tuple[tuple[str, str], ...]) -> dic
     prefix = f"KERNELS_{kernel.upper()}_"
     for name, value in envd.items():
         if name.startswith(prefix):
-            cfg[name[len(prefix):].lower()] = _parse_env(value)
+            # KERNELS_GEMV_BLOCK_N=64 sets cfg["block_n"]; KERNELS_GEMV_ROWS__BLOCK_N=32 sets cfg["rows"]["block_n"]
+            *path, leaf = name[len(prefix):].lower().split("__")
+            node = cfg
+            for part in path:
+                node = node.setdefault(part, {})
+            node[leaf] = _parse_env(value)
     if not cfg:
         raise KeyError(f"no tuning entry for kernel {kernel!r}")
     return cfg

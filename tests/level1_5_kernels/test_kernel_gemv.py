@@ -31,15 +31,21 @@ GEMV_NMSE = 2e-5
 # roundings of partial sums over K: allow ~6x the single-rounding bound.
 MATMUL_NMSE = 1e-4
 
-IMPLS = ["dot_scaled", "dequant_dot"]
+# rows = CUDA-core fma16 path (inline PTX on GPU, the same math in fp32 under the interpreter);
+# dot_scaled / dequant_dot = the tensor-core path. Each is forced for every M here.
+IMPLS = ["rows", "dot_scaled", "dequant_dot"]
 # (M, N, K): K = 32 (one scale block), N not a multiple of any block size, M = 1, 3, 16, K not a
 # power of two (96, 320) so the K loop has a masked tail.
-SMALL_SHAPES = [(1, 16, 32), (1, 40, 32), (3, 50, 96), (16, 33, 128), (5, 70, 320), (2, 17, 64)]
+SMALL_SHAPES = [(1, 16, 32), (1, 40, 32), (3, 50, 96), (16, 33, 128), (5, 70, 320), (2, 17, 64), (1, 9, 544)]
 
 
 def _cfg(impl: str) -> dict:
     cfg = get_config("gemv")
-    cfg["impl"] = impl
+    if impl == "rows":
+        cfg["rows_max_m"] = 1 << 30
+    else:
+        cfg["impl"] = impl
+        cfg["rows_max_m"] = 0
     return cfg
 
 

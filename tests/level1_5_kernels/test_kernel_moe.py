@@ -23,7 +23,7 @@ pytestmark = pytest.mark.level1_5
 
 DEV = "cpu" if INTERPRET else "cuda"
 MOE_NMSE = 5e-5
-IMPLS = ["dot_scaled", "fma"]
+IMPLS = ["fma16", "dot_scaled", "fma"]
 
 
 def _random_experts(g: torch.Generator, e: int, h: int, inter: int):
@@ -62,9 +62,9 @@ def _check(m, e, h, inter, k, impl, seed, x_scale=1.0, skip_slots=False):
 
 
 # Small shapes (interpreter on CPU): H = I = 32 (one scale block), I not a multiple of the block,
-# M = 1 and 3, top-k 1..4.
+# M = 1 and 2, top-k 2..4.
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("m,e,h,inter,k", [(1, 4, 32, 32, 2), (1, 8, 64, 96, 4), (3, 6, 96, 64, 3)])
+@pytest.mark.parametrize("m,e,h,inter,k", [(1, 4, 32, 32, 2), (1, 8, 64, 96, 4), (2, 6, 96, 64, 3)])
 def test_moe_small_shapes(m, e, h, inter, k, impl):
     _check(m, e, h, inter, k, impl, fresh_seed())
 
