@@ -1,17 +1,22 @@
 """Low-M MXFP4 GEMM/GEMV (W4A16) in Triton, and the `mxfp4_linear` dispatcher.
 
-Decode-time dense layers (M = 1..16 tokens) are bound by reading the weights, so the kernel reads
-them packed (0.53 bytes/element incl. scales, vs 2 for BF16) and dequantizes in registers.
+Decode-time dense layers (M = 1..16 tokens) are bound by reading the weights, so the kernels read
+them packed (0.53 bytes/element incl. scales, vs 2 for BF16) and dequantize in registers.
 
-Swap-AB: out^T [N, M] = W [N, K] @ x^T [K, M]. The weights are the MMA's M side (tiles of 64-128
-rows) and the few tokens its N side (padded to 16), so no tensor-core work is wasted on a padded
-weight dimension, and with `impl: dot_scaled` the e2m1 upcast is Triton's own (`tl.dot_scaled`,
-native on targets that have MX MMA, emulated with an efficient upcast elsewhere).
-`impl: dequant_dot` is a plain-Triton fallback: our bit-trick e2m1 -> float, times the scale, bf16,
-then two tl.dot (even / odd K elements), for Triton versions or targets where dot_scaled misbehaves.
+Two paths, chosen per call by M (tuning.yaml gemv.rows_max_m):
+* rows / fma16 (M <= rows_max_m, decode): no tensor cores. Weights are read as 32-bit words
+  (8 codes, 16-byte loads) with a one-tile register prefetch; each word is decoded two codes per
+  instruction straight into f16x2 and multiplied with x in f16x2 by a short inline-PTX sequence
+  (plain shifts / logic / fma.f16x2: sm_53+, identical on sm_90 and sm_12x); fp32 accumulation
+  per 32-element group, times the E8M0 scale. Its cost grows with M (decode per token row).
+* MMA (larger M): swap-AB, out^T [N, M] = W [N, K] @ x^T [K, M], weights on the MMA's M side,
+  tokens padded to 16. `impl: dot_scaled` uses Triton's tl.dot_scaled (its own e2m1 upcast);
+  `impl: dequant_dot` our bit-trick upcast to bf16 + two tl.dot (even / odd K elements).
 
-Semantics: out[m, n] = bf16( sum_k x[m, k] * W[n, k] + bias[n] ), fp32 accumulation, exactly as
-reference.mxfp4_linear_ref up to summation order and the final BF16 rounding.
+Semantics: out[m, n] = bf16( sum_k x[m, k] * W[n, k] + bias[n] ), fp32 accumulation (the fma16
+path multiplies in fp16 with per-word rescaling, 11-bit products), as reference.mxfp4_linear_ref
+up to summation order and the final BF16 rounding. Under TRITON_INTERPRET the inline PTX is
+replaced by an instruction-by-instruction emulation in Triton integer/float ops.
 """
 
 from __future__ import annotations
@@ -69,9 +74,9 @@ def _round_bf16(x, INTERPRETED: tl.constexpr):
 # Nibble t of the word is element 8j+t. We pair nibbles (t, t+4): they sit 16 bits apart, so one
 # shift+mask moves both into the two fp16 halves at once. An E2M1 code's exponent+mantissa bits
 # land on fp16 bits 9..11 and its sign on bit 15: that fp16 equals value * 2**-14 (code 1, 0.5,
-# becomes the subnormal 2**-15 -- exact). x was pre-scaled by 2**E per word so the 2**-14 and the
-# word's magnitude cancel: products and the 4-term fp16 sums stay in [2**-14, 48], where fp16
-# keeps 11 bits. The two fp16 lanes are summed in fp32.
+# becomes the subnormal 2**-15 -- exact). x is pre-scaled per word by 2**e into [2**14, 2**15), so
+# products are value * x * 2**(e-14) <= 12 and the 4-term fp16 sums <= 48 (fp16 keeps 11 bits);
+# the caller multiplies by 2**(14-e). The two fp16 lanes are summed in fp32.
 _E2M1X8_DOT_F16 = tl.constexpr("""
 {
 .reg .b32 t, u, p0, p1, p2, p3, a;
@@ -124,6 +129,21 @@ def _bc(v, RANK3: tl.constexpr):
 
 
 @triton.jit
+def _f16_lanes(p):
+    """int32 holding f16x2 -> (low lane, high lane) as float32."""
+    lo = (p & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = ((p >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _f16x2_dot(p, q):
+    p_lo, p_hi = _f16_lanes(p)
+    q_lo, q_hi = _f16_lanes(q)
+    return p_lo * q_lo + p_hi * q_hi
+
+
+@triton.jit
 def _word_dots(w, x_row, offs_w, w_mask, INTERPRETED: tl.constexpr, RANK3: tl.constexpr = False):
     """w int32 [R, W] (8 E2M1 codes per word) . x -> fp32 [R, W]: per word, sum_t code_t * x[8j+t]
     (block scales NOT applied). x_row points at one bf16 activation row."""
@@ -136,34 +156,37 @@ def _word_dots(w, x_row, offs_w, w_mask, INTERPRETED: tl.constexpr, RANK3: tl.co
     x5 = tl.load(xb + 5, mask=w_mask, other=0.0).to(tl.float32)
     x6 = tl.load(xb + 6, mask=w_mask, other=0.0).to(tl.float32)
     x7 = tl.load(xb + 7, mask=w_mask, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
+                      tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7))))
+    eb = ((amax.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
+    # Scale x by 2**e so the word's max lands in [2**14, 2**15) (fp16 range, 11 bits kept); undo
+    # it and the decode's 2**-14 with 2**(14-e) at the end. e in [-113, 126] keeps both factors
+    # normal float32 (-113 only for non-finite x, which then yields inf/NaN as it should).
+    e = tl.minimum(tl.maximum(141 - eb, -113), 126)
+    up = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((141 - e) << 23).to(tl.float32, bitcast=True)
+    xp0 = _f16_bits(x0 * up) | (_f16_bits(x4 * up) << 16)
+    xp1 = _f16_bits(x1 * up) | (_f16_bits(x5 * up) << 16)
+    xp2 = _f16_bits(x2 * up) | (_f16_bits(x6 * up) << 16)
+    xp3 = _f16_bits(x3 * up) | (_f16_bits(x7 * up) << 16)
+    zero = tl.zeros_like(w)  # broadcast the per-word x pairs to the weight tile's shape
+    xp0 = _bc(xp0, RANK3) + zero
+    xp1 = _bc(xp1, RANK3) + zero
+    xp2 = _bc(xp2, RANK3) + zero
+    xp3 = _bc(xp3, RANK3) + zero
     if INTERPRETED:
-        # Same function in plain fp32 (inline PTX cannot run in the interpreter).
-        r = _e2m1_to_f32(w & 15) * _bc(x0, RANK3)
-        r += _e2m1_to_f32((w >> 4) & 15) * _bc(x1, RANK3)
-        r += _e2m1_to_f32((w >> 8) & 15) * _bc(x2, RANK3)
-        r += _e2m1_to_f32((w >> 12) & 15) * _bc(x3, RANK3)
-        r += _e2m1_to_f32((w >> 16) & 15) * _bc(x4, RANK3)
-        r += _e2m1_to_f32((w >> 20) & 15) * _bc(x5, RANK3)
-        r += _e2m1_to_f32((w >> 24) & 15) * _bc(x6, RANK3)
-        r += _e2m1_to_f32((w >> 28) & 15) * _bc(x7, RANK3)
+        # Instruction-by-instruction emulation of _E2M1X8_DOT_F16 (inline PTX cannot run in the
+        # interpreter): same shifts / masks / lane pairing / f16 operands, fp32 arithmetic.
+        r = _f16x2_dot(((w << 9) & 0x0E000E00) | ((w << 12) & -2147450880), xp0)  # -2147450880 == 0x80008000
+        r += _f16x2_dot(((w << 5) & 0x0E000E00) | ((w << 8) & -2147450880), xp1)
+        r += _f16x2_dot(((w << 1) & 0x0E000E00) | ((w << 4) & -2147450880), xp2)
+        r += _f16x2_dot((((w >> 3) & 0x1FFFFFFF) & 0x0E000E00) | (w & -2147450880), xp3)
     else:
-        amax = tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
-                          tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7))))
-        eb = ((amax.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
-        e = tl.minimum(tl.maximum(141 - eb, -126), 126)  # word max * 2**e in [2**14, 2**15)
-        up = ((e + 127) << 23).to(tl.float32, bitcast=True)
-        down = ((127 - e) << 23).to(tl.float32, bitcast=True)
-        xp0 = _f16_bits(x0 * up) | (_f16_bits(x4 * up) << 16)
-        xp1 = _f16_bits(x1 * up) | (_f16_bits(x5 * up) << 16)
-        xp2 = _f16_bits(x2 * up) | (_f16_bits(x6 * up) << 16)
-        xp3 = _f16_bits(x3 * up) | (_f16_bits(x7 * up) << 16)
-        zero = tl.zeros_like(w)  # broadcast the per-word x pairs to the weight tile's shape
         r = tl.inline_asm_elementwise(
-            _E2M1X8_DOT_F16, "=r,r,r,r,r,r",
-            [w, _bc(xp0, RANK3) + zero, _bc(xp1, RANK3) + zero, _bc(xp2, RANK3) + zero, _bc(xp3, RANK3) + zero],
+            _E2M1X8_DOT_F16, "=r,r,r,r,r,r", [w, xp0, xp1, xp2, xp3],
             dtype=tl.float32, is_pure=True, pack=1,
         )
-        r = r * _bc(down, RANK3)
+    r = r * _bc(down, RANK3)
     return r
 
 
