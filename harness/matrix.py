@@ -115,6 +115,7 @@ class Plan:
     uncovered: list[str]  # value pairs no runnable combination has (pairwise only)
     why: str
     grid_size: int
+    neutral: list[str] = field(default_factory=list)  # axes that must not change outputs
 
     def names(self) -> list[str]:
         return [c.name for c in self.combos]
@@ -186,7 +187,7 @@ def make_plan(catalog: Catalog, flavour: Flavour, platform_name: str, spec: Plat
 
     chosen = sorted(chosen, key=key)
     return Plan(platform_name, flavour.name, combo(base_cfg), axes, strategy, [combo(c) for c in chosen],
-                excluded, uncovered, spec.why, len(grid))
+                excluded, uncovered, spec.why, len(grid), list(spec.neutral))
 
 
 def _pairs_of(cfg: Config, axes: list[str]) -> set[tuple[tuple[str, str], tuple[str, str]]]:

@@ -1,0 +1,225 @@
+"""Level 6 plumbing: the plan of combinations, and one dedicated server per combination.
+
+Each combination boots once (suite.boot, always stopped), and while it is up the suite records its
+evidence: a smoke completion, a profiled kernel path (level 1.5) and a short level 2 run. Tests then
+judge that evidence, so a combination's tests and the orthogonality pairs that need it share one boot.
+
+Parallel runs (pytest-xdist, `-n N`): each worker boots its own servers. Workers share evidence through
+files in a directory keyed by xdist's test-run id, so a combination is booted by one worker only (a
+lock per combination), and at most one server runs per slot: on CPU one slot (the cores are shared,
+so level 6 is serial there whatever `-n` says), on CUDA one slot per visible GPU, each worker pinned to
+one GPU through CUDA_VISIBLE_DEVICES. Without xdist (`-n 0` or no `-n`) evidence lives in memory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.correctness import load_workload, run_level2
+from harness.errors import SuiteError
+from harness.matrix import FileLock, Plan, device_for_worker, load_matrix, make_plan, pair_id
+from harness.suite import Suite
+
+HERE = Path(__file__).resolve().parent
+WORKLOAD = HERE / "workload.yaml"
+SMOKE_PROMPT = "def fibonacci(n):\n    "
+SMOKE_TOKENS = 16
+NO_PLAN = "no-plan"
+
+
+def _root_suite(config: pytest.Config) -> Suite:
+    """The Suite the root conftest created (its stash key lives in that module)."""
+    for plugin in config.pluginmanager.get_plugins():
+        key = getattr(plugin, "SUITE_KEY", None)
+        if isinstance(key, pytest.StashKey) and key in config.stash:
+            return config.stash[key]
+    raise SuiteError("level 6: the root conftest's Suite is not in the pytest stash; run pytest from the repository root")
+
+
+def _plan(config: pytest.Config) -> Plan | SuiteError:
+    """The platform's plan, computed once per process (collection and fixtures share it)."""
+    cached = getattr(config, "_level6_plan", None)
+    if cached is not None:
+        return cached
+    try:
+        suite = _root_suite(config)
+        data = load_matrix()
+        spec = data.for_platform(suite.platform.name)
+        if spec is None:
+            raise SuiteError(f"no level 6 matrix for platform {suite.platform.name} in {data.path}; add one under `platforms:`")
+        model = getattr(suite.model_or_error, "path", None)
+        plan: Plan | SuiteError = make_plan(suite.catalog, suite.flavour, suite.platform.name, spec, model)
+    except SuiteError as e:
+        plan = e
+    config._level6_plan = plan
+    return plan
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    wanted = [f for f in ("combo", "variant", "pair") if f in metafunc.fixturenames]
+    if not wanted:
+        return
+    plan = _plan(metafunc.config)
+    if isinstance(plan, SuiteError):
+        ids = [NO_PLAN]  # the fixture raises the plan's error, so the run shows why
+    elif wanted[0] == "combo":
+        ids = plan.names()
+    elif wanted[0] == "variant":
+        ids = plan.names()[1:]
+    else:
+        ids = [pair_id(a.name, b.name) for a, b, _ in plan.pairs()]
+    metafunc.parametrize(wanted[0], ids, ids=ids)
+
+
+# -- fixtures -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def plan(request: pytest.FixtureRequest, suite: Suite) -> Plan:
+    p = _plan(request.config)
+    if isinstance(p, SuiteError):
+        raise p
+    return p
+
+
+@pytest.fixture(scope="session")
+def level6_dir(suite: Suite) -> Path:
+    """Reports (and, under xdist, evidence shared between workers)."""
+    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    path = suite.run_dir.parent / f"level6-xdist-{uid}" if uid else suite.run_dir / "level6"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def workload():
+    """The short level 2 workload, or the SuiteError explaining why it cannot load (e.g. no heldout text)."""
+    try:
+        return load_workload(WORKLOAD)
+    except SuiteError as e:
+        return e
+
+
+class Runner:
+    """Boots each combination once and records its evidence (see the module docstring)."""
+
+    def __init__(self, suite: Suite, plan: Plan, shared: Path, workload) -> None:
+        self.suite, self.plan, self.workload = suite, plan, workload
+        self.memory: dict[str, dict] = {}
+        self.smoke_tokens = SMOKE_TOKENS
+        self.xdist = os.environ.get("PYTEST_XDIST_WORKER")
+        self.shared = shared / "evidence"
+        self.slot = self._pin_slot()
+
+    def _pin_slot(self) -> str:
+        if not self.suite.platform.is_cuda:
+            return "cpu"
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if env is not None:
+            visible = [d.strip() for d in env.split(",") if d.strip()]
+        else:
+            import torch
+
+            visible = [str(i) for i in range(torch.cuda.device_count())]
+        device = device_for_worker(self.xdist, visible) if self.xdist else None
+        if device is None:
+            return "gpu-all"
+        os.environ["CUDA_VISIBLE_DEVICES"] = device  # the servers this worker boots inherit it
+        return f"gpu{device}"
+
+    def evidence(self, name: str) -> dict:
+        if name in self.memory:
+            return self.memory[name]
+        if not self.xdist:
+            self.memory[name] = self._run(name)
+            return self.memory[name]
+        path = self.shared / f"{name}.json"
+        per_boot = self.suite.boot_timeout_s + 900
+        with FileLock(self.shared / f"{name}.lock", per_boot, f"level 6 lock of {name}"):
+            if not path.is_file():
+                budget = per_boot * len(self.plan.combos)
+                with FileLock(self.shared / f"slot-{self.slot}.lock", budget, f"level 6 {self.slot} slot"):
+                    ev = self._run(name)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(ev))
+                tmp.replace(path)
+            self.memory[name] = json.loads(path.read_text())
+        return self.memory[name]
+
+    def stage(self, name: str, stage: str) -> dict:
+        """A combination's evidence holding `stage`, or a failure that says why there is none."""
+        ev = self.evidence(name)
+        for failed in ("boot", stage):
+            if failed in ev["errors"]:
+                raise SuiteError(f"{name}: {failed} failed: {ev['errors'][failed]}")
+        if stage not in ev:
+            raise SuiteError(f"{name}: no {stage} evidence recorded (see {ev.get('log')})")
+        return ev
+
+    def _run(self, name: str) -> dict:
+        from harness.kernel_path import profile_kernel_path
+
+        combo = self.plan.combo(name)
+        target = self.suite.target(combo.config)
+        ev: dict = {"name": name, "slot": self.slot, "worker": self.xdist or "main", "errors": {}}
+        started = time.monotonic()
+        try:
+            running = self.suite.boot(target, tag="__level6")
+        except SuiteError as e:
+            ev["errors"]["boot"] = str(e)
+            return ev
+        try:
+            ev.update(boot_seconds=round(running.boot_seconds, 1), log=str(running.log_path))
+            client = running.client()
+            ev["vllm"] = client.version()
+            stages = {
+                "smoke": lambda: client.complete(SMOKE_PROMPT, SMOKE_TOKENS, logprobs=1, ignore_eos=True),
+                "kernel_path": lambda: _path_evidence(profile_kernel_path(self.suite, running)),
+            }
+            if not isinstance(self.workload, SuiteError) and self.suite.model.has_real_weights:
+                stages["level2"] = lambda: run_level2(client, self.workload).to_golden()
+            for stage, fn in stages.items():
+                try:
+                    running.ensure_alive()
+                    ev[stage] = fn()
+                except SuiteError as e:
+                    ev["errors"][stage] = str(e)
+            ev["alive_at_end"] = running.process.alive()
+        finally:
+            running.process.stop()
+        ev["seconds"] = round(time.monotonic() - started, 1)
+        return ev
+
+
+def _path_evidence(kp) -> dict:
+    return {"summary": kp.summary.to_json(), "ok": kp.verdict.ok, "problems": kp.verdict.problems,
+            "excused": kp.verdict.excused, "artifact": str(kp.artifact)}
+
+
+@pytest.fixture(scope="session")
+def runner(suite: Suite, plan: Plan, level6_dir: Path, workload) -> Runner:
+    if suite.server_url:
+        pytest.skip("--server-url: level 6 boots a server per combination, which an external server cannot be")
+    return Runner(suite, plan, level6_dir, workload)
+
+
+@pytest.fixture
+def combo_golden(request: pytest.FixtureRequest, suite: Suite):
+    """check(combo_name, fresh, vllm_version) -> stored golden data; pytest-regressions semantics."""
+    from harness import goldens
+
+    def check(name: str, fresh: dict, vllm: str) -> dict:
+        path = goldens.golden_path(suite.model.alias, suite.platform.name, name, "level6")
+        cmd = f"pytest -m level6 --model={suite.model.alias} --force-regen"
+        if request.config.getoption("force_regen", False):
+            meta = {"model": suite.model.alias, "config": name, "platform": suite.platform.name,
+                    "device": suite.platform.device, "vllm": vllm, "flavour": suite.flavour.name,
+                    "workload": str(WORKLOAD.relative_to(goldens.REPO))}
+            goldens.save_golden(path, fresh, meta)
+            pytest.fail(f"--force-regen: wrote {path.relative_to(goldens.REPO)}; re-run without --force-regen to check against it", pytrace=False)
+        return goldens.load_golden(path, cmd)["data"]
+
+    return check
+

@@ -1,0 +1,97 @@
+"""Level 6 (seed 000): feature combinations boot, answer, take their kernel path and stay correct.
+
+Which combinations: tests/level6_matrix/matrix.yaml (per platform; full product where small, pairwise
+otherwise, minus what the flavour cannot run). Each combination boots its own server once; see
+conftest.py. Goldens: goldens/<model>/<platform>/<combination>/level6.json (--force-regen).
+"""
+import pytest
+
+from harness.client import all_finite
+from harness.correctness import Level2Result, perplexity_problem, stream_problems
+from harness.goldens import Stream
+from harness.traces import KernelSummary, PathVerdict
+
+
+pytestmark = [pytest.mark.level6, pytest.mark.server]
+
+
+def test_the_plan_lists_every_combination_and_every_exclusion(plan, suite, level6_dir):
+    report = plan.report()
+    path = level6_dir / "matrix.md"
+    path.write_text(report)
+    print("\n" + report + f"(written to {path})")
+    assert plan.combos[0].name == plan.base.name, "the base combination must come first"
+    for c in plan.combos:
+        ok, why = suite.flavour.runnable(c.config, suite.platform.name, getattr(suite.model_or_error, "path", None))
+        assert ok, f"{c.name} is in the plan but the flavour cannot run it: {why}"
+    for name, why in plan.excluded:
+        assert why and f"- {name}: {why}" in report, f"exclusion {name} is not reported with its reason"
+    paired = {axis for _, _, axis in plan.pairs()}
+    unpaired = [a for a in plan.axes if a not in paired]
+    assert not unpaired, f"varied axes {unpaired} have no two combinations differing only in them: their orthogonality is unchecked"
+
+
+def test_combination_boots_and_answers_with_finite_logprobs(runner, combo):
+    ev = runner.stage(combo, "smoke")
+    choice = ev["smoke"]["choices"][0]
+    lps = choice["logprobs"]["token_logprobs"]
+    print(f"\n[{combo}] booted in {ev['boot_seconds']} s; {choice['text']!r}")
+    assert ev["smoke"]["usage"]["completion_tokens"] == runner.smoke_tokens == len(lps)
+    assert all_finite(lps) and all(lp <= 0.0 for lp in lps), f"non-finite or positive logprobs: {lps}"
+    assert ev["alive_at_end"], f"{combo}: the server died during its checks; log {ev['log']}"
+
+
+def test_combination_takes_its_kernel_path(runner, combo):
+    ev = runner.stage(combo, "kernel_path")
+    kp = ev["kernel_path"]
+    if not kp["ok"]:
+        target = runner.suite.target(runner.plan.combo(combo).config)
+        verdict = PathVerdict(kp["ok"], kp["problems"], kp["excused"])
+        pytest.fail(verdict.explain(KernelSummary.from_json(kp["summary"]), target.spec.kernels), pytrace=False)
+    for pattern in kp["excused"]:
+        print(f"\n[{combo}] '{pattern}' missing but a fallback was logged")
+
+
+def _level2(ev: dict) -> Level2Result:
+    data = ev["level2"]
+    streams = {k: Stream.from_json(v) for k, v in data["streams"].items()}
+    return Level2Result(streams, data["perplexity"]["value"], data["perplexity"]["tokens"])
+
+
+def _need_level2(runner):
+    if not runner.suite.model.has_real_weights:
+        pytest.skip(f"{runner.suite.model.alias} has dummy weights: outputs are meaningless, so there is nothing to check")
+    if isinstance(runner.workload, Exception):
+        raise runner.workload
+
+
+def test_combination_matches_its_golden(runner, combo, combo_golden):
+    _need_level2(runner)
+    ev = runner.stage(combo, "level2")
+    result = _level2(ev)
+    gold = combo_golden(combo, ev["level2"], ev.get("vllm", "unknown"))
+    problems, notes = stream_problems(result, gold, runner.workload)
+    for n in notes:
+        print(f"\n  [{combo}] near tie: {n}")
+    ppl = perplexity_problem(result, gold, runner.workload)
+    assert not problems and ppl is None, f"{combo} vs its golden:\n  " + "\n  ".join(problems + ([ppl] if ppl else []))
+
+
+def test_combination_gives_the_base_outputs(runner, plan, variant):
+    """No feature interference: knobs the data calls neutral leave greedy tokens and perplexity alone."""
+    _need_level2(runner)
+    spec_neutral = set(plan.neutral)
+    differs = plan.combo(variant).differs
+    if not set(differs) <= spec_neutral:
+        pytest.skip(f"{variant} changes {sorted(set(differs) - spec_neutral)}, which matrix.yaml does not call neutral "
+                    f"(outputs may legitimately differ; its own golden checks it)")
+    base = _level2(runner.stage(plan.base.name, "level2"))
+    new = _level2(runner.stage(variant, "level2"))
+    problems, notes = stream_problems(new, base.to_golden(), runner.workload)
+    ppl = perplexity_problem(new, base.to_golden(), runner.workload)
+    identical = all(new.streams[k].tokens == base.streams[k].tokens for k in base.streams)
+    print(f"\n[{variant} vs {plan.base.name}] token streams identical: {identical}; perplexity "
+          f"{new.perplexity:.4f} vs {base.perplexity:.4f}" + "".join(f"\n  near tie: {n}" for n in notes))
+    assert not problems and ppl is None, (f"{variant} ({differs}) changes the base's outputs:\n  "
+                                          + "\n  ".join(problems + ([ppl] if ppl else [])))
+
