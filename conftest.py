@@ -24,6 +24,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--server-url", default=None, help="test an already running OpenAI-compatible server instead of booting one")
     g.addoption("--list-configs", action="store_true", help="list configurations and whether this platform can run them")
     g.addoption("--run-dir", default=None, help="where run artifacts go (default: runs/<timestamp>)")
+    g.addoption("--workloads", default=None, help="level 4 workloads YAML (default: tests/level4_perf/workloads.yaml)")
     g.addoption("--boot-timeout", type=float, default=float(os.environ.get("SUITE_BOOT_TIMEOUT", 900)), help="seconds to wait for /health")
 
 
@@ -130,6 +131,40 @@ def kernel_path(suite: Suite, server: RunningServer):
     from harness.kernel_path import profile_kernel_path
 
     return profile_kernel_path(suite, server)
+
+
+@pytest.fixture(scope="session")
+def perf_results(request: pytest.FixtureRequest, suite: Suite, server: RunningServer):
+    """Level 4 results of this config (session-scoped: level 5 gates the same run)."""
+    from harness.benchmark_run import run_benchmark
+
+    path = None
+    if not server.external:
+        path = request.getfixturevalue("kernel_path")
+    workloads = request.config.getoption("--workloads")
+    return run_benchmark(suite, server, path, Path(workloads) if workloads else None)
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest, suite: Suite, server: RunningServer):
+    """check(kind, fresh, level) -> the stored golden data, with pytest-regressions semantics.
+
+    Missing: fail with the command that creates it. --force-regen: write `fresh` and fail, so a
+    regenerated golden is never mistaken for a passing check.
+    """
+    from harness import goldens
+
+    def check(kind: str, fresh: dict, level: str) -> dict:
+        path = goldens.golden_path(suite.model.alias, suite.platform.name, server.target.name, kind)
+        cmd = goldens.regen_command(level, server.target.name, suite.model.alias)
+        if request.config.getoption("force_regen", False):
+            meta = {"model": suite.model.alias, "config": server.target.name, "platform": suite.platform.name,
+                    "device": suite.platform.device, "vllm": server.client().version(), "flavour": suite.flavour.name}
+            goldens.save_golden(path, fresh, meta)
+            pytest.fail(f"--force-regen: wrote {path.relative_to(goldens.REPO)}; re-run without --force-regen to check against it", pytrace=False)
+        return goldens.load_golden(path, cmd)["data"]
+
+    return check
 
 
 @pytest.hookimpl(hookwrapper=True)

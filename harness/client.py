@@ -21,8 +21,8 @@ class StreamResult:
     """One streamed completion, timed on the client (time.perf_counter seconds)."""
 
     text: str
-    chunk_times: list[float]  # arrival time of each chunk that carried text
-    chunk_tokens: int  # number of text-bearing chunks (NOT a token count: see usage)
+    chunk_times: list[float]  # arrival time of each chunk that carried tokens
+    chunk_tokens: int  # tokens counted chunk by chunk from each chunk's logprobs token list
     usage: dict[str, int]
     t_sent: float
     t_end: float
@@ -97,17 +97,19 @@ class Client:
 
     def stream(self, prompt: str | list[int], max_tokens: int, ignore_eos: bool = True, **params: Any) -> StreamResult:
         """Streamed completion with usage; token counts come from the server's `usage`."""
+        # logprobs=1 makes every chunk list its tokens: vLLM merges several tokens into one chunk
+        # when its API process lags the engine, so chunks cannot be counted as tokens.
         body = {
             "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}, **params,
+            "stream": True, "stream_options": {"include_usage": True}, "logprobs": 1, **params,
         }
         if ignore_eos:
             body["ignore_eos"] = True  # vLLM / SGLang extension; llama.cpp ignores unknown fields
         t_sent = time.perf_counter()
         r = self._post("/v1/completions", body, stream=True)
         _raise_for(r, "/v1/completions (stream)")
-        text, times, usage, finish = [], [], {}, None
-        for line in r.iter_lines():
+        text, times, usage, finish, counted = [], [], {}, None, 0
+        for line in r.iter_lines(chunk_size=None):  # the default 512-byte reads would batch tokens
             if not line or not line.startswith(b"data: "):
                 continue
             payload = line[6:]
@@ -118,9 +120,12 @@ class Client:
             if event.get("usage"):
                 usage = event["usage"]
             for choice in event.get("choices") or []:
-                if choice.get("text"):
-                    text.append(choice["text"])
+                lp = choice.get("logprobs") or {}
+                n = len(lp.get("tokens") or []) if lp else int(bool(choice.get("text")))
+                if n:
+                    counted += n
                     times.append(now)
+                text.append(choice.get("text") or "")
                 finish = choice.get("finish_reason") or finish
         t_end = time.perf_counter()
         if not usage:
@@ -128,7 +133,7 @@ class Client:
                 "the server's stream carried no `usage`; token counts are never taken from chunk counts "
                 "(use a server that honours stream_options.include_usage)"
             )
-        return StreamResult("".join(text), times, len(times), usage, t_sent, t_end, finish)
+        return StreamResult("".join(text), times, counted, usage, t_sent, t_end, finish)
 
 
 def _raise_for(r: requests.Response, what: str) -> None:

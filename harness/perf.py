@@ -17,7 +17,8 @@ tokens, or none); `check_token_accounting` flags when the two disagree in a way 
 
 Metric names in results files: `pp<N>` / `tg<N>` (N = nominal prompt / generated length of the workload)
 and `ttft_ms`, `tpot_ms`, `itl_ms`, `e2e_ms`; any of them may carry a context-depth suffix `@d<D>`
-(llama-bench's "pp2048 @ d4096"), e.g. `tg32@d4096`.
+(llama-bench's "pp2048 @ d4096"), e.g. `tg32@d4096`, and then a concurrency suffix `@c<C>` for requests
+run C at a time (e.g. `tg32@c2`).
 """
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ from harness import stats
 from harness.errors import SuiteError
 
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-_NAME = re.compile(r"^(?P<base>pp(?P<pp>\d+)|tg(?P<tg>\d+)|ttft_ms|tpot_ms|itl_ms|e2e_ms)(?:@d(?P<depth>\d+))?$")
+_NAME = re.compile(
+    r"^(?P<base>pp(?P<pp>\d+)|tg(?P<tg>\d+)|ttft_ms|tpot_ms|itl_ms|e2e_ms)(?:@d(?P<depth>\d+))?(?:@c(?P<conc>\d+))?$"
+)
 
 
 @dataclass
@@ -68,7 +71,7 @@ def parse_metric_name(name: str) -> tuple[str, int]:
     if not m:
         raise SuiteError(
             f"unknown metric name {name!r}; expected ppN, tgN, ttft_ms, tpot_ms, itl_ms or e2e_ms,"
-            " optionally with a depth suffix @dD"
+            " optionally with a depth suffix @dD and a concurrency suffix @cC"
         )
     return m.group("base"), int(m.group("depth") or 0)
 

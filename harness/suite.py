@@ -99,27 +99,30 @@ class Suite:
 
     def target(self, config: Config) -> Target:
         name = self.catalog.name(config)
-        model = self.model_or_error
-        ok, reason = self.flavour.runnable(config, self.platform.name, getattr(model, "path", None))
+        model = self.model_or_error if isinstance(self.model_or_error, Model) else None
+        ok, reason = self.flavour.runnable(config, self.platform.name, model.path if model else None)
         if not ok:
             return Target(name, config, None, False, f"{reason} [platform {self.platform.name}]")
-        return Target(name, config, self.flavour.resolve(config, self.platform.name, getattr(model, "args", {})), True, "")
+        return Target(name, config, self.flavour.resolve(config, self.platform.name, model.args if model else {}), True, "")
 
     def targets(self) -> list[Target]:
         return [self.target(c) for c in self.selected()]
 
-    def boot(self, target: Target, tag: str = "", model_path: str | None = None) -> RunningServer:
+    def boot(self, target: Target, tag: str = "", model_path: str | None = None,
+             env_extra: dict[str, str] | None = None, args_extra: list[str] | None = None) -> RunningServer:
         """Boot a server for `target` (the caller must `stop()` its process).
 
-        `model_path` swaps in another checkpoint of the same shape (the level 2 mutation checks)."""
+        `model_path` swaps in another checkpoint of the same shape (the level 2 mutation checks);
+        `env_extra` / `args_extra` perturb the server (the level 5 injected slowdown)."""
         if not target.runnable or target.spec is None:
             raise SuiteError(f"cannot boot {target.name}: {target.reason}")
         key = f"{self.model.alias}__{target.name}{tag}"
         log = self.run_dir / "servers" / f"{key}.log"
         trace_dir = self.run_dir / "traces" / key
         # Profiling costs nothing until /start_profile, so every server can serve level 1.5 too.
-        args = target.spec.args + profiler_args(trace_dir)
-        proc = VllmServer(model_path or self.model.path, args, target.spec.env, log, boot_timeout_s=self.boot_timeout_s)
+        args = target.spec.args + list(args_extra or []) + profiler_args(trace_dir)
+        env = {**target.spec.env, **(env_extra or {})}
+        proc = VllmServer(model_path or self.model.path, args, env, log, boot_timeout_s=self.boot_timeout_s)
         record = {"config": target.name, "model": self.model.alias, "platform": self.platform.name, "log": str(log)}
         try:
             proc.start()

@@ -1,0 +1,52 @@
+"""Engine-side request timings from vLLM's Prometheus `/metrics` (histogram sums and counts).
+
+Why: a client times when chunks *arrive*; on a starved host (2 shared cores) vLLM's API process can
+deliver a whole reply in one burst, so client-side decode rates become fiction. vLLM stamps prefill
+and decode times in the engine; diffing the histogram sums around a round of requests gives the
+engine's own numbers for exactly those requests (nothing else runs on the suite's server meanwhile).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from harness.client import Client
+
+_LINE = re.compile(r"^(vllm:[a-z_]+?)_(sum|count)(\{[^}]*\})? ([0-9.eE+-]+)$")
+NEEDED = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+          "vllm:request_prefill_kv_computed_tokens", "vllm:request_generation_tokens")
+
+
+def scrape(client: Client) -> dict[str, float] | None:
+    """{metric_sum / metric_count: value} summed over labels; None if the server has no such metrics."""
+    try:
+        r = client.get("/metrics", timeout_s=30)
+    except Exception:
+        return None
+    if r.status_code != 200:
+        return None
+    out: dict[str, float] = {}
+    for line in r.text.splitlines():
+        m = _LINE.match(line)
+        if m:
+            key = f"{m.group(1)}_{m.group(2)}"
+            out[key] = out.get(key, 0.0) + float(m.group(4))
+    return out if all(f"{n}_sum" in out for n in NEEDED) else None
+
+
+@dataclass
+class EngineRound:
+    """Engine-side totals of the requests that finished between two scrapes."""
+
+    requests: int
+    prefill_s: float
+    decode_s: float
+    computed_prompt_tokens: float  # prompt tokens actually computed (prefix-cache hits excluded)
+    generated_tokens: float
+
+    @classmethod
+    def between(cls, before: dict[str, float], after: dict[str, float]) -> "EngineRound":
+        d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        return cls(int(round(d["vllm:request_decode_time_seconds_count"])), d["vllm:request_prefill_time_seconds_sum"],
+                   d["vllm:request_decode_time_seconds_sum"], d["vllm:request_prefill_kv_computed_tokens_sum"],
+                   d["vllm:request_generation_tokens_sum"])

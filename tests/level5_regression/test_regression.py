@@ -1,0 +1,74 @@
+"""Level 5 (seed 000): compare against the stored baseline; flag >3% throughput or latency
+regressions and >1 GB memory growth, when statistically significant (thresholds in
+baselines/thresholds.yaml, gate logic in harness/regression.py).
+
+Baselines: baselines/<platform-key>/<model>/<config>.yaml; record with --force-regen.
+"""
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.baselines import baseline_path, load_baseline, platform_key, regen_command, save_baseline
+from harness.benchmark_run import run_benchmark
+from harness.regression import compare_run, gate_failures, load_thresholds, unshared_metrics
+
+pytestmark = [pytest.mark.level5, pytest.mark.server]
+
+REPO = Path(__file__).resolve().parents[2]
+BASELINES = REPO / "baselines"
+SLOWDOWNS = Path(__file__).with_name("slowdowns.yaml")
+
+
+@pytest.fixture(scope="session")
+def thresholds(suite):
+    return load_thresholds(BASELINES / "thresholds.yaml", suite.platform.name)
+
+
+@pytest.fixture(scope="session")
+def baseline_file(suite, server):
+    return baseline_path(BASELINES, platform_key(suite.platform.name, suite.platform.device), suite.model.alias, server.target.name)
+
+
+def test_no_regression_against_baseline(perf_results, baseline_file, thresholds, suite, request):
+    if request.config.getoption("force_regen", False):
+        save_baseline(baseline_file, perf_results)
+        pytest.fail(f"--force-regen: recorded {baseline_file.relative_to(REPO)}; re-run without it to gate against it", pytrace=False)
+    baseline = load_baseline(baseline_file)
+    verdicts = compare_run(baseline, perf_results, thresholds)
+    only_base, only_new = unshared_metrics(baseline, perf_results)
+    verdict_file = suite.artifact("verdicts", f"{suite.model.alias}__{perf_results['config']}.json")
+    verdict_file.write_text(json.dumps([v.__dict__ for v in verdicts], indent=1, default=str))
+    print(f"\n[{perf_results['config']} on {perf_results['platform']} vs {baseline_file.relative_to(REPO)}]")
+    for v in verdicts:
+        print(f"  {v.status:12s} {v.message}")
+    if only_base:
+        warnings.warn(f"metrics in the baseline but not measured now: {only_base}")
+    for v in verdicts:
+        if v.status == "inconclusive":
+            warnings.warn(f"{perf_results['config']}: {v.message}")
+    failures = gate_failures(verdicts, thresholds)
+    assert verdicts, "no metric in common with the baseline: nothing was gated"
+    assert not failures, "regression against the baseline:\n  " + "\n  ".join(v.message for v in failures)
+
+
+def test_injected_slowdown_is_caught(perf_results, baseline_file, thresholds, suite, server):
+    """A test of the gate: a deliberately slowed server must fail it on decode throughput."""
+    if server.external:
+        pytest.skip("--server-url: the suite cannot restart the server with a slowdown")
+    if not baseline_file.is_file():
+        pytest.skip(f"no baseline yet to gate against; record one with: {regen_command(server.target.name, suite.model.alias)}")
+    slowdown = yaml.safe_load(SLOWDOWNS.read_text())["cpu" if suite.platform.name == "cpu" else "gpu"]
+    slow = suite.boot(server.target, tag="__slowdown", env_extra=slowdown["env"], args_extra=slowdown["args"])
+    try:
+        slowed = run_benchmark(suite, slow, None, tag="__slowdown", kinds={"decode"})
+    finally:
+        slow.process.stop()
+    slowed["valid"] = True  # same config, same kernels: the path check of the normal run stands for it
+    verdicts = [v for v in compare_run(load_baseline(baseline_file), slowed, thresholds) if v.name.startswith("tg")]
+    for v in verdicts:
+        print(f"\n  [{slowdown['why']}] {v.status}: {v.message}")
+    assert verdicts, "the slowed run shares no tg metric with the baseline"
+    assert all(v.status == "fail" for v in verdicts), "the gate missed a deliberate slowdown:\n  " + "\n  ".join(v.message for v in verdicts)
