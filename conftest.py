@@ -181,6 +181,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.sections.append(("vLLM server log (tail)", f"{running.log_path}\n{tail(running.log_path, 30)}"))
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    suite = session.config.stash.get(SUITE_KEY, None)
+    if suite is None or not (suite.run_dir / "results").is_dir():
+        return
+    from harness.reports import write_run_report
+
+    try:
+        suite.report_files = write_run_report(suite.run_dir)
+    except SuiteError as e:  # a report problem must not hide the test outcome
+        suite.report_files = [f"(report not written: {e})"]
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     suite = config.stash.get(SUITE_KEY, None)
     if suite is None or config.getoption("--list-configs"):
@@ -191,3 +203,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if text:
         terminalreporter.write_sep("=", "gpt-oss suite summary")
         terminalreporter.write_line(text)
+    for f in getattr(suite, "report_files", []):
+        terminalreporter.write_line(f"report: {f}")

@@ -152,7 +152,7 @@ def write_markdown_summary(results: Sequence[Mapping], verdicts: Mapping, path: 
     lines += ["", "## All throughput tests (llama-bench view)", "", "| Config | Platform | test | t/s |", "|---|---|---|---|"]
     for r in results:
         for name, kind, size, depth in _throughput(r["metrics"]):
-            test = f"{kind}{size}" + (f" @ d{depth}" if depth else "")
+            test = f"{kind}{size}" + (f" @ d{depth}" if depth else "") + (f" (concurrency {name.split('@c')[1]})" if "@c" in name else "")
             lines.append(f"| {r['config']} | {r['platform']} | {test} | {_mean_pm_std(r['metrics'][name]['samples'])} |")
 
     path = Path(path)
@@ -177,6 +177,8 @@ def plot_depth(results: Sequence[Mapping], path_png: str | os.PathLike) -> Path:
     for r in results:
         series: dict[tuple[str, int], list[tuple[int, float, float]]] = {}
         for name, kind, size, depth in _throughput(r["metrics"]):
+            if "@c" in name:  # concurrent runs are not points of the batch-1 depth curve
+                continue
             series.setdefault((kind, size), []).append((depth, *stats.mean_std(r["metrics"][name]["samples"])))
         for (kind, size), points in series.items():
             points.sort()
@@ -223,3 +225,25 @@ def plot_configs(results: Sequence[Mapping], path_png: str | os.PathLike) -> Pat
         else:
             ax.text(0.5, 0.5, f"no {kind} results", ha="center", va="center", transform=ax.transAxes)
     return _save(fig, path_png)
+
+
+def write_run_report(run_dir: str | os.PathLike) -> list[Path]:
+    """Report of one run from its `results/*.json` and `verdicts/*.json`: report.md + two PNGs."""
+    import json
+
+    from harness.regression import Verdict
+
+    run_dir = Path(run_dir)
+    results = [json.loads(p.read_text()) for p in sorted((run_dir / "results").glob("*.json"))
+               if "__slowdown" not in p.name]
+    if not results:
+        return []
+    verdicts = {}
+    for p in sorted((run_dir / "verdicts").glob("*.json")):
+        config = p.stem.split("__", 1)[-1]
+        verdicts[config] = [Verdict(**{**v, "ci": tuple(v["ci"]) if v.get("ci") else None}) for v in json.loads(p.read_text())]
+    return [
+        write_markdown_summary(results, verdicts, run_dir / "report.md"),
+        plot_depth(results, run_dir / "depth.png"),
+        plot_configs(results, run_dir / "configs.png"),
+    ]
