@@ -127,6 +127,8 @@ class VllmServer:
         if self.proc is None:
             return
         pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        if self.proc.poll() is not None:
+            grace_s = min(grace_s, 5.0)  # the API server is gone: what is left is orphans, not a clean shutdown
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and group_pids(pgid):
@@ -135,6 +137,8 @@ class VllmServer:
                     self.proc.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
                     pass
+                if self.proc.poll() is not None:  # leader gone: its children get 5 s more, not the rest
+                    deadline = min(deadline, time.monotonic() + 5.0)
             else:
                 time.sleep(0.2)
         if group_pids(pgid):

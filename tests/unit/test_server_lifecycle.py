@@ -1,0 +1,79 @@
+"""Process lifecycle of VllmServer, with a stand-in process instead of vLLM (harness logic only)."""
+import sys
+import textwrap
+import time
+
+import pytest
+
+from harness.errors import SuiteError
+from harness.server import ServerDied, VllmServer, group_pids
+
+FAKE = textwrap.dedent('''
+    import http.server, os, signal, subprocess, sys, threading, time
+    mode, port = sys.argv[1], int(sys.argv[2])
+    # a child that ignores SIGTERM, like a wedged EngineCore: only SIGKILL of the group ends it
+    subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    if mode == "die":
+        print("fatal: engine core failed to start", flush=True); sys.exit(3)
+    if mode == "hang":
+        time.sleep(600)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+class FakeServer(VllmServer):
+    mode: str = "serve"
+
+    @property
+    def argv(self):
+        return [sys.executable, "-c", FAKE, self.mode, str(self.port)]
+
+
+def make(tmp_path, mode, timeout=30.0):
+    s = FakeServer("m", [], {}, tmp_path / "server.log", boot_timeout_s=timeout)
+    s.mode = mode
+    return s
+
+
+def test_boot_then_teardown_leaves_no_process_of_the_group(tmp_path):
+    s = make(tmp_path, "serve").start()
+    pgid = s.proc.pid
+    assert s.alive() and len(group_pids(pgid)) == 2  # the server and its SIGTERM-ignoring child
+    s.stop(grace_s=2)
+    assert group_pids(pgid) == []
+
+
+def test_a_process_that_exits_during_boot_fails_fast_with_its_log_tail(tmp_path):
+    t = time.monotonic()
+    with pytest.raises(ServerDied, match="(?s)exited with code 3.*engine core failed to start"):
+        make(tmp_path, "die").start()
+    assert time.monotonic() - t < 20
+
+
+def test_boot_timeout_is_a_clear_error_and_cleans_up(tmp_path):
+    s = make(tmp_path, "hang", timeout=3)
+    with pytest.raises(ServerDied, match="not healthy after 3 s"):
+        s.start()
+    assert group_pids(s.proc.pid) == []
+
+
+def test_ensure_alive_reports_a_dead_server(tmp_path):
+    s = make(tmp_path, "serve").start()
+    try:
+        s.proc.kill()
+        s.proc.wait(timeout=10)
+        with pytest.raises(ServerDied, match="died"):
+            s.ensure_alive()
+    finally:
+        s.stop(grace_s=1)
+    assert group_pids(s.proc.pid) == []
+
+
+def test_server_binds_loopback_only(tmp_path):
+    s = make(tmp_path, "serve")
+    assert s.host == "127.0.0.1" and s.url.startswith("http://127.0.0.1:")
+    assert isinstance(SuiteError("x"), Exception)

@@ -1,0 +1,130 @@
+"""Kernel-path checks, trace parsing, logprob-aware stream rules and engine-clock metrics (no vLLM)."""
+import gzip
+import json
+
+import pytest
+
+from harness import bench, perf
+from harness.configs import KernelExpectation
+from harness.goldens import Stream, compare_streams, load_golden, perplexity, save_golden
+from harness.errors import SuiteError
+from harness.server_metrics import EngineRound
+from harness.traces import check_path, cpu_attention_sinks, parse_trace
+
+
+def _trace(tmp_path, events):
+    p = tmp_path / "w.pt.trace.json.gz"
+    with gzip.open(p, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return p
+
+
+def test_parse_trace_counts_kernels_and_shares(tmp_path):
+    p = _trace(tmp_path, [
+        {"cat": "kernel", "name": "marlin_moe_wna16::Marlin<1>", "dur": 30},
+        {"cat": "kernel", "name": "marlin_moe_wna16::Marlin<1>", "dur": 30},
+        {"cat": "kernel", "name": "void flash::FlashAttnFwdSm90<x>", "dur": 40},
+        {"cat": "cpu_op", "name": "aten::mm", "dur": 999},
+    ])
+    s = parse_trace(p, "kernel")
+    assert [k.name for k in s.kernels] == ["marlin_moe_wna16::Marlin<1>", "void flash::FlashAttnFwdSm90<x>"]
+    assert s.kernels[0].calls == 2 and s.kernels[0].share == pytest.approx(0.6)
+
+
+def test_check_path_flags_missing_and_forbidden_kernels(tmp_path):
+    s = parse_trace(_trace(tmp_path, [{"cat": "kernel", "name": "marlin_moe_wna16::Marlin<1>", "dur": 1}]), "kernel")
+    ok = check_path(s, KernelExpectation(must=["*marlin_moe_wna16*"], must_not=["_matmul_ogs_*"]))
+    assert ok.ok
+    bad = check_path(s, KernelExpectation(must=["_matmul_ogs_*mxfp4*"], must_not=["*marlin*"]))
+    assert not bad.ok and len(bad.problems) == 2
+    assert "no kernel matches required '_matmul_ogs_*mxfp4*'" in bad.problems[0]
+
+
+def test_logged_fallback_excuses_a_missing_kernel_only_when_logged(tmp_path):
+    s = parse_trace(_trace(tmp_path, [{"cat": "kernel", "name": "cutlass_gemm", "dur": 1}]), "kernel")
+    exp = KernelExpectation(must=["*gemv_fp4*"], fallback_log="(?i)gemv.*fall(ing)? ?back")
+    assert not check_path(s, exp, "").ok
+    v = check_path(s, exp, "WARNING gemv path falling back to GEMM for M=2")
+    assert v.ok and v.excused == ["*gemv_fp4*"]
+
+
+def test_corrupt_trace_is_a_clear_error(tmp_path):
+    p = tmp_path / "bad.pt.trace.json.gz"
+    p.write_bytes(b"not gzip")
+    with pytest.raises(SuiteError, match="unreadable"):
+        parse_trace(p, "kernel")
+
+
+def test_cpu_sinks_are_read_from_attention_arguments(tmp_path):
+    args = {"Input Dims": [[1, 4, 64]] + [[]] * 12 + [[4]], "Concrete Inputs": [""] * 9 + ["128"]}
+    s = parse_trace(_trace(tmp_path, [{"cat": "cpu_op", "name": "_C::cpu_attention_with_kv_cache", "dur": 1, "args": args}]), "cpu_op")
+    assert cpu_attention_sinks(s) == ({(4,)}, {"128"})
+
+
+def _stream(tokens, tops):
+    return Stream(tokens, [-0.1] * len(tokens), tops, "")
+
+
+def test_identical_streams_pass():
+    g = _stream([1, 2], [{1: -0.1, 5: -3.0}, {2: -0.1, 6: -3.0}])
+    assert compare_streams(g, g, 0.125).identical
+
+
+def test_a_near_tie_flip_is_accepted_and_stops_the_comparison():
+    g = _stream([1, 2, 3], [{1: -0.1}, {2: -0.70, 7: -0.75}, {3: -0.1}])
+    n = _stream([1, 7, 9], [{1: -0.1}, {7: -0.70, 2: -0.72}, {9: -0.1}])
+    v = compare_streams(g, n, 0.125)
+    assert v.ok and not v.identical and v.position == 1
+
+
+def test_a_confident_flip_fails():
+    g = _stream([1, 2], [{1: -0.1}, {2: -0.05, 7: -3.0}])
+    n = _stream([1, 7], [{1: -0.1}, {7: -0.05, 2: -3.0}])
+    v = compare_streams(g, n, 0.125)
+    assert not v.ok and "not a near tie" in v.message
+
+
+def test_a_token_outside_the_golden_top_k_fails():
+    g = _stream([1, 2], [{1: -0.1}, {2: -0.70, 7: -0.72}])
+    n = _stream([1, 9], [{1: -0.1}, {9: -0.70, 2: -0.71}])
+    assert not compare_streams(g, n, 0.125).ok
+
+
+def test_golden_files_missing_or_corrupt_name_the_fix(tmp_path):
+    with pytest.raises(SuiteError, match="create it with: pytest -m level2"):
+        load_golden(tmp_path / "none.json", "pytest -m level2 --config=x --force-regen")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SuiteError, match="corrupt"):
+        load_golden(bad, "cmd")
+    ok = tmp_path / "ok.json"
+    save_golden(ok, {"a": 1}, {"model": "m"})
+    assert load_golden(ok, "cmd")["data"] == {"a": 1}
+
+
+def test_perplexity_from_prompt_logprobs():
+    lp = [None, {"5": {"logprob": -1.0}}, {"6": {"logprob": -3.0}}]
+    assert perplexity(lp, [4, 5, 6]) == pytest.approx(2.718281828 ** 2)
+
+
+def test_engine_clock_metrics_replace_client_pp_and_tg():
+    w = bench.Workload("decode", 16, 32, 0, 1, 2, 0)
+    reqs = [perf.TimedRequest(16, 32, 0.0, 0.1, 0.2, [0.1, 0.2], 0.2) for _ in range(2)]
+    rounds = [EngineRound(1, 0.01, 0.31, 16, 32), EngineRound(1, 0.01, 0.62, 16, 32)]
+    m = bench.metrics_for(w, bench.Measured(reqs, rounds))
+    assert list(m) == ["tg32"] and m["tg32"]["samples"] == pytest.approx([100.0, 50.0])
+    p = bench.metrics_for(bench.Workload("prefill", 512, 2, 0, 1, 1, 0), bench.Measured(
+        [perf.TimedRequest(512, 2, 0.0, 0.1, 0.2, [0.1, 0.2], 0.2)], [EngineRound(1, 0.05, 0.01, 512, 2)]))
+    assert p["pp512"]["samples"] == pytest.approx([512 / 0.05])
+
+
+def test_client_clock_is_the_fallback_without_engine_metrics():
+    w = bench.Workload("decode", 16, 32, 0, 1, 1, 0)
+    m = bench.metrics_for(w, bench.Measured([perf.TimedRequest(16, 32, 0.0, 0.1, 0.41, [0.1, 0.41], 0.41)], None))
+    assert m["tg32"]["samples"] == pytest.approx([31 / 0.31])
+
+
+def test_workloads_over_the_context_are_dropped_and_listed():
+    fit, dropped = bench.load_workloads("sm_90", 4096)
+    assert all(w.tokens <= 4096 for w in fit) and dropped
+    assert any("d8192" in d for d in dropped)
