@@ -207,6 +207,11 @@ def make_config(args, bos_id: int, eos_id: int):
     )
 
 
+# PreTrainedConfig defaults that transformers 5 writes but openai/gpt-oss-20b's config.json has not
+_GENERIC_CONFIG_KEYS = {"id2label", "label2id", "chunk_size_feed_forward", "is_encoder_decoder",
+                        "output_attentions", "output_hidden_states", "problem_type", "return_dict"}
+
+
 def gpt_oss_style_config_json(cfg, extra: dict | None = None) -> dict:
     """config.json as openai/gpt-oss-20b writes it (legacy ``rope_scaling`` +
     ``rope_theta``, ``torch_dtype``), which transformers 4.55+/5.x and vLLM read."""
@@ -221,7 +226,7 @@ def gpt_oss_style_config_json(cfg, extra: dict | None = None) -> dict:
     d["output_router_logits"] = False
     d["experts_per_token"] = d["num_experts_per_tok"]  # as in gpt-oss-20b's config
     d["initial_context_length"] = rope["original_max_position_embeddings"]
-    for k in [k for k in d if k.startswith("_")]:
+    for k in [k for k in d if k.startswith("_") or k in _GENERIC_CONFIG_KEYS]:
         d.pop(k)
     if extra:
         d.update(extra)
@@ -271,11 +276,11 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", default="models/tiny-gpt-oss", help="output folder (BF16 checkpoint)")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=3000, help="optimizer steps (the training budget)")
+    ap.add_argument("--steps", type=int, default=1000, help="optimizer steps (the training budget)")
     ap.add_argument("--max-minutes", type=float, default=0,
                     help="stop early after this many minutes of training (0 = no limit; "
                          "a stop makes the run depend on machine speed, so the card records it)")
-    ap.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    ap.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence")
     ap.add_argument("--long-seq-len", type=int, default=2048,
                     help="every --long-every-th step uses windows of this length instead (same tokens "
@@ -287,11 +292,14 @@ def main(argv=None) -> int:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--aux-loss-coef", type=float, default=0.01, help="router load-balancing loss weight")
-    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1 degrades least when the cores are shared)")
     ap.add_argument("--holdout-every", type=int, default=20, help="hold out every N-th file (index %% N == N-1)")
-    ap.add_argument("--eval-every", type=int, default=250, help="steps between held-out evals (0 = none)")
+    ap.add_argument("--eval-every", type=int, default=200, help="steps between held-out evals (0 = none)")
     ap.add_argument("--eval-tokens", type=int, default=16384, help="held-out tokens per periodic eval")
     ap.add_argument("--log", default=None, help="also append progress lines to this file")
+    ap.add_argument("--rewrite-metadata", action="store_true",
+                    help="no training: rewrite config.json, MODEL_CARD.md and SHA256SUMS of the checkpoint "
+                         "in --out from its weights and models/training/last_train_summary.json")
     # dims
     ap.add_argument("--vocab-size", type=int, default=2048)
     ap.add_argument("--hidden", type=int, default=256)
@@ -323,6 +331,9 @@ def main(argv=None) -> int:
         if logf:
             logf.write(line + "\n")
             logf.flush()
+
+    if args.rewrite_metadata:
+        return rewrite_metadata(Path(args.out))
 
     t_start = time.time()
     random.seed(args.seed)
@@ -497,7 +508,7 @@ def main(argv=None) -> int:
             "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
             "safetensors": safetensors.__version__, "numpy": np.__version__,
         },
-        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus".strip(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
         "date": datetime.date.today().isoformat(),
         "argv": sys.argv[1:],
     }
@@ -505,10 +516,40 @@ def main(argv=None) -> int:
     sums = write_sha256sums(out)
     # the card lists the checksums of the other files; SHA256SUMS also covers the card
     log("SHA256SUMS: " + ", ".join(f"{n} {h[:12]}" for n, h in sums.items()))
-    summ_path = Path(__file__).resolve().parent / "last_train_summary.json"
+    summ_path = SUMMARY
     summ_path.write_text(json.dumps(summary, indent=2) + "\n")
     log(f"summary written to {summ_path}")
     return 0
+
+
+SUMMARY = Path(__file__).resolve().parent / "last_train_summary.json"
+
+
+def rewrite_metadata(out: Path) -> int:
+    from transformers import GptOssConfig
+
+    summary = json.loads(SUMMARY.read_text())
+    cfg_json = gpt_oss_style_config_json(GptOssConfig.from_pretrained(str(out)))
+    (out / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n")
+    write_card(out, cfg_json, summary)
+    sums = write_sha256sums(out)
+    print("rewrote config.json, MODEL_CARD.md, SHA256SUMS: " + ", ".join(f"{n} {h[:12]}" for n, h in sums.items()))
+    return 0
+
+
+def regen_argv(s: dict) -> str:
+    """The recorded command line, with the output folder as committed and no log/time-limit args."""
+    argv, out, i = s["argv"], [], 0
+    drop = {"--out", "--log"} | (set() if s.get("stopped_early_by_max_minutes") else {"--max-minutes"})
+    while i < len(argv):
+        a = argv[i]
+        key = a.split("=", 1)[0]
+        if key in drop:
+            i += 1 if "=" in a else 2
+            continue
+        out.append(a)
+        i += 1
+    return " ".join(["--out", "models/tiny-gpt-oss", *out])
 
 
 def write_card(out: Path, cfg: dict, s: dict) -> None:
@@ -551,7 +592,8 @@ AdamW (betas 0.9/0.95, weight decay {s['weight_decay']} on matrices), peak lr {s
 cosine to {s['min_lr_ratio']} x peak, grad clip {s['grad_clip']}, router load-balancing loss x {s['aux_loss_coef']};
 {s['steps']} steps of {s['batch_size']} x {s['seq_len']} tokens (every {s['long_every']}th step instead
 {s['batch_size'] * s['seq_len'] // s['long_seq_len']} x {s['long_seq_len']}) = {s['tokens_seen']:,} tokens; seed {s['seed']};
-{s['threads']} threads; {s['train_minutes']} min of training ({s['total_minutes']} min in all) on {s['machine']}, {s['date']}.
+torch threads: {s['threads']}; {s['train_minutes']} min of training ({s['total_minutes']} min in all, wall clock) on {s['machine']},
+{s['date']}; the 2 cores were shared with other jobs (vLLM servers) during the run, so an idle machine is faster.
 Versions: {', '.join(f'{k} {v}' for k, v in s['versions'].items())}.
 
 | step | train loss (EMA) | held-out ppl (fp32, first 16k tokens) |
@@ -571,7 +613,7 @@ Versions: {', '.join(f'{k} {v}' for k, v in s['versions'].items())}.
 
 ## Regenerate
 ```
-.venv/bin/python models/training/train_tiny_gpt_oss.py {' '.join(s['argv'])}
+.venv/bin/python models/training/train_tiny_gpt_oss.py {regen_argv(s)}
 .venv/bin/python models/training/convert_to_mxfp4.py   # then the MXFP4 sibling
 ```
 Bit-identical weights need the same interpreter stdlib, library versions, thread count and CPU type.
