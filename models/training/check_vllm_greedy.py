@@ -112,6 +112,22 @@ def main(argv=None) -> int:
                 vt = sorted(v_top[k].values(), reverse=True) if k < len(v_top) else []
                 print(f"   first difference at token {k}: vLLM {v_tokens[k:k+1]} top-2 logprobs {vt}; "
                       f"HF {hf_toks[k:k+1]} top-2 logprobs {lp}")
+        # heldout.txt perplexity through prompt_logprobs (what the level 2 perplexity test does)
+        held = Path(args.model, "heldout.txt")
+        if held.is_file():
+            text = held.read_text()
+            out = post(base + "/v1/completions", {"model": "m", "prompt": text, "max_tokens": 1,
+                                                   "temperature": 0, "prompt_logprobs": 0})
+            plp = out["choices"][0].get("prompt_logprobs") or out.get("prompt_logprobs")
+            v_lps = [next(iter(d.values()))["logprob"] for d in plp[1:]]
+            ids = tok(text, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                lp = torch.log_softmax(model(input_ids=ids).logits.float()[0, :-1], -1)
+            hf_lps = lp.gather(1, ids[0, 1:, None])[:, 0]
+            v = torch.tensor(v_lps)
+            print(f"heldout.txt: {ids.shape[1]} tokens (vLLM {len(v_lps) + 1}); perplexity vLLM "
+                  f"{torch.exp(-v.mean()).item():.3f}, HF {torch.exp(-hf_lps.mean()).item():.3f}; "
+                  f"max |token logprob diff| {(v - hf_lps).abs().max().item():.4f}")
         rc = 0 if all_same else 1
         print("greedy: all prompts identical" if all_same else "greedy: some prompts differ")
         return rc
