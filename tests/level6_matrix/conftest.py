@@ -85,10 +85,16 @@ def plan(request: pytest.FixtureRequest, suite: Suite) -> Plan:
 
 
 @pytest.fixture(scope="session")
-def level6_dir(suite: Suite) -> Path:
-    """Reports (and, under xdist, evidence shared between workers)."""
+def level6_dir(request: pytest.FixtureRequest, suite: Suite) -> Path:
+    """Reports, and under xdist the evidence workers share (keyed by the run's id, never reused).
+
+    xdist workers share an explicit --run-dir; default run dirs are per-process timestamps, so
+    workers then meet next to them, in runs/level6-xdist-<id>."""
     uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    path = suite.run_dir.parent / f"level6-xdist-{uid}" if uid else suite.run_dir / "level6"
+    if uid and not request.config.getoption("--run-dir"):
+        path = suite.run_dir.parent / f"level6-xdist-{uid}"
+    else:
+        path = suite.run_dir / "level6"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -110,7 +116,7 @@ class Runner:
         self.memory: dict[str, dict] = {}
         self.smoke_tokens = SMOKE_TOKENS
         self.xdist = os.environ.get("PYTEST_XDIST_WORKER")
-        self.shared = shared / "evidence"
+        self.shared = shared / f"evidence-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'local')}"
         self.slot = self._pin_slot()
 
     def _pin_slot(self) -> str:
@@ -186,6 +192,8 @@ class Runner:
                     ev[stage] = fn()
                 except SuiteError as e:
                     ev["errors"][stage] = str(e)
+                except Exception as e:  # recorded, so the combination is not booted again by the next test
+                    ev["errors"][stage] = f"{type(e).__name__}: {e}"
             ev["alive_at_end"] = running.process.alive()
         finally:
             running.process.stop()
