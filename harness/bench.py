@@ -152,24 +152,32 @@ def metrics_for(w: Workload, m: Measured) -> dict[str, dict]:
     """The metrics this workload's kind yields, with per-run samples (harness.reports format).
 
     pp and tg come from the engine's clock where the server exposes it (vLLM), else from the client's;
-    latencies (TTFT, TPOT, ITL, e2e) are always the client's: they are what a user waits for.
+    latencies (TTFT, TPOT, ITL, e2e) are always the client's: they are what a user waits for. Each kind
+    computes only its own metrics (a 2-token prefill probe has no meaningful client-side decode rate).
     """
-    all_metrics = perf.to_metrics(m.requests, w.pp, w.tg, w.depth)
     suffix = f"@d{w.depth}" if w.depth else ""
-    pp, tg = f"pp{w.pp}{suffix}", f"tg{w.tg}{suffix}"
-    if m.engine:
-        # pp: prompt tokens the engine computed (prefix-cache hits excluded) per second of prefill;
-        # tg: tokens after each request's first (which belongs to prefill) per second of decode.
-        all_metrics[pp]["samples"] = [r.computed_prompt_tokens / r.prefill_s for r in m.engine]
-        all_metrics[tg]["samples"] = [(r.generated_tokens - r.requests) / r.decode_s for r in m.engine]
-    wanted = {
-        "prefill": [pp],
-        "decode": [tg],
-        "latency": [n for n in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") if n in all_metrics],
-        "concurrent": [pp, tg],
-    }[w.kind]
     conc = f"@c{w.concurrency}" if w.concurrency > 1 else ""
-    return {name + conc: all_metrics[name] for name in wanted}
+    pp, tg = f"pp{w.pp}{suffix}", f"tg{w.tg}{suffix}"
+
+    def entry(name: str, samples: list[float], unit: str = "tok/s") -> dict:
+        return {"samples": samples, "unit": unit, "higher_is_better": perf.higher_is_better(name)}
+
+    def pp_samples() -> list[float]:
+        # prompt tokens the engine computed (prefix-cache hits excluded) per second of prefill
+        return [r.computed_prompt_tokens / r.prefill_s for r in m.engine] if m.engine else [perf.pp_tps(r) for r in m.requests]
+
+    def tg_samples() -> list[float]:
+        # tokens after each request's first (which belongs to prefill) per second of decode
+        return [(r.generated_tokens - r.requests) / r.decode_s for r in m.engine] if m.engine else [perf.tg_tps(r) for r in m.requests]
+
+    if w.kind == "prefill":
+        return {pp: entry(pp, pp_samples())}
+    if w.kind == "decode":
+        return {tg: entry(tg, tg_samples())}
+    if w.kind == "concurrent":
+        return {pp + conc: entry(pp, pp_samples()), tg + conc: entry(tg, tg_samples())}
+    lat = perf.to_metrics(m.requests, w.pp, w.tg, w.depth)
+    return {n: lat[n] for n in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") if n in lat}
 
 
 def workload_record(workloads: list[Workload], dropped: list[str]) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from harness.platform import Platform, detect_platform
 from harness.server import ServerDied, VllmServer
 from harness.traces import profiler_args
 
+SECONDARY_GPU_FRACTION = 0.2
+
 
 @dataclass
 class Target:
@@ -109,13 +111,23 @@ class Suite:
         return [self.target(c) for c in self.selected()]
 
     def boot(self, target: Target, tag: str = "", model_path: str | None = None,
-             env_extra: dict[str, str] | None = None, args_extra: list[str] | None = None) -> RunningServer:
+             env_extra: dict[str, str] | None = None, args_extra: list[str] | None = None,
+             beside_shared: bool = False) -> RunningServer:
         """Boot a server for `target` (the caller must `stop()` its process).
 
         `model_path` swaps in another checkpoint of the same shape (the level 2 mutation checks);
-        `env_extra` / `args_extra` perturb the server (the level 5 injected slowdown)."""
+        `env_extra` / `args_extra` perturb the server (the level 5 injected slowdown);
+        `beside_shared` says the config's shared server is up at the same time."""
         if not target.runnable or target.spec is None:
             raise SuiteError(f"cannot boot {target.name}: {target.reason}")
+        if beside_shared:
+            ok, why = self.can_boot_secondary()
+            if not ok:
+                raise SuiteError(why)
+            if self.platform.is_cuda:
+                # the shared server holds its flavour's fraction (0.70) of GPU memory; the tiny model
+                # needs little, and KV-cache size does not change batch-1 speed
+                args_extra = list(args_extra or []) + ["--gpu-memory-utilization", str(SECONDARY_GPU_FRACTION)]
         key = f"{self.model.alias}__{target.name}{tag}"
         log = self.run_dir / "servers" / f"{key}.log"
         trace_dir = self.run_dir / "traces" / key
@@ -134,6 +146,13 @@ class Suite:
         self.boots.append(record)
         (self.run_dir / "boots.json").write_text(json.dumps(self.boots, indent=2))
         return RunningServer(proc.url, proc.served_name, target, log, proc, proc.boot_seconds, trace_dir)
+
+    def can_boot_secondary(self) -> tuple[bool, str]:
+        """Whether a second server fits beside the shared one on this platform."""
+        if self.platform.is_cuda and not self.model.has_real_weights:
+            return False, (f"{self.model.alias} fills most of the GPU: a second server beside the shared one "
+                           "does not fit (run this check with the tiny model)")
+        return True, ""
 
     def external(self, target: Target) -> RunningServer:
         """The already-running server of --server-url (nothing is booted)."""

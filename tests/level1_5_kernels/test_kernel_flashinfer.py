@@ -65,4 +65,10 @@ def test_flashinfer_mxfp4_element_format_matches_ours():
     ours = mxfp4.dequantize_mxfp4(*mxfp4.quantize_mxfp4(x))
     e_ours, e_fi = nmse(ours, x.float()), nmse(fi_deq, x.float())
     # Gaussian data through MXFP4: NMSE ~1e-2 for either scale rule; 2x covers the rule difference.
-    assert e_fi < 2 * e_ours and e_ours < 2 * e_fi, f"NMSE ours {e_ours:.3e} vs FlashInfer {e_fi:.3e} (seed={seed})"
+    same_size = e_fi < 2 * e_ours and e_ours < 2 * e_fi
+    if not same_size and torch.cuda.get_device_capability()[0] < 10:
+        # Seen on an H200 (sm_90), flashinfer 0.6.14, 2026-11-21: the element format above matches,
+        # but its round trip is off in magnitude (NMSE 1.0): its fp4 quantization targets SM100+.
+        cap = "".join(map(str, torch.cuda.get_device_capability()))
+        pytest.xfail(f"FlashInfer mxfp4 round trip on sm_{cap}: NMSE {e_fi:.3e} vs ours {e_ours:.3e}; it targets SM100+")
+    assert same_size, f"NMSE ours {e_ours:.3e} vs FlashInfer {e_fi:.3e} (seed={seed})"

@@ -54,7 +54,7 @@ def test_mutated_checkpoint_fails_level2(mutation, suite, server, tmp_path):
     mutant = tmp_path / f"{suite.model.alias}-{mutation}"
     changed = _mutated_copy(Path(suite.model.path), mutant, MUTATIONS[mutation])
     assert changed > 0, f"mutation {mutation} changed no tensor: the checkpoint lacks the tensors it targets"
-    running = suite.boot(server.target, tag=f"__{mutation}", model_path=str(mutant))
+    running = suite.boot(server.target, tag=f"__{mutation}", model_path=str(mutant), beside_shared=True)
     try:
         wl = load_workload()
         result = run_level2(running.client(), wl)

@@ -58,10 +58,13 @@ def test_injected_slowdown_is_caught(perf_results, baseline_file, thresholds, su
     """A test of the gate: a deliberately slowed server must fail it on decode throughput."""
     if server.external:
         pytest.skip("--server-url: the suite cannot restart the server with a slowdown")
+    ok, why = suite.can_boot_secondary()
+    if not ok:
+        pytest.skip(why)
     if not baseline_file.is_file():
         pytest.skip(f"no baseline yet to gate against; record one with: {regen_command(server.target.name, suite.model.alias)}")
     slowdown = yaml.safe_load(SLOWDOWNS.read_text())["cpu" if suite.platform.name == "cpu" else "gpu"]
-    slow = suite.boot(server.target, tag="__slowdown", env_extra=slowdown["env"], args_extra=slowdown["args"])
+    slow = suite.boot(server.target, tag="__slowdown", env_extra=slowdown["env"], args_extra=slowdown["args"], beside_shared=True)
     try:
         slowed = run_benchmark(suite, slow, None, tag="__slowdown", kinds={"decode"})
     finally:
