@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.level3, pytest.mark.server]
 # Gated: the same ratio of per-shape minima over the first and last three cycles (`floor_drift`),
 # because on the shared 2-core CI machine contention from other servers and a training job moved
 # a decile sum by up to 1.8x (drift 0.56 in one of our runs, 1.01 in the next) while the minima
-# stayed within 10%. A leak-like degradation (KV blocks not freed, so requests get preempted or
+# stayed within 12% (0.98, 1.01, 1.11 in four runs). A leak-like degradation (KV blocks not freed, so requests get preempted or
 # queued; scheduler, prefix-cache or detokenizer state growing per request) raises the minima too.
 MAX_DRIFT = 1.5
 
