@@ -87,8 +87,20 @@ class Client:
         """Non-streamed completion; greedy unless `temperature` is given."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **params}
         r = self._post("/v1/completions", body)
+        if r.status_code >= 500:
+            self._await_death()
         _raise_for(r, "/v1/completions")
         return r.json()
+
+    def _await_death(self, grace_s: float = 3.0) -> None:
+        """A crashed engine answers 500 just before the API process exits: give it a moment, so the
+        error is ServerDied with the log tail rather than a bare 500."""
+        if self.alive is None:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self._check()
+            time.sleep(0.1)
 
     def raw_post(self, path: str, data: bytes | str, headers: dict | None = None) -> requests.Response:
         """POST arbitrary bytes (abuse tests: malformed JSON)."""

@@ -6,7 +6,7 @@ Tolerances (used by tests/level2_correctness/prompts.yaml):
   top two logits are within about one such step; a wider gap that flips means the model changed.
 - perplexity, 1% relative: reordered BF16 arithmetic perturbs each token's logprob by ~1e-3 nats and
   not systematically, so the mean over ~1000 tokens moves far less than 1%; the mutation checks
-  (sinks zeroed, router biased) move it by much more (see tests/level2_correctness).
+  (router biased, expert scales off by one exponent) move it by much more (tests/level2_correctness).
 """
 from __future__ import annotations
 
