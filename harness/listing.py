@@ -5,6 +5,7 @@ import re
 from collections import defaultdict
 
 from harness.configs import Flavour
+from harness.errors import SuiteError
 from harness.suite import Suite
 
 LEVELS = ("level1", "level1_5", "level2", "level3", "level4", "level5", "level6")
@@ -80,9 +81,12 @@ def run_summary(suite: Suite, stats: dict) -> str:
 
 
 def _config_of(param_id: str, suite: Suite) -> str:
-    """The config part of a test id such as `cpu-bf16` or `cpu-bf16-short` (parametrized further)."""
-    names = sorted((t.name for t in suite.targets()), key=len, reverse=True)
-    for name in names:
-        if param_id == name or param_id.startswith(name + "-") or param_id.endswith("-" + name) or f"-{name}-" in param_id:
-            return name
+    """The config a test id belongs to: its longest hyphen-prefix that is a valid config name
+    (`cpu-bf16-eager` for a level 6 combination, `cpu-bf16` for `cpu-bf16-router-biased-...`)."""
+    pieces = param_id.split("-")
+    for end in range(len(pieces), 1, -1):
+        try:
+            return suite.catalog.name(suite.catalog.parse("-".join(pieces[:end])))
+        except SuiteError:
+            continue
     return "(no server)"

@@ -26,7 +26,7 @@ import torch
 from ._triton import INTERPRET, check_device, tl, triton
 from .gemv import _e2m1_to_f32, _e8m0_to_f32, _round_bf16, _row_dot_words
 from .mxfp4 import as_packed
-from .reference import SWIGLU_ALPHA, SWIGLU_LIMIT
+from .reference import SWIGLU_ALPHA, SWIGLU_LIMIT, route
 from .tuning import get_config
 
 
@@ -230,9 +230,6 @@ def moe_forward(
     top_k: int,
 ) -> torch.Tensor:
     """Whole gpt-oss MoE block: torch routing (fp32 logits, top-k, softmax) + `mxfp4_moe`."""
-    logits = x.float() @ router_w.float().T
-    if router_b is not None:
-        logits = logits + router_b.float()
-    vals, ids = torch.topk(logits, top_k, dim=-1)
-    return mxfp4_moe(x, ids, torch.softmax(vals, dim=-1), gate_up_blocks, gate_up_scales, gate_up_bias,
+    ids, weights = route(x, router_w, router_b, top_k)
+    return mxfp4_moe(x, ids, weights, gate_up_blocks, gate_up_scales, gate_up_bias,
                      down_blocks, down_scales, down_bias)

@@ -257,11 +257,8 @@ def perplexity(model, ids, seq_len: int, max_tokens: int | None = None) -> tuple
 
 
 def sha256(p: Path) -> str:
-    h = hashlib.sha256()
     with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def write_sha256sums(folder: Path) -> dict[str, str]:

@@ -33,11 +33,8 @@ REQUIRED = {
 
 
 def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
     with open(p, "rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""):
-            h.update(b)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _config(folder: Path) -> dict:
