@@ -39,6 +39,7 @@ class Thresholds:
     max_cv: float = 0.05  # above this run-to-run CV on either side the 3% gate cannot be resolved
     bootstrap_n: int = 2000  # bootstrap resamples for the ratio CI
     inconclusive_is_failure: bool = False  # True: an inconclusive metric fails the gate too
+    advisory: bool = False  # True: gate failures are reported as warnings (platforms too noisy to gate)
 
     def __post_init__(self) -> None:
         for name in ("throughput_drop", "latency_rise", "memory_growth_gb", "max_cv"):
@@ -49,8 +50,9 @@ class Thresholds:
             raise SuiteError(f"threshold alpha must be within (0, 1) (got {self.alpha!r})")
         if isinstance(self.bootstrap_n, bool) or not isinstance(self.bootstrap_n, int) or self.bootstrap_n < 100:
             raise SuiteError(f"threshold bootstrap_n must be an integer >= 100 (got {self.bootstrap_n!r})")
-        if not isinstance(self.inconclusive_is_failure, bool):
-            raise SuiteError("threshold inconclusive_is_failure must be true or false")
+        for name in ("inconclusive_is_failure", "advisory"):
+            if not isinstance(getattr(self, name), bool):
+                raise SuiteError(f"threshold {name} must be true or false")
 
 
 def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thresholds:

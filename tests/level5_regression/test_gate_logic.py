@@ -178,3 +178,15 @@ def test_bad_thresholds_file(tmp_path, text, needle):
     with pytest.raises(SuiteError, match=needle) as e:
         regression.load_thresholds(p)
     assert "\n" not in str(e.value)
+
+
+def test_cpu_gate_is_advisory_and_gpus_are_strict():
+    """The committed thresholds: CPU runs shift by up to ~50% between runs (measured), GPUs do not."""
+    from pathlib import Path
+
+    from harness.regression import load_thresholds
+
+    path = Path(__file__).resolve().parents[2] / "baselines" / "thresholds.yaml"
+    assert load_thresholds(path, "cpu").advisory is True
+    assert load_thresholds(path, "sm_90").advisory is False and load_thresholds(path, "sm_90").throughput_drop == 0.03
+    assert load_thresholds(path, "sm_121").inconclusive_is_failure is True

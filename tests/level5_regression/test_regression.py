@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.baselines import baseline_path, load_baseline, platform_key, regen_command, save_baseline
+from harness.baselines import baseline_path, load_baseline, platform_key, save_baseline
 from harness.benchmark_run import run_benchmark
 from harness.regression import compare_run, gate_failures, load_thresholds, unshared_metrics
 
@@ -51,18 +51,23 @@ def test_no_regression_against_baseline(perf_results, baseline_file, thresholds,
             warnings.warn(f"{perf_results['config']}: {v.message}")
     failures = gate_failures(verdicts, thresholds)
     assert verdicts, "no metric in common with the baseline: nothing was gated"
+    if failures and thresholds.advisory:
+        warnings.warn(f"advisory gate on {suite.platform.name} (baselines/thresholds.yaml says why): "
+                      + "; ".join(v.message for v in failures))
+        return
     assert not failures, "regression against the baseline:\n  " + "\n  ".join(v.message for v in failures)
 
 
-def test_injected_slowdown_is_caught(perf_results, baseline_file, thresholds, suite, server):
-    """A test of the gate: a deliberately slowed server must fail it on decode throughput."""
+def test_injected_slowdown_is_caught(perf_results, thresholds, suite, server):
+    """A test of the gate: a deliberately slowed server must fail it on decode throughput.
+
+    Compared with this session's own level 4 run (same machine state, minutes apart), so the check
+    measures the gate, not drift since the baseline was recorded."""
     if server.external:
         pytest.skip("--server-url: the suite cannot restart the server with a slowdown")
     ok, why = suite.can_boot_secondary()
     if not ok:
         pytest.skip(why)
-    if not baseline_file.is_file():
-        pytest.skip(f"no baseline yet to gate against; record one with: {regen_command(server.target.name, suite.model.alias)}")
     slowdown = yaml.safe_load(SLOWDOWNS.read_text())["cpu" if suite.platform.name == "cpu" else "gpu"]
     slow = suite.boot(server.target, tag="__slowdown", env_extra=slowdown["env"], args_extra=slowdown["args"], beside_shared=True)
     try:
@@ -70,8 +75,10 @@ def test_injected_slowdown_is_caught(perf_results, baseline_file, thresholds, su
     finally:
         slow.process.stop()
     slowed["valid"] = True  # same config, same kernels: the path check of the normal run stands for it
-    verdicts = [v for v in compare_run(load_baseline(baseline_file), slowed, thresholds) if v.name.startswith("tg")]
+    reference = {**perf_results, "metrics": {k: v for k, v in perf_results["metrics"].items() if k.startswith("tg")}}
+    verdicts = [v for v in compare_run(reference, slowed, thresholds) if v.name.startswith("tg")]
     for v in verdicts:
         print(f"\n  [{slowdown['why']}] {v.status}: {v.message}")
-    assert verdicts, "the slowed run shares no tg metric with the baseline"
-    assert all(v.status == "fail" for v in verdicts), "the gate missed a deliberate slowdown:\n  " + "\n  ".join(v.message for v in verdicts)
+    assert verdicts, "the slowed run shares no tg metric with the normal run"
+    assert any(v.status == "fail" for v in verdicts) and not any(v.status in ("pass", "improved") for v in verdicts), (
+        "the gate missed a deliberate slowdown:\n  " + "\n  ".join(v.message for v in verdicts))
