@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import SuiteError
-from harness.suite import RunningServer, Suite, Target
-
-SUITE_KEY = pytest.StashKey[Suite]()
+from harness.suite import SUITE_KEY, RunningServer, Suite, Target
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

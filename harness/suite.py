@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from harness.client import Client
 from harness.configs import Catalog, Config, Flavour, ServerSpec
 from harness.errors import SuiteError
@@ -170,3 +172,8 @@ class Suite:
         path = self.run_dir.joinpath(*parts)
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
+
+
+
+# The root conftest keeps the run's Suite here; level conftests read it with config.stash[SUITE_KEY].
+SUITE_KEY = pytest.StashKey[Suite]()

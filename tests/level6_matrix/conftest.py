@@ -22,7 +22,7 @@ import pytest
 from harness.correctness import load_workload, run_level2
 from harness.errors import SuiteError
 from harness.matrix import FileLock, Plan, device_for_worker, load_matrix, make_plan, pair_id
-from harness.suite import Suite
+from harness.suite import SUITE_KEY, Suite
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "workload.yaml"
@@ -32,12 +32,10 @@ NO_PLAN = "no-plan"
 
 
 def _root_suite(config: pytest.Config) -> Suite:
-    """The Suite the root conftest created (its stash key lives in that module)."""
-    for plugin in config.pluginmanager.get_plugins():
-        key = getattr(plugin, "SUITE_KEY", None)
-        if isinstance(key, pytest.StashKey) and key in config.stash:
-            return config.stash[key]
-    raise SuiteError("level 6: the root conftest's Suite is not in the pytest stash; run pytest from the repository root")
+    """The Suite the root conftest created."""
+    if SUITE_KEY not in config.stash:
+        raise SuiteError("level 6: the root conftest's Suite is not in the pytest stash; run pytest from the repository root")
+    return config.stash[SUITE_KEY]
 
 
 def _plan(config: pytest.Config) -> Plan | SuiteError:
