@@ -155,12 +155,11 @@ def golden(request: pytest.FixtureRequest, suite: Suite, server: RunningServer):
     def check(kind: str, fresh: dict, level: str) -> dict:
         path = goldens.golden_path(suite.model.alias, suite.platform.name, server.target.name, kind)
         cmd = goldens.regen_command(level, server.target.name, suite.model.alias)
-        if request.config.getoption("force_regen", False):
-            meta = {"model": suite.model.alias, "config": server.target.name, "platform": suite.platform.name,
-                    "device": suite.platform.device, "vllm": server.client().version(), "flavour": suite.flavour.name}
-            goldens.save_golden(path, fresh, meta)
-            pytest.fail(f"--force-regen: wrote {path.relative_to(goldens.REPO)}; re-run without --force-regen to check against it", pytrace=False)
-        return goldens.load_golden(path, cmd)["data"]
+        regen = request.config.getoption("force_regen", False)
+        meta = {"model": suite.model.alias, "config": server.target.name, "platform": suite.platform.name,
+                "device": suite.platform.device, "vllm": server.client().version() if regen else None,
+                "flavour": suite.flavour.name}
+        return goldens.check_or_regen(path, fresh, meta, regen, cmd)
 
     return check
 

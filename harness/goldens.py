@@ -92,6 +92,22 @@ def compare_streams(golden: Stream, new: Stream, max_margin: float) -> StreamVer
     return StreamVerdict(True, True, None, "identical")
 
 
+class Regenerated(SuiteError):
+    """--force-regen wrote a golden or baseline: the test fails so it is never mistaken for a pass."""
+
+
+def check_or_regen(path: Path, fresh: Any, meta: dict, force_regen: bool, regen_cmd: str) -> dict:
+    """The stored golden's data; with --force-regen, write `fresh` instead and raise Regenerated."""
+    if force_regen:
+        save_golden(path, fresh, meta)
+        raise Regenerated(f"--force-regen: wrote {_shown(path)}; re-run without --force-regen to check against it")
+    return load_golden(path, regen_cmd)["data"]
+
+
+def _shown(path: Path) -> Path:
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
 def golden_path(model: str, platform: str, config: str, kind: str, root: Path = GOLDEN_ROOT) -> Path:
     return root / model / platform / config / f"{kind}.json"
 
@@ -102,7 +118,7 @@ def regen_command(level: str, config: str, model: str) -> str:
 
 def load_golden(path: Path, regen_cmd: str) -> dict:
     if not path.is_file():
-        raise SuiteError(f"no golden at {path.relative_to(REPO) if path.is_relative_to(REPO) else path}; create it with: {regen_cmd}")
+        raise SuiteError(f"no golden at {_shown(path)}; create it with: {regen_cmd}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -7,30 +7,38 @@ engine's own numbers for exactly those requests (nothing else runs on the suite'
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from harness.client import Client
 
-_LINE = re.compile(r"^(vllm:[a-z_]+?)_(sum|count)(\{[^}]*\})? ([0-9.eE+-]+)$")
 NEEDED = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
           "vllm:request_prefill_kv_computed_tokens", "vllm:request_generation_tokens")
 
 
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text exposition, summed over its label sets: {name: value}."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
 def scrape(client: Client) -> dict[str, float] | None:
-    """{metric_sum / metric_count: value} summed over labels; None if the server has no such metrics."""
+    """The server's metrics summed over labels; None if it lacks the engine timings this module needs."""
     try:
         r = client.get("/metrics", timeout_s=30)
     except Exception:
         return None
     if r.status_code != 200:
         return None
-    out: dict[str, float] = {}
-    for line in r.text.splitlines():
-        m = _LINE.match(line)
-        if m:
-            key = f"{m.group(1)}_{m.group(2)}"
-            out[key] = out.get(key, 0.0) + float(m.group(4))
+    out = parse_prometheus(r.text)
     return out if all(f"{n}_sum" in out for n in NEEDED) else None
 
 

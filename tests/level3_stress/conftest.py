@@ -16,6 +16,7 @@ import requests
 from harness.client import Client, all_finite
 from harness.errors import SuiteError
 from harness.memory import GIB, MemorySampler, gpu_bytes, rss_bytes
+from harness.server_metrics import parse_prometheus
 from harness.suite import RunningServer, Suite
 
 # Greedy decoding is bitwise reproducible across batch shapes on these platforms (measured:
@@ -75,15 +76,10 @@ class Prompts:
 
 def metric(base_url: str, name: str) -> float:
     """Sum of a Prometheus metric's samples on /metrics (all label sets)."""
-    text = requests.get(base_url + "/metrics", timeout=10).text
-    total, seen = 0.0, False
-    for line in text.splitlines():
-        if line.startswith(name) and (line[len(name)] in " {"):
-            total += float(line.rsplit(" ", 1)[1])
-            seen = True
-    if not seen:
+    values = parse_prometheus(requests.get(base_url + "/metrics", timeout=10).text)
+    if name not in values:
         raise SuiteError(f"/metrics of {base_url} has no {name}")
-    return total
+    return values[name]
 
 
 @pytest.fixture(scope="session")

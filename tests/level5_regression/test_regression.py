@@ -13,6 +13,7 @@ import yaml
 
 from harness.baselines import baseline_path, load_baseline, platform_key, save_baseline
 from harness.benchmark_run import run_benchmark
+from harness.goldens import Regenerated
 from harness.regression import compare_run, gate_failures, load_thresholds, unshared_metrics
 
 pytestmark = [pytest.mark.level5, pytest.mark.server]
@@ -35,7 +36,7 @@ def baseline_file(suite, server):
 def test_no_regression_against_baseline(perf_results, baseline_file, thresholds, suite, request):
     if request.config.getoption("force_regen", False):
         save_baseline(baseline_file, perf_results)
-        pytest.fail(f"--force-regen: recorded {baseline_file.relative_to(REPO)}; re-run without it to gate against it", pytrace=False)
+        raise Regenerated(f"--force-regen: recorded {baseline_file.relative_to(REPO)}; re-run without it to gate against it")
     baseline = load_baseline(baseline_file)
     verdicts = compare_run(baseline, perf_results, thresholds)
     only_base, only_new = unshared_metrics(baseline, perf_results)

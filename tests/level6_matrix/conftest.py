@@ -219,13 +219,10 @@ def combo_golden(request: pytest.FixtureRequest, suite: Suite):
     def check(name: str, fresh: dict, vllm: str) -> dict:
         path = goldens.golden_path(suite.model.alias, suite.platform.name, name, "level6")
         cmd = f"pytest -m level6 --model={suite.model.alias} --force-regen"
-        if request.config.getoption("force_regen", False):
-            meta = {"model": suite.model.alias, "config": name, "platform": suite.platform.name,
-                    "device": suite.platform.device, "vllm": vllm, "flavour": suite.flavour.name,
-                    "workload": str(WORKLOAD.relative_to(goldens.REPO))}
-            goldens.save_golden(path, fresh, meta)
-            pytest.fail(f"--force-regen: wrote {path.relative_to(goldens.REPO)}; re-run without --force-regen to check against it", pytrace=False)
-        return goldens.load_golden(path, cmd)["data"]
+        meta = {"model": suite.model.alias, "config": name, "platform": suite.platform.name,
+                "device": suite.platform.device, "vllm": vllm, "flavour": suite.flavour.name,
+                "workload": str(WORKLOAD.relative_to(goldens.REPO))}
+        return goldens.check_or_regen(path, fresh, meta, request.config.getoption("force_regen", False), cmd)
 
     return check
 

@@ -128,3 +128,12 @@ def test_workloads_over_the_context_are_dropped_and_listed():
     fit, dropped = bench.load_workloads("sm_90", 4096)
     assert all(w.tokens <= 4096 for w in fit) and dropped
     assert any("d8192" in d for d in dropped)
+
+
+def test_prometheus_text_is_summed_over_label_sets():
+    from harness.server_metrics import parse_prometheus
+
+    text = ('# HELP vllm:x help\n# TYPE vllm:x histogram\n'
+            'vllm:x_sum{engine="0",model_name="m"} 1.5\nvllm:x_sum{engine="1",model_name="m"} 2.0\n'
+            'vllm:x_count{engine="0"} 3.0\nvllm:num_requests_running 1.0\n')
+    assert parse_prometheus(text) == {"vllm:x_sum": 3.5, "vllm:x_count": 3.0, "vllm:num_requests_running": 1.0}
