@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from harness.platform import is_valid_selector, platform_matches
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 NAME_HEAD_AXES = ("moe", "activation")  # always in the name, in this order
+# Axes whose values are alternative backends: one value's kernels must not run under another value.
+SIBLING_AXES = ("moe", "attention")
 
 
 @dataclass(frozen=True)
@@ -45,12 +48,32 @@ class Config:
 
 @dataclass
 class KernelExpectation:
-    """Kernel-name globs one platform must / must not show for a configuration."""
+    """Kernel-name globs one platform must / must not show for a configuration.
+
+    `excuses` maps one `must` pattern to the regex of the startup-log line that proves its documented
+    fallback happened (e.g. the fork's GEMV MoE falling back to GEMM); only that pattern is excused, and
+    only when that line is in the log. A run with an excused pattern is marked so in its results and may
+    not record baselines or goldens unless `allow_excused`.
+    """
 
     must: list[str] = field(default_factory=list)
     must_not: list[str] = field(default_factory=list)
-    fallback_log: str | None = None  # a regex: a logged fallback excuses a missing `must`
+    excuses: dict[str, str] = field(default_factory=dict)  # must pattern -> regex of its fallback log line
+    allow_excused: bool = False
     source: dict[str, list[str]] = field(default_factory=dict)  # pattern -> ["moe=marlin", ...]
+    derived: dict[str, str] = field(default_factory=dict)  # must_not pattern -> the sibling whose `must` it is
+    verification: dict[str, str] = field(default_factory=dict)  # "moe=marlin" -> "verified: <where>" | "unverified: <why>"
+
+    def add(self, kind: str, pattern: str, tag: str) -> None:
+        target = self.must if kind == "must" else self.must_not
+        if pattern not in target:
+            target.append(pattern)
+        if tag not in self.source.setdefault(pattern, []):
+            self.source[pattern].append(tag)
+
+    @property
+    def unverified(self) -> list[str]:
+        return [tag for tag, v in self.verification.items() if not v.startswith("verified")]
 
 
 @dataclass
@@ -208,6 +231,9 @@ class Flavour:
         self.values: dict[str, dict[str, dict]] = {}
         self.unsupported = {str(k): str(v) for k, v in (raw.get("unsupported") or {}).items()}
         self.combos = list(raw.get("combos") or [])
+        self.rejects = _rejects(raw.get("rejects") or [], catalog, f"{path}: rejects")
+        self.common_seen = {str(k): [str(n) for n in v] for k, v in (raw.get("common_seen") or {}).items()}
+        _selectors(list(self.common_seen), f"{path}: common_seen")
         self.catalog = catalog
         for axis, mapping in (raw.get("values") or {}).items():
             if axis not in catalog.axes:
@@ -232,13 +258,10 @@ class Flavour:
         if not any(platform_matches(s, platform_name) for s in self.platforms):
             return False, f"flavour '{self.name}' runs on {', '.join(self.platforms)}, not {platform_name}"
         for axis, value in config.axes:
-            spec = self.mapping(axis, value)
-            if spec is None:
-                why = self.unsupported.get(f"{axis}.{value}", f"flavour '{self.name}' has no mapping for {axis}={value}")
+            ok, why = self.value_runs(axis, value, platform_name)
+            if not ok:
                 return False, f"{name}: {why}"
-            sel = spec.get("platforms")
-            if sel and not any(platform_matches(s, platform_name) for s in sel):
-                return False, f"{name}: {axis}={value} runs on {', '.join(sel)} in flavour '{self.name}', not {platform_name}"
+            spec = self.mapping(axis, value) or {}
             for other_axis, allowed in (spec.get("requires") or {}).items():
                 if config[other_axis] not in allowed:
                     why = spec.get("why") or f"needs {other_axis} in {allowed}"
@@ -246,7 +269,39 @@ class Flavour:
             need_model = spec.get("requires_model")
             if need_model and model != need_model:
                 return False, f"{name}: {axis}={value} needs --model {need_model} (its draft models exist only for it)"
+        for rule in self.rejects:
+            if all(config[a] == v for a, v in rule["when"].items()) and any(platform_matches(s, platform_name) for s in rule["platforms"]):
+                return False, f"{name}: rejected on {platform_name}: {rule['why']}"
         return True, ""
+
+    def seen(self, config: Config, platform_name: str, replace: dict[str, str] | None = None) -> list[str]:
+        """Kernel names a trace of `config` on the platform would show, from the data's `seen` lists (with
+        `replace` = {axis: other value} swapping one axis's kernels): the synthetic traces of the level 1.5
+        tests of the test."""
+        values = {**config.values, **(replace or {})}
+        names = [n for sel, ns in self.common_seen.items() if platform_matches(sel, platform_name) for n in ns]
+        for axis, value in values.items():
+            for _, exp in self.kernel_entries(axis, value, platform_name):
+                names += [str(n) for n in exp.get("seen") or []]
+        return names
+
+    def value_runs(self, axis: str, value: str, platform_name: str) -> tuple[bool, str]:
+        """Whether one axis value is mapped and allowed on the platform (ignoring other axes)."""
+        spec = self.mapping(axis, value)
+        if spec is None:
+            return False, self.unsupported.get(f"{axis}.{value}", f"flavour '{self.name}' has no mapping for {axis}={value}")
+        for selector, reason in (spec.get("rejected") or {}).items():
+            if platform_matches(selector, platform_name):
+                return False, f"{axis}={value} is rejected on {platform_name}: {reason}"
+        sel = spec.get("platforms")
+        if sel and not any(platform_matches(s, platform_name) for s in sel):
+            return False, f"{axis}={value} runs on {', '.join(sel)} in flavour '{self.name}', not {platform_name}"
+        return True, ""
+
+    def kernel_entries(self, axis: str, value: str, platform_name: str) -> list[tuple[str, dict]]:
+        """(selector, entry) of every `kernels` entry of axis=value that applies to the platform."""
+        spec = self.mapping(axis, value) or {}
+        return [(sel, exp) for sel, exp in (spec.get("kernels") or {}).items() if platform_matches(sel, platform_name)]
 
     def resolve(self, config: Config, platform_name: str, model_args: dict | None = None) -> ServerSpec:
         """Env vars, flags and expectations for `config` (call `runnable` first)."""
@@ -260,22 +315,43 @@ class Flavour:
             env.update(_str_map(spec.get("env") or {}, f"{self.path}: values.{axis}.{value}.env"))
             args.update(spec.get("args") or {})
             logs.extend(spec.get("logs") or [])
-            for selector, exp in (spec.get("kernels") or {}).items():
-                if not platform_matches(selector, platform_name):
-                    continue
+            tag = f"{axis}={value}"
+            for selector, exp in self.kernel_entries(axis, value, platform_name):
                 for pat in exp.get("must") or []:
-                    kernels.must.append(pat)
-                    kernels.source.setdefault(pat, []).append(f"{axis}={value}")
+                    kernels.add("must", pat, tag)
                 for pat in exp.get("must_not") or []:
-                    kernels.must_not.append(pat)
-                    kernels.source.setdefault(pat, []).append(f"{axis}={value}")
-                if exp.get("fallback_log"):
-                    kernels.fallback_log = exp["fallback_log"]
+                    kernels.add("must_not", pat, tag)
+                kernels.excuses.update(exp.get("excuses") or {})
+                kernels.allow_excused = kernels.allow_excused or bool(exp.get("allow_excused"))
+                verified = exp.get("verified")
+                kernels.verification[tag] = (f"verified: {verified}" if verified and verified != "no"
+                                             else f"unverified ({selector} patterns not yet confirmed on a {platform_name} trace)")
+        self._forbid_siblings(config, platform_name, kernels)
         for combo in self.combos:
             if all(config[a] == str(v) for a, v in (combo.get("when") or {}).items()):
                 env.update(_str_map(combo.get("env") or {}, f"{self.path}: combos"))
                 args.update(combo.get("args") or {})
         return ServerSpec(self.catalog.name(config), self.name, env, args_to_argv(args), logs, kernels)
+
+    def _forbid_siblings(self, config: Config, platform_name: str, kernels: KernelExpectation) -> None:
+        """For each backend axis, every other value's `must` patterns on this platform become `must_not`:
+        adding a backend to the data tightens every other config's check at once."""
+        for axis in SIBLING_AXES:
+            mine = config[axis]
+            entries = self.kernel_entries(axis, mine, platform_name)
+            own = {p for _, exp in entries for p in exp.get("must") or []}
+            if not own:
+                continue  # what this value runs is not declared here (e.g. "auto"): no sibling can be ruled out
+            own |= {p for _, exp in entries for p in exp.get("also_runs") or []}  # e.g. a GEMV MoE's GEMM prefill
+            for value in self.catalog.axes[axis].tokens:
+                if value == mine or not self.value_runs(axis, value, platform_name)[0]:
+                    continue
+                for _, exp in self.kernel_entries(axis, value, platform_name):
+                    for pat in exp.get("must") or []:
+                        if pat in own or pat in kernels.must:
+                            continue  # shared by both backends (e.g. "auto" resolving to this one)
+                        kernels.add("must_not", pat, f"{axis}={mine}")
+                        kernels.derived.setdefault(pat, f"{axis}={value}'s kernel: siblings forbid it")
 
 
 def args_to_argv(args: dict[str, Any]) -> list[str]:
@@ -345,13 +421,31 @@ def _selectors(items: list, where: str) -> list[str]:
     return out
 
 
+def _rejects(raw: Any, catalog: "Catalog", where: str) -> list[dict]:
+    """`rejects`: combinations vLLM refuses on some platforms although each value runs there."""
+    if not isinstance(raw, list):
+        raise SuiteError(f"{where}: expected a list of {{when: {{axis: value}}, platforms: [selectors], why}}")
+    out = []
+    for i, rule in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(rule, dict) or set(rule) != {"when", "platforms", "why"} or not isinstance(rule["when"], dict):
+            raise SuiteError(f"{at}: expected exactly the keys when (axis: value), platforms (selectors) and why")
+        when = {str(a): str(v) for a, v in rule["when"].items()}
+        for a, v in when.items():
+            if a not in catalog.axes or v not in catalog.axes[a].tokens:
+                raise SuiteError(f"{at}.when: {a}={v} is not an axis value of configs/axes.yaml")
+        out.append({"when": when, "platforms": _selectors(list(rule["platforms"]), f"{at}.platforms"), "why": str(rule["why"])})
+    return out
+
+
 def _str_map(raw: Any, where: str) -> dict[str, str]:
     if not isinstance(raw, dict):
         raise SuiteError(f"{where}: expected a mapping of NAME: value")
     return {str(k): str(v) for k, v in raw.items()}
 
 
-_VALUE_KEYS = {"env", "args", "platforms", "logs", "kernels", "requires", "why", "requires_model"}
+_VALUE_KEYS = {"env", "args", "platforms", "logs", "kernels", "requires", "why", "requires_model", "rejected"}
+_KERNEL_KEYS = {"must", "must_not", "excuses", "allow_excused", "seen", "verified", "also_runs"}
 
 
 def _check_value_spec(spec: dict, where: str) -> None:
@@ -361,7 +455,18 @@ def _check_value_spec(spec: dict, where: str) -> None:
     if unknown:
         raise SuiteError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(_VALUE_KEYS))}")
     _selectors(spec.get("platforms") or [], f"{where}.platforms")
+    _selectors(list(spec.get("rejected") or {}), f"{where}.rejected")
     for selector, exp in (spec.get("kernels") or {}).items():
         _selectors([selector], f"{where}.kernels")
-        if not isinstance(exp, dict) or set(exp) - {"must", "must_not", "fallback_log"}:
-            raise SuiteError(f"{where}.kernels.{selector}: expected keys must / must_not / fallback_log")
+        at = f"{where}.kernels.{selector}"
+        if not isinstance(exp, dict) or set(exp) - _KERNEL_KEYS:
+            raise SuiteError(f"{at}: expected keys {', '.join(sorted(_KERNEL_KEYS))}")
+        if exp.get("must") and "verified" not in exp:
+            raise SuiteError(f"{at}: say whether these patterns were seen in a real trace: `verified: \"<device, vLLM, date>\"` or `verified: no`")
+        for pat in exp.get("excuses") or {}:
+            if pat not in (exp.get("must") or []):
+                raise SuiteError(f"{at}.excuses: '{pat}' is not one of this entry's `must` patterns; an excuse belongs to one required pattern")
+            try:
+                re.compile(exp["excuses"][pat])
+            except re.error as e:
+                raise SuiteError(f"{at}.excuses['{pat}']: not a valid regex ({e})") from None

@@ -1,16 +1,15 @@
-"""Level 2 workload and checks: greedy token streams and perplexity against a golden.
+"""Level 2 workload and checks: greedy streams and teacher-forced scorings against a golden.
 
-Tolerances (used by tests/level2_correctness/prompts.yaml):
-- near tie, 0.125 nats: BF16 keeps 8 significant bits, so a logit between 16 and 32 moves in steps of
-  0.125. A different summation order (threads, batch shape, kernel) can flip the argmax only when the
-  top two logits are within about one such step; a wider gap that flips means the model changed.
-- perplexity, 1% relative: reordered BF16 arithmetic perturbs each token's logprob by ~1e-3 nats and
-  not systematically, so the mean over ~1000 tokens moves far less than 1%; the mutation checks
-  (router biased, expert scales off by one exponent) move it by much more (tests/level2_correctness).
+A level 2 run does three things on a server (rules and their reasons: harness/logprobs.py):
+1. greedy streams of the workload's prompts (free-running, top-k logprobs per token);
+2. teacher-forced scorings (`prompt_logprobs=k`) of the reference sequences: the golden's prompt +
+   greedy continuation of every prompt when a golden is given, else this run's own (what a new golden
+   stores); and of the held-out perplexity text;
+3. the perplexity of that text, from its scoring.
+Tolerances come from the workload file, per platform, each with the measurements behind it.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +17,12 @@ import yaml
 
 from harness.client import Client
 from harness.errors import SuiteError
-from harness.goldens import Stream, compare_streams, perplexity
+from harness.logprobs import Scored, Stream, Tolerance, compare_scored, compare_streams, perplexity_problem
+from harness.platform import is_valid_selector, platform_matches
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS_FILE = REPO / "tests" / "level2_correctness" / "prompts.yaml"
+PERPLEXITY = "perplexity_text"  # the key of the held-out text's scoring
 
 
 @dataclass
@@ -29,9 +30,15 @@ class Workload:
     prompts: dict[str, str]
     max_tokens: int
     top_k: int
-    near_tie_nats: float
-    perplexity_rel_tol: float
     perplexity_text: str
+    tolerances: dict[str, Tolerance]  # platform selector -> tolerance, first match wins
+    path: Path
+
+    def tolerance(self, platform_name: str) -> Tolerance:
+        for selector, tol in self.tolerances.items():
+            if selector == "default" or platform_matches(selector, platform_name):
+                return tol
+        raise SuiteError(f"{self.path}: no tolerance for platform {platform_name}; add it (or `default`) under `tolerances:`")
 
 
 def _text(spec, where: str) -> str:
@@ -48,71 +55,169 @@ def _text(spec, where: str) -> str:
     raise SuiteError(f"{where}: expected a string, {{repeat, times}} or {{file, chars}}")
 
 
+_TOL_KEYS = {"max_abs", "mean_abs", "ppl_rel", "margin"}
+_TOL_ALLOWED = _TOL_KEYS | {"measured"}
+
+
+def _tolerances(raw, where: str) -> dict[str, Tolerance]:
+    if not isinstance(raw, dict) or not raw:
+        raise SuiteError(f"{where}: `tolerances` must map platform selectors (or `default`) to {sorted(_TOL_KEYS)}")
+    out = {}
+    for selector, spec in raw.items():
+        selector = str(selector)
+        if selector != "default" and not is_valid_selector(selector):
+            raise SuiteError(f"{where}: tolerances: '{selector}' is not a platform selector (cpu, sm_90, sm_12x, >=sm_80, default)")
+        if not isinstance(spec, dict) or not _TOL_KEYS <= set(spec) or set(spec) - _TOL_ALLOWED:
+            raise SuiteError(f"{where}: tolerances.{selector} needs {sorted(_TOL_KEYS)} (and `measured:` saying where they come from)")
+        values = {k: float(spec[k]) for k in _TOL_KEYS}
+        if not all(v > 0 for v in values.values()):
+            raise SuiteError(f"{where}: tolerances.{selector}: every tolerance must be > 0")
+        measured = str(spec.get("measured") or "")
+        out[selector] = Tolerance(**values, source=f"{Path(where).name} tolerances.{selector}; {measured or 'no measurement recorded'}")
+    return out
+
+
 def load_workload(path: Path = PROMPTS_FILE) -> Workload:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
         return Workload(
             {k: _text(v, f"{path}: prompts.{k}") for k, v in raw["prompts"].items()},
-            int(raw["max_tokens"]), int(raw["top_logprobs"]), float(raw["near_tie_nats"]),
-            float(raw["perplexity_rel_tol"]), _text(raw["perplexity_text"], f"{path}: perplexity_text"),
+            int(raw["max_tokens"]), int(raw["top_logprobs"]),
+            _text(raw["perplexity_text"], f"{path}: perplexity_text"), _tolerances(raw.get("tolerances"), str(path)), path,
         )
-    except (yaml.YAMLError, KeyError, TypeError, ValueError) as e:
+    except OSError as e:
+        raise SuiteError(f"{path}: cannot read the level 2 workload ({e.strerror}); restore it from git") from None
+    except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise SuiteError(f"{path}: malformed level 2 workload ({type(e).__name__}: {e}); fix the file") from None
 
 
 def greedy_stream(client: Client, prompt: str | list[int], wl: Workload) -> Stream:
-    out = client.complete(prompt, wl.max_tokens, logprobs=wl.top_k, return_tokens_as_token_ids=True)
-    return Stream.from_completion(out)
+    ids = client.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    out = client.complete(ids, wl.max_tokens, logprobs=wl.top_k, return_tokens_as_token_ids=True)
+    return Stream.from_completion(out, ids)
 
 
-def greedy_streams(client: Client, wl: Workload) -> dict[str, Stream]:
-    return {name: greedy_stream(client, text, wl) for name, text in wl.prompts.items()}
-
-
-def measure_perplexity(client: Client, text: str) -> tuple[float, int]:
-    ids = client.tokenize(text)
-    out = client.complete(ids, 1, prompt_logprobs=0)
-    return perplexity(out["choices"][0]["prompt_logprobs"], ids), len(ids)
+def score(client: Client, ids: list[int], k: int) -> Scored:
+    """Teacher forcing: the server's logprob of every token of `ids` given the ones before, with its top-k."""
+    out = client.complete(ids, 1, prompt_logprobs=k)
+    return Scored.from_prompt_logprobs(ids, out["choices"][0]["prompt_logprobs"], k)
 
 
 @dataclass
 class Level2Result:
     streams: dict[str, Stream]
-    perplexity: float
-    perplexity_tokens: int
+    scored: dict[str, Scored]  # prompt name (and PERPLEXITY) -> scoring of the reference sequence
+    reference: str  # "golden" (the golden's sequences were scored) or "self" (this run's own)
+
+    @property
+    def perplexity(self) -> float:
+        return self.scored[PERPLEXITY].perplexity()
+
+    @property
+    def perplexity_tokens(self) -> int:
+        return len(self.scored[PERPLEXITY].ids) - 1
 
     def to_golden(self) -> dict:
+        if self.reference != "self":
+            raise SuiteError("a golden can only be written from a run that scored its own sequences (--force-regen)")
         return {"streams": {k: s.to_json() for k, s in self.streams.items()},
+                "scored": {k: s.to_json() for k, s in self.scored.items()},
                 "perplexity": {"value": self.perplexity, "tokens": self.perplexity_tokens}}
 
+    @classmethod
+    def from_golden(cls, data: dict, reference: str = "self") -> "Level2Result":
+        return cls({k: Stream.from_json(v) for k, v in data["streams"].items()},
+                   {k: Scored.from_json(v) for k, v in data["scored"].items()}, reference)
 
-def run_level2(client: Client, wl: Workload) -> Level2Result:
-    ppl, n = measure_perplexity(client, wl.perplexity_text)
-    return Level2Result(greedy_streams(client, wl), ppl, n)
+
+def check_golden_data(data: object, where: str) -> dict:
+    """The golden's `data` has what level 2 needs; else one line naming the file and the fix."""
+    try:
+        if not isinstance(data, dict):
+            raise TypeError("data is not a mapping")
+        for key in ("streams", "scored", "perplexity"):
+            if key not in data:
+                raise KeyError(key)
+        Level2Result.from_golden(data)
+        float(data["perplexity"]["value"])
+        if PERPLEXITY not in data["scored"]:
+            raise KeyError(f"scored.{PERPLEXITY}")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SuiteError(f"{where} is malformed ({type(e).__name__}: {e}); restore it from git or regenerate it with --force-regen") from None
+    return data
 
 
-def stream_problems(result: Level2Result, golden: dict, wl: Workload) -> tuple[list[str], list[str]]:
-    """(problems, notes) of the token streams against the golden."""
+def run_level2(client: Client, wl: Workload, reference: dict | None = None) -> Level2Result:
+    """Greedy streams, and scorings of `reference`'s sequences (a golden's data) or, without one, of this run's."""
+    streams = {name: greedy_stream(client, text, wl) for name, text in wl.prompts.items()}
+    if reference is not None:
+        sequences = {name: list(entry["ids"]) for name, entry in reference["scored"].items()}
+    else:
+        sequences = {name: s.prompt + s.tokens for name, s in streams.items()}
+        sequences[PERPLEXITY] = client.tokenize(wl.perplexity_text)
+    scored = {name: score(client, ids, wl.top_k) for name, ids in sequences.items()}
+    return Level2Result(streams, scored, "golden" if reference is not None else "self")
+
+
+def stream_problems(result: Level2Result, ref: Level2Result, tol: Tolerance) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the free-running greedy streams against the reference's."""
     problems, notes = [], []
-    gold_streams = golden["streams"]
     for name, stream in result.streams.items():
-        if name not in gold_streams:
+        if name not in ref.streams:
             problems.append(f"prompt '{name}' has no golden stream (regenerate the golden)")
             continue
-        gold = Stream.from_json(gold_streams[name])
-        v = compare_streams(gold, stream, wl.near_tie_nats)
+        gold = ref.streams[name]
+        if gold.prompt and stream.prompt != gold.prompt:
+            problems.append(f"'{name}': the prompt tokenizes differently from the golden's; regenerate the golden")
+            continue
+        v = compare_streams(gold, stream, tol)
         if not v.ok:
-            i = v.position or 0
-            problems.append(f"'{name}' {v.message}\n      golden: {gold.text!r}\n      new:    {stream.text!r}")
+            problems.append(f"'{name}' stream {v.message}\n      golden: {gold.text!r}\n      new:    {stream.text!r}")
         elif not v.identical:
-            notes.append(f"'{name}' {v.message}")
+            notes.append(f"'{name}' stream {v.message}")
     return problems, notes
 
 
-def perplexity_problem(result: Level2Result, golden: dict, wl: Workload) -> str | None:
-    want = float(golden["perplexity"]["value"])
-    rel = abs(result.perplexity - want) / want
-    if not math.isfinite(result.perplexity) or rel > wl.perplexity_rel_tol:
-        return (f"perplexity {result.perplexity:.4f} vs golden {want:.4f} over {result.perplexity_tokens} tokens: "
-                f"{rel * 100:.2f}% off (tolerance {wl.perplexity_rel_tol * 100:.1f}%)")
-    return None
+def scored_problems(result: Level2Result, ref: Level2Result, tol: Tolerance) -> tuple[list[str], list[str]]:
+    """(problems, per-sequence summaries) of the teacher-forced scorings against the reference's."""
+    problems, notes = [], []
+    for name, gold in ref.scored.items():
+        new = result.scored.get(name)
+        if new is None:
+            problems.append(f"'{name}': not scored by this run")
+            continue
+        diff = compare_scored(gold, new, tol, f"'{name}' teacher-forced")
+        notes.append(f"'{name}' teacher-forced: {diff.summary()}")
+        problems += diff.problems
+    return problems, notes
+
+
+def ppl_problem(result: Level2Result, ref: Level2Result, tol: Tolerance) -> str | None:
+    return perplexity_problem(ref.perplexity, result.perplexity, result.perplexity_tokens, tol)
+
+
+def tolerance_line(tol: Tolerance) -> str:
+    return (f"tolerances: max_abs {tol.max_abs}, mean_abs {tol.mean_abs}, ppl_rel {tol.ppl_rel}, "
+            f"near-tie margin {tol.margin} (from {tol.source})")
+
+
+@dataclass
+class Level2Verdict:
+    problems: list[str]
+    notes: list[str]  # accepted near ties and per-sequence summaries
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def judge(result: Level2Result, golden: dict, tol: Tolerance) -> Level2Verdict:
+    """Every rule of harness/logprobs.py at once: streams, teacher-forced scorings, perplexity."""
+    ref = Level2Result.from_golden(golden)
+    streams, stream_notes = stream_problems(result, ref, tol)
+    scored, scored_notes = scored_problems(result, ref, tol)
+    ppl = ppl_problem(result, ref, tol)
+    problems = streams + scored + ([ppl] if ppl else [])
+    if problems:
+        problems.append(f"({tolerance_line(tol)})")
+    return Level2Verdict(problems, stream_notes + scored_notes)

@@ -31,6 +31,7 @@ def profile_kernel_path(suite: Suite, server: RunningServer) -> KernelPath:
     verdict = check_path(summary, spec.kernels, server.log_text())
     artifact = suite.artifact("kernels", f"{suite.model.alias}__{server.target.name}.json")
     save_summary(summary, verdict, artifact, config=server.target.name, model=suite.model.alias,
-                 platform=suite.platform.name, device=suite.platform.device,
-                 expected={"must": spec.kernels.must, "must_not": spec.kernels.must_not})
+                 platform=suite.platform.name, device=suite.platform.device, excused=verdict.excused,
+                 verification=spec.kernels.verification,
+                 expected={"must": spec.kernels.must, "must_not": spec.kernels.must_not, "excuses": spec.kernels.excuses})
     return KernelPath(summary, verdict, artifact)

@@ -38,13 +38,15 @@ def list_configs(suite: Suite) -> str:
                 spec = flavour.resolve(config, example)
                 env = " ".join(f"{k}={v}" for k, v in spec.env.items())
                 sets = (env + " " + " ".join(spec.args)).strip()
-                kernels = ", ".join(spec.kernels.must) or "-"
+                kernels = ", ".join(spec.kernels.must) or "- (none declared: record them first)"
+                verified = "; ".join(f"{tag} {status}" for tag, status in spec.kernels.verification.items()) or "-"
             else:
-                sets, kernels = f"(not mapped: {why_there})", "-"
+                sets, kernels, verified = f"(not mapped: {why_there})", "-", "-"
             status = "RUNS HERE" if ok_here else f"not here: {why}"
             lines.append(f"    [{flavour.name} on {example}] {status}")
             lines.append(f"        sets: {sets}")
             lines.append(f"        must show: {kernels}")
+            lines.append(f"        kernel data: {verified}")
     return "\n".join(lines)
 
 

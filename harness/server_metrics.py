@@ -30,6 +30,18 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+def metric_value(base_url: str, name: str) -> float:
+    """Sum of one Prometheus metric's samples on a server's /metrics (all label sets)."""
+    import requests
+
+    from harness.errors import SuiteError
+
+    values = parse_prometheus(requests.get(base_url + "/metrics", timeout=10).text)
+    if name not in values:
+        raise SuiteError(f"/metrics of {base_url} has no {name}")
+    return values[name]
+
+
 def scrape(client: Client) -> dict[str, float] | None:
     """The server's metrics summed over labels; None if it lacks the engine timings this module needs."""
     try:

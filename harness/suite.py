@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import hooks
 from harness.client import Client
 from harness.configs import Catalog, Config, Flavour, ServerSpec
 from harness.errors import SuiteError
@@ -17,6 +18,49 @@ from harness.server import ServerDied, VllmServer
 from harness.traces import profiler_args
 
 SECONDARY_GPU_FRACTION = 0.2
+UNKNOWN_PLATFORM = "unknown"
+
+
+def _run_dir(option: str | None) -> Path:
+    path = Path(option) if option else REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SuiteError(f"--run-dir {path}: cannot write there ({e.strerror}); pass a writable directory") from None
+    return path.resolve()
+
+
+def external_platform(name: str | None, device: str | None) -> Platform:
+    """What --platform / --device say about a server started elsewhere (UNKNOWN_PLATFORM without them)."""
+    from harness.platform import is_valid_selector
+
+    if name is None:
+        return Platform(UNKNOWN_PLATFORM, device or "unknown device", None)
+    if name != "cpu" and not (is_valid_selector(name) and name.startswith("sm_") and "x" not in name):
+        raise SuiteError(f"--platform {name}: expected cpu or a compute capability such as sm_90 or sm_121")
+    capability = None if name == "cpu" else (int(name[3:-1]), int(name[-1]))
+    return Platform(name, device or name, capability)
+
+
+def external_model(url: str, model_option: str | None) -> Model:
+    """The model an external server serves: --model's alias if given (it keys goldens), else its /v1/models id."""
+    from harness.models import ALIASES, _slug as slug
+
+    probe = Client(url.rstrip("/"), "", timeout_s=10)
+    try:
+        names = probe.models()
+    except SuiteError as e:
+        raise SuiteError(f"--server-url {url}: cannot list models ({e}); is the server up?") from None
+    if not names:
+        raise SuiteError(f"--server-url {url}: /v1/models lists no model")
+    if model_option:
+        spec = ALIASES.get(model_option, {})
+        return Model(model_option if model_option in ALIASES else slug(model_option), names[0],
+                     weights="dummy" if "shape" in spec else "real")
+    return Model(slug(names[0]), names[0])
 
 
 @dataclass
@@ -75,19 +119,29 @@ class Suite:
     def create(
         cls, config_option: str | None, model_option: str | None, flavour_option: str | None,
         server_url: str | None, run_dir: str | None, boot_timeout_s: float,
+        platform_option: str | None = None, device_option: str | None = None, workloads_option: str | None = None,
     ) -> "Suite":
+        """Validate every option now (collection time, one line each) and describe the run."""
         catalog = Catalog()
-        platform = detect_platform()
+        if (platform_option or device_option) and not server_url:
+            raise SuiteError("--platform/--device describe a server started elsewhere: use them with --server-url "
+                             "(a server the suite boots runs on this machine's platform)")
+        platform = external_platform(platform_option, device_option) if server_url else detect_platform()
         flavour = catalog.flavour(flavour_option) if flavour_option else catalog.default_flavour(platform.name)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        rdir = Path(run_dir) if run_dir else REPO / "runs" / stamp
-        rdir.mkdir(parents=True, exist_ok=True)
-        try:
-            model: Model | SuiteError = resolve_model(model_option or default_alias(platform.name), rdir)
-        except SuiteError as e:
-            if model_option:  # an explicit bad --model fails the run at once
-                raise
-            model = e  # the default model is only needed once a server boots (unit tests run without it)
+        rdir = _run_dir(run_dir)
+        if workloads_option:
+            from harness.bench import load_workloads
+
+            load_workloads(platform.name, 10 ** 9, Path(workloads_option))  # a missing or malformed file fails now
+        if server_url:
+            model: Model | SuiteError = external_model(server_url, model_option)
+        else:
+            try:
+                model = resolve_model(model_option or default_alias(platform.name), rdir)
+            except SuiteError as e:
+                if model_option:  # an explicit bad --model fails the run at once
+                    raise
+                model = e  # the default model is only needed once a server boots (unit tests run without it)
         suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s)
         suite.selected()  # validate --config now, at collection time
         return suite
@@ -101,8 +155,43 @@ class Suite:
     def selected(self) -> list[Config]:
         return self.catalog.select(self.config_option, self.platform.name)
 
+    def engine_version(self) -> tuple[str, str | None]:
+        """The engine and version under test: the external server's /version, else the installed vLLM."""
+        from harness.known_issues import installed_engine
+
+        if self.server_url:
+            version = Client(self.server_url.rstrip("/"), "", timeout_s=10).version()
+            return "vllm", None if version == "unknown" else version
+        return installed_engine()
+
+    def keyed_platform(self) -> Platform:
+        """The platform goldens, baselines and tolerances are keyed by: this machine's, or --platform's."""
+        if self.platform.name == UNKNOWN_PLATFORM:
+            raise SuiteError("--server-url without --platform: the server's platform is unknown, so its goldens and "
+                             "baselines cannot be chosen or written; pass --platform=sm_121 (and --device='NVIDIA GB10')")
+        return self.platform
+
+    def record_refusal(self, server: "RunningServer", request) -> str | None:
+        """Why this config's run may not write goldens or baselines (None: it may).
+
+        Only runs whose kernel path is known good record: level 1.5 passed, and no required kernel was
+        merely excused by a logged fallback unless the flavour allows it (`allow_excused`)."""
+        self.keyed_platform()
+        if server.external:
+            return None  # the suite cannot profile it; its goldens say so in their metadata
+        kp = request.getfixturevalue("kernel_path")
+        if not kp.verdict.ok:
+            return f"its kernel path failed level 1.5 ({kp.verdict.problems[0]}); fix that first"
+        spec = server.target.spec
+        if kp.verdict.excused and not spec.kernels.allow_excused:
+            return (f"required kernels did not run and were only excused by logged fallbacks ({'; '.join(kp.verdict.excused)}); "
+                    "record from a run whose kernels all ran, or set allow_excused for it in the flavour")
+        return None
+
     def target(self, config: Config) -> Target:
         name = self.catalog.name(config)
+        if self.platform.name == UNKNOWN_PLATFORM:  # an external server: only what needs no flavour data can run
+            return Target(name, config, None, True, "")
         model = self.model_or_error if isinstance(self.model_or_error, Model) else None
         ok, reason = self.flavour.runnable(config, self.platform.name, model.path if model else None)
         if not ok:
@@ -135,7 +224,8 @@ class Suite:
         trace_dir = self.run_dir / "traces" / key
         # Profiling costs nothing until /start_profile, so every server can serve level 1.5 too.
         args = target.spec.args + list(args_extra or []) + profiler_args(trace_dir)
-        env = {**target.spec.env, **(env_extra or {})}
+        # plugins/site on PYTHONPATH: the test-only vLLM hooks (no-ops unless SUITE_HOOK_* is set)
+        env = {**hooks.server_env(hooks.hook_dir_of(self.run_dir, key)), **target.spec.env, **(env_extra or {})}
         proc = VllmServer(model_path or self.model.path, args, env, log, boot_timeout_s=self.boot_timeout_s)
         record = {"config": target.name, "model": self.model.alias, "platform": self.platform.name, "log": str(log)}
         try:
@@ -158,15 +248,7 @@ class Suite:
 
     def external(self, target: Target) -> RunningServer:
         """The already-running server of --server-url (nothing is booted)."""
-        url = self.server_url.rstrip("/")
-        probe = Client(url, "", timeout_s=30)
-        try:
-            names = probe.models()
-        except SuiteError as e:
-            raise SuiteError(f"--server-url {url}: cannot list models ({e}); is the server up?") from None
-        if not names:
-            raise SuiteError(f"--server-url {url}: /v1/models lists no model")
-        return RunningServer(url, names[0], target)
+        return RunningServer(self.server_url.rstrip("/"), self.model.path, target)
 
     def artifact(self, *parts: str) -> Path:
         path = self.run_dir.joinpath(*parts)

@@ -120,7 +120,7 @@ def profile(base_url: str, trace_dir: Path, workload: Callable[[], None], event_
 class PathVerdict:
     ok: bool
     problems: list[str]
-    excused: list[str]  # `must` patterns excused by a logged fallback
+    excused: list[str]  # `must` patterns missing, each excused by its own logged fallback (quoted)
 
     def explain(self, summary: KernelSummary, expectation: KernelExpectation) -> str:
         lines = [f"kernel-path check failed ({len(self.problems)} problem(s)):"]
@@ -132,20 +132,27 @@ class PathVerdict:
 
 
 def check_path(summary: KernelSummary, expectation: KernelExpectation, server_log: str = "") -> PathVerdict:
-    """Every `must` glob matches some kernel; no `must_not` glob matches any."""
+    """Every `must` glob matches some kernel, unless that pattern's own fallback line is in the log;
+    no `must_not` glob matches any kernel."""
     problems, excused = [], []
     for pat in expectation.must:
-        if not summary.matching(pat):
-            why = ", ".join(expectation.source.get(pat, []))
-            if expectation.fallback_log and re.search(expectation.fallback_log, server_log):
-                excused.append(pat)
-            else:
-                problems.append(f"no kernel matches required '{pat}' ({why})")
+        if summary.matching(pat):
+            continue
+        why = ", ".join(expectation.source.get(pat, []))
+        excuse = expectation.excuses.get(pat)
+        proof = re.search(excuse, server_log) if excuse else None
+        if proof:
+            line = server_log[server_log.rfind("\n", 0, proof.start()) + 1:].split("\n", 1)[0].strip()
+            excused.append(f"{pat} (logged fallback: {line[:160]!r})")
+        else:
+            problems.append(f"no kernel matches required '{pat}' ({why})"
+                            + (f"; its fallback line /{excuse}/ is not in the log either" if excuse else ""))
     for pat in expectation.must_not:
         hits = summary.matching(pat)
         if hits:
             why = ", ".join(expectation.source.get(pat, []))
-            problems.append(f"forbidden '{pat}' ({why}) ran: {hits[0].name[:120]} ({hits[0].calls} calls)")
+            sibling = f"; {expectation.derived[pat]}" if pat in expectation.derived else ""
+            problems.append(f"forbidden '{pat}' ({why}{sibling}) ran: {hits[0].name[:120]} ({hits[0].calls} calls)")
     return PathVerdict(not problems, problems, excused)
 
 

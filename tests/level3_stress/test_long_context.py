@@ -43,16 +43,19 @@ def _post(live_server, body: dict):
     return live_server.client(timeout_s=120).raw_post("/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
 
 
-def test_prompt_over_the_limit_gets_a_clean_4xx(live_server, limits, prompts, still_serves):
+def test_prompt_over_the_limit_gets_a_clean_4xx(abuse_server, limits, prompts):
+    """Over-limit prompts go to the crash-prone tests' own server (conftest `Sacrificial`)."""
+    live_server, after = abuse_server
     n = limits.max_model_len + 1
     r = _post(live_server, {"prompt": prompts.ids(n, variant=3), "max_tokens": 4})
     assert 400 <= r.status_code < 500, f"a {n}-token prompt (limit {limits.max_model_len}) got HTTP {r.status_code}: {r.text[:300]}"
     message = r.json()["error"]["message"]
     assert str(limits.max_model_len) in message, f"the error does not state the limit: {message}"
-    still_serves(f"a {n}-token prompt")
+    after(f"a {n}-token prompt")
 
 
-def test_prompt_plus_max_tokens_over_the_limit_is_refused_or_cut_at_the_limit(live_server, limits, prompts, still_serves):
+def test_prompt_plus_max_tokens_over_the_limit_is_refused_or_cut_at_the_limit(abuse_server, limits, prompts):
+    live_server, after = abuse_server
     n = limits.max_model_len - 8
     r = _post(live_server, {"prompt": prompts.ids(n, variant=4), "max_tokens": 64, "ignore_eos": True})
     if r.status_code == 200:
@@ -63,4 +66,4 @@ def test_prompt_plus_max_tokens_over_the_limit_is_refused_or_cut_at_the_limit(li
     else:
         assert 400 <= r.status_code < 500, f"HTTP {r.status_code}: {r.text[:300]}"
         print(f"\nrefused: HTTP {r.status_code} {r.json()['error']['message'][:120]}")
-    still_serves("a request whose prompt + max_tokens exceed the limit")
+    after("a request whose prompt + max_tokens exceed the limit")

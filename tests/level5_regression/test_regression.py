@@ -30,7 +30,8 @@ def thresholds(suite):
 
 @pytest.fixture(scope="session")
 def baseline_file(suite, server):
-    return baseline_path(BASELINES, platform_key(suite.platform.name, suite.platform.device), suite.model.alias, server.target.name)
+    platform = suite.keyed_platform()
+    return baseline_path(BASELINES, platform_key(platform.name, platform.device), suite.model.alias, server.target.name)
 
 
 def test_no_regression_against_baseline(perf_results, baseline_file, thresholds, suite, request):

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.correctness import load_workload, run_level2
+from harness.correctness import check_golden_data, load_workload, run_level2, score
 from harness.errors import SuiteError
 from harness.matrix import FileLock, Plan, device_for_worker, load_matrix, make_plan, pair_id
 from harness.suite import SUITE_KEY, Suite
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 WORKLOAD = HERE / "workload.yaml"
 SMOKE_PROMPT = "def fibonacci(n):\n    "
 SMOKE_TOKENS = 16
@@ -109,13 +110,14 @@ def workload():
 class Runner:
     """Boots each combination once and records its evidence (see the module docstring)."""
 
-    def __init__(self, suite: Suite, plan: Plan, shared: Path, workload) -> None:
+    def __init__(self, suite: Suite, plan: Plan, shared: Path, workload, force_regen: bool = False) -> None:
         self.suite, self.plan, self.workload = suite, plan, workload
         self.memory: dict[str, dict] = {}
         self.smoke_tokens = SMOKE_TOKENS
         self.xdist = os.environ.get("PYTEST_XDIST_WORKER")
         self.shared = shared / f"evidence-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'local')}"
         self.slot = self._pin_slot()
+        self.force_regen = force_regen
 
     def _pin_slot(self) -> str:
         if not self.suite.platform.is_cuda:
@@ -162,6 +164,43 @@ class Runner:
             raise SuiteError(f"{name}: no {stage} evidence recorded (see {ev.get('log')})")
         return ev
 
+    def golden(self, name: str) -> dict | None:
+        """A combination's stored level 6 golden (validated); None when absent or under --force-regen."""
+        if self.force_regen or not self.store(name).path("level6").is_file():
+            return None
+        return self.store(name).load("level6", "level6", check_golden_data)
+
+    def store(self, name: str):
+        from harness.goldens import GoldenStore
+
+        platform = self.suite.keyed_platform()
+        meta = {"model": self.suite.model.alias, "config": name, "platform": platform.name, "device": platform.device,
+                "flavour": self.suite.flavour.name, "workload": str(WORKLOAD.relative_to(REPO))}
+        return GoldenStore(self.suite.model.alias, platform.name, name, meta, self.force_regen, lambda: self.refusal(name))
+
+    def refusal(self, name: str) -> str | None:
+        kp = self.stage(name, "kernel_path")["kernel_path"]
+        if not kp["ok"]:
+            return f"its kernel path failed ({kp['problems'][0]})"
+        target = self.suite.target(self.plan.combo(name).config)
+        if kp["excused"] and not target.spec.kernels.allow_excused:
+            return f"required kernels were only excused by logged fallbacks ({'; '.join(kp['excused'])})"
+        return None
+
+    def _level2(self, client, name: str) -> dict:
+        """Streams and scorings of the combination's own golden's sequences (its own under --force-regen), and,
+        for a neutral variant, scorings of the base's golden's sequences too (no interference check)."""
+        result = run_level2(client, self.workload, self.golden(name))
+        out = {"streams": {k: s.to_json() for k, s in result.streams.items()},
+               "scored": {k: s.to_json() for k, s in result.scored.items()}, "reference": result.reference}
+        combo = self.plan.combo(name)
+        if name != self.plan.base.name and set(combo.differs) <= set(self.plan.neutral):
+            base = self.golden(self.plan.base.name)
+            if base is not None:
+                out["scored_base"] = {k: score(client, list(v["ids"]), self.workload.top_k).to_json()
+                                      for k, v in base["scored"].items()}
+        return out
+
     def _run(self, name: str) -> dict:
         from harness.kernel_path import profile_kernel_path
 
@@ -183,7 +222,7 @@ class Runner:
                 "kernel_path": lambda: _path_evidence(profile_kernel_path(self.suite, running)),
             }
             if not isinstance(self.workload, SuiteError) and self.suite.model.has_real_weights:
-                stages["level2"] = lambda: run_level2(client, self.workload).to_golden()
+                stages["level2"] = lambda: self._level2(client, name)
             for stage, fn in stages.items():
                 try:
                     running.ensure_alive()
@@ -205,24 +244,7 @@ def _path_evidence(kp) -> dict:
 
 
 @pytest.fixture(scope="session")
-def runner(suite: Suite, plan: Plan, level6_dir: Path, workload) -> Runner:
+def runner(request: pytest.FixtureRequest, suite: Suite, plan: Plan, level6_dir: Path, workload) -> Runner:
     if suite.server_url:
         pytest.skip("--server-url: level 6 boots a server per combination, which an external server cannot be")
-    return Runner(suite, plan, level6_dir, workload)
-
-
-@pytest.fixture
-def combo_golden(request: pytest.FixtureRequest, suite: Suite):
-    """check(combo_name, fresh, vllm_version) -> stored golden data; pytest-regressions semantics."""
-    from harness import goldens
-
-    def check(name: str, fresh: dict, vllm: str) -> dict:
-        path = goldens.golden_path(suite.model.alias, suite.platform.name, name, "level6")
-        cmd = f"pytest -m level6 --model={suite.model.alias} --force-regen"
-        meta = {"model": suite.model.alias, "config": name, "platform": suite.platform.name,
-                "device": suite.platform.device, "vllm": vllm, "flavour": suite.flavour.name,
-                "workload": str(WORKLOAD.relative_to(goldens.REPO))}
-        return goldens.check_or_regen(path, fresh, meta, request.config.getoption("force_regen", False), cmd)
-
-    return check
-
+    return Runner(suite, plan, level6_dir, workload, bool(request.config.getoption("force_regen", False)))

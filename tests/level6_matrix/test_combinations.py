@@ -7,8 +7,8 @@ conftest.py. Goldens: goldens/<model>/<platform>/<combination>/level6.json (--fo
 import pytest
 
 from harness.client import all_finite
-from harness.correctness import Level2Result, perplexity_problem, stream_problems
-from harness.goldens import Stream
+from harness.correctness import Level2Result, check_golden_data, judge
+from harness.logprobs import Scored, Stream
 from harness.traces import KernelSummary, PathVerdict
 
 
@@ -52,12 +52,6 @@ def test_combination_takes_its_kernel_path(runner, combo):
         print(f"\n[{combo}] '{pattern}' missing but a fallback was logged")
 
 
-def _level2(ev: dict) -> Level2Result:
-    data = ev["level2"]
-    streams = {k: Stream.from_json(v) for k, v in data["streams"].items()}
-    return Level2Result(streams, data["perplexity"]["value"], data["perplexity"]["tokens"])
-
-
 def _need_level2(runner):
     if not runner.suite.model.has_real_weights:
         pytest.skip(f"{runner.suite.model.alias} has dummy weights: outputs are meaningless, so there is nothing to check")
@@ -65,33 +59,42 @@ def _need_level2(runner):
         raise runner.workload
 
 
-def test_combination_matches_its_golden(runner, combo, combo_golden):
+def _result(ev: dict, scored_key: str = "scored") -> Level2Result:
+    data = ev["level2"]
+    return Level2Result({k: Stream.from_json(v) for k, v in data["streams"].items()},
+                        {k: Scored.from_json(v) for k, v in data[scored_key].items()}, "golden")
+
+
+def test_combination_matches_its_golden(runner, combo):
     _need_level2(runner)
     ev = runner.stage(combo, "level2")
-    result = _level2(ev)
-    gold = combo_golden(combo, ev["level2"], ev.get("vllm", "unknown"))
-    problems, notes = stream_problems(result, gold, runner.workload)
-    for n in notes:
-        print(f"\n  [{combo}] near tie: {n}")
-    ppl = perplexity_problem(result, gold, runner.workload)
-    assert not problems and ppl is None, f"{combo} vs its golden:\n  " + "\n  ".join(problems + ([ppl] if ppl else []))
+    if runner.force_regen:
+        data = ev["level2"]
+        fresh = {"streams": data["streams"], "scored": data["scored"],
+                 "perplexity": {"value": _result(ev).perplexity, "tokens": _result(ev).perplexity_tokens}}
+        runner.store(combo).save("level6", fresh, {"vllm": ev.get("vllm", "unknown")})
+    gold = runner.store(combo).load("level6", "level6", check_golden_data)
+    verdict = judge(_result(ev), gold, runner.workload.tolerance(runner.suite.platform.name))
+    for n in verdict.notes:
+        print(f"\n  [{combo}] {n}")
+    assert verdict.ok, f"{combo} vs its golden:\n  " + "\n  ".join(verdict.problems)
 
 
 def test_combination_gives_the_base_outputs(runner, plan, variant):
-    """No feature interference: knobs the data calls neutral leave greedy tokens and perplexity alone."""
+    """No feature interference: knobs the data calls neutral leave the base's distributions alone (the variant
+    scores the base's golden sequences; same rules and tolerances as level 2)."""
     _need_level2(runner)
     spec_neutral = set(plan.neutral)
     differs = plan.combo(variant).differs
     if not set(differs) <= spec_neutral:
         pytest.skip(f"{variant} changes {sorted(set(differs) - spec_neutral)}, which matrix.yaml does not call neutral "
                     f"(outputs may legitimately differ; its own golden checks it)")
-    base = _level2(runner.stage(plan.base.name, "level2"))
-    new = _level2(runner.stage(variant, "level2"))
-    problems, notes = stream_problems(new, base.to_golden(), runner.workload)
-    ppl = perplexity_problem(new, base.to_golden(), runner.workload)
-    identical = all(new.streams[k].tokens == base.streams[k].tokens for k in base.streams)
-    print(f"\n[{variant} vs {plan.base.name}] token streams identical: {identical}; perplexity "
-          f"{new.perplexity:.4f} vs {base.perplexity:.4f}" + "".join(f"\n  near tie: {n}" for n in notes))
-    assert not problems and ppl is None, (f"{variant} ({differs}) changes the base's outputs:\n  "
-                                          + "\n  ".join(problems + ([ppl] if ppl else [])))
-
+    base = runner.golden(plan.base.name)
+    if base is None:
+        pytest.skip(f"no level 6 golden of the base {plan.base.name} yet: record it first (pytest -m level6 --force-regen)")
+    ev = runner.stage(variant, "level2")
+    if "scored_base" not in ev["level2"]:
+        pytest.fail(f"{variant} did not score the base's golden sequences (see its log {ev.get('log')})", pytrace=False)
+    verdict = judge(_result(ev, "scored_base"), base, runner.workload.tolerance(runner.suite.platform.name))
+    print(f"\n[{variant} vs {plan.base.name}'s golden]" + "".join(f"\n  {n}" for n in verdict.notes))
+    assert verdict.ok, f"{variant} ({differs}) changes the base's outputs:\n  " + "\n  ".join(verdict.problems)

@@ -33,8 +33,7 @@ def test_one_axis_changes_only_its_declared_kernels(runner, plan, pair, level6_d
 
 def _without_axis(exp: KernelExpectation, axis: str) -> KernelExpectation:
     keep = {p: src for p, src in exp.source.items() if not any(s.startswith(f"{axis}=") for s in src)}
-    return KernelExpectation([p for p in exp.must if p in keep], [p for p in exp.must_not if p in keep],
-                             exp.fallback_log, keep)
+    return KernelExpectation([p for p in exp.must if p in keep], [p for p in exp.must_not if p in keep], source=keep)
 
 
 def test_without_the_axis_patterns_the_same_pair_is_not_orthogonal(runner, plan, pair):

@@ -64,15 +64,19 @@ def test_seed_baseline_flags_are_in_every_gpu_flavour(catalog):
 def test_runnable_reports_platform_reasons(catalog):
     up = catalog.flavours["upstream"]
     ok, why = up.runnable(catalog.parse("gemm-mxfp8"), "sm_90")
-    assert not ok and "sm_100" in why
+    assert not ok and "sm_12x" in why
     assert up.runnable(catalog.parse("gemm-mxfp8"), "sm_121")[0]
     assert up.runnable(catalog.parse("triton-bf16"), "sm_90")[0]
 
 
 def test_kernel_expectations_follow_the_platform(catalog):
     spec = catalog.flavours["upstream"].resolve(catalog.parse("triton-bf16"), "sm_90")
-    assert "_matmul_ogs_*mxfp4*" in spec.kernels.must and "*marlin*" in spec.kernels.must_not
-    assert spec.kernels.source["*marlin*"] == ["moe=triton"]
+    assert "_matmul_ogs_*mxfp4*" in spec.kernels.must and "*marlin_moe_wna16*" in spec.kernels.must_not
+    assert spec.kernels.source["*marlin_moe_wna16*"] == ["moe=triton"]
+    assert spec.kernels.verification["moe=triton"].startswith("verified: NVIDIA H200")
+    gb10 = catalog.flavours["upstream"].resolve(catalog.parse("marlin-bf16"), "sm_121").kernels
+    assert gb10.must == ["*marlin_moe_wna16*", "*kernel_unified_attention*", "reshape_and_cache_kernel_flash"]
+    assert set(gb10.unverified) == {"moe=marlin", "attention=auto"}
 
 
 def test_args_to_argv_handles_bare_and_removed_flags():

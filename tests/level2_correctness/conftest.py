@@ -1,0 +1,20 @@
+"""Level 2 plumbing: the workload, its tolerance on this platform, and the config's golden."""
+import pytest
+
+from harness.correctness import check_golden_data, load_workload
+
+
+@pytest.fixture(scope="session")
+def workload():
+    return load_workload()
+
+
+@pytest.fixture(scope="session")
+def tolerance(workload, suite):
+    return workload.tolerance(suite.platform.name)
+
+
+@pytest.fixture(scope="session")
+def level2_golden(goldens):
+    """The stored level 2 golden (validated), or None under --force-regen (the run scores its own sequences)."""
+    return goldens.load("level2", "level2", check_golden_data)

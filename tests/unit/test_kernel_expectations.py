@@ -1,0 +1,126 @@
+"""Level 1.5 tests of the test, for every config on every platform the data declares (no vLLM).
+
+A synthetic trace is built from the kernel names the flavour data says each backend runs (`seen`, real
+names from traces where `verified`, from public sources elsewhere) plus the kernels every config runs
+on that platform (`common_seen`). The config's own trace must pass its check; the same trace with one
+backend swapped for a sibling's kernels must fail it. A pattern too loose to tell backends apart (the
+old `*cutlass*`, `*marlin*`) fails here before it can pass a wrong run on a real machine.
+"""
+from __future__ import annotations
+
+import fnmatch
+import itertools
+
+import pytest
+
+from harness.configs import SIBLING_AXES, Catalog
+from harness.platform import platform_matches
+from harness.traces import KernelStat, KernelSummary, check_path
+
+CATALOG = Catalog()
+PLATFORMS = {"cpu": ["cpu"], "upstream": ["sm_90", "sm_121"], "fork": ["sm_121"]}
+
+
+def _configs():
+    """Named configs plus every moe x activation x attention composition (other axes at their defaults)."""
+    seen, out = set(), []
+    grid = itertools.product(*(CATALOG.axes[a].tokens for a in ("moe", "activation", "attention")))
+    extra = [CATALOG.make({"moe": m, "activation": a, "attention": t}, "grid") for m, a, t in grid]
+    for cfg in CATALOG.named + extra:
+        name = CATALOG.name(cfg)
+        if name not in seen:
+            seen.add(name)
+            out.append(cfg)
+    return out
+
+
+def _cases():
+    for flavour_name, platforms in PLATFORMS.items():
+        flavour = CATALOG.flavours[flavour_name]
+        for platform in platforms:
+            for cfg in _configs():
+                if flavour.runnable(cfg, platform)[0] and flavour.resolve(cfg, platform).kernels.must:
+                    yield pytest.param(flavour_name, platform, cfg, id=f"{flavour_name}-{platform}-{CATALOG.name(cfg)}")
+
+
+CASES = list(_cases())
+
+
+def _summary(names: list[str]) -> KernelSummary:
+    return KernelSummary("synthetic", "kernel", [KernelStat(n, 1, 1.0, 1.0 / len(names)) for n in dict.fromkeys(names)])
+
+
+def test_the_data_declares_cases_on_every_platform():
+    platforms = {c.values[1] for c in CASES}
+    assert platforms == {"cpu", "sm_90", "sm_121"}, platforms
+    assert len(CASES) >= 12
+
+
+@pytest.mark.parametrize("flavour_name,platform,cfg", CASES)
+def test_a_trace_of_the_configs_own_kernels_passes(flavour_name, platform, cfg):
+    flavour = CATALOG.flavours[flavour_name]
+    spec = flavour.resolve(cfg, platform)
+    v = check_path(_summary(flavour.seen(cfg, platform)), spec.kernels)
+    assert v.ok, f"{spec.config_name} on {platform} ({flavour_name}): its own declared kernels fail its check: {v.problems}"
+
+
+@pytest.mark.parametrize("flavour_name,platform,cfg", CASES)
+def test_a_trace_with_a_sibling_backends_kernels_fails(flavour_name, platform, cfg):
+    flavour = CATALOG.flavours[flavour_name]
+    spec = flavour.resolve(cfg, platform)
+    checked = 0
+    for axis in SIBLING_AXES:
+        own = [p for _, e in flavour.kernel_entries(axis, cfg[axis], platform) for p in e.get("must") or []]
+        if not own:
+            continue
+        for value in CATALOG.axes[axis].tokens:
+            if value == cfg[axis] or not flavour.value_runs(axis, value, platform)[0]:
+                continue
+            theirs = [p for _, e in flavour.kernel_entries(axis, value, platform) for p in e.get("must") or []]
+            if not theirs or set(theirs) <= set(own):
+                continue  # undeclared there, or the same backend under another name ("auto")
+            trace = flavour.seen(cfg, platform, replace={axis: value})
+            v = check_path(_summary(trace), spec.kernels)
+            assert not v.ok, (f"{spec.config_name} on {platform} ({flavour_name}) passes on a trace of {axis}={value}'s "
+                              f"kernels: its patterns cannot tell the two apart")
+            checked += 1
+    if not checked:
+        pytest.skip(f"{spec.config_name}: no sibling backend declared on {platform}")
+
+
+def _entries():
+    for flavour in CATALOG.flavours.values():
+        for axis, values in flavour.values.items():
+            for value, spec in values.items():
+                for selector, exp in (spec.get("kernels") or {}).items():
+                    yield pytest.param(flavour, selector, axis, value, exp, id=f"{flavour.name}-{axis}={value}-{selector}")
+
+
+@pytest.mark.parametrize("flavour,selector,axis,value,exp", list(_entries()))
+def test_every_required_pattern_names_a_seen_kernel_and_no_common_one(flavour, selector, axis, value, exp):
+    seen = exp.get("seen") or []
+    examples = [p for p in ("cpu", "sm_90", "sm_100", "sm_121") if platform_matches(selector, p)]
+    common = [n for sel, ns in flavour.common_seen.items() for n in ns if any(platform_matches(sel, p) for p in examples)]
+    for pat in exp.get("must") or []:
+        assert any(fnmatch.fnmatchcase(n, pat) for n in seen), (
+            f"{flavour.path.name} {axis}={value} [{selector}]: must pattern '{pat}' matches none of its `seen` kernel names; "
+            "add the real name it is meant to match")
+        loose = [n for n in common if fnmatch.fnmatchcase(n, pat)]
+        assert not loose, (f"{flavour.path.name} {axis}={value} [{selector}]: '{pat}' also matches a kernel every config runs "
+                           f"({loose[0][:80]}): too loose to name one family")
+
+
+def test_sibling_patterns_are_forbidden_automatically():
+    up = CATALOG.flavours["upstream"]
+    triton = up.resolve(CATALOG.parse("triton-bf16"), "sm_90").kernels
+    assert "*marlin_moe_wna16*" in triton.must_not and "moe=marlin" in triton.derived["*marlin_moe_wna16*"]
+    marlin = up.resolve(CATALOG.parse("marlin-bf16"), "sm_90").kernels
+    assert "_matmul_ogs_*mxfp4*" in marlin.must_not
+
+
+def test_a_value_vllm_rejects_on_a_platform_says_so():
+    up = CATALOG.flavours["upstream"]
+    ok, why = up.runnable(CATALOG.parse("triton-bf16"), "sm_121")
+    assert not ok and "rejected on sm_121" in why and "triton#8335" in why
+    ok, why = up.runnable(CATALOG.parse("gemm-bf16"), "sm_121")
+    assert not ok and "SM90 only" in why

@@ -1,0 +1,121 @@
+"""Level 2 teacher-forced comparison and golden validation (no vLLM)."""
+import math
+
+import pytest
+
+from harness.correctness import Level2Result, check_golden_data, judge
+from harness.errors import SuiteError
+from harness.logprobs import Scored, Stream, Tolerance, compare_scored
+
+TOL = Tolerance(max_abs=0.25, mean_abs=0.01, ppl_rel=0.002, margin=0.125, source="test")
+
+
+def _scored(ids, dists):
+    """dists[i] = {token: logprob} at position i (>= 1): the top-k, which includes the actual token here."""
+    actual = [None] + [d[t] for t, d in zip(ids[1:], dists)]
+    return Scored(ids, actual, [{}] + dists)
+
+
+def _dists(n, shift=0.0, scale=1.0):
+    out = []
+    for i in range(n):
+        base = {10 + i: -0.2, 50: -2.0, 51: -2.5, 52: -3.0, 53: -3.5}
+        out.append({t: v * scale + (shift if t == 10 + i else 0.0) for t, v in base.items()})
+    return out
+
+
+IDS = [1] + [10 + i for i in range(40)]
+
+
+def test_identical_scorings_pass():
+    d = compare_scored(_scored(IDS, _dists(40)), _scored(IDS, _dists(40)), TOL, "x")
+    assert d.ok and d.max_abs == 0 and d.mean_abs == 0
+
+
+def test_small_noise_below_the_tolerances_passes():
+    d = compare_scored(_scored(IDS, _dists(40)), _scored(IDS, _dists(40, shift=0.005)), TOL, "x")
+    assert d.ok and d.mean_abs == pytest.approx(0.005)
+
+
+def test_a_small_systematic_shift_fails_by_its_mean_although_no_position_is_off():
+    """A temperature-like change: every logprob 6% larger; greedy tokens and top-k sets are unchanged."""
+    d = compare_scored(_scored(IDS, _dists(40)), _scored(IDS, _dists(40, scale=1.06)), TOL, "x")
+    assert d.max_abs < TOL.max_abs and not d.ok
+    assert any("mean |delta logprob|" in p for p in d.problems)
+
+
+def test_one_position_far_off_fails_and_is_named():
+    new = _dists(40)
+    new[16] = {**new[16], 26: -1.2}
+    d = compare_scored(_scored(IDS, _dists(40)), _scored(IDS, new), TOL, "'long'")
+    assert not d.ok and d.worst_position == 17 and "'long' position 17" in d.problems[0]
+
+
+def test_a_token_entering_the_top_k_from_nowhere_fails():
+    new = _dists(40)
+    new[3] = {13: -0.2, 99: -0.5, 50: -2.0, 51: -2.5, 52: -3.0}  # 99 was not in the golden's top-5, 53 dropped
+    d = compare_scored(_scored(IDS, _dists(40)), _scored(IDS, new), TOL, "x")
+    assert not d.ok and "token 99 is in the new top-5" in d.problems[0]
+
+
+def test_a_token_at_the_top_k_boundary_may_swap_places():
+    gold, new = _dists(40), _dists(40)
+    gold[5] = {15: -0.2, 50: -2.0, 51: -3.0, 52: -4.0, 53: -5.0}
+    new[5] = {15: -0.2, 50: -2.0, 51: -3.0, 52: -4.0, 77: -4.99}  # 53 and 77 both sit at the k-th logprob
+    assert compare_scored(_scored(IDS, gold), _scored(IDS, new), TOL, "x").ok
+
+
+def test_positions_after_a_stream_divergence_are_still_judged():
+    """Teacher forcing scores the golden's own continuation, so a late fault is seen whatever the stream did."""
+    new = _dists(40)
+    new[35] = {t: v - 1.0 for t, v in new[35].items()}
+    d = compare_scored(_scored(IDS, _dists(40)), _scored(IDS, new), TOL, "x")
+    assert not d.ok and d.worst_position == 36
+
+
+def test_different_sequences_cannot_be_compared():
+    with pytest.raises(SuiteError, match="different token sequences"):
+        compare_scored(_scored(IDS, _dists(40)), _scored(IDS[:-1], _dists(39)), TOL, "x")
+
+
+def test_scored_from_vllm_prompt_logprobs_keeps_the_top_k_only():
+    ids = [5, 6, 7]
+    raw = [None,
+           {"6": {"logprob": -0.5, "rank": 1}, "9": {"logprob": -1.0, "rank": 2}},
+           {"7": {"logprob": -6.0, "rank": 40}, "3": {"logprob": -0.1, "rank": 1}, "4": {"logprob": -2.5, "rank": 2}}]
+    s = Scored.from_prompt_logprobs(ids, raw, k=2)
+    assert s.actual == [None, -0.5, -6.0] and s.top[2] == {3: -0.1, 4: -2.5}
+    assert s.perplexity() == pytest.approx(math.exp(3.25))
+
+
+def _golden():
+    stream = Stream([10, 11], [-0.2, -0.2], [{10: -0.2}, {11: -0.2}], "ab", [1])
+    ids = [1, 10, 11]
+    sc = _scored(ids, _dists(2))
+    return Level2Result({"p": stream}, {"p": sc, "perplexity_text": sc}, "self").to_golden()
+
+
+def test_judge_combines_every_rule():
+    gold = _golden()
+    same = Level2Result.from_golden(gold, "golden")
+    assert judge(same, gold, TOL).ok
+    shifted = Level2Result.from_golden(gold, "golden")
+    shifted.scored["perplexity_text"] = _scored([1, 10, 11], _dists(2, shift=-0.3))
+    v = judge(shifted, gold, TOL)
+    assert not v.ok and any("perplexity" in p for p in v.problems) and any("tolerances:" in p for p in v.problems)
+
+
+@pytest.mark.parametrize("broken", [
+    lambda g: g.pop("streams"),
+    lambda g: g.pop("scored"),
+    lambda g: g["scored"].pop("perplexity_text"),
+    lambda g: g["streams"]["p"].pop("tokens"),
+    lambda g: g.__setitem__("perplexity", "high"),
+])
+def test_a_malformed_golden_is_one_line_naming_the_file(broken):
+    gold = _golden()
+    broken(gold)
+    with pytest.raises(SuiteError) as e:
+        check_golden_data(gold, "golden goldens/m/cpu/c/level2.json")
+    msg = str(e.value)
+    assert "goldens/m/cpu/c/level2.json is malformed" in msg and "--force-regen" in msg and "\n" not in msg
