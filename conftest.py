@@ -14,10 +14,14 @@ from harness.suite import SUITE_KEY, RunningServer, Suite, Target
 
 # The suite's command-line options live in a plugin that an editable install (scripts/setup.sh) also
 # registers as a pytest entry point, so `--run-dir /some/dir` parses before pytest picks its rootdir.
-pytest_plugins = ["harness.pytest_plugin"]
+# harness.parallel: xdist (`-n N`): one worker per config, one GPU per worker, one shared run dir.
+pytest_plugins = ["harness.pytest_plugin", "harness.parallel"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from harness.parallel import configure_worker
+
+    configure_worker(config)  # an xdist worker: pin its GPU and join the run dir before anything else
     try:
         config.stash[SUITE_KEY] = _create_suite(config)
     except SuiteError as e:
@@ -90,16 +94,27 @@ def target(request: pytest.FixtureRequest, suite: Suite) -> Target:
 
 
 @pytest.fixture(scope="session")
-def server(suite: Suite, target: Target):
+def server(request: pytest.FixtureRequest, suite: Suite, target: Target):
     """One real vLLM server per (model, config), shared by every level, torn down at the end."""
     if suite.server_url:
         yield suite.external(target)
         return
-    running = suite.boot(target)
-    try:
-        yield running
-    finally:
-        running.process.stop()
+    from harness import parallel
+
+    worker, cuda = parallel.worker_id(request.config), suite.platform.is_cuda
+    need = parallel.gpus_needed(target.spec.args)
+    gpus = parallel.all_gpus(request.config) if cuda else []
+    if cuda and need > len(gpus):
+        pytest.skip(f"{target.name}: its server needs {need} GPUs (parallel sizes in its flags), {len(gpus)} visible")
+    # under xdist: wait for this worker's GPU(s) (CPU: the machine's one server slot) before booting
+    with parallel.server_slot(suite.run_dir, worker, gpus, need, cuda) as env:
+        running = suite.boot(target, env_extra=env or None)
+        if worker:
+            parallel.write_worker_boots(suite.run_dir, worker, suite.boots)
+        try:
+            yield running
+        finally:
+            running.process.stop()
 
 
 @pytest.fixture
@@ -184,7 +199,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     suite = session.config.stash.get(SUITE_KEY, None)
-    if suite is None or not (suite.run_dir / "results").is_dir():
+    if suite is None:
+        return
+    from harness import parallel
+
+    worker = parallel.worker_id(session.config)
+    if worker:  # an xdist worker: its boots go to its own file; the controller reports for everyone
+        if suite.boots:
+            parallel.write_worker_boots(suite.run_dir, worker, suite.boots)
+        return
+    if parallel.is_controller(session.config):
+        suite.boots = parallel.merge_boots(suite.run_dir)
+    if not (suite.run_dir / "results").is_dir():
         return
     from harness.reports import write_run_report
 

@@ -4,7 +4,7 @@
 depend on the CPU model, so they are keyed by it), the GPU name slug on GPUs (`nvidia-h100-80gb-hbm3`,
 `nvidia-gb10`). A baseline file:
 
-    version: 1                       # SCHEMA_VERSION; bumped when the layout changes
+    version: 2                       # SCHEMA_VERSION; bumped when the layout changes (1 is still read)
     date: '2026-01-09T16:25:01+00:00'
     config: baseline
     model: tiny-gpt-oss-mxfp4
@@ -13,9 +13,16 @@ depend on the CPU model, so they are keyed by it), the GPU name slug on GPUs (`n
     metadata: {...}                  # Phase 7 reproducibility metadata: vLLM version, git SHAs, flags, env
     workload: {...}                  # prompt/output lengths, runs, seed ...
     metrics:
-      tg32: {samples: [31.5, 31.6, ...], unit: tok/s, higher_is_better: true}   # every run, not a mean
+      tg32: {samples: [31.5, 31.6, ...], unit: tok/s, higher_is_better: true,   # every run, not a mean
+             rounds: [{sm_mhz: 1980, mem_mhz: 3201, power_w: 412.0, ...}, ...]}  # clocks per sample (GPUs)
       ttft_ms: {samples: [...], unit: ms, higher_is_better: false}
-    memory_peak_gb: 61.2             # null when the platform cannot measure it
+    memory_used_gib: 63.1            # gated: weights + activation + non-torch + graphs (GPU) / boot RSS (CPU)
+    kv_capacity_tokens: 1234567      # gated: vLLM's KV-cache capacity
+    memory: {...}                    # where those came from: vLLM log lines, NVML / RSS readings, cross-check
+    memory_peak_gb: 61.2             # informational; null when the platform cannot measure it
+
+Schema 1 files (no used memory / KV capacity) still load; their memory verdicts are "inconclusive"
+with the re-record command.
 
 Records are written only from valid results (level 1.5 kernel-path check passed) with `--force-regen`.
 """
@@ -34,7 +41,8 @@ import yaml
 from harness import perf
 from harness.errors import SuiteError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 def regen_command(config: str, model: str | None = None) -> str:
@@ -125,11 +133,19 @@ def check_baseline(data: object, where: str) -> None:
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise SuiteError(f"{where}: missing or non-integer 'version' (this suite writes version {SCHEMA_VERSION})")
-    if version != SCHEMA_VERSION:
-        raise SuiteError(f"{where}: schema version {version}, this suite reads version {SCHEMA_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise SuiteError(f"{where}: schema version {version}, this suite reads versions "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
     check_metrics(data.get("metrics"), where)
     _check_memory(data, where)
-    for key in ("metadata", "workload"):
+    if version >= 2:
+        for key, ok in (("memory_used_gib", lambda v: _is_number(v) and v >= 0),
+                        ("kv_capacity_tokens", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0)):
+            if key not in data:
+                raise SuiteError(f"{where}: missing '{key}' (schema {version}; null if not measurable)")
+            if data[key] is not None and not ok(data[key]):
+                raise SuiteError(f"{where}: '{key}' must be a positive number or null (got {_one_line(data[key])[:40]})")
+    for key in ("metadata", "workload", "memory", "clocks"):
         if key in data and data[key] is not None and not isinstance(data[key], Mapping):
             raise SuiteError(f"{where}: '{key}' must be a mapping")
 
@@ -189,11 +205,16 @@ def save_baseline(path: str | os.PathLike, results: Mapping) -> Path:
         "metadata": results.get("metadata") or {},
         "workload": results.get("workload") or {},
         "metrics": {
-            name: {k: entry.get(k) for k in ("samples", "unit", "higher_is_better")}
+            name: {k: entry.get(k) for k in ("samples", "unit", "higher_is_better", "rounds", "flagged", "unresolved")
+                   if k in ("samples", "unit", "higher_is_better") or entry.get(k)}
             if isinstance(entry, Mapping) else entry
             for name, entry in (results.get("metrics") or {}).items()
         },
+        "memory_used_gib": results.get("memory_used_gib"),
+        "kv_capacity_tokens": results.get("kv_capacity_tokens"),
+        "memory": results.get("memory") or {},
         "memory_peak_gb": results.get("memory_peak_gb"),
+        "clocks": results.get("clocks") or {},
     })
     check_baseline(doc, f"results for {config}")  # never write a file that load_baseline would reject
     try:

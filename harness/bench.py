@@ -7,16 +7,20 @@ tokens is sent first (and cached by prefix caching), then the measured request e
 """
 from __future__ import annotations
 
+import math
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from harness import perf
+from harness import perf, stats
 from harness.client import Client
+from harness.clocks import RoundClocks
 from harness.errors import SuiteError
 from harness.server_metrics import EngineRound, scrape
 
@@ -35,7 +39,7 @@ _VOCAB_TEXT = (
 @dataclass
 class Workload:
     """One measured request shape. `kind` says which metrics it yields (llama-bench style):
-    prefill -> ppN (@dD); decode -> tgN (@dD); latency -> ttft/tpot/itl/e2e (seed 000 Phase 7);
+    prefill -> ppN (@dD); decode -> tgN (@dD); latency -> ttft/tpot/itl/e2e (the users' plan's metrics);
     concurrent -> ppN@cC and tgN@cC."""
 
     kind: str
@@ -45,6 +49,7 @@ class Workload:
     concurrency: int = 1
     runs: int = 5
     warmup: int = 2
+    max_runs: int | None = None  # more rounds (up to this) where the run-to-run CV needs them
 
     @property
     def label(self) -> str:
@@ -62,13 +67,14 @@ def load_workloads(platform_name: str, max_model_len: int, path: Path = WORKLOAD
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
         sec = raw["cpu" if platform_name == "cpu" else "gpu"]
         runs, warmup = int(sec["runs"]), int(sec["warmup"])
+        mx = max(runs, int(sec.get("max_runs") or runs))
         short = int(sec["decode"]["prompt"])
-        items = [Workload("prefill", int(pp), 2, int(d), 1, runs, warmup) for pp in sec["prefill"]["pp"] for d in sec["prefill"]["depths"]]
-        items += [Workload("decode", short, int(tg), int(d), 1, runs, warmup) for tg in sec["decode"]["tg"] for d in sec["decode"]["depths"]]
+        items = [Workload("prefill", int(pp), 2, int(d), 1, runs, warmup, mx) for pp in sec["prefill"]["pp"] for d in sec["prefill"]["depths"]]
+        items += [Workload("decode", short, int(tg), int(d), 1, runs, warmup, mx) for tg in sec["decode"]["tg"] for d in sec["decode"]["depths"]]
         lat = sec["latency"]
-        items.append(Workload("latency", int(lat["pp"]), int(lat["tg"]), 0, 1, runs, warmup))
+        items.append(Workload("latency", int(lat["pp"]), int(lat["tg"]), 0, 1, runs, warmup, mx))
         for c in sec.get("concurrent") or []:
-            items.append(Workload("concurrent", int(c["pp"]), int(c["tg"]), 0, int(c["c"]), runs, warmup))
+            items.append(Workload("concurrent", int(c["pp"]), int(c["tg"]), 0, int(c["c"]), runs, warmup, mx))
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
         raise SuiteError(f"{path}: malformed workloads ({type(e).__name__}: {e}); fix the file") from None
     fit = [w for w in items if w.tokens <= max_model_len]
@@ -114,13 +120,78 @@ def _measure(client: Client, w: Workload, prompt: list[int]) -> perf.TimedReques
 
 
 @dataclass
+class RoundPolicy:
+    """How many measured rounds a workload gets (harness.benchmark_run derives it from the gate's thresholds).
+
+    At least `runs` rounds that ran at the loaded clock; then, while the run-to-run CV of any of the
+    workload's metrics is too high for the 95% CI of a median ratio to be narrower than +-half_width,
+    more rounds, up to `max_runs`. A round flagged by the clock sampler (it ran below the loaded clock)
+    is kept apart and measured again, at most `max_flagged` times."""
+
+    half_width: float = 0.01
+    max_runs: int | None = None  # None: exactly `runs`
+    max_flagged: int | None = None  # None: `runs`
+
+
+def rounds_needed(cv: float, half_width: float, runs: int, max_runs: int) -> int:
+    """Rounds per side for a 95% CI of a median ratio of about +-half_width at this CV.
+
+    SE(median) ~ 1.2533 x sd / sqrt(n), and a ratio of two independent medians has sqrt(2) times that:
+    n = 2 x (1.96 x 1.2533 x CV / half_width)^2, clamped to [runs, max_runs]."""
+    if not math.isfinite(cv) or half_width <= 0:
+        return runs
+    n = math.ceil(2 * (1.96 * 1.2533 * cv / half_width) ** 2)
+    return int(min(max_runs, max(runs, n)))
+
+
+@dataclass
 class Measured:
-    requests: list[perf.TimedRequest]  # client clock, every request
-    engine: list[EngineRound] | None  # engine clock, one per round; None for servers without it
+    """The rounds of one workload that count (clean), and those set aside (flagged: below the loaded clock)."""
+
+    requests: list[perf.TimedRequest]  # client clock, every request of the counted rounds
+    engine: list[EngineRound] | None  # engine clock, one per counted round; None for servers without it
+    clocks: list[RoundClocks] | None = None  # one per counted round (None: not sampled)
+    round_of_request: list[int] | None = None  # the counted round each request belongs to
+    flagged: "Measured | None" = None
+    unresolved: str | None = None  # why these numbers cannot be gated (the gate says inconclusive)
+
+    @property
+    def rounds(self) -> int:
+        if self.clocks is not None:
+            return len(self.clocks)
+        return len(self.engine) if self.engine is not None else len(self.requests)
 
 
-def run_workload(client: Client, maker: PromptMaker, w: Workload) -> Measured:
-    """Warm-up rounds, then `runs` measured rounds of `concurrency` simultaneous requests."""
+class _NoClocks:
+    available = False
+    floor = None
+
+    @contextmanager
+    def round(self):
+        yield RoundClocks()
+
+    def describe(self) -> dict:
+        return {"available": False, "reason": "not sampled"}
+
+
+def _warm(client: Client, maker: PromptMaker, w: Workload, pool: ThreadPoolExecutor) -> None:
+    """A request of the measured prompt length right before the round: the GPU is at its loaded clock
+    when the measured request arrives (the gap is one /metrics scrape), not ramping up from idle."""
+    prompts = [maker.make(w.pp) for _ in range(w.concurrency)]
+    list(pool.map(lambda p: client.complete(p, min(w.tg, 2), ignore_eos=True), prompts))
+
+
+def run_workload(client: Client, maker: PromptMaker, w: Workload, sampler=None,
+                 policy: RoundPolicy | None = None) -> Measured:
+    """Warm-up rounds, then measured rounds of `concurrency` simultaneous requests, each right after its
+    own warm-up request; clocks sampled per round; more rounds where the noise needs them (policy)."""
+    sampler = sampler or _NoClocks()
+    policy = policy or RoundPolicy()
+    max_runs = max(w.runs, policy.max_runs or w.max_runs or w.runs)
+    max_flagged = w.runs if policy.max_flagged is None else policy.max_flagged
+    clean = Measured([], [], [], [])
+    flagged = Measured([], [], [], [])
+    use_engine = True
     with ThreadPoolExecutor(max_workers=w.concurrency) as pool:
         def round_(prompts: list[list[int]]) -> list[perf.TimedRequest]:
             return list(pool.map(lambda p: _measure(client, w, p), prompts))
@@ -130,22 +201,65 @@ def run_workload(client: Client, maker: PromptMaker, w: Workload) -> Measured:
 
         for _ in range(w.warmup):
             round_(prompts())
-        measured: list[perf.TimedRequest] = []
-        engine: list[EngineRound] | None = []
-        for _ in range(w.runs):
+        while True:
             ready = prompts()  # depth contexts are cached before the engine clock is read
-            before = scrape(client) if engine is not None else None
-            measured.extend(round_(ready))
+            _warm(client, maker, w, pool)
+            before = scrape(client) if use_engine else None
+            with sampler.round() as rc:
+                reqs = round_(ready)
             after = scrape(client) if before is not None else None
+            rnd = None
             if before is None or after is None:
-                engine = None
-                continue
-            rnd = EngineRound.between(before, after)
-            if rnd.requests != w.concurrency:
-                raise SuiteError(f"{w.label}: {rnd.requests} requests finished during a round of {w.concurrency}; "
-                                 "another client is using the server, so engine timings cannot be attributed")
-            engine.append(rnd)
-    return Measured(measured, engine)
+                use_engine = False
+            else:
+                rnd = EngineRound.between(before, after)
+                if rnd.requests != w.concurrency:
+                    raise SuiteError(f"{w.label}: {rnd.requests} requests finished during a round of {w.concurrency}; "
+                                     "another client is using the server, so engine timings cannot be attributed")
+            side = flagged if rc.flagged else clean
+            side.round_of_request.extend([len(side.clocks)] * len(reqs))
+            side.requests.extend(reqs)
+            side.clocks.append(rc)
+            if rnd is not None:
+                side.engine.append(rnd)
+            n_clean, n_flagged = len(clean.clocks), len(flagged.clocks)
+            if n_flagged > max_flagged or n_clean >= max_runs:
+                break
+            if n_clean >= w.runs:
+                probe = Measured(clean.requests, clean.engine if use_engine else None, clean.clocks,
+                                 clean.round_of_request)
+                cvs = [stats.cv(e["samples"]) for e in metrics_for(w, probe).values() if len(e["samples"]) > 1]
+                worst = max((c for c in cvs if math.isfinite(c)), default=float("nan"))
+                if n_clean >= rounds_needed(worst, policy.half_width, w.runs, max_runs):
+                    break
+    if not use_engine:
+        clean.engine = flagged.engine = None
+    if not any(c.n for c in clean.clocks + flagged.clocks):
+        clean.clocks = flagged.clocks = None
+    n_clean, n_flagged = clean.rounds, flagged.rounds
+    if n_flagged:
+        clean.flagged = flagged
+    if n_clean < w.runs:
+        clean.unresolved = (f"only {n_clean} of {n_clean + n_flagged} rounds ran at the loaded clock "
+                            f"({'; '.join(sorted({c.why for c in flagged.clocks or [] if c.why}))[:300]})")
+        if n_clean == 0:  # nothing clean: report the flagged numbers, gated as inconclusive
+            flagged.unresolved = clean.unresolved
+            return flagged
+    return clean
+
+
+def _clocks_for(m: Measured, n: int, per: str, mask: list[bool] | None = None) -> list[dict] | None:
+    """Clock records aligned with `n` samples taken per round or per request (mask: requests kept)."""
+    if not m.clocks:
+        return None
+    if per == "round":
+        recs = [c.record() for c in m.clocks]
+    else:
+        idx = m.round_of_request or []
+        if mask is not None:
+            idx = [i for i, keep in zip(idx, mask) if keep]
+        recs = [m.clocks[i].record() for i in idx]
+    return recs if len(recs) == n else None
 
 
 def metrics_for(w: Workload, m: Measured) -> dict[str, dict]:
@@ -154,30 +268,60 @@ def metrics_for(w: Workload, m: Measured) -> dict[str, dict]:
     pp and tg come from the engine's clock where the server exposes it (vLLM), else from the client's;
     latencies (TTFT, TPOT, ITL, e2e) are always the client's: they are what a user waits for. Each kind
     computes only its own metrics (a 2-token prefill probe has no meaningful client-side decode rate).
+    Entries carry `rounds` (the clocks each sample ran at), `flagged` (samples of rounds set aside for
+    running below the loaded clock) and `unresolved` (why the gate cannot judge them) where known.
     """
     suffix = f"@d{w.depth}" if w.depth else ""
     conc = f"@c{w.concurrency}" if w.concurrency > 1 else ""
     pp, tg = f"pp{w.pp}{suffix}", f"tg{w.tg}{suffix}"
 
-    def entry(name: str, samples: list[float], unit: str = "tok/s") -> dict:
-        return {"samples": samples, "unit": unit, "higher_is_better": perf.higher_is_better(name)}
+    def values(mm: Measured) -> dict[str, tuple[list[float], list[dict] | None]]:
+        def pp_samples():
+            # prompt tokens the engine computed (prefix-cache hits excluded) per second of prefill
+            if mm.engine:
+                v = [r.computed_prompt_tokens / r.prefill_s for r in mm.engine]
+                return v, _clocks_for(mm, len(v), "round")
+            v = [perf.pp_tps(r) for r in mm.requests]
+            return v, _clocks_for(mm, len(v), "request")
 
-    def pp_samples() -> list[float]:
-        # prompt tokens the engine computed (prefix-cache hits excluded) per second of prefill
-        return [r.computed_prompt_tokens / r.prefill_s for r in m.engine] if m.engine else [perf.pp_tps(r) for r in m.requests]
+        def tg_samples():
+            # tokens after each request's first (which belongs to prefill) per second of decode
+            if mm.engine:
+                v = [(r.generated_tokens - r.requests) / r.decode_s for r in mm.engine]
+                return v, _clocks_for(mm, len(v), "round")
+            v = [perf.tg_tps(r) for r in mm.requests]
+            return v, _clocks_for(mm, len(v), "request")
 
-    def tg_samples() -> list[float]:
-        # tokens after each request's first (which belongs to prefill) per second of decode
-        return [(r.generated_tokens - r.requests) / r.decode_s for r in m.engine] if m.engine else [perf.tg_tps(r) for r in m.requests]
+        if w.kind == "prefill":
+            return {pp: pp_samples()}
+        if w.kind == "decode":
+            return {tg: tg_samples()}
+        if w.kind == "concurrent":
+            return {pp + conc: pp_samples(), tg + conc: tg_samples()}
+        lat = perf.to_metrics(mm.requests, w.pp, w.tg, w.depth)
+        out = {}
+        for n in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            if n in lat:
+                v = lat[n]["samples"]
+                mask = [bool(perf.itl_ms(r)) for r in mm.requests] if n == "itl_ms" else None
+                out[n] = (v, _clocks_for(mm, len(v), "request", mask))
+        return out
 
-    if w.kind == "prefill":
-        return {pp: entry(pp, pp_samples())}
-    if w.kind == "decode":
-        return {tg: entry(tg, tg_samples())}
-    if w.kind == "concurrent":
-        return {pp + conc: entry(pp, pp_samples()), tg + conc: entry(tg, tg_samples())}
-    lat = perf.to_metrics(m.requests, w.pp, w.tg, w.depth)
-    return {n: lat[n] for n in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms") if n in lat}
+    out: dict[str, dict] = {}
+    flagged = values(m.flagged) if m.flagged is not None and m.flagged.requests else {}
+    for name, (samples, clocks) in values(m).items():
+        base = re.sub(r"@c\d+$", "", name)
+        entry: dict[str, Any] = {"samples": samples, "unit": "ms" if name.split("@")[0].endswith("_ms") else "tok/s",
+                                 "higher_is_better": perf.higher_is_better(base)}
+        if clocks is not None:
+            entry["rounds"] = clocks
+        if name in flagged:
+            fv, fc = flagged[name]
+            entry["flagged"] = [{"value": v, **(c or {})} for v, c in zip(fv, fc or [None] * len(fv))]
+        if m.unresolved:
+            entry["unresolved"] = m.unresolved
+        out[name] = entry
+    return out
 
 
 def workload_record(workloads: list[Workload], dropped: list[str]) -> dict[str, Any]:

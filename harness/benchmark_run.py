@@ -1,4 +1,4 @@
-"""Run the level 4 benchmark on a server and write the results file (metadata, validity, memory)."""
+"""Run the level 4 benchmark on a server and write the results file (metadata, validity, memory, clocks)."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import bench, metadata
+from harness import bench, memory, metadata
+from harness.clocks import ClockSampler
 from harness.memory import MemorySampler
 from harness.suite import RunningServer, Suite
+
+REPO = Path(__file__).resolve().parent.parent
+THRESHOLDS_FILE = REPO / "baselines" / "thresholds.yaml"
+
+
+def round_policy(platform_name: str) -> tuple[bench.RoundPolicy, float | None]:
+    """Rounds and clock floor from the gate's thresholds: the CI of a median ratio should be about a
+    third of the gate wide (+-1% at the 3% gate), so a 3% change is resolved, not guessed."""
+    from harness.regression import load_thresholds
+
+    t = load_thresholds(THRESHOLDS_FILE, platform_name)
+    return bench.RoundPolicy(half_width=min(t.throughput_drop, t.latency_rise) / 3), t.loaded_clock_floor
 
 
 def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_file: Path | None = None,
@@ -26,12 +39,22 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
     metrics: dict[str, dict] = {}
     clocks: set[str] = set()
     started = time.time()
+    on_gpu = suite.platform.is_cuda
+    mem_section = memory.server_memory(server, on_gpu)  # before any benchmark request
+    policy, floor = round_policy(suite.platform.name)
+    sampler = ClockSampler(floor=floor) if on_gpu else None
     pids = server.process.pids if server.process else (lambda: [])
-    with MemorySampler(pids) as mem:
-        for w in workloads:
-            measured = bench.run_workload(client, maker, w)
-            clocks.add("engine" if measured.engine else "client")
-            metrics.update(bench.metrics_for(w, measured))
+    try:
+        with MemorySampler(pids) as mem:
+            for w in workloads:
+                measured = bench.run_workload(client, maker, w, sampler, policy)
+                clocks.add("engine" if measured.engine else "client")
+                metrics.update(bench.metrics_for(w, measured))
+    finally:
+        clock_info = sampler.describe() if sampler is not None else {
+            "available": False, "reason": f"{suite.platform.name}: no GPU clocks to sample"}
+        if sampler is not None:
+            sampler.close()
     verdict_ok = bool(kernel_path is not None and kernel_path.verdict.ok)
     spec = server.target.spec
     results = {
@@ -44,10 +67,19 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
             "; ".join(kernel_path.verdict.problems) if kernel_path is not None else "no kernel-path check (external server)"),
         "kernel_summary": str(kernel_path.artifact) if kernel_path is not None else None,
         "metrics": metrics,
+        # gated (harness.regression): what the model and engine use, and the KV capacity they leave
+        "memory_used_gib": mem_section.get("used_gib"),
+        "kv_capacity_tokens": mem_section.get("kv_capacity_tokens"),
+        "memory": mem_section,
+        # informational: the peak the process held during the benchmark (on GPUs: vLLM's reservation)
         "memory_peak_gb": round(mem.peak_gb, 3) if server.process else None,
         "memory_kind": ("gpu" if mem.peak_gpu is not None else "cpu_rss") if server.process else None,
+        "clocks": clock_info,
         "workload": {**bench.workload_record(workloads, dropped), "runs": workloads[0].runs if workloads else 0,
+                     "max_runs": workloads[0].max_runs if workloads else 0,
                      "warmup": workloads[0].warmup if workloads else 0, "max_model_len": max_len,
+                     "warmup_before_each_round": "one request of the measured prompt length (2 tokens generated)",
+                     "ci_half_width_target": round(policy.half_width, 4),
                      "pp_tg_clock": " + ".join(sorted(clocks)) or None},
         "startup_time_s": round(server.boot_seconds, 1) if server.boot_seconds else None,
         "benchmark_seconds": round(time.time() - started, 1),

@@ -1,4 +1,4 @@
-"""Client for any OpenAI-compatible `/v1/completions` endpoint (vLLM, llama.cpp server, SGLang).
+"""Client for any OpenAI-compatible server (vLLM, llama.cpp server, SGLang): completions and chat.
 
 Every call has a timeout; before each call (and after a connection error) the optional `alive`
 hook runs, so a dead server fails the test at once with its log tail instead of hanging.
@@ -90,6 +90,16 @@ class Client:
         if r.status_code >= 500:
             self._await_death()
         _raise_for(r, "/v1/completions")
+        return r.json()
+
+    def chat(self, messages: list[dict], max_tokens: int, **params: Any) -> dict:
+        """Non-streamed /v1/chat/completions; greedy unless `temperature` is given. gpt-oss chat goes through
+        vLLM's harmony renderer and parser, so this is the path every gpt-oss client takes."""
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, **params}
+        r = self._post("/v1/chat/completions", body)
+        if r.status_code >= 500:
+            self._await_death()
+        _raise_for(r, "/v1/chat/completions")
         return r.json()
 
     def _await_death(self, grace_s: float = 3.0) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,9 @@ from harness.errors import SuiteError
 from harness.platform import is_valid_selector, platform_matches
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# Kernel expectations verified on real traces (scripts/record_kernels.py --accept), merged over the
+# flavours; SUITE_VERIFIED_DIR points elsewhere (e.g. a trial recording in a temporary directory).
+VERIFIED_FILE_KEYS = {"verified", "patterns", "seen", "config"}
 NAME_HEAD_AXES = ("moe", "activation")  # always in the name, in this order
 # Axes whose values are alternative backends: one value's kernels must not run under another value.
 SIBLING_AXES = ("moe", "attention")
@@ -91,8 +95,10 @@ class ServerSpec:
 class Catalog:
     """The axes, the named configs and the flavours, validated on load."""
 
-    def __init__(self, config_dir: Path = CONFIG_DIR) -> None:
+    def __init__(self, config_dir: Path = CONFIG_DIR, verified_dir: Path | None = None) -> None:
         self.dir = config_dir
+        env_dir = os.environ.get("SUITE_VERIFIED_DIR")
+        self.verified_dir = Path(verified_dir or env_dir or config_dir / "verified")
         self.axes = _load_axes(config_dir / "axes.yaml")
         raw = _load_yaml(config_dir / "configs.yaml")
         self.defaults: dict[str, str] = dict(raw.get("defaults") or {})
@@ -245,6 +251,35 @@ class Flavour:
                     raise SuiteError(f"{path}: values.{axis}: '{value}' is not one of {valid}")
                 _check_value_spec(spec or {}, f"{path}: values.{axis}.{value}")
                 self.values.setdefault(axis, {})[value] = spec or {}
+        self.verified_file = catalog.verified_dir / f"{path.stem}.yaml"
+        if self.verified_file.is_file():
+            self._merge_verified(self.verified_file)
+
+    def _merge_verified(self, file: Path) -> None:
+        """Overlay recorded verifications (scripts/record_kernels.py --accept) on this flavour's kernel entries.
+
+        A recorded entry replaces the entry's `verified` and `seen` while the flavour's `must` patterns are
+        the ones that were verified (`patterns`); once they differ, the entry is unverified again."""
+        from harness.recorder import load_verified
+
+        for axis, mapping in (load_verified(file).get("values") or {}).items():
+            for value, spec in (mapping or {}).items():
+                for selector, rec in ((spec or {}).get("kernels") or {}).items():
+                    at = f"{file}: values.{axis}.{value}.kernels.{selector}"
+                    entry = ((self.values.get(str(axis), {}).get(str(value)) or {}).get("kernels") or {}).get(selector)
+                    if not isinstance(entry, dict):
+                        raise SuiteError(f"{at}: {self.path.name} has no such kernel entry any more; delete it here "
+                                         "or record again (scripts/record_kernels.py --accept)")
+                    if not isinstance(rec, dict) or set(rec) - VERIFIED_FILE_KEYS or "verified" not in rec:
+                        raise SuiteError(f"{at}: expected keys {', '.join(sorted(VERIFIED_FILE_KEYS))}")
+                    patterns = [str(p) for p in rec.get("patterns") or []]
+                    if patterns != [str(p) for p in entry.get("must") or []]:
+                        entry["stale"] = (f"the verification recorded in {_rel(file)} ({rec['verified']}) was for the patterns "
+                                          f"{patterns}; they changed since: record again")
+                        continue
+                    entry["verified"] = str(rec["verified"])
+                    entry["seen"] = [str(n) for n in rec.get("seen") or []]
+                    entry["verified_from"] = _rel(file)
 
     def mapping(self, axis: str, value: str) -> dict | None:
         spec = self.values.get(axis, {}).get(value)
@@ -324,13 +359,20 @@ class Flavour:
                 kernels.excuses.update(exp.get("excuses") or {})
                 kernels.allow_excused = kernels.allow_excused or bool(exp.get("allow_excused"))
                 verified = exp.get("verified")
-                kernels.verification[tag] = (f"verified: {verified}" if verified and verified != "no"
-                                             else f"unverified ({selector} patterns not yet confirmed on a {platform_name} trace)")
+                if exp.get("stale"):
+                    status = f"unverified ({exp['stale']})"
+                elif verified and verified != "no":
+                    where = f" [recorded in {exp['verified_from']}]" if exp.get("verified_from") else f" [{_rel(self.path)}]"
+                    status = f"verified: {verified}{where}"
+                else:
+                    status = f"unverified ({selector} patterns not yet confirmed on a {platform_name} trace)"
+                kernels.verification[tag] = status
         self._forbid_siblings(config, platform_name, kernels)
         for combo in self.combos:
             if all(config[a] == str(v) for a, v in (combo.get("when") or {}).items()):
                 env.update(_str_map(combo.get("env") or {}, f"{self.path}: combos"))
                 args.update(combo.get("args") or {})
+        env = {k: v.replace("${REPO}", str(CONFIG_DIR.parent)) for k, v in env.items()}  # paths inside the checkout
         return ServerSpec(self.catalog.name(config), self.name, env, args_to_argv(args), logs, kernels)
 
     def _forbid_siblings(self, config: Config, platform_name: str, kernels: KernelExpectation) -> None:
@@ -352,6 +394,13 @@ class Flavour:
                             continue  # shared by both backends (e.g. "auto" resolving to this one)
                         kernels.add("must_not", pat, f"{axis}={mine}")
                         kernels.derived.setdefault(pat, f"{axis}={value}'s kernel: siblings forbid it")
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(CONFIG_DIR.parent))
+    except ValueError:
+        return str(path)
 
 
 def args_to_argv(args: dict[str, Any]) -> list[str]:

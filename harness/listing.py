@@ -4,16 +4,28 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from harness.configs import Flavour
+from harness.configs import CONFIG_DIR, Flavour
 from harness.errors import SuiteError
 from harness.suite import Suite
 
 LEVELS = ("level1", "level1_5", "level2", "level3", "level4", "level5", "level6")
-_EXAMPLE_PLATFORM = {"cpu": "cpu", "sm_12x": "sm_121", ">=sm_80": "sm_90", ">=sm_100": "sm_100"}
+_EXAMPLE_PLATFORM = {"cpu": "cpu", "sm_12x": "sm_121", ">=sm_80": "sm_90", ">=sm_100": "sm_100", "sm_10x": "sm_100"}
 
 
 def _example_platform(flavour: Flavour) -> str:
     return _EXAMPLE_PLATFORM.get(flavour.platforms[0], flavour.platforms[0]) if flavour.platforms else "cpu"
+
+
+def _kernel_platforms(flavour: Flavour) -> list[str]:
+    """One example platform per selector of the flavour's kernel entries (sm_12x -> sm_121)."""
+    seen: list[str] = []
+    for mapping in flavour.values.values():
+        for spec in mapping.values():
+            for selector in (spec or {}).get("kernels") or {}:
+                p = _EXAMPLE_PLATFORM.get(str(selector), str(selector).replace("x", "1"))
+                if p not in seen:
+                    seen.append(p)
+    return seen
 
 
 def list_configs(suite: Suite) -> str:
@@ -37,7 +49,7 @@ def list_configs(suite: Suite) -> str:
             if ok_there:
                 spec = flavour.resolve(config, example)
                 env = " ".join(f"{k}={v}" for k, v in spec.env.items())
-                sets = (env + " " + " ".join(spec.args)).strip()
+                sets = (env + " " + " ".join(spec.args)).strip().replace(str(CONFIG_DIR.parent), "<repo>")
                 kernels = ", ".join(spec.kernels.must) or "- (none declared: record them first)"
                 verified = "; ".join(f"{tag} {status}" for tag, status in spec.kernels.verification.items()) or "-"
             else:
@@ -47,6 +59,10 @@ def list_configs(suite: Suite) -> str:
             lines.append(f"        sets: {sets}")
             lines.append(f"        must show: {kernels}")
             lines.append(f"        kernel data: {verified}")
+            for other in _kernel_platforms(flavour):  # the other platforms the flavour declares kernels for
+                if other != example and flavour.runnable(config, other)[0]:
+                    status = "; ".join(f"{tag} {v}" for tag, v in flavour.resolve(config, other).kernels.verification.items()) or "-"
+                    lines.append(f"        kernel data on {other}: {status}")
     return "\n".join(lines)
 
 
@@ -62,7 +78,7 @@ def run_summary(suite: Suite, stats: dict) -> str:
             level = next((lv for lv in LEVELS if lv in report.keywords), None)
             if level is None:
                 continue
-            m = re.search(r"\[([^\]]+)\]$", report.nodeid)
+            m = re.search(r"\[([^\]]+)\](?:@[^\[\]]*)?$", report.nodeid)  # `@group`: xdist's loadgroup suffix
             config = _config_of(m.group(1), suite) if m else "(no server)"
             table[config][level][idx] += 1
     if not table:

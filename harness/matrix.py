@@ -6,7 +6,7 @@ pairwise covering set, seeded with the base and its one-factor-at-a-time neighbo
 varied value has a partner that differs from it in exactly one axis (the orthogonality check needs
 such pairs). Combinations the flavour cannot run (`Flavour.runnable`) are excluded, each with its reason.
 
-Orthogonal gating (seed 000: "ensure orthogonal gating works, no feature interference"): for two
+Orthogonal gating (the users' plan: "ensure orthogonal gating works, no feature interference"): for two
 combinations that differ in exactly one axis, every kernel (or CPU op) that ran on one side only must
 be explained by a kernel pattern the flavour declares for that axis (a `must` of the side it ran on or
 a `must_not` of the side it is missing from); and the kernels the *other* axes declare (`must`) must

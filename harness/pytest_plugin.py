@@ -1,8 +1,11 @@
 """The suite's command-line options (loaded by conftest.py, and as a pytest entry point once installed).
 
-Why a plugin: pytest picks its rootdir from path-like arguments before it reads conftest.py, so with the
-options only in conftest.py, `--run-dir /existing/dir` made pytest take /existing/dir for the rootdir,
-skip the suite's conftest and reject `--run-dir`. An entry-point plugin is loaded before that parse.
+Why a plugin: pytest picks its rootdir from path-like arguments before it reads any conftest.py, so
+`--run-dir /existing/dir` (with a space) made it take /existing/dir for the rootdir, skip the suite's
+conftest and fail with "unrecognized arguments: --run-dir". An entry-point plugin (installed by
+scripts/setup.sh) is loaded before the options are parsed, so the option is known; pytest still picks
+the rootdir from the path, so the plugin then stops the run with one line naming the `--run-dir=DIR` form,
+which always works.
 """
 from __future__ import annotations
 
@@ -24,3 +27,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--run-dir", default=None, help="where run artifacts go (default: runs/<timestamp>)")
     g.addoption("--workloads", default=None, help="level 4 workloads YAML (default: tests/level4_perf/workloads.yaml)")
     g.addoption("--boot-timeout", type=float, default=float(os.environ.get("SUITE_BOOT_TIMEOUT", 900)), help="seconds to wait for /health")
+
+
+# Options whose value may be a path outside the repository (pytest then takes it for its rootdir).
+_PATH_OPTIONS = ("--run-dir", "--workloads", "--model")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Reject the space-separated form when it made pytest miss the suite's pytest.ini (one line)."""
+    if config.inipath is not None:
+        return
+    spaced = [a for a in config.invocation_params.args if a in _PATH_OPTIONS]
+    if spaced:
+        raise pytest.UsageError(
+            f"`{spaced[0]} <path>` with a space made pytest take that path for its rootdir ({config.rootpath}) and miss "
+            f"this suite's pytest.ini; write {spaced[0]}=<path>")

@@ -8,9 +8,18 @@ When either side's run-to-run CV exceeds max_cv, the 3% threshold is not resolva
 condition 3 tightens: the CI must lie beyond the threshold itself (a 20% drop on noisy runs still fails);
 short of that the verdict is "inconclusive" (never "pass": at that noise a real 3% regression could hide).
 Beyond the threshold but not significant -> "inconclusive" (rerun with more runs); beyond the threshold in
-the good direction and significant -> "improved" (record a new baseline); anything else -> "pass". Peak memory is one number per run: it fails when it grows by more than
-memory_growth_gb. Whether "inconclusive" fails the gate is `Thresholds.inconclusive_is_failure`
-(strict nightly GPU runs vs. warnings on noisy shared CPU CI).
+the good direction and significant -> "improved" (record a new baseline). "pass" needs more than "no
+significant change": the CI must also rule out a change as large as the gate (for a throughput, its lower
+end must stay above 1 - threshold); when it does not, the metric could not resolve the gate and the verdict
+is "inconclusive" with the CI, never "pass". Samples the benchmark marked `unresolved` (too many rounds
+ran below the GPU's loaded clock) are inconclusive too, whatever their change.
+
+Memory (one number per run, from vLLM's own accounting, harness.memory): used memory (weights + peak
+activation + non-torch + CUDA graph on GPUs; process-group RSS at boot on CPU) fails when it grows by more
+than memory_growth_gb (GB = 1e9 bytes; the numbers are GiB), and the KV-cache capacity (tokens) fails
+when it drops by more than kv_capacity_drop. Memory verdicts are strict on every platform: `advisory`
+(noisy CPU runners) covers timing verdicts only. Whether "inconclusive" fails the gate is
+`Thresholds.inconclusive_is_failure` (strict nightly GPU runs vs. warnings on noisy shared CPU CI).
 """
 from __future__ import annotations
 
@@ -27,7 +36,10 @@ from harness.baselines import platform_key, regen_command
 from harness.errors import SuiteError
 
 STATUSES = ("pass", "fail", "inconclusive", "improved")
-MEMORY_METRIC = "memory_peak_gb"
+MEMORY_METRIC = "memory_peak_gb"  # informational since schema 2 (on GPUs it is vLLM's reservation)
+USED_MEMORY = "memory_used_gib"
+KV_CAPACITY = "kv_capacity_tokens"
+GIB = 1024 ** 3
 
 
 @dataclass(frozen=True)
@@ -39,13 +51,25 @@ class Thresholds:
     max_cv: float = 0.05  # above this run-to-run CV on either side the 3% gate cannot be resolved
     bootstrap_n: int = 2000  # bootstrap resamples for the ratio CI
     inconclusive_is_failure: bool = False  # True: an inconclusive metric fails the gate too
-    advisory: bool = False  # True: gate failures are reported as warnings (platforms too noisy to gate)
+    advisory: bool = False  # True: timing failures are reported as warnings (platforms too noisy to gate)
+    kv_capacity_drop: float = 0.05  # relative drop of KV-cache capacity (tokens) that counts as a regression
+    loaded_clock_floor: float = 0.90  # rounds whose SM clock fell below this x the GPU's max clock are set aside
+    sensitivity_fail: float = 0.05  # injected slowdown (fraction of step time) the gate must fail
+    sensitivity_pass: float = 0.02  # injected slowdown the gate must pass
+    # metric glob -> measured boot-to-boot spread of its median (A/A boots): between two boots such a metric
+    # moves by this much with nothing changed, which no number of rounds within one boot can average away
+    boot_spread: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("throughput_drop", "latency_rise", "memory_growth_gb", "max_cv"):
+        for name in ("throughput_drop", "latency_rise", "memory_growth_gb", "max_cv", "kv_capacity_drop",
+                     "loaded_clock_floor", "sensitivity_fail"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise SuiteError(f"threshold {name} must be a positive number (got {value!r})")
+        if isinstance(self.sensitivity_pass, bool) or not isinstance(self.sensitivity_pass, (int, float)) \
+                or not 0 <= self.sensitivity_pass < self.sensitivity_fail:
+            raise SuiteError(f"threshold sensitivity_pass must be >= 0 and below sensitivity_fail "
+                             f"(got {self.sensitivity_pass!r} / {self.sensitivity_fail!r})")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
             raise SuiteError(f"threshold alpha must be within (0, 1) (got {self.alpha!r})")
         if isinstance(self.bootstrap_n, bool) or not isinstance(self.bootstrap_n, int) or self.bootstrap_n < 100:
@@ -53,6 +77,15 @@ class Thresholds:
         for name in ("inconclusive_is_failure", "advisory"):
             if not isinstance(getattr(self, name), bool):
                 raise SuiteError(f"threshold {name} must be true or false")
+        for glob, spread in self.boot_spread:
+            if not isinstance(glob, str) or isinstance(spread, bool) or not isinstance(spread, (int, float)) or spread < 0:
+                raise SuiteError(f"threshold boot_spread must map metric globs to fractions >= 0 (got {glob!r}: {spread!r})")
+
+    def spread_of(self, metric: str) -> float:
+        """The largest measured boot-to-boot spread among the globs matching `metric` (0 when none)."""
+        import fnmatch
+
+        return max((s for g, s in self.boot_spread if fnmatch.fnmatchcase(metric, g)), default=0.0)
 
 
 def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thresholds:
@@ -87,6 +120,12 @@ def _with(base: Thresholds, values: object, where: str) -> Thresholds:
     unknown = sorted(set(values) - known)
     if unknown:
         raise SuiteError(f"{where}: unknown threshold(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(known))}")
+    values = dict(values)
+    if "boot_spread" in values:  # YAML mapping -> hashable pairs (Thresholds is frozen)
+        spread = values["boot_spread"] or {}
+        if not isinstance(spread, Mapping):
+            raise SuiteError(f"{where}: boot_spread must map metric globs (pp*, ttft_ms, *@c2) to measured fractions")
+        values["boot_spread"] = tuple((str(k), v) for k, v in spread.items())
     try:
         return replace(base, **values)
     except SuiteError as e:
@@ -108,10 +147,17 @@ class Verdict:
     cv_current: float | None
     ci: tuple[float, float] | None  # bootstrap CI of current/baseline median ratio
     message: str  # one line for humans
+    kind: str = "timing"  # "timing" (pp/tg/latency), "memory" (used GiB, peak), "capacity" (KV tokens)
+    advisory: bool = False  # a timing verdict on a platform whose timing gate is advisory: never fails the run
+    advisory_reason: str | None = None
 
     @property
     def failed(self) -> bool:
         return self.status == "fail"
+
+    @property
+    def gating_failure(self) -> bool:
+        return self.status == "fail" and not self.advisory
 
 
 def _pct(x: float) -> str:
@@ -126,7 +172,16 @@ def compare_metric(
     thresholds: Thresholds,
     unit: str = "",
     config: str = "NAME",
+    unresolved: str | None = None,
+    boot_spread: float = 0.0,
 ) -> Verdict:
+    """One timing metric. `unresolved` (from the results' entries) makes any verdict but "improved"
+    "inconclusive": the samples ran in conditions that make them unfit to judge (clocks below load).
+
+    `boot_spread` (baseline and current from different boots): the measured A/A spread of this metric
+    between boots. When it exceeds the threshold, one boot cannot resolve the threshold: the CI must lie
+    beyond threshold + spread to fail (or improve), and short of that the verdict is "inconclusive", never
+    "pass"."""
     base_med, cur_med = stats.median(baseline_samples), stats.median(current_samples)
     if base_med <= 0:
         raise SuiteError(f"baseline median of {name} is {base_med:g}; a rate or latency must be > 0, re-record "
@@ -142,19 +197,34 @@ def compare_metric(
     # The CI must lie beyond "no change" (ratio 1.0). On runs noisier than max_cv it must lie beyond the
     # threshold itself: only then is the threshold resolved despite the noise (a 20% drop still fails).
     margin = threshold if noisy else 0.0
+    boot_bound = boot_spread > threshold
+    if boot_bound:
+        margin = max(margin, threshold + boot_spread)
     ci_worse = hi < 1.0 - margin if higher_is_better else lo > 1.0 + margin
     ci_better = lo > 1.0 + margin if higher_is_better else hi < 1.0 - margin
+    # resolved: the CI rules out a change as bad as the gate itself (else a pass would be a guess)
+    resolved = lo >= 1.0 - threshold if higher_is_better else hi <= 1.0 + threshold
     significant = p < thresholds.alpha
 
     change = (f"{name} {delta * 100:+.1f}% ({stats.fmt(base_med)} -> {stats.fmt(cur_med)} {unit} median"
               f"; gate {threshold * 100:.1f}%; p={p:.3g}; {round((1 - thresholds.alpha) * 100)}% CI of ratio "
               f"[{lo:.3f}, {hi:.3f}]; CV {_pct(cv_b)} / {_pct(cv_c)})").replace("  ", " ")
-    if worse > threshold and significant and ci_worse:
+    if unresolved:
+        status = "inconclusive"
+        message = (f"INCONCLUSIVE {name}: {unresolved}; not judged (median change {delta * 100:+.1f}%, p={p:.3g}, "
+                   f"CI [{lo:.3f}, {hi:.3f}]); rerun on an idle GPU at its loaded clock")
+    elif worse > threshold and significant and ci_worse:
         status = "fail"
         message = f"FAIL {change}; investigate, or if intended re-record with: {regen_command(config)}"
     elif -worse > threshold and significant and ci_better:
         status = "improved"
         message = f"IMPROVED {change}; record a new baseline with: {regen_command(config)}"
+    elif boot_bound:
+        status = "inconclusive"
+        message = (f"INCONCLUSIVE {name}: between boots this metric moves by up to {boot_spread * 100:.0f}% with nothing "
+                   f"changed (measured A/A spread, baselines/thresholds.yaml boot_spread), more than the "
+                   f"{threshold * 100:.1f}% gate, so one boot cannot resolve it (median change {delta * 100:+.1f}%, "
+                   f"p={p:.3g}, CI [{lo:.3f}, {hi:.3f}]); a change beyond {(threshold + boot_spread) * 100:.0f}% would fail")
     elif noisy:
         status = "inconclusive"
         sides = "both sides" if len(noisy) == 2 else f"the {noisy[0]} side"
@@ -166,6 +236,12 @@ def compare_metric(
         status = "inconclusive"
         message = (f"INCONCLUSIVE {change}: beyond the gate but not significant (need p < {thresholds.alpha:g}"
                    f" and a CI excluding 1.0); rerun with more runs")
+    elif not resolved:
+        status = "inconclusive"
+        bound = f"{(1 - threshold):.3f}" if higher_is_better else f"{(1 + threshold):.3f}"
+        message = (f"INCONCLUSIVE {change}: the CI reaches beyond {bound}, so a {threshold * 100:.1f}% regression "
+                   f"cannot be ruled out with n={len(baseline_samples)}/{len(current_samples)} runs; more runs or "
+                   f"less noise")
     else:
         status = "pass"
         message = f"pass {change}"
@@ -199,11 +275,76 @@ def compare_memory(
         status, message = "improved", f"IMPROVED {what}; record a new baseline with: {regen_command(config)}"
     else:
         status, message = "pass", f"pass {what}"
-    return Verdict(MEMORY_METRIC, status, delta, growth, base, cur, "GB", False, None, None, None, None, message)
+    return Verdict(MEMORY_METRIC, status, delta, growth, base, cur, "GB", False, None, None, None, None, message,
+                   kind="memory")
+
+
+def compare_used_memory(baseline_gib: float, current_gib: float, thresholds: Thresholds, config: str = "NAME",
+                        source: str | None = None) -> Verdict:
+    """Used-memory gate: growth beyond memory_growth_gb (decimal GB) fails, on every platform."""
+    base, cur = _peak(baseline_gib, "baseline"), _peak(current_gib, "current")
+    growth = cur - base
+    growth_gb, limit = growth * GIB / 1e9, thresholds.memory_growth_gb
+    delta = cur / base - 1.0 if base > 0 else math.nan
+    what = (f"used memory {base:.2f} -> {cur:.2f} GiB ({growth:+.2f} GiB = {growth_gb:+.2f} GB; gate +{limit:g} GB"
+            + (f"; {source}" if source else "") + ")")
+    if growth_gb > limit:
+        status, message = "fail", f"FAIL {what}; investigate, or if intended re-record with: {regen_command(config)}"
+    elif -growth_gb > limit:
+        status, message = "improved", f"IMPROVED {what}; record a new baseline with: {regen_command(config)}"
+    else:
+        status, message = "pass", f"pass {what}"
+    return Verdict(USED_MEMORY, status, delta, growth, base, cur, "GiB", False, None, None, None, None, message,
+                   kind="memory")
+
+
+def compare_kv_capacity(baseline_tokens: int, current_tokens: int, thresholds: Thresholds,
+                        config: str = "NAME") -> Verdict:
+    """KV-cache capacity gate: a drop beyond kv_capacity_drop (relative) fails, on every platform."""
+    base, cur = float(baseline_tokens), float(current_tokens)
+    if base <= 0:
+        raise SuiteError(f"baseline KV capacity is {base:g} tokens; re-record with: {regen_command(config)}")
+    delta, limit = cur / base - 1.0, thresholds.kv_capacity_drop
+    what = (f"KV cache capacity {base:,.0f} -> {cur:,.0f} tokens ({delta * 100:+.2f}%; gate -{limit * 100:g}%)")
+    if -delta > limit:
+        status, message = "fail", f"FAIL {what}; investigate, or if intended re-record with: {regen_command(config)}"
+    elif delta > limit:
+        status, message = "improved", f"IMPROVED {what}; record a new baseline with: {regen_command(config)}"
+    else:
+        status, message = "pass", f"pass {what}"
+    return Verdict(KV_CAPACITY, status, delta, cur - base, base, cur, "tokens", True, None, None, None, None, message,
+                   kind="capacity")
+
+
+def compare_memory_section(baseline: Mapping, current: Mapping, thresholds: Thresholds,
+                           config: str = "NAME") -> list[Verdict]:
+    """Used memory and KV capacity, when the current side measured them. A baseline from before they were
+    recorded (schema 1) gets an inconclusive verdict naming the re-record command."""
+    out = []
+    source = (current.get("memory") or {}).get("used_source") if isinstance(current.get("memory"), Mapping) else None
+    for key, unit, fn in ((USED_MEMORY, "GiB", lambda b, c: compare_used_memory(b, c, thresholds, config, source)),
+                          (KV_CAPACITY, "tokens", lambda b, c: compare_kv_capacity(b, c, thresholds, config))):
+        b, c = baseline.get(key), current.get(key)
+        if c is None:
+            continue  # not measurable here (an external server): nothing to judge
+        if b is None:
+            why = ("the baseline predates used-memory / KV-capacity accounting (schema 1)"
+                   if key not in baseline else "the baseline did not measure it")
+            out.append(Verdict(key, "inconclusive", math.nan, math.nan, math.nan, float(c), unit, key == KV_CAPACITY,
+                               None, None, None, None, f"INCONCLUSIVE {key}: {why}; now {c}; re-record with: "
+                               f"{regen_command(config)}", kind="memory" if key == USED_MEMORY else "capacity"))
+            continue
+        out.append(fn(b, c))
+    return out
+
+
+def advisory_reason(platform: str | None) -> str:
+    return (f"timing verdicts on {platform or 'this platform'} are advisory (baselines/thresholds.yaml says why: "
+            "run-to-run noise of shared CPU runners exceeds the gate); memory verdicts stay strict")
 
 
 def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> list[Verdict]:
-    """Verdicts for every metric both sides have (baseline order), then peak memory when both measured it.
+    """Verdicts for every metric both sides have (baseline order), then used memory and KV capacity.
 
     `baseline` is a loaded baseline (harness.baselines), `current` a results dict (harness.reports).
     Metrics only one side has are not judged; see `unshared_metrics`.
@@ -228,11 +369,16 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
             raise SuiteError(f"{name}: baseline ({b.get('unit')}, higher_is_better={b.get('higher_is_better')}) and "
                              f"results ({c.get('unit')}, higher_is_better={c.get('higher_is_better')}) measure "
                              f"different things; re-record with: {regen_command(config)}")
+        unresolved = "; ".join(f"{side}: {e['unresolved']}" for side, e in (("baseline", b), ("current", c))
+                               if e.get("unresolved")) or None
         verdicts.append(compare_metric(name, b["samples"], c["samples"], bool(b["higher_is_better"]),
-                                       thresholds, unit=str(b.get("unit") or ""), config=config))
-    b_mem, c_mem = baseline.get(MEMORY_METRIC), current.get(MEMORY_METRIC)
-    if b_mem is not None and c_mem is not None:
-        verdicts.append(compare_memory(b_mem, c_mem, thresholds, config=config))
+                                       thresholds, unit=str(b.get("unit") or ""), config=config, unresolved=unresolved,
+                                       boot_spread=thresholds.spread_of(name)))
+    if thresholds.advisory:
+        why = advisory_reason(current.get("platform"))
+        verdicts = [replace(v, advisory=True, advisory_reason=why,
+                            message=("ADVISORY " + v.message if v.status != "pass" else v.message)) for v in verdicts]
+    verdicts += compare_memory_section(baseline, current, thresholds, config)
     return verdicts
 
 
@@ -243,6 +389,12 @@ def unshared_metrics(baseline: Mapping, current: Mapping) -> tuple[list[str], li
 
 
 def gate_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[Verdict]:
-    """The verdicts that fail the gate: every "fail", plus "inconclusive" when thresholds say so."""
+    """The verdicts that fail the gate: every non-advisory "fail", plus "inconclusive" when thresholds say so."""
     bad = {"fail", "inconclusive"} if thresholds.inconclusive_is_failure else {"fail"}
-    return [v for v in verdicts if v.status in bad]
+    return [v for v in verdicts if v.status in bad and not v.advisory]
+
+
+def advisory_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[Verdict]:
+    """Timing verdicts that would fail a strict gate, on a platform where timing is advisory (warnings)."""
+    bad = {"fail", "inconclusive"} if thresholds.inconclusive_is_failure else {"fail"}
+    return [v for v in verdicts if v.status in bad and v.advisory]

@@ -40,8 +40,16 @@ from harness.baselines import check_metrics
 from harness.errors import SuiteError
 
 MARKS = {"pass": "✅", "fail": "❌ FAIL", "inconclusive": "⚠️ inconclusive", "improved": "🚀 improved"}
+ADVISORY_MARKS = {"fail": "⚠️ advisory fail", "inconclusive": "⚠️ advisory inconclusive"}
 _WORST_FIRST = ("fail", "inconclusive", "improved", "pass")
 _LATENCY_COLUMNS = (("ttft_ms", "TTFT p50 (ms)"), ("tpot_ms", "TPOT p50 (ms)"))
+
+
+def mark(verdict) -> str:
+    """The cell mark of a verdict: an advisory verdict never reads as a failure."""
+    if getattr(verdict, "advisory", False) and verdict.status in ADVISORY_MARKS:
+        return ADVISORY_MARKS[verdict.status]
+    return MARKS.get(verdict.status, verdict.status)
 
 
 def _check(results: Sequence[Mapping]) -> None:
@@ -85,27 +93,91 @@ def _mean_pm_std(samples: Sequence[float]) -> str:
 def _cell(value: str, verdict) -> str:
     if verdict is None:
         return value
-    if verdict.name == "memory_peak_gb":
-        change = f"{verdict.delta_abs:+.2f} GB"
+    if verdict.kind == "memory" or verdict.name == "memory_peak_gb":
+        change = "n/a" if verdict.delta_abs != verdict.delta_abs else f"{verdict.delta_abs:+.2f} GiB"
+    elif verdict.kind == "capacity":
+        change = "n/a" if verdict.delta != verdict.delta else f"{verdict.delta * 100:+.2f}%"
     else:
         change = f"{verdict.delta * 100:+.1f}%"
-    return f"{value} ({change} {MARKS.get(verdict.status, verdict.status)})"
+    return f"{value} ({change} {mark(verdict)})"
+
+
+def _ci(v) -> str:
+    return f"; 95% CI of ratio [{v.ci[0]:.3f}, {v.ci[1]:.3f}]" if v.ci else ""
+
+
+def _clock_text(rec: Mapping | None) -> str:
+    if not rec:
+        return ""
+    parts = []
+    if rec.get("sm_mhz") is not None:
+        sm = f"SM {rec['sm_mhz']:.0f}"
+        if rec.get("sm_min_mhz") is not None and rec["sm_min_mhz"] < rec["sm_mhz"] - 1:
+            sm += f" (min {rec['sm_min_mhz']:.0f})"
+        parts.append(sm + " MHz")
+    if rec.get("mem_mhz") is not None:
+        parts.append(f"mem {rec['mem_mhz']:.0f} MHz")
+    if rec.get("power_w") is not None:
+        parts.append(f"{rec['power_w']:.0f} W")
+    return ", ".join(parts)
+
+
+def _round_lines(r: Mapping) -> list[str]:
+    """Per metric: every sample with the clocks it ran at, and the rounds set aside (below the loaded clock)."""
+    lines = []
+    for name, entry in r["metrics"].items():
+        rounds = entry.get("rounds")
+        flagged = entry.get("flagged") or []
+        if not rounds and not flagged:
+            continue
+        cells = [f"{stats.fmt(x)} @ {_clock_text(c) or 'no clocks'}" for x, c in zip(entry["samples"], rounds or [])]
+        lines.append(f"- `{name}` ({entry['unit']}): " + "; ".join(cells))
+        for f in flagged:
+            lines.append(f"  - set aside (below the loaded clock): {stats.fmt(f['value'])} @ {_clock_text(f)}"
+                         + (f" ({f['why']})" if f.get("why") else ""))
+        if entry.get("unresolved"):
+            lines.append(f"  - unresolved: {entry['unresolved']}")
+    return lines
 
 
 def write_markdown_summary(results: Sequence[Mapping], verdicts: Mapping, path: str | os.PathLike) -> Path:
-    """Comparison matrix like seed 001's: one row per result, depth-0 throughputs (mean ± std over runs),
-    latency p50s and peak memory, each with its change vs baseline and gate mark; plus the platform of
-    every row, the verdict messages that need attention, and a llama-bench style view of every depth."""
+    """Comparison matrix like the users' GB10 results table, led by what failed: first every gating failure with its CI, then
+    advisory verdicts (shown as advisory, with why), then the inconclusive ones; then one row per result
+    (depth-0 throughputs as mean ± std over runs, latency p50s, used memory, KV capacity, peak memory, each
+    with its change vs baseline and gate mark), the per-round clocks next to the numbers they explain, and
+    a llama-bench style view of every depth."""
     _check(results)
     columns: list[str] = []
     for r in results:
         for name, _, _, depth in _throughput(r["metrics"]):
             if depth == 0 and name not in columns:
                 columns.append(name)
-    columns.sort(key=lambda n: (not n.startswith("tg"), int(re.sub(r"\D", "", n))))
+    columns.sort(key=lambda n: (not n.startswith("tg"), int(re.sub(r"\D", "", n.split("@")[0]))))
     latency = [(k, title) for k, title in _LATENCY_COLUMNS if any(k in r["metrics"] for r in results)]
 
+    failed, advisory, unclear = [], [], []
+    for r in results:
+        for v in _verdicts_for(r, verdicts).values():
+            line = f"- **{_label(r)}** `{v.name}`: {v.message}"
+            if v.status == "fail" and not v.advisory:
+                failed.append(line + (_ci(v) if v.ci and "CI" not in v.message else ""))
+            elif v.advisory and v.status in ADVISORY_MARKS:
+                advisory.append(f"{line} — advisory: {v.advisory_reason}")
+            elif v.status == "inconclusive":
+                unclear.append(line)
+
     lines = ["# Performance summary", ""]
+    if failed:
+        lines += [f"## ❌ Failed ({len(failed)})", "", *failed, ""]
+    elif any(_verdicts_for(r, verdicts) for r in results):
+        lines += ["## ✅ No gating failure", ""]
+    if advisory:
+        lines += [f"## ⚠️ Advisory, not gating ({len(advisory)})", "",
+                  "These timing verdicts would fail a strict gate; on this platform timing is advisory (the run "
+                  "passes), memory stays strict.", "", *advisory, ""]
+    if unclear:
+        lines += [f"## ⚠️ Inconclusive ({len(unclear)})", "", *unclear, ""]
+
     platforms: dict[tuple[str, str], list[str]] = {}
     for r in results:
         platforms.setdefault((r["platform"], str(r.get("device") or "unknown device")), []).append(r["config"])
@@ -116,9 +188,9 @@ def write_markdown_summary(results: Sequence[Mapping], verdicts: Mapping, path: 
         lines.append(f"- **{plat}** ({device}): {', '.join(configs)}")
     lines.append("")
 
-    header = ["Config", "Platform", *columns, *(t for _, t in latency), "Peak mem (GB)", "Gate"]
+    header = ["Config", "Platform", *columns, *(t for _, t in latency), "Used mem (GiB)", "KV capacity (tokens)",
+              "Peak mem (GB)", "Gate"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    details = []
     for r in results:
         vs = _verdicts_for(r, verdicts)
         row = [f"**{r['config']}**", f"{r['platform']} ({r.get('device') or '?'})"]
@@ -131,23 +203,44 @@ def write_markdown_summary(results: Sequence[Mapping], verdicts: Mapping, path: 
         for key, _ in latency:
             entry = r["metrics"].get(key)
             row.append("-" if entry is None else _cell(stats.fmt(stats.percentile(entry["samples"], 50)), vs.get(key)))
-        mem = r.get("memory_peak_gb")
+        used, kv, mem = r.get("memory_used_gib"), r.get("kv_capacity_tokens"), r.get("memory_peak_gb")
+        row.append("-" if used is None else _cell(f"{used:.2f}", vs.get("memory_used_gib")))
+        row.append("-" if kv is None else _cell(f"{kv:,}", vs.get("kv_capacity_tokens")))
         row.append("-" if mem is None else _cell(f"{mem:.2f}", vs.get("memory_peak_gb")))
         if r.get("valid") is False:
             gate = "❌ INVALID (kernel-path check failed)"
         elif vs:
-            worst = min(vs.values(), key=lambda v: _WORST_FIRST.index(v.status)).status
-            gate = MARKS[worst]
+            strict = [v for v in vs.values() if not v.advisory]
+            adv = [v for v in vs.values() if v.advisory and v.status in ADVISORY_MARKS]
+            worst = min(strict, key=lambda v: _WORST_FIRST.index(v.status)).status if strict else "pass"
+            gate = MARKS[worst] + (f" ({len(adv)} advisory)" if adv else "")
         else:
             gate = "no baseline"
         row.append(gate)
         lines.append("| " + " | ".join(row) + " |")
-        details += [f"- {_label(r)}: {v.message}" for v in vs.values() if v.status != "pass"]
     lines += ["", "Throughput cells: mean ± std over runs (tok/s); latency cells: p50 over runs. Changes in "
-              "parentheses compare medians with the stored baseline; ✅ pass, ❌ fail, ⚠️ inconclusive, "
-              "🚀 improved."]
-    if details:
-        lines += ["", "## Needs attention", "", *details]
+              "parentheses compare medians with the stored baseline; ✅ pass, ❌ fail, ⚠️ inconclusive or "
+              "advisory (timing on a platform where it does not gate), 🚀 improved. Used memory: what vLLM "
+              "accounts for (GPU) / the process group's RSS at boot (CPU); peak memory is informational."]
+    for r in results:
+        mem = r.get("memory") or {}
+        if mem.get("used_source") or mem.get("cross_check"):
+            lines += ["", f"Memory of {_label(r)}: {mem.get('used_source') or 'n/a'}; "
+                          f"cross-check: {(mem.get('cross_check') or {}).get('message', 'n/a')}"]
+
+    clock_lines = []
+    for r in results:
+        rl = _round_lines(r)
+        if rl:
+            ck = r.get("clocks") or {}
+            head = f"### {_label(r)}"
+            if ck.get("loaded_sm_mhz"):
+                head += (f" (loaded SM clock {ck['loaded_sm_mhz']:.0f} MHz; rounds below "
+                         f"{ck.get('flag_below_mhz') or '?'} MHz are set aside)")
+            clock_lines += ["", head, "", *rl]
+    if clock_lines:
+        lines += ["", "## Per-round clocks", "", "Every sample with the GPU clocks and power it ran at (NVML, "
+                  "sampled every ~10 ms during the measured request).", *clock_lines]
 
     lines += ["", "## All throughput tests (llama-bench view)", "", "| Config | Platform | test | t/s |", "|---|---|---|---|"]
     for r in results:
@@ -237,13 +330,41 @@ def write_run_report(run_dir: str | os.PathLike) -> list[Path]:
     results = [json.loads(p.read_text()) for p in sorted((run_dir / "results").glob("*.json"))
                if "__slowdown" not in p.name]
     if not results:
-        return []
+        curves = sensitivity_lines(run_dir)
+        if not curves:
+            return []
+        path = run_dir / "report.md"
+        path.write_text("# Performance summary\n\n" + "\n".join(curves) + "\n", encoding="utf-8")
+        return [path]
     verdicts = {}
+    known = set(Verdict.__dataclass_fields__)
     for p in sorted((run_dir / "verdicts").glob("*.json")):
         config = p.stem.split("__", 1)[-1]
-        verdicts[config] = [Verdict(**{**v, "ci": tuple(v["ci"]) if v.get("ci") else None}) for v in json.loads(p.read_text())]
-    return [
-        write_markdown_summary(results, verdicts, run_dir / "report.md"),
-        plot_depth(results, run_dir / "depth.png"),
-        plot_configs(results, run_dir / "configs.png"),
-    ]
+        verdicts[config] = [Verdict(**{**{k: x for k, x in v.items() if k in known},
+                                       "ci": tuple(v["ci"]) if v.get("ci") else None})
+                            for v in json.loads(p.read_text())]
+    report = write_markdown_summary(results, verdicts, run_dir / "report.md")
+    curves = sensitivity_lines(run_dir)
+    if curves:
+        report.write_text(report.read_text(encoding="utf-8") + "\n" + "\n".join(curves) + "\n", encoding="utf-8")
+    return [report, plot_depth(results, run_dir / "depth.png"), plot_configs(results, run_dir / "configs.png")]
+
+
+def sensitivity_lines(run_dir: Path) -> list[str]:
+    """The run's sensitivity curves (tests/level5_regression/test_sensitivity.py) as a markdown section."""
+    import json
+
+    lines = []
+    for p in sorted((Path(run_dir) / "sensitivity").glob("*.json")):
+        s = json.loads(p.read_text())
+        lines += [f"## Sensitivity curve: {p.stem}", "",
+                  f"Injected slowdowns on one server (suite_testhooks plugin), each interleaved ABBA with 0%, "
+                  f"{s['rounds_per_side']} rounds per side; decode step {s['decode_step_ms']:.3f} ms, "
+                  f"pp{s['prefill_tokens']} {s['prefill_ms']:.2f} ms; gate {s['thresholds']['throughput_drop']:.0%}.",
+                  "", "| slower by | metric | expected ratio | measured ratio | verdict |", "|---|---|---|---|---|"]
+        for pt in s["points"]:
+            for name, ratio in pt["measured_ratio"].items():
+                lines.append(f"| {pt['fraction']:.0%} | {name} | {pt['expected_ratio']:.4f} | {ratio:.4f} | "
+                             f"{MARKS.get(pt['status'][name], pt['status'][name])} |")
+        lines.append("")
+    return lines

@@ -52,6 +52,7 @@ class VllmServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     boot_seconds: float | None = None
+    boot_memory: dict | None = None  # harness.memory.process_snapshot when /health first answered
 
     @property
     def url(self) -> str:
@@ -85,7 +86,18 @@ class VllmServer:
             self.stop()
             raise
         self.boot_seconds = time.monotonic() - started
+        self.boot_memory = self._boot_snapshot()
         return self
+
+    def _boot_snapshot(self) -> dict | None:
+        # Before any request: the used-memory gate on CPU compares this RSS, which then does not depend
+        # on which tests ran before level 4 (KV pages touched, profiler buffers).
+        from harness.memory import process_snapshot
+
+        try:
+            return process_snapshot(self.pids())
+        except Exception as e:  # a reading must never fail a boot
+            return {"error": f"{type(e).__name__}: {e}"}
 
     def _wait_healthy(self, started: float) -> None:
         deadline = started + self.boot_timeout_s

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +133,9 @@ class Suite:
         if workloads_option:
             from harness.bench import load_workloads
 
+            if not Path(workloads_option).is_file():
+                raise SuiteError(f"--workloads {workloads_option}: no such file; pass a level 4 workloads YAML "
+                                 "(e.g. tests/level4_perf/workloads-gpu-quick.yaml)")
             load_workloads(platform.name, 10 ** 9, Path(workloads_option))  # a missing or malformed file fails now
         if server_url:
             model: Model | SuiteError = external_model(server_url, model_option)
@@ -142,6 +146,10 @@ class Suite:
                 if model_option:  # an explicit bad --model fails the run at once
                     raise
                 model = e  # the default model is only needed once a server boots (unit tests run without it)
+            if isinstance(model, Model) and model_option and not Path(model.path).exists():
+                from harness.hub import check_hub_model
+
+                check_hub_model(model.path)  # not cached and no hub: one line now, not a dead server later
         suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s)
         suite.selected()  # validate --config now, at collection time
         return suite
@@ -236,7 +244,13 @@ class Suite:
             raise
         record.update(ok=True, boot_seconds=round(proc.boot_seconds, 1))
         self.boots.append(record)
-        (self.run_dir / "boots.json").write_text(json.dumps(self.boots, indent=2))
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        if worker:  # the controller merges every worker's file into boots.json (harness/parallel.py)
+            from harness.parallel import write_worker_boots
+
+            write_worker_boots(self.run_dir, worker, self.boots)
+        else:
+            (self.run_dir / "boots.json").write_text(json.dumps(self.boots, indent=2))
         return RunningServer(proc.url, proc.served_name, target, log, proc, proc.boot_seconds, trace_dir)
 
     def can_boot_secondary(self) -> tuple[bool, str]:

@@ -38,6 +38,8 @@ SHAPES = {  # name: (N, K), y = x @ W.T with W [N, K]
 MS = [1, 2, 4, 8, 16]
 MOE = dict(experts=128, top_k=4, hidden=2880, inter=2880)
 TARGETS = {"lm_head_m1_speedup": 3.0, "lm_head_m1_pct_copy": 85.0, "moe_us_h200": 15.0, "moe_pct_floor": 75.0}
+SMALL_SHAPES_SPEEDUP = 1.5  # qkv / o_proj / expert shapes at M=1 vs BF16
+M8_OVER_M1 = 1.3  # every shape: time(M=8) <= 1.3 x time(M=1)
 
 
 def _nvidia_smi() -> dict:
@@ -127,9 +129,11 @@ def n_buffers(bytes_each: int, l2: int, floor: int = 2) -> int:
     return max(floor, math.ceil(3 * l2 / bytes_each))
 
 
-GEMV_VARIANTS = {  # name -> overrides of the tuned config; "auto" is what mxfp4_linear runs
-    "auto": {},
-    "rows": {"rows_max_m": 1 << 30},
+GEMV_VARIANTS = {  # name -> overrides; "auto" is what mxfp4_linear runs on packed weights (the default)
+    "auto": {"packed": {}},
+    "packed_cuda": {"packed": {"impl": "cuda"}},
+    "packed_fma": {"packed": {"impl": "packed_fma"}},
+    "rows": {"rows_max_m": 1 << 30},  # the old fma16 path on checkpoint-layout weights (before)
     "mma_dot_scaled": {"rows_max_m": 0, "impl": "dot_scaled"},
     "mma_dequant_dot": {"rows_max_m": 0, "impl": "dequant_dot"},
 }
@@ -137,7 +141,8 @@ GEMV_VARIANTS = {  # name -> overrides of the tuned config; "auto" is what mxfp4
 
 def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: float, reps: int,
                  impls: list[str]) -> list[dict]:
-    from .gemv import mxfp4_gemv
+    from .gemv import mxfp4_gemv, mxfp4_gemv_packed
+    from .packed import pack_mxfp4
     from .testing import generator, random_mxfp4
     from .tuning import get_config
 
@@ -145,6 +150,7 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
     q_bytes = n * k // 2 + n * k // 32
     nq = n_buffers(q_bytes, l2)
     weights = [random_mxfp4((n, k), g) for _ in range(nq)]
+    packed = [pack_mxfp4(w, s) for w, s in weights]  # once, at "load"
     bf_bytes = n * k * 2
     nb = n_buffers(bf_bytes, l2)
     wbf = [torch.randn(n, k, generator=g, device="cuda").to(torch.bfloat16) * 0.02 for _ in range(nb)]
@@ -155,10 +161,21 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
         out_q = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(nq)]
         res = {"shape": name, "N": n, "K": k, "M": m, "weight_bytes": q_bytes, "buffers": nq}
         for impl in impls:
-            cfg = {**get_config("gemv"), **GEMV_VARIANTS.get(impl, {"impl": impl})}
-            calls = [lambda i=i, cfg=cfg: mxfp4_gemv(x, weights[i][0], weights[i][1], out=out_q[i], config=cfg)
-                     for i in range(nq)]
-            us = time_calls(calls, reps, inner)
+            over = GEMV_VARIANTS.get(impl, {"impl": impl})
+            if "packed" in over:
+                base = get_config("gemv")
+                cfg = {**base, **base.get("packed", {}), **over["packed"]}
+                calls = [lambda i=i, cfg=cfg: mxfp4_gemv_packed(x, packed[i], out=out_q[i], config=cfg)
+                         for i in range(nq)]
+            else:
+                cfg = {**get_config("gemv"), **over}
+                calls = [lambda i=i, cfg=cfg: mxfp4_gemv(x, weights[i][0], weights[i][1], out=out_q[i], config=cfg)
+                         for i in range(nq)]
+            try:
+                us = time_calls(calls, reps, inner)
+            except Exception as ex:  # noqa: BLE001 - one path failing must not lose the others
+                print(f"  {name} M={m} {impl}: FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr, flush=True)
+                us = float("nan")
             gbps = (q_bytes + x.numel() * 2 + m * n * 2) / (us * 1e-6) / 1e9
             res[f"us_{impl}"] = round(us, 2)
             res[f"gbps_{impl}"] = round(gbps, 1)
@@ -166,20 +183,22 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
         out_b = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(nb)]
         calls = [lambda i=i: torch.matmul(x, wbf[i].T, out=out_b[i]) for i in range(nb)]
         res["us_bf16_matmul"] = round(time_calls(calls, reps, inner), 2)
-        best = min(impls, key=lambda i: res[f"us_{i}"])
+        best = min(impls, key=lambda i: res[f"us_{i}"] if res[f"us_{i}"] == res[f"us_{i}"] else float("inf"))
         res["best_impl"] = best
         res["speedup_vs_bf16"] = round(res["us_bf16_matmul"] / res[f"us_{impls[0]}"], 2)
         res["speedup_best_vs_bf16"] = round(res["us_bf16_matmul"] / res[f"us_{best}"], 2)
         rows.append(res)
         print(f"  {name:15s} M={m:2d} " + " ".join(f"{i}={res[f'us_{i}']:.1f}us({res[f'pct_copy_{i}']:.0f}%)"
                                                for i in impls) + f" bf16={res['us_bf16_matmul']:.1f}us", flush=True)
-    del weights, wbf
+    del weights, wbf, packed
     torch.cuda.empty_cache()
     return rows
 
 
 def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_router: bool = True) -> dict:
-    from .moe import moe_forward, mxfp4_moe
+    """impls: "packed" = the rebuilt pipeline on packed experts (CUDA: gate_up+SwiGLU, down+combine;
+    with router: + the one-launch route kernel), others = the old Triton mxfp4_moe impls."""
+    from .moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts
     from .testing import generator, random_mxfp4
     from .tuning import get_config
 
@@ -189,6 +208,7 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     d_p, d_s = random_mxfp4((e, h, inter), g)
     gu_b = torch.randn(e, 2 * inter, generator=g, device="cuda") * 0.1
     d_b = torch.randn(e, h, generator=g, device="cuda") * 0.1
+    gu_q, d_q = pack_moe_experts(gu_p, gu_s, d_p, d_s)
     per_expert = 2 * inter * (h // 2 + h // 32) + h * (inter // 2 + inter // 32)
     floor_bytes = k * per_expert
     floor_us = floor_bytes / (copy_gbps * 1e9) * 1e6
@@ -196,29 +216,83 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     # A different expert set per call: 4 experts (~53 MB) would otherwise sit in L2 (50-60 MB).
     n_routes = max(16, n_buffers(floor_bytes, l2))
     routes = [torch.randperm(e, generator=g, device="cuda")[:k].view(1, k) for _ in range(n_routes)]
+    routes32 = [r.to(torch.int32) for r in routes]
     wts = torch.softmax(torch.randn(1, k, generator=g, device="cuda"), -1)
     out = torch.empty(1, h, dtype=torch.bfloat16, device="cuda")
     res = {"experts": e, "top_k": k, "hidden": h, "inter": inter, "floor_bytes": floor_bytes,
            "floor_us": round(floor_us, 2)}
     for impl in impls:
-        cfg = get_config("moe")
-        cfg["impl"] = impl
-        calls = [lambda r=r, cfg=cfg: mxfp4_moe(x, r, wts, gu_p, gu_s, gu_b, d_p, d_s, d_b, out=out, config=cfg)
-                 for r in routes]
-        us = time_calls(calls, reps, n_routes * 2)
+        if impl == "packed":
+            calls = [lambda r=r: mxfp4_moe_packed(x, r, wts, gu_q, gu_b, d_q, d_b, out=out) for r in routes32]
+        else:
+            cfg = get_config("moe")
+            cfg["impl"] = impl
+            calls = [lambda r=r, cfg=cfg: mxfp4_moe(x, r, wts, gu_p, gu_s, gu_b, d_p, d_s, d_b, out=out, config=cfg)
+                     for r in routes]
+        try:
+            us = time_calls(calls, reps, n_routes * 2)
+        except Exception as ex:  # noqa: BLE001
+            print(f"  moe {impl}: FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr, flush=True)
+            us = float("nan")
         res[f"us_{impl}"] = round(us, 2)
         res[f"pct_floor_{impl}"] = round(100 * floor_us / us, 1)
         print(f"  moe M=1 {impl}: {us:.1f} us, floor {floor_us:.1f} us ({100 * floor_us / us:.0f}%)", flush=True)
     if not with_router:
         return res
-    # Whole block incl. router GEMM + top-k + softmax in torch (routing varies with x: rotate x).
+    # Whole block incl. routing (routing varies with x: rotate x). Router weights bf16, as stored.
     router_w = torch.randn(e, h, generator=g, device="cuda").to(torch.bfloat16) * 0.05
+    router_b = (torch.randn(e, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
     xs = [torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16) for _ in range(n_routes)]
-    calls = [lambda xx=xx: moe_forward(xx, router_w, None, gu_p, gu_s, gu_b, d_p, d_s, d_b, k) for xx in xs]
-    res["us_layer_with_router"] = round(time_calls(calls, reps, n_routes * 2), 2)
-    del gu_p, d_p
+    calls = [lambda xx=xx: moe_forward_packed(xx, router_w, router_b, gu_q, gu_b, d_q, d_b, k, out=out) for xx in xs]
+    try:
+        res["us_layer_with_router"] = round(time_calls(calls, reps, n_routes * 2), 2)
+    except Exception as ex:  # noqa: BLE001
+        print(f"  moe with router (packed): FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr)
+        res["us_layer_with_router"] = float("nan")
+    calls = [lambda xx=xx: moe_forward(xx, router_w, router_b, gu_p, gu_s, gu_b, d_p, d_s, d_b, k) for xx in xs]
+    try:
+        res["us_layer_with_router_old"] = round(time_calls(calls, reps, n_routes * 2), 2)
+    except Exception as ex:  # noqa: BLE001
+        res["us_layer_with_router_old"] = float("nan")
+    res["vllm_triton"] = vllm_triton_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, router_w, router_b, xs, reps, n_routes, k)
+    del gu_p, d_p, gu_q, d_q
     torch.cuda.empty_cache()
     return res
+
+
+def vllm_triton_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, router_w, router_b, xs, reps, n_routes, k) -> dict:
+    """The same layer through vLLM's triton MoE (OpenAI triton_kernels matmul_ogs), imported from the
+    installed vLLM; router logits by torch (vLLM computes them with its own GEMM before the MoE)."""
+    try:
+        from vllm.model_executor.layers.fused_moe.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
+        from vllm.model_executor.layers.quantization.utils.mxfp4_utils import _swizzle_mxfp4
+        from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
+
+        e = gu_p.shape[0]
+        w13, w13_flex, w13_scale = _swizzle_mxfp4(gu_p, gu_s, num_warps=8)
+        w2, w2_flex, w2_scale = _swizzle_mxfp4(d_p, d_s, num_warps=8)
+        pc1 = PrecisionConfig(weight_scale=w13_scale, flex_ctx=FlexCtx(rhs_data=w13_flex))
+        pc2 = PrecisionConfig(weight_scale=w2_scale, flex_ctx=FlexCtx(rhs_data=w2_flex))
+        kwargs = {}
+        try:
+            from vllm.model_executor.layers.fused_moe.config import mxfp4_w4a16_moe_quant_config
+
+            kwargs["quant_config"] = mxfp4_w4a16_moe_quant_config(w1_bias=gu_b, w2_bias=d_b, w1_scale=pc1, w2_scale=pc2)
+        except ImportError:  # older vLLM: precision configs and biases as arguments
+            kwargs.update(w1_precision=pc1, w2_precision=pc2, w1_bias=gu_b, w2_bias=d_b)
+
+        def call(xx):
+            logits = torch.nn.functional.linear(xx, router_w, router_b)
+            return triton_kernel_moe_forward(hidden_states=xx, w1=w13, w2=w2, gating_output=logits, topk=k,
+                                             renormalize=True, global_num_experts=e, expert_map=None, **kwargs)
+
+        us = time_calls([lambda xx=xx: call(xx) for xx in xs], reps, n_routes * 2)
+        print(f"  moe M=1 vLLM triton (with router GEMM): {us:.1f} us", flush=True)
+        return {"us_with_router": round(us, 2)}
+    except Exception as ex:  # noqa: BLE001 - not installed / API moved: say so, keep the rest
+        msg = f"{type(ex).__name__}: {str(ex)[:300]}"
+        print(f"  moe vLLM triton: unavailable ({msg})", flush=True)
+        return {"error": msg}
 
 
 def bench_quant(reps: int) -> list[dict]:
@@ -279,6 +353,49 @@ def sweep(l2: int, copy_gbps: float, reps: int, budget_s: float) -> list[dict]:
     return results
 
 
+def _met(ok) -> bool | None:
+    return None if ok is None else bool(ok)
+
+
+def targets(rows: list[dict], mo: dict, d: str, moe_impl: str, device: str) -> dict:
+    """The issue's 'done when' list, each with its value and MET / MISSED (None = not measurable here)."""
+    t: dict = {}
+    by = {(r["shape"], r["M"]): r for r in rows}
+
+    def us(shape, m):
+        r = by.get((shape, m))
+        return None if r is None else r[f"us_{d}"]
+
+    lm = by.get(("lm_head", 1))
+    if lm:
+        t["lm_head_m1_speedup"] = {"value": lm["speedup_vs_bf16"], "target": ">= 3.0", "met": lm["speedup_vs_bf16"] >= 3.0}
+        t["lm_head_m1_pct_copy"] = {"value": lm[f"pct_copy_{d}"], "target": ">= 85", "met": lm[f"pct_copy_{d}"] >= 85}
+    for shape in ("qkv", "o_proj", "expert_gate_up", "expert_down"):
+        r = by.get((shape, 1))
+        if r:
+            t[f"{shape}_m1_speedup"] = {"value": r["speedup_vs_bf16"], "target": f">= {SMALL_SHAPES_SPEEDUP}",
+                                        "met": r["speedup_vs_bf16"] >= SMALL_SHAPES_SPEEDUP}
+    for shape in SHAPES:
+        for m in (2, 4, 8):
+            r = by.get((shape, m))
+            if r:
+                t[f"{shape}_m{m}_faster_than_bf16"] = {"value": r["speedup_vs_bf16"], "target": "> 1.0",
+                                                       "met": r["speedup_vs_bf16"] > 1.0}
+        a, b = us(shape, 1), us(shape, 8)
+        if a and b:
+            t[f"{shape}_m8_over_m1"] = {"value": round(b / a, 2), "target": f"<= {M8_OVER_M1}", "met": b / a <= M8_OVER_M1}
+    if mo and f"us_{moe_impl}" in mo:
+        moe_us = mo[f"us_{moe_impl}"]
+        t["moe_us"] = {"value": moe_us, "target": "<= 15 on H200", "met": (moe_us <= 15.0) if "H200" in device else None}
+        t["moe_pct_floor"] = {"value": mo[f"pct_floor_{moe_impl}"], "target": ">= 75", "met": mo[f"pct_floor_{moe_impl}"] >= 75}
+        t["moe_with_router_us"] = {"value": mo.get("us_layer_with_router"), "target": "<= 15 on H200 (router included)",
+                                   "met": (mo.get("us_layer_with_router", 1e9) <= 15.0) if "H200" in device else None}
+        v = mo.get("vllm_triton", {}).get("us_with_router")
+        t["moe_faster_than_vllm_triton"] = {"value": v, "target": f"packed with router < vLLM triton ({v} us)",
+                                            "met": _met(None if v is None else mo.get("us_layer_with_router", 1e9) < v)}
+    return t
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write results as JSON here")
@@ -297,16 +414,22 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
     reps = 10 if args.quick else 20
-    ms = [1, 16] if args.quick else MS
-    gemv_impls = ["auto"] if args.quick else list(GEMV_VARIANTS)
-    moe_impls = [get_config("moe")["impl"]] if args.quick else [get_config("moe")["impl"], *(
-        [i for i in ("fma16", "dot_scaled", "fma") if i != get_config("moe")["impl"]])]
+    ms = [1, 8] if args.quick else MS
+    gemv_impls = ["auto", "rows"] if args.quick else list(GEMV_VARIANTS)
+    moe_impls = ["packed"] if args.quick else ["packed", "fma16", "dot_scaled"]
     meta = {
         "device": torch.cuda.get_device_name(0), "arch": current_arch(), "sm_count": props.multi_processor_count,
         "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
         "python": platform.python_version(), "nvidia_smi": _nvidia_smi(), "quick": args.quick,
         "gemv_config": get_config("gemv"), "moe_config": get_config("moe"),
     }
+    from . import cuda_ext
+
+    t0 = time.time()
+    ok, why = cuda_ext.available()
+    meta["cuda_ext"] = {"available": ok, "reason": why, "build_or_load_s": round(time.time() - t0, 1)}
+    print(f"CUDA tensor-core kernels: {'available' if ok else 'UNAVAILABLE: ' + why} ({meta['cuda_ext']['build_or_load_s']} s)",
+          flush=True)
     print(f"device {meta['device']} ({meta['arch']}, {props.multi_processor_count} SMs, L2 {l2 / 2**20:.0f} MiB), "
           f"torch {torch.__version__}, triton {triton.__version__}", flush=True)
     copies = copy_bandwidth(reps)
@@ -340,20 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["nvidia_smi_after"] = _nvidia_smi()
 
     d = gemv_impls[0]
-    result["targets"] = {}
-    lm = next((r for r in rows if r["shape"] == "lm_head" and r["M"] == 1), None)
-    if lm:
-        result["targets"]["lm_head_m1_speedup"] = {"value": lm["speedup_vs_bf16"], "target": ">= 3.0",
-                                                   "met": lm["speedup_vs_bf16"] >= 3.0}
-        result["targets"]["lm_head_m1_pct_copy"] = {"value": lm[f"pct_copy_{d}"], "target": ">= 85",
-                                                    "met": lm[f"pct_copy_{d}"] >= 85}
-    mo = result["moe"]
-    if mo:
-        moe_us = mo[f"us_{moe_impls[0]}"]
-        result["targets"]["moe_us"] = {"value": moe_us, "target": "<= 15 on H200",
-                                       "met": (moe_us <= 15.0) if "H200" in meta["device"] else None}
-        result["targets"]["moe_pct_floor"] = {"value": mo[f"pct_floor_{moe_impls[0]}"], "target": ">= 75",
-                                              "met": mo[f"pct_floor_{moe_impls[0]}"] >= 75}
+    result["targets"] = targets(rows, result["moe"], d, "packed", meta["device"])
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
@@ -369,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     if mo:
         print(f"moe decode layer M=1 top-{mo['top_k']}/{mo['experts']}: " + ", ".join(
             f"{i} {mo[f'us_{i}']:.1f} us ({mo[f'pct_floor_{i}']:.0f}% of floor)" for i in moe_impls)
-            + f"; floor {mo['floor_us']:.1f} us ({mo['floor_bytes'] / 1e6:.1f} MB); with router {mo['us_layer_with_router']:.1f} us")
+            + f"; floor {mo['floor_us']:.1f} us ({mo['floor_bytes'] / 1e6:.1f} MB); with router: packed "
+            f"{mo.get('us_layer_with_router', float('nan')):.1f} us, old {mo.get('us_layer_with_router_old', float('nan')):.1f} us"
+            f", vLLM triton {mo.get('vllm_triton', {}).get('us_with_router', float('nan')):.1f} us")
     print("quant bf16->mxfp8: " + ", ".join(f"[{q['M']}x{q['K']}] {q['us']:.1f} us" for q in result["quant"]))
     for e in errors:
         print(f"ERROR {e}")

@@ -27,6 +27,7 @@ import torch
 
 from ._triton import INTERPRET, check_device, tl, triton
 from .mxfp4 import as_packed, dequantize_mxfp4
+from .packed import PackedMXFP4, pack_mxfp4, prepare_activation, unpack_mxfp4
 from .tuning import get_config
 
 @triton.jit
@@ -300,6 +301,210 @@ def _mxfp4_gemv_kernel(
     tl.store(out_ptrs, _round_bf16(acc, INTERPRETED), mask=n_mask[:, None] & m_mask[None, :])
 
 
+# --- packed layout (kernels/packed.py): portable CUDA-core path ------------------------------------
+# Two words (the same lane's k-steps j and j+1 = one 32-element block of rows g and g+8) per asm
+# call: 2 x 8 decode instructions, 8 fma.f16x2 (products value * x * 2**(-L) are exact in fp16,
+# 4 terms per lane summed in fp16), then each row's f16x2 lanes are summed in fp32.
+_PACKED_BLOCK_DOT = tl.constexpr("""
+{
+.reg .b32 a0, a1, a2, a3, t, ag, ah;
+.reg .b16 lo, hi;
+.reg .f32 f0, f1, f2, f3;
+shl.b32 t, $2, 2;
+and.b32 a0, t, 0x8E008E00;
+shl.b32 t, $2, 6;
+xor.b32 t, t, $2;
+and.b32 a1, t, 0x8E008E00;
+shl.b32 t, $2, 9;
+xor.b32 t, t, $2;
+and.b32 a2, t, 0x8E008E00;
+shf.l.wrap.b32 t, $2, $2, 13;
+xor.b32 t, t, $2;
+and.b32 a3, t, 0x8E008E00;
+mul.rn.f16x2 ag, a0, $4;
+fma.rn.f16x2 ag, a2, $5, ag;
+mul.rn.f16x2 ah, a1, $4;
+fma.rn.f16x2 ah, a3, $5, ah;
+shl.b32 t, $3, 2;
+and.b32 a0, t, 0x8E008E00;
+shl.b32 t, $3, 6;
+xor.b32 t, t, $3;
+and.b32 a1, t, 0x8E008E00;
+shl.b32 t, $3, 9;
+xor.b32 t, t, $3;
+and.b32 a2, t, 0x8E008E00;
+shf.l.wrap.b32 t, $3, $3, 13;
+xor.b32 t, t, $3;
+and.b32 a3, t, 0x8E008E00;
+fma.rn.f16x2 ag, a0, $6, ag;
+fma.rn.f16x2 ag, a2, $7, ag;
+fma.rn.f16x2 ah, a1, $6, ah;
+fma.rn.f16x2 ah, a3, $7, ah;
+mov.b32 {lo, hi}, ag;
+cvt.f32.f16 f0, lo;
+cvt.f32.f16 f1, hi;
+add.f32 $0, f0, f1;
+mov.b32 {lo, hi}, ah;
+cvt.f32.f16 f2, lo;
+cvt.f32.f16 f3, hi;
+add.f32 $1, f2, f3;
+}
+""")
+
+
+@triton.jit
+def _emu_decode(w):
+    """The 8-instruction decode of packed.py in Triton integer ops (interpreter path)."""
+    u = w.to(tl.uint32, bitcast=True)
+    m = 0x8E008E00
+    a0 = (u << 2) & m
+    a1 = (u ^ (u << 6)) & m
+    a2 = (u ^ (u << 9)) & m
+    a3 = (u ^ ((u << 13) | (u >> 19))) & m
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _emu_h2(a):
+    """uint32 f16x2 -> (low, high) as float64."""
+    lo = (a & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float64)
+    hi = (a >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float64)
+    return lo, hi
+
+
+@triton.jit
+def _emu_hfma(a, x, c_lo, c_hi):
+    """fma.rn.f16x2 a * x + c, one rounding to fp16 per lane (exact product and sum in fp64)."""
+    a_lo, a_hi = _emu_h2(a)
+    x_lo, x_hi = _emu_h2(x.to(tl.uint32, bitcast=True))
+    r_lo = (a_lo * x_lo + c_lo).to(tl.float16).to(tl.float64)
+    r_hi = (a_hi * x_hi + c_hi).to(tl.float16).to(tl.float64)
+    return r_lo, r_hi
+
+
+@triton.jit
+def _packed_block_dot(w0, w1, xa0, xb0, xa1, xb1, INTERPRETED: tl.constexpr):
+    if INTERPRETED:
+        a0, a1, a2, a3 = _emu_decode(w0)
+        z = tl.zeros(w0.shape, dtype=tl.float64)
+        g_lo, g_hi = _emu_hfma(a0, xa0, z, z)
+        g_lo, g_hi = _emu_hfma(a2, xb0, g_lo, g_hi)
+        h_lo, h_hi = _emu_hfma(a1, xa0, z, z)
+        h_lo, h_hi = _emu_hfma(a3, xb0, h_lo, h_hi)
+        a0, a1, a2, a3 = _emu_decode(w1)
+        g_lo, g_hi = _emu_hfma(a0, xa1, g_lo, g_hi)
+        g_lo, g_hi = _emu_hfma(a2, xb1, g_lo, g_hi)
+        h_lo, h_hi = _emu_hfma(a1, xa1, h_lo, h_hi)
+        h_lo, h_hi = _emu_hfma(a3, xb1, h_lo, h_hi)
+        sg = (g_lo.to(tl.float32) + g_hi.to(tl.float32))
+        sh = (h_lo.to(tl.float32) + h_hi.to(tl.float32))
+    else:
+        sg, sh = tl.inline_asm_elementwise(
+            _PACKED_BLOCK_DOT, "=r,=r,r,r,r,r,r,r", [w0, w1, xa0, xb0, xa1, xb1],
+            dtype=(tl.float32, tl.float32), is_pure=True, pack=1,
+        )
+    return sg, sh
+
+
+@triton.jit
+def _e8m0_bits_f32(s):
+    """E8M0 byte -> fp32 by moving it into the exponent field (0 -> 0, 255 -> inf), as the CUDA kernel."""
+    return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mxfp4_packed_fma_kernel(
+    xq_ptr, xdown_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
+    N, n_tiles, KC, stride_om,
+    HAS_BIAS: tl.constexpr, BT: tl.constexpr, INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """Program (BT row tiles, token m): y[m, rows] over the packed layout, no tensor cores. Each
+    thread holds one lane's 4 words of a chunk (16-byte load), i.e. 2 blocks x rows (g, g+8)."""
+    pid = tl.program_id(0)
+    m = tl.program_id(1)
+    tiles = pid * BT + tl.arange(0, BT)
+    tiles_c = tl.where(tiles < n_tiles, tiles, 0).to(tl.int64)
+    lanes = tl.arange(0, 32)
+    tl_base = tiles_c[:, None, None, None] * KC
+    l4 = lanes[None, :, None, None]
+    bh = tl.arange(0, 2)[None, None, :, None]  # block half: words j = 2 bh + jj
+    jj = tl.arange(0, 2)[None, None, None, :]
+    xj = (2 * tl.arange(0, 2)[None, :, None] + tl.arange(0, 2)[None, None, :]) * 2  # word j -> x offset
+    acc_g = tl.zeros((BT, 32, 2), dtype=tl.float32)
+    acc_h = tl.zeros((BT, 32, 2), dtype=tl.float32)
+    zero = tl.zeros((BT, 32, 2), dtype=tl.int32)
+    for c in range(0, KC):
+        # loaded straight as [.., 2, 2] so the split below stays inside each thread's registers
+        w = tl.load(w_ptr + ((tl_base + c) * 32 + l4) * 4 + 2 * bh + jj)  # [BT, 32, bh, jj]
+        sc = tl.load(s_ptr + ((tl_base + c) * 8 + l4 // 4) * 4 + 2 * bh + jj)  # (g b0, g+8 b0, g b1, g+8 b1)
+        xofs = ((m * KC + c) * 4 + (lanes % 4)[:, None, None]) * 8 + xj
+        xa = tl.load(xq_ptr + xofs)  # [32, bh, jj]: pair (k0+2t) of k-step j
+        xb = tl.load(xq_ptr + xofs + 1)  # pair (k0+2t+8)
+        w0, w1 = tl.split(w)  # [BT, 32, bh]: j = 2bh, 2bh+1
+        xa0, xa1 = tl.split(xa)
+        xb0, xb1 = tl.split(xb)
+        s_g, s_h = tl.split(sc)  # [BT, 32, bh]: rows g, g+8
+        sg, sh = _packed_block_dot(w0, w1, xa0[None, :, :] + zero, xb0[None, :, :] + zero,
+                                   xa1[None, :, :] + zero, xb1[None, :, :] + zero, INTERPRETED)
+        acc_g += sg * _e8m0_bits_f32(s_g)
+        acc_h += sh * _e8m0_bits_f32(s_h)
+    rg = tl.sum(tl.reshape(tl.sum(acc_g, axis=2), (BT, 8, 4)), axis=2)  # rows 16 r + g
+    rh = tl.sum(tl.reshape(tl.sum(acc_h, axis=2), (BT, 8, 4)), axis=2)  # rows 16 r + 8 + g
+    res = tl.reshape(tl.permute(tl.join(rg, rh), (0, 2, 1)), (BT, 16))
+    res = res * tl.load(xdown_ptr + m)
+    rows = tiles[:, None] * 16 + tl.arange(0, 16)[None, :]
+    rmask = (tiles[:, None] < n_tiles) & (rows < N)
+    if HAS_BIAS:
+        res += tl.load(b_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + rows, _round_bf16(res, INTERPRETED), mask=rmask)
+
+
+def _packed_fma(x: torch.Tensor, p: PackedMXFP4, bias, out, cfg: dict) -> torch.Tensor:
+    xq, down = prepare_activation(x, p.k_chunks * 64)
+    bt = int(cfg.get("block_tiles", 4))
+    m = x.shape[0]
+    _mxfp4_packed_fma_kernel[(triton.cdiv(p.n_tiles, bt), m)](
+        xq, down, p.words, p.scales, bias if bias is not None else down, out,
+        p.n, p.n_tiles, p.k_chunks, out.stride(0),
+        HAS_BIAS=bias is not None, BT=bt, INTERPRETED=INTERPRET, num_warps=int(cfg.get("num_warps", 4)),
+        num_stages=int(cfg.get("num_stages", 2)),
+    )  # fmt: skip
+    return out
+
+
+def _use_cuda(x: torch.Tensor, cfg: dict) -> bool:
+    if INTERPRET or not x.is_cuda or x.shape[0] > 16 or cfg.get("impl", "cuda") != "cuda":
+        return False
+    from . import cuda_ext
+
+    ok, _ = cuda_ext.available()
+    return ok
+
+
+def mxfp4_gemv_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None = None,
+                      out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias) with W repacked by `pack_mxfp4`: x [M, K] bf16 -> [M, N] bf16.
+
+    impl (tuning.yaml gemv.packed.impl): cuda = tensor cores from registers (csrc/mxfp4_mma.cu,
+    M <= 16, GPU); packed_fma = the Triton CUDA-core path (any M, also the CPU interpreter's).
+    `cuda` falls back to packed_fma where the extension cannot be built or M > 16."""
+    if p.words.dim() != 4:
+        raise ValueError("mxfp4_gemv_packed takes one matrix (use the MoE functions for stacked experts)")
+    if x.dim() != 2 or x.shape[1] != p.k:
+        raise ValueError(f"shape mismatch: x {tuple(x.shape)} for packed weights of K={p.k}")
+    check_device(x, p.words, p.scales, bias)
+    cfg = config or {**get_config("gemv"), **get_config("gemv").get("packed", {})}
+    x = x.to(torch.bfloat16).contiguous()
+    m = x.shape[0]
+    if out is None:
+        out = torch.empty((m, p.n), dtype=torch.bfloat16, device=x.device)
+    if _use_cuda(x, cfg):
+        from . import cuda_ext
+
+        return cuda_ext.gemv(x, p, bias, out, cfg)
+    return _packed_fma(x, p, bias, out, cfg)
+
+
 _IMPLS = {"dot_scaled": 0, "dequant_dot": 1}
 
 
@@ -376,23 +581,51 @@ def mxfp4_gemv(
 
 def mxfp4_linear(
     x: torch.Tensor,
-    packed: torch.Tensor,
-    scales: torch.Tensor,
+    packed: torch.Tensor | PackedMXFP4,
+    scales: torch.Tensor | None,
     bias: torch.Tensor | None = None,
     small_m_threshold: int | None = None,
 ) -> torch.Tensor:
     """Dispatcher: x [..., K] bf16 -> [..., N] bf16.
 
-    M (tokens) <= threshold -> Triton low-M kernel (weights stay packed); larger M -> dequantize to
+    `packed` is either checkpoint-layout weights (+ `scales`) or a PackedMXFP4 from `pack_mxfp4`
+    (scales ignored): the latter runs the repacked kernels (tensor cores on a GPU, M <= 16).
+    M (tokens) <= threshold -> low-M kernel (weights stay packed); larger M -> dequantize to
     BF16 + torch.matmul (compute-bound there, where cuBLAS wins). Threshold from tuning.yaml
     (gemv.small_m_threshold, env KERNELS_GEMV_SMALL_M_THRESHOLD) unless given.
     """
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     thr = small_m_threshold if small_m_threshold is not None else int(get_config("gemv")["small_m_threshold"])
+    if isinstance(packed, PackedMXFP4):
+        if x2.shape[0] <= thr:
+            y = mxfp4_gemv_packed(x2, packed, bias)
+        else:
+            w, s = unpack_mxfp4(packed)
+            wb = dequantize_mxfp4(w, s, torch.bfloat16)
+            y = torch.nn.functional.linear(x2.to(torch.bfloat16), wb, None if bias is None else bias.to(torch.bfloat16))
+        return y.reshape(*lead, y.shape[-1])
     if x2.shape[0] <= thr:
         y = mxfp4_gemv(x2, packed, scales, bias)
     else:
         wb = dequantize_mxfp4(as_packed(packed, scales), scales, torch.bfloat16)
         y = torch.nn.functional.linear(x2.to(torch.bfloat16), wb, None if bias is None else bias.to(torch.bfloat16))
     return y.reshape(*lead, y.shape[-1])
+
+
+def static_count_cases():
+    """(name, kernel, signature, constexprs, num_warps, words per thread per loop pass, loop marker)
+    for kernels.sass_count: the old fma16 rows kernel at its tuned lm_head config and the packed one."""
+    rows_sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*fp32", "out_ptr": "*bf16",
+                "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32",
+                "stride_om": "i32", "HAS_BIAS": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+                "INTERPRETED": "constexpr"}
+    packed_sig = {"xq_ptr": "*i32", "xdown_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": "*fp32",
+                  "out_ptr": "*bf16", "N": "i32", "n_tiles": "i32", "KC": "i32", "stride_om": "i32",
+                  "HAS_BIAS": "constexpr", "BT": "constexpr", "INTERPRETED": "constexpr"}
+    return [
+        ("fma16 rows (before) 16x512, 2 warps", _mxfp4_gemv_rows_kernel, rows_sig,
+         {"HAS_BIAS": False, "BLOCK_N": 16, "BLOCK_K": 512, "INTERPRETED": False}, 2, 16 * 512 / 8 / 64, "HFMA2"),
+        ("packed_fma BT=4, 4 warps", _mxfp4_packed_fma_kernel, packed_sig,
+         {"HAS_BIAS": False, "BT": 4, "INTERPRETED": False}, 4, 4 * 32 * 4 / 128, "HFMA2"),
+    ]

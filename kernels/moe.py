@@ -233,3 +233,99 @@ def moe_forward(
     ids, weights = route(x, router_w, router_b, top_k)
     return mxfp4_moe(x, ids, weights, gate_up_blocks, gate_up_scales, gate_up_bias,
                      down_blocks, down_scales, down_bias)
+
+
+# --- packed experts (kernels/packed.py): the rebuilt decode path ----------------------------------
+# Three launches on a GPU (csrc/mxfp4_mma.cu via cuda_ext): route (router GEMV in the stored dtype +
+# top-k + softmax, int32 ids), gate_up for all k experts with SwiGLU in the epilogue, down + weighted
+# combine in a fixed order (deterministic). gate_up and down use programmatic dependent launch where
+# the GPU has it: down prefetches its expert weights while gate_up finishes. Elsewhere (CPU
+# interpreter, no nvcc, M > 16) the same math runs as Triton packed GEMVs per expert plus torch
+# glue: slower, same layout and decode, and what the CPU tests check.
+
+
+def pack_moe_experts(gate_up_blocks: torch.Tensor, gate_up_scales: torch.Tensor, down_blocks: torch.Tensor,
+                     down_scales: torch.Tensor):
+    """Checkpoint experts -> (gate_up PackedMXFP4 [E, ...] with gate/up rows paired per tile, down
+    PackedMXFP4 [E, ...]). Once at load."""
+    from .packed import pack_mxfp4
+
+    return pack_mxfp4(gate_up_blocks, gate_up_scales, paired=True), pack_mxfp4(down_blocks, down_scales)
+
+
+def _expert(p, e: int):
+    from .packed import PackedMXFP4
+
+    return PackedMXFP4(p.words[e], p.scales[e], p.n, p.k, p.paired)
+
+
+def _moe_packed_portable(x, ids, wts, gu, gu_bias, dn, dn_bias, out, alpha, limit):
+    from .gemv import mxfp4_gemv_packed
+    from .packed import _pair_perm
+
+    m, hdim = x.shape
+    inter = gu.n // 2
+    perm = _pair_perm(gu.n).to(x.device)
+    inv = torch.argsort(perm)
+    total = torch.zeros((m, hdim), dtype=torch.float32, device=x.device)
+    for tok in range(m):  # fixed order: slot 0..k-1 per token
+        for j in range(ids.shape[1]):
+            e = int(ids[tok, j])
+            if e < 0:
+                continue
+            y = mxfp4_gemv_packed(x[tok : tok + 1], _expert(gu, e)).float()[:, inv]  # original gate/up order
+            if gu_bias is not None:
+                y = y + gu_bias[e].float()
+            gate, up = y[:, 0::2].clamp(max=limit), y[:, 1::2].clamp(-limit, limit)
+            h = ((up + 1) * (gate * torch.sigmoid(gate * alpha))).to(torch.bfloat16)
+            d = mxfp4_gemv_packed(h, _expert(dn, e)).float()
+            if dn_bias is not None:
+                d = d + dn_bias[e].float()
+            total[tok] += float(wts[tok, j]) * d[0]
+    out.copy_(total.to(torch.bfloat16))
+    return out
+
+
+def mxfp4_moe_packed(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor, gate_up, gate_up_bias,
+                     down, down_bias, out: torch.Tensor | None = None, config: dict | None = None,
+                     alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+    """Experts of the gpt-oss MoE block on packed weights (`pack_moe_experts`). x [M, H] bf16,
+    expert_ids [M, k] (-1 = skip), expert_weights [M, k] -> [M, H] bf16."""
+    m, hdim = x.shape
+    if gate_up.k != hdim or down.n != hdim or down.k * 2 != gate_up.n or not gate_up.paired:
+        raise ValueError(f"MoE shapes disagree: x {tuple(x.shape)}, gate_up {gate_up.n}x{gate_up.k} "
+                         f"(paired={gate_up.paired}), down {down.n}x{down.k}")
+    check_device(x, gate_up.words, down.words)
+    cfg = config or get_config("moe").get("packed", {})
+    x = x.to(torch.bfloat16).contiguous()
+    if out is None:
+        out = torch.empty((m, hdim), dtype=torch.bfloat16, device=x.device)
+    if not INTERPRET and x.is_cuda and m <= 16 and expert_ids.shape[1] <= 8 and cfg.get("impl", "cuda") == "cuda":
+        from . import cuda_ext
+
+        if cuda_ext.available()[0]:
+            return cuda_ext.moe(x, expert_ids, expert_weights, gate_up, gate_up_bias, down, down_bias, out, cfg,
+                                alpha, limit)
+    return _moe_packed_portable(x, expert_ids, expert_weights, gate_up, gate_up_bias, down, down_bias, out, alpha,
+                                limit)
+
+
+def route_packed(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None, top_k: int,
+                 config: dict | None = None):
+    """(ids int32 [M, k], weights float32 [M, k]). GPU: one CUDA launch reading the router weights in
+    their stored dtype; elsewhere the fp32 reference routing."""
+    cfg = config or get_config("moe").get("packed", {})
+    if not INTERPRET and x.is_cuda and top_k <= 8 and cfg.get("impl", "cuda") == "cuda":
+        from . import cuda_ext
+
+        if cuda_ext.available()[0]:
+            return cuda_ext.route(x.to(torch.bfloat16).contiguous(), router_w, router_b, top_k)
+    ids, wts = route(x, router_w, router_b, top_k)
+    return ids.to(torch.int32), wts
+
+
+def moe_forward_packed(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None, gate_up, gate_up_bias,
+                       down, down_bias, top_k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Whole gpt-oss MoE block on packed experts: route + experts (3 launches on a GPU)."""
+    ids, wts = route_packed(x, router_w, router_b, top_k)
+    return mxfp4_moe_packed(x, ids, wts, gate_up, gate_up_bias, down, down_bias, out=out)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One time-boxed batch of suite runs on a lent GPU machine (vLLM from ../shared/device, PYTHONPATH set).
+# One time-boxed batch of suite runs on a lent GPU machine (vLLM staged as in docs/gpu-lab.md, PYTHONPATH set).
 # Usage: bash scripts/gpu_batch.sh NAME -- <pytest args>
 # Goldens, baselines and run artifacts are kept in /tmp/suite-art between calls (the working tree is
 # re-synced from the developer's machine each call) and packed into $OUT/NAME.tgz.

@@ -332,3 +332,43 @@ def test_mxfp8_edge_cases():
     assert e.dtype == torch.float8_e4m3fn and s.dtype == torch.uint8
     # uint8 bit patterns are accepted too
     assert torch.allclose(mxfp8.dequantize_mxfp8(e.view(torch.uint8), s), d, rtol=0, atol=0, equal_nan=True)
+
+
+# --- repacked layout (kernels/packed.py) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape,paired", [((16, 64), False), ((40, 96), False), ((3, 48, 32), True), ((2, 130, 320), False)])
+def test_pack_mxfp4_round_trips_through_the_kernel_decode(shape, paired):
+    """unpack_mxfp4 decodes with the kernels' 8-instruction sequence (packed.decode_words): every code
+    and scale comes back, in the original row order (gate/up pairing undone), for ragged N and K."""
+    from kernels.packed import pack_mxfp4, unpack_mxfp4
+    from kernels.testing import random_mxfp4
+
+    seed = fresh_seed()
+    p, s = random_mxfp4(shape, generator(seed))
+    q = pack_mxfp4(p, s, paired=paired)
+    p2, s2 = unpack_mxfp4(q)
+    assert torch.equal(p2, p) and torch.equal(s2, s), f"seed={seed}"
+
+
+def test_pack_zeroes_the_codes_of_nan_scale_blocks():
+    """A NaN scale (255) block keeps its scale and gets zero codes: the kernels' 0 * inf = NaN."""
+    from kernels.packed import pack_mxfp4, unpack_mxfp4
+    from kernels.testing import random_mxfp4
+
+    seed = fresh_seed()
+    p, s = random_mxfp4((16, 64), generator(seed))
+    s[3, 1] = 255
+    p2, s2 = unpack_mxfp4(pack_mxfp4(p, s))
+    assert torch.equal(s2, s), f"seed={seed}"
+    assert (p2[3, 16:32] == 0).all() and torch.equal(p2[3, :16], p[3, :16]), f"seed={seed}"
+
+
+def test_decode_yields_fp16_value_times_2_pow_minus_14():
+    """Each decoded f16 lane equals E2M1 value * 2**-14 (code 1 = 0.5 -> the subnormal 2**-15)."""
+    from kernels.packed import F16_MASK, _codes_to_f16_bits
+
+    codes = torch.arange(16)
+    f16 = _codes_to_f16_bits(codes).to(torch.int16).view(torch.float16).float()
+    assert torch.equal(f16 * 2**14, mxfp4.e2m1_decode(codes))
+    assert int(_codes_to_f16_bits(torch.tensor(15))) & ~F16_MASK & 0xFFFF == 0

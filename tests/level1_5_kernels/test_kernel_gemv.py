@@ -2,6 +2,8 @@
 
 Small awkward shapes run everywhere: on CPU through Triton's interpreter (TRITON_INTERPRET=1, set by
 kernels._triton when no GPU is visible), on a GPU compiled. gpt-oss-120b shapes are `gpu`-marked.
+The repacked weights (kernels/packed.py) have two paths: `packed_fma` (Triton, every device, the one
+the interpreter runs) and `cuda` (tensor cores, csrc/mxfp4_mma.cu, GPU only: its tests are `gpu`).
 
 Tolerance (GEMV_NMSE = 2e-5): the kernel reads exact BF16 activations and exact MXFP4 weights,
 accumulates in fp32 and rounds once to BF16. Rounding to BF16 (8 significant bits) changes each
@@ -90,6 +92,89 @@ def test_gemv_nan_scale_poisons_exactly_its_row(impl):
     assert torch.isfinite(others).all(), f"seed={seed}"
 
 
+# --- repacked weights ---------------------------------------------------------------------------
+# Tolerance: GEMV_NMSE as above. Both packed paths multiply exact operands: the activation is
+# scaled per token by a power of two into fp16 (exact: bf16 has 8 significand bits, fp16 11, and
+# |x| * 2**(14-L) < 2**15), decoded weights are exact fp16 (value * 2**-14), so every product is
+# exact. `cuda` accumulates in fp32 (tensor cores), i.e. the same error budget as the fp32 paths.
+# `packed_fma` sums 4 products per fp16 lane before going to fp32: 3 fp16 roundings of partial sums
+# per lane and block, relative 2**-11 each on random-sign terms, expected NMSE ~1e-7 (measured
+# total 2-3e-6 on these shapes, dominated by the final BF16 rounding), far inside 2e-5.
+
+PACKED_SHAPES = [(1, 16, 32), (3, 50, 96), (2, 33, 128), (1, 40, 320), (5, 9, 64)]
+
+
+def _packed_cfg(impl: str) -> dict:
+    cfg = get_config("gemv")
+    return {**cfg, **cfg.get("packed", {}), "impl": impl}
+
+
+def _run_packed(m, n, k, impl, bias, seed, scale_range=(118, 124), bias_dtype=torch.float32):
+    from kernels.gemv import mxfp4_gemv_packed
+    from kernels.packed import pack_mxfp4
+
+    g = generator(seed, DEV)
+    packed, scales = random_mxfp4((n, k), g, *scale_range)
+    x = torch.randn(m, k, generator=g, device=DEV).to(torch.bfloat16)
+    b = torch.randn(n, generator=g, device=DEV).to(bias_dtype) if bias else None
+    out = poisoned((m, n), torch.bfloat16, DEV)
+    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out, config=_packed_cfg(impl))
+    return out, reference.mxfp4_linear_ref(x, packed, scales, b)
+
+
+@pytest.mark.parametrize("m,n,k", PACKED_SHAPES)
+def test_packed_fma_small_shapes(m, n, k):
+    seed = fresh_seed()
+    out, ref = _run_packed(m, n, k, "packed_fma", bias=(n % 2 == 0), seed=seed)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed_fma M={m} N={n} K={k}")
+
+
+def test_packed_fma_wide_scales_and_activation_range():
+    """Scales 2**-27 .. 2**13 and activations spanning 2**-20 .. 2**12 in one row (per-token scaling)."""
+    from kernels.gemv import mxfp4_gemv_packed
+    from kernels.packed import pack_mxfp4
+
+    seed = fresh_seed()
+    g = generator(seed, DEV)
+    packed, scales = random_mxfp4((24, 256), g, 100, 141)
+    x = (torch.randn(2, 256, generator=g, device=DEV) * 2.0 ** torch.randint(-20, 12, (2, 256), generator=g,
+                                                                             device=DEV)).to(torch.bfloat16)
+    out = mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), config=_packed_cfg("packed_fma"))
+    assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales), GEMV_NMSE, seed, "packed_fma wide ranges")
+
+
+@pytest.mark.parametrize("impl", ["packed_fma", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_packed_nan_scale_poisons_exactly_its_row(impl):
+    from kernels.gemv import mxfp4_gemv_packed
+    from kernels.packed import pack_mxfp4
+
+    if impl == "cuda" and (INTERPRET or not torch.cuda.is_available()):
+        pytest.skip("needs CUDA")
+    seed = fresh_seed()
+    g = generator(seed, DEV)
+    packed, scales = random_mxfp4((20, 64), g)
+    scales[7, 1] = 255
+    x = torch.randn(3, 64, generator=g, device=DEV).to(torch.bfloat16)
+    out = mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), config=_packed_cfg(impl))
+    assert out[:, 7].isnan().all(), f"seed={seed}"
+    assert torch.isfinite(torch.cat((out[:, :7], out[:, 8:]), dim=1)).all(), f"seed={seed}"
+
+
+def test_linear_dispatcher_takes_packed_weights():
+    from kernels.packed import pack_mxfp4
+
+    seed = fresh_seed()
+    g = generator(seed, DEV)
+    packed, scales = random_mxfp4((40, 64), g)
+    b = torch.randn(40, generator=g, device=DEV)
+    q = pack_mxfp4(packed, scales)
+    for m, bound in ((2, GEMV_NMSE), (9, MATMUL_NMSE)):
+        x = torch.randn(1, m, 64, generator=g, device=DEV).to(torch.bfloat16)
+        out = mxfp4_linear(x, q, None, b, small_m_threshold=4)
+        assert out.shape == (1, m, 40) and out.dtype == torch.bfloat16
+        assert_close_nmse(out[0], reference.mxfp4_linear_ref(x[0], packed, scales, b), bound, seed, f"packed M={m}")
+
+
 def test_gemv_accepts_checkpoint_blocks_layout():
     seed = fresh_seed()
     g = generator(seed, DEV)
@@ -142,6 +227,46 @@ def test_gemv_gpt_oss_shapes(name, m, impl):
     seed = fresh_seed()
     out, ref = _run_case(m, n, k, impl, bias=name != "lm_head", seed=seed)
     assert_close_nmse(out, ref, GEMV_NMSE, seed, f"{name} M={m} {impl}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16])
+@pytest.mark.parametrize("name", list(GPT_OSS_SHAPES))
+def test_packed_cuda_gpt_oss_shapes(name, m):
+    """The tensor-core path at every decode M class (NT=1: M<=8, NT=2: 9..16) and both K-split modes
+    (lm_head: one warp per K; the others: 8 warps split K), bias in bf16 as a model stores it."""
+    if INTERPRET or not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from kernels import cuda_ext
+
+    ok, why = cuda_ext.available()
+    assert ok, f"CUDA extension unavailable on a GPU machine: {why}"
+    n, k = GPT_OSS_SHAPES[name]
+    seed = fresh_seed()
+    out, ref = _run_packed(m, n, k, "cuda", bias=name != "lm_head", seed=seed, bias_dtype=torch.bfloat16)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"cuda {name} M={m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", range(16))
+def test_packed_cuda_every_variant(variant):
+    """Every compiled (NT, RW, RT, PF) variant on an awkward shape: ragged N, K not a multiple of 64
+    (padded chunk), K split counts that leave some warps a chunk short, M at the NT edge."""
+    if INTERPRET or not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from kernels.gemv import mxfp4_gemv_packed
+    from kernels.packed import pack_mxfp4
+
+    seed = fresh_seed()
+    g = generator(seed, "cuda")
+    m = 8 if variant < 8 else 16
+    n, k = 1000, 2912
+    packed, scales = random_mxfp4((n, k), g)
+    x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+    b = torch.randn(n, generator=g, device="cuda")
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out, config={**_packed_cfg("cuda"), "variant": variant % 8})
+    assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed, f"variant {variant}")
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""Level 1.5 (seed 000 gate): the kernels a config asks for are the kernels that ran.
+"""Level 1.5 (the gate of the users' benchmarking plan): the kernels a config asks for are the kernels that ran.
 
 "If validation fails, benchmark results are INVALID." A silent fallback (Marlin running while the
 config asked for CUTLASS, an attention path without sinks) is caught here from profiler traces.
@@ -87,7 +87,7 @@ SINKS_MIN_MEAN_SHIFT = 0.05
 
 def test_attention_uses_the_sinks(suite, server, tmp_path):
     """Behavioural proof on any platform: the same text scored by the model and by a copy with every sink
-    raised must differ. A kernel that drops the sinks (seed 001: garbage without them) scores both alike."""
+    raised must differ. A kernel that drops the sinks (the users saw garbage output without them) scores both alike."""
     if server.external or not suite.model.has_real_weights or not Path(suite.model.path).is_dir():
         pytest.skip("needs a local checkpoint with real weights and servers the suite boots")
     ok, why = suite.can_boot_secondary()

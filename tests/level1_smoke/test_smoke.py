@@ -1,4 +1,4 @@
-"""Level 1 (seed 000): the server starts without crashing, answers, and logs the expected backends."""
+"""Level 1 (the users' plan): the server starts without crashing, answers, and logs the expected backends."""
 import math
 
 import pytest

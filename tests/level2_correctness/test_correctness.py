@@ -1,4 +1,4 @@
-"""Level 2 (seed 000): output matches the reference, no NaN/Inf, token by token on fixed prompts.
+"""Level 2 (the users' plan): output matches the reference, no NaN/Inf, token by token on fixed prompts.
 
 Goldens: goldens/<model>/<platform>/<config>/level2.json (regenerate with --force-regen). Three views,
 rules and their reasons in harness/logprobs.py, tolerances (with the measurements behind them) in

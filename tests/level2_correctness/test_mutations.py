@@ -13,27 +13,49 @@ from pathlib import Path
 
 import pytest
 
+from harness.chat import accuracy_floor, ask, chat_problems, check_chat_golden, load_chat_workload, load_tasks, run_tasks
 from harness.correctness import judge, load_workload, run_level2
 from harness.mutations import LEVEL2, mutated_copy
+
+# Gross faults must also break what a chat user sees: the chat goldens and the task accuracy.
+CHAT_MUTATIONS = ("router-biased-to-expert-0",)
 
 pytestmark = [pytest.mark.level2, pytest.mark.server]
 
 
 @pytest.mark.parametrize("mutation", list(LEVEL2))
-def test_mutated_checkpoint_fails_level2(mutation, suite, server, level2_golden, tmp_path):
+def test_mutated_checkpoint_fails_level2(mutation, suite, server, level2_golden, goldens, tmp_path):
     if server.external or not suite.model.has_real_weights or not Path(suite.model.path).is_dir():
         pytest.skip("mutations need a local checkpoint with real weights and a server the suite boots")
+    if level2_golden is None:
+        pytest.skip("--force-regen rewrites the goldens; the mutations are judged against them on the next run")
     mutant = tmp_path / f"{suite.model.alias}-{mutation}"
     changed = mutated_copy(Path(suite.model.path), mutant, LEVEL2[mutation])
     assert changed > 0, f"mutation {mutation} changed no tensor: the checkpoint lacks the tensors it targets"
     wl = load_workload()
+    tol = wl.tolerance(suite.platform.name)
+    chat_check = mutation in CHAT_MUTATIONS
+    if chat_check:  # the goldens are read first: a missing one fails before the mutant boots
+        chat_wl = load_chat_workload()
+        chat_golden = goldens.load("chat", "level2", check_chat_golden)
+        tasks_golden = goldens.load("tasks", "level2")
     running = suite.boot(server.target, tag=f"__{mutation}", model_path=str(mutant), beside_shared=True)
     try:
-        result = run_level2(running.client(), wl, level2_golden)
+        client = running.client()
+        result = run_level2(client, wl, level2_golden)
+        if chat_check:
+            answers = {c.name: ask(client, c.messages, chat_wl.max_tokens, c.tools, chat_wl.top_k) for c in chat_wl.conversations}
+            tasks = run_tasks(client, load_tasks(chat_wl.tasks), chat_wl.task_max_tokens)
     finally:
         running.process.stop()
-    verdict = judge(result, level2_golden, wl.tolerance(suite.platform.name))
+    verdict = judge(result, level2_golden, tol)
     print(f"\n[{mutation}] {len(verdict.problems)} problem(s); perplexity {result.perplexity:.4f}")
     for line in verdict.notes + verdict.problems[:6]:
         print("   ", line.splitlines()[0][:200])
     assert not verdict.ok, f"{mutation}: the mutated model passes level 2; level 2 is blind to it"
+    if chat_check:
+        problems, _ = chat_problems(answers, chat_golden, tol)
+        floor = accuracy_floor(tasks_golden)
+        print(f"    chat: {len(problems)} conversation(s) differ; task accuracy {tasks.accuracy:.3f} vs floor {floor:.3f}")
+        assert problems, f"{mutation}: every chat answer still matches its golden; the chat goldens are blind to it"
+        assert tasks.accuracy < floor, f"{mutation}: task accuracy {tasks.accuracy:.3f} stays above its floor {floor:.3f}"

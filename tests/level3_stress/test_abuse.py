@@ -1,4 +1,4 @@
-"""Level 3 (seed 000: no crashes): abusive requests get an error (or a clean cut), never a dead server.
+"""Level 3 (the users' plan: no crashes): abusive requests get an error (or a clean cut), never a dead server.
 
 They run on their own server beside the shared one (tests/level3_stress/conftest.py `Sacrificial`): an
 engine that dies on one input is one failure, "engine crashed on <case>", and the other levels and cases

@@ -1,4 +1,4 @@
-"""Level 3 (seed 000): concurrent requests (2, 4, and more than --max-num-seqs, so some must queue).
+"""Level 3 (the users' plan): concurrent requests (2, 4, and more than --max-num-seqs, so some must queue).
 
 Every concurrent greedy output must equal the sequential one: bitwise where the platform is
 deterministic (CPU, measured), else within the level 2 stream rule (harness/logprobs.py compare_streams,

@@ -1,4 +1,4 @@
-"""Level 3 (seed 000): long context up to the model's limit; over the limit a clean 4xx.
+"""Level 3 (the users' plan): long context up to the model's limit; over the limit a clean 4xx.
 
 "Long context (32K+ tokens)" scaled to the model: the limit is the server's max_model_len (4096 on
 the embedded tiny gpt-oss; up to 131072 on gpt-oss-120b), and 32K is tested where the model has it.

@@ -1,4 +1,4 @@
-"""Level 3 (seed 000): 100 sequential requests of mixed lengths, no crash, no leak, no slowdown.
+"""Level 3 (the users' plan): 100 sequential requests of mixed lengths, no crash, no leak, no slowdown.
 
 One run (the `sequential_run` fixture: a warm-up cycle, then the ten request shapes ten times in the
 same order) is judged three ways. Because every tenth of the run holds the same ten shapes, the

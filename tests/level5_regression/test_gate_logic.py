@@ -106,7 +106,7 @@ def test_memory_samples_use_medians():
     assert compare_memory([80.0, 80.0, 80.0], [81.2, 81.3, 60.0], T).status == "fail"
 
 
-def run(platform="sm_121", device="NVIDIA GB10", tg_factor=1.0, mem=80.0, **extra):
+def run(platform="sm_121", device="NVIDIA GB10", tg_factor=1.0, mem=80.0, used=62.0, kv=1_000_000, **extra):
     return {
         "config": "cutlass", "platform": platform, "device": device, "valid": True,
         "metrics": {
@@ -115,24 +115,114 @@ def run(platform="sm_121", device="NVIDIA GB10", tg_factor=1.0, mem=80.0, **extr
             **extra,
         },
         "memory_peak_gb": mem,
+        "memory_used_gib": used,
+        "kv_capacity_tokens": kv,
     }
 
 
-def test_compare_run_judges_shared_metrics_and_memory():
+def test_compare_run_judges_shared_metrics_used_memory_and_kv_capacity():
     base = run(pp2048={"samples": samples(4341.0), "unit": "tok/s", "higher_is_better": True})
-    cur = run(tg_factor=0.95, mem=81.5)
+    cur = run(tg_factor=0.95, used=63.5, kv=940_000)
     cur["metrics"]["ttft_ms"]["samples"] = samples(555.0, seed=5)
     verdicts = {v.name: v for v in regression.compare_run(base, cur, T)}
-    assert set(verdicts) == {"tg32", "ttft_ms", "memory_peak_gb"}
+    assert set(verdicts) == {"tg32", "ttft_ms", "memory_used_gib", "kv_capacity_tokens"}
     assert verdicts["tg32"].status == "fail"
     assert verdicts["ttft_ms"].status == "pass"
-    assert verdicts["memory_peak_gb"].status == "fail"
+    assert verdicts["memory_used_gib"].status == "fail" and verdicts["memory_used_gib"].kind == "memory"
+    assert verdicts["kv_capacity_tokens"].status == "fail" and "-6.00%" in verdicts["kv_capacity_tokens"].message
     assert regression.unshared_metrics(base, cur) == (["pp2048"], [])
 
 
+def test_peak_memory_is_informational_now():
+    """vLLM's reservation (0.92 x device memory) cannot move when the model needs 1 GB more: not gated."""
+    verdicts = regression.compare_run(run(mem=80.0), run(mem=95.0), T)
+    assert "memory_peak_gb" not in {v.name for v in verdicts}
+
+
 def test_compare_run_skips_memory_when_not_measured():
-    verdicts = regression.compare_run(run(mem=None), run(), T)
+    verdicts = regression.compare_run(run(), run(used=None, kv=None), T)
     assert [v.name for v in verdicts] == ["tg32", "ttft_ms"]
+
+
+@pytest.mark.parametrize("growth_gib,status", [
+    (0.0, "pass"), (0.5, "pass"), (0.90, "pass"),   # 0.90 GiB = 0.97 GB
+    (0.95, "fail"),                                  # 0.95 GiB = 1.02 GB: the gate is in GB, as the seed says
+    (1.5, "fail"), (-1.5, "improved"),
+])
+def test_used_memory_gate_is_in_gb(growth_gib, status):
+    v = regression.compare_used_memory(62.0, 62.0 + growth_gib, T, config="cutlass")
+    assert v.status == status, v.message
+    assert v.delta_abs == pytest.approx(growth_gib)
+    if status == "fail":
+        assert "pytest -m level5 --config=cutlass --force-regen" in v.message
+
+
+@pytest.mark.parametrize("kv,status", [(1_000_000, "pass"), (960_000, "pass"), (940_000, "fail"),
+                                       (1_100_000, "improved")])
+def test_kv_capacity_gate(kv, status):
+    assert regression.compare_kv_capacity(1_000_000, kv, T).status == status
+
+
+def test_memory_is_strict_on_cpu_where_timing_is_advisory():
+    """CPU: a 20% decode drop is an advisory warning, +1.5 GiB of used memory fails the run."""
+    path = REPO / "baselines" / "thresholds.yaml"
+    cpu = regression.load_thresholds(path, "cpu")
+    base = run(platform="cpu", device="AMD EPYC", used=5.6, kv=1_032_444)
+    cur = run(platform="cpu", device="AMD EPYC", tg_factor=0.8, used=7.1, kv=1_032_444)
+    verdicts = {v.name: v for v in regression.compare_run(base, cur, cpu)}
+    assert verdicts["tg32"].status == "fail" and verdicts["tg32"].advisory
+    assert verdicts["tg32"].message.startswith("ADVISORY FAIL") and "memory verdicts stay strict" in verdicts["tg32"].advisory_reason
+    assert not verdicts["memory_used_gib"].advisory and not verdicts["kv_capacity_tokens"].advisory
+    failing = regression.gate_failures(list(verdicts.values()), cpu)
+    assert [v.name for v in failing] == ["memory_used_gib"]
+    assert [v.name for v in regression.advisory_failures(list(verdicts.values()), cpu)] == ["tg32"]
+    # A/A on CPU: nothing fails, advisory or not
+    same = regression.compare_run(base, run(platform="cpu", device="AMD EPYC", used=5.62, kv=1_032_444), cpu)
+    assert not regression.gate_failures(same, cpu) and all(v.status == "pass" for v in same if v.kind != "timing")
+
+
+def test_schema_1_baseline_makes_memory_inconclusive_with_the_regen_command():
+    old = run(used=None, kv=None)
+    del old["memory_used_gib"], old["kv_capacity_tokens"]
+    verdicts = {v.name: v for v in regression.compare_run(old, run(), T)}
+    for name in ("memory_used_gib", "kv_capacity_tokens"):
+        v = verdicts[name]
+        assert v.status == "inconclusive" and "schema 1" in v.message
+        assert "pytest -m level5 --config=cutlass --force-regen" in v.message
+    strict = Thresholds(inconclusive_is_failure=True)
+    assert {v.name for v in regression.gate_failures(list(verdicts.values()), strict)} == {"memory_used_gib", "kv_capacity_tokens"}
+
+
+def test_a_pass_must_resolve_the_gate():
+    """No significant change is not enough: when the CI still reaches beyond -3%, the verdict is inconclusive."""
+    v = compare_metric("pp2048", samples(30000.0, cv=0.02, n=5), samples(30000.0 * 0.985, cv=0.02, n=5, seed=1),
+                       True, T)
+    assert v.status == "inconclusive" and "cannot be ruled out" in v.message, v.message
+    assert v.ci[0] < 1 - T.throughput_drop
+    # the same change measured with enough rounds (or less noise) passes
+    assert compare_metric("pp2048", samples(30000.0, cv=0.004, n=12), samples(30000.0 * 0.985, cv=0.004, n=12, seed=1),
+                          True, T).status == "pass"
+
+
+def test_unresolved_samples_are_inconclusive_never_pass_or_fail():
+    """Rounds that ran below the loaded clock (idle GPU ramping up) cannot judge a change either way."""
+    why = "only 3 of 10 rounds ran at the loaded clock (SM clock fell to 345 MHz)"
+    v = compare_metric("pp2048", samples(30000.0), samples(30000.0 * 0.53, seed=1), True, T, unresolved=why)
+    assert v.status == "inconclusive" and why in v.message
+    assert compare_metric("tg32", samples(31.6), samples(31.6, seed=1), True, T, unresolved=why).status == "inconclusive"
+    base, cur = run(), run()
+    cur["metrics"]["tg32"]["unresolved"] = why
+    assert {v.name: v.status for v in regression.compare_run(base, cur, T)}["tg32"] == "inconclusive"
+
+
+@pytest.mark.parametrize("slowdown,status", [(0.0, "pass"), (0.02, "pass"), (0.05, "fail")])
+def test_injected_step_slowdowns_on_gpu_like_noise(slowdown, status):
+    """The curve's rule on GPU-like noise (decode CV 0.3%, prefill CV 1%, 16 rounds): 5% slower fails, 2% passes."""
+    for name, cv in (("tg128", 0.003), ("pp2048", 0.01)):
+        base = samples(1000.0, cv=cv, n=16, seed=11)
+        cur = samples(1000.0 / (1 + slowdown), cv=cv, n=16, seed=12)
+        v = compare_metric(name, base, cur, True, T)
+        assert v.status == status, v.message
 
 
 def test_compare_run_refuses_invalid_results_and_other_platforms():
@@ -161,6 +251,9 @@ def test_repo_thresholds_file():
     path = REPO / "baselines" / "thresholds.yaml"
     t = regression.load_thresholds(path)
     assert (t.throughput_drop, t.latency_rise, t.memory_growth_gb, t.alpha) == (0.03, 0.03, 1.0, 0.05)
+    assert (t.kv_capacity_drop, t.sensitivity_pass, t.sensitivity_fail) == (0.05, 0.02, 0.05)
+    cpu = regression.load_thresholds(path, "cpu")
+    assert cpu.sensitivity_fail > cpu.throughput_drop and cpu.memory_growth_gb == 1.0 and cpu.kv_capacity_drop == 0.05
     assert t.inconclusive_is_failure is False
     assert regression.load_thresholds(path, "sm_121").inconclusive_is_failure is True
     assert regression.load_thresholds(path, "cpu").inconclusive_is_failure is False
@@ -190,3 +283,30 @@ def test_cpu_gate_is_advisory_and_gpus_are_strict():
     assert load_thresholds(path, "cpu").advisory is True
     assert load_thresholds(path, "sm_90").advisory is False and load_thresholds(path, "sm_90").throughput_drop == 0.03
     assert load_thresholds(path, "sm_121").inconclusive_is_failure is True
+
+
+def test_a_metric_whose_boots_spread_beyond_the_gate_is_never_passed_nor_failed_within_the_spread():
+    """Measured on an H200: pp2048 moves by up to 24% between A/A boots. Baseline and current come from
+    different boots, so a -15% shift is not evidence of a regression (inconclusive, with the reason), a
+    -45% one is (fail), and without the spread data the same -15% would have been a false FAIL."""
+    spread = Thresholds(boot_spread=(("pp2048*", 0.24),))
+    base = samples(27000.0, 0.02, 16, seed=0)
+    shifted = samples(27000.0 * 0.85, 0.02, 16, seed=1)
+    v = compare_metric("pp2048", base, shifted, True, spread, boot_spread=spread.spread_of("pp2048"))
+    assert v.status == "inconclusive" and "between boots" in v.message
+    assert compare_metric("pp2048", base, shifted, True, Thresholds()).status == "fail"
+    crashed = samples(27000.0 * 0.55, 0.02, 16, seed=2)
+    assert compare_metric("pp2048", base, crashed, True, spread, boot_spread=spread.spread_of("pp2048")).status == "fail"
+    same = samples(27000.0, 0.02, 16, seed=3)
+    assert compare_metric("pp2048", base, same, True, spread, boot_spread=spread.spread_of("pp2048")).status == "inconclusive"
+    assert spread.spread_of("tg128") == 0.0
+
+
+def test_boot_spread_comes_from_the_thresholds_file(tmp_path):
+    from harness.regression import load_thresholds
+
+    p = tmp_path / "t.yaml"
+    p.write_text("defaults: {}\nplatforms:\n  sm_90:\n    boot_spread: {'pp*': 0.2, '*@c2': 0.07}\n")
+    t = load_thresholds(p, "sm_90")
+    assert t.spread_of("pp512@c2") == 0.2 and t.spread_of("tg32@c2") == 0.07 and t.spread_of("tg32") == 0.0
+    assert load_thresholds(p, "sm_121").spread_of("pp512") == 0.0

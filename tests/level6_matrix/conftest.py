@@ -8,7 +8,8 @@ Parallel runs (pytest-xdist, `-n N`): each worker boots its own servers. Workers
 files in a directory keyed by xdist's test-run id, so a combination is booted by one worker only (a
 lock per combination), and at most one server runs per slot: on CPU one slot (the cores are shared,
 so level 6 is serial there whatever `-n` says), on CUDA one slot per visible GPU, each worker pinned to
-one GPU through CUDA_VISIBLE_DEVICES. Without xdist (`-n 0` or no `-n`) evidence lives in memory.
+one GPU through CUDA_VISIBLE_DEVICES (harness.parallel pins each worker before it boots anything; the
+pin here is the same `device_for_worker` choice). Without xdist (`-n 0` or no `-n`) evidence lives in memory.
 """
 from __future__ import annotations
 
@@ -87,13 +88,8 @@ def plan(request: pytest.FixtureRequest, suite: Suite) -> Plan:
 def level6_dir(request: pytest.FixtureRequest, suite: Suite) -> Path:
     """Reports, and under xdist the evidence workers share (keyed by the run's id, never reused).
 
-    xdist workers share an explicit --run-dir; default run dirs are per-process timestamps, so
-    workers then meet next to them, in runs/level6-xdist-<id>."""
-    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if uid and not request.config.getoption("--run-dir"):
-        path = suite.run_dir.parent / f"level6-xdist-{uid}"
-    else:
-        path = suite.run_dir / "level6"
+    xdist workers share the controller's run dir (harness.parallel hands it to them)."""
+    path = suite.run_dir / "level6"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

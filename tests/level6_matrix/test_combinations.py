@@ -1,4 +1,4 @@
-"""Level 6 (seed 000): feature combinations boot, answer, take their kernel path and stay correct.
+"""Level 6 (the users' plan): feature combinations boot, answer, take their kernel path and stay correct.
 
 Which combinations: tests/level6_matrix/matrix.yaml (per platform; full product where small, pairwise
 otherwise, minus what the flavour cannot run). Each combination boots its own server once; see

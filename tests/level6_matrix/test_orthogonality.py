@@ -1,4 +1,4 @@
-"""Level 6 (seed 000): orthogonal gating, no feature interference.
+"""Level 6 (the users' plan): orthogonal gating, no feature interference.
 
 For every two combinations that differ in exactly one axis, the kernels (CPU ops) that ran on one
 side only must be the ones the flavour declares for that axis's values, and the kernels the other

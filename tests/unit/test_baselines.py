@@ -14,12 +14,15 @@ def results(**over):
         "config": "cutlass", "model": "tiny-gpt-oss-mxfp4", "platform": "sm_121", "device": "NVIDIA GB10",
         "valid": True,
         "metrics": {
-            "tg32": {"samples": [np.float64(31.5), 31.6, 31.55], "unit": "tok/s", "higher_is_better": True},
+            "tg32": {"samples": [np.float64(31.5), 31.6, 31.55], "unit": "tok/s", "higher_is_better": True,
+                     "rounds": [{"sm_mhz": 1980.0, "mem_mhz": 3201.0, "power_w": 400.0}] * 3},
             "ttft_ms": {"samples": [555.0, 560.0, 557.5], "unit": "ms", "higher_is_better": False},
         },
         "workload": {"prompt_tokens": 2048, "output_tokens": 32, "runs": 3},
         "metadata": {"vllm_version": "0.11.0", "git_shas": {"vllm": "ac9f9330e"}},
         "memory_peak_gb": np.float32(61.25),
+        "memory_used_gib": 62.93, "kv_capacity_tokens": 987654,
+        "memory": {"used_source": "vLLM accounting", "engine": {"weights_gib": 61.4}},
     }
     r.update(over)
     return r
@@ -65,6 +68,9 @@ def test_save_then_load_round_trips_samples_and_metadata(path):
     assert b["metrics"]["tg32"]["samples"] == [31.5, 31.6, 31.55]
     assert b["metrics"]["ttft_ms"]["higher_is_better"] is False
     assert b["memory_peak_gb"] == pytest.approx(61.25)
+    assert (b["memory_used_gib"], b["kv_capacity_tokens"]) == (62.93, 987654)
+    assert b["memory"]["used_source"] == "vLLM accounting"
+    assert b["metrics"]["tg32"]["rounds"][0]["sm_mhz"] == 1980.0 and "rounds" not in b["metrics"]["ttft_ms"]
     assert b["metadata"]["git_shas"]["vllm"] == "ac9f9330e"
     assert b["device"] == "NVIDIA GB10" and b["config"] == "cutlass" and b["date"]
     assert "valid" not in b
@@ -92,7 +98,11 @@ GOOD = {"version": 1, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "h
 @pytest.mark.parametrize("doc,needle", [
     ([1, 2], "top level"),
     ({k: v for k, v in GOOD.items() if k != "version"}, "version"),
-    ({**GOOD, "version": 2}, "schema version 2"),
+    ({**GOOD, "version": 3}, "schema version 3"),
+    ({**GOOD, "version": 2}, "missing 'memory_used_gib'"),
+    ({**GOOD, "version": 2, "memory_used_gib": 1.0}, "missing 'kv_capacity_tokens'"),
+    ({**GOOD, "version": 2, "memory_used_gib": -1.0, "kv_capacity_tokens": 10}, "memory_used_gib"),
+    ({**GOOD, "version": 2, "memory_used_gib": 1.0, "kv_capacity_tokens": 1.5}, "kv_capacity_tokens"),
     ({**GOOD, "metrics": {}}, "metrics"),
     ({**GOOD, "metrics": {"tg32": {"samples": "31.5", "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
     ({**GOOD, "metrics": {"tg32": {"samples": [], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
@@ -115,6 +125,16 @@ def test_good_minimal_schema_loads(path):
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump({**GOOD, "memory_peak_gb": None}))
     assert baselines.load_baseline(path)["memory_peak_gb"] is None
+
+
+def test_schema_1_baselines_still_load_and_schema_2_carries_used_memory(path):
+    """Old baselines stay loadable (their memory verdicts say how to re-record); new ones record the gated numbers."""
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(GOOD))
+    assert baselines.load_baseline(path)["version"] == 1
+    path.write_text(yaml.safe_dump({**GOOD, "version": 2, "memory_used_gib": 62.9, "kv_capacity_tokens": 1234}))
+    b = baselines.load_baseline(path)
+    assert (b["memory_used_gib"], b["kv_capacity_tokens"]) == (62.9, 1234)
 
 
 @pytest.mark.parametrize("over,needle", [({"valid": False}, "kernel-path check failed"),

@@ -109,6 +109,11 @@ def test_unknown_value_in_a_flavour_file_is_reported(tmp_path):
     (["--config=nope"], "unknown config 'nope'"),
     (["--model=/no/such/dir"], "no such directory"),
     (["--flavour=nope"], "unknown flavour 'nope'"),
+    (["--run-dir=/proc/no-such-dir"], "--run-dir /proc/no-such-dir: cannot write there"),
+    (["--workloads=/no/such/workloads.yaml"], "--workloads /no/such/workloads.yaml: no such file"),
+    (["--model=nobody-has/this-model-xyz"], "--model nobody-has/this-model-xyz: "),
+    (["--platform=sm_121"], "use them with --server-url"),
+    (["--server-url=http://127.0.0.1:9"], "--server-url http://127.0.0.1:9: cannot list models"),
 ])
 def test_bad_options_exit_nonzero_with_one_line_and_no_traceback(argv, expect):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv, "tests/unit/test_configs.py"],
@@ -117,6 +122,23 @@ def test_bad_options_exit_nonzero_with_one_line_and_no_traceback(argv, expect):
     assert r.returncode != 0
     assert expect in out and "Traceback" not in out
     assert len([l for l in out.splitlines() if l.strip()]) <= 2, out
+
+
+def test_a_path_option_given_with_a_space_outside_the_repo_is_one_line(tmp_path):
+    """pytest takes `--run-dir /outside/dir` for its rootdir and misses pytest.ini; the suite's entry-point
+    plugin (installed by scripts/setup.sh) says so in one line instead of an 'unrecognized arguments' usage dump."""
+    from importlib.metadata import entry_points
+
+    if not any(ep.value == "harness.pytest_plugin" for ep in entry_points(group="pytest11")):
+        pytest.skip("the suite is not installed in this environment (scripts/setup.sh installs it): its options load "
+                    "from conftest.py only, after pytest chose the rootdir")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--run-dir", str(tmp_path), "-k", "nothing"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 4 and "write --run-dir=<path>" in out and "Traceback" not in out, out
+    ok = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--run-dir={tmp_path}",
+                         "tests/unit/test_stats.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout[-500:]
 
 
 def test_list_configs_shows_three_flavours():

@@ -14,7 +14,7 @@ def metric(mean, unit="tok/s", hib=True, seed=0):
     return {"samples": list(mean * (1 + 0.003 * rng.standard_normal(10))), "unit": unit, "higher_is_better": hib}
 
 
-def result(config, platform, device, tg=31.6, pp=4341.0, mem=80.0, valid=True):
+def result(config, platform, device, tg=31.6, pp=4341.0, mem=80.0, valid=True, used=None, kv=None):
     return {
         "config": config, "model": "tiny-gpt-oss-mxfp4", "platform": platform, "device": device, "valid": valid,
         "metrics": {
@@ -25,13 +25,14 @@ def result(config, platform, device, tg=31.6, pp=4341.0, mem=80.0, valid=True):
         "workload": {"prompt_tokens": 2048, "output_tokens": 32, "runs": 10},
         "metadata": {},
         "memory_peak_gb": mem,
+        "memory_used_gib": used, "kv_capacity_tokens": kv,
     }
 
 
 @pytest.fixture
 def runs():
-    base = result("baseline", "sm_121", "NVIDIA GB10")
-    cur = result("baseline", "sm_121", "NVIDIA GB10", tg=31.6 * 0.95, mem=81.5)
+    base = result("baseline", "sm_121", "NVIDIA GB10", used=62.0, kv=100_000)
+    cur = result("baseline", "sm_121", "NVIDIA GB10", tg=31.6 * 0.95, mem=81.5, used=63.5, kv=97_000)
     cpu = result("marlin", "cpu", "AMD EPYC", tg=2.1, pp=150.0, mem=None)
     bad = result("cutlass", "sm_90", "NVIDIA H100 80GB HBM3", valid=False)
     return base, [cur, cpu, bad]
@@ -56,13 +57,54 @@ def test_markdown_summary_rows_columns_and_marks(tmp_path, runs):
     tg32 = cells[header.strip("|").split("|").index(" tg32 ")]
     mean = np.mean(results[0]["metrics"]["tg32"]["samples"])
     assert tg32.startswith(f"{mean:.2f} ±") and "(-5." in tg32 and "❌ FAIL" in tg32
-    assert "+1.50 GB ❌ FAIL" in row["baseline"]
+    assert "63.50 (+1.50 GiB ❌ FAIL)" in row["baseline"]  # used memory is gated
+    assert "97,000 (-3.00% ✅)" in row["baseline"]  # KV capacity within its 5% gate
+    assert "| 81.50 |" in row["baseline"]  # peak memory is informational: no verdict
     assert row["baseline"].rstrip().endswith("❌ FAIL |")
     assert "INVALID" in row["cutlass"]
     assert "no baseline" in row["marlin"]
     assert "- **cpu** (AMD EPYC): marlin" in text
-    assert "## Needs attention" in text and "FAIL tg32" in text
     assert "| marlin | cpu | pp2048 @ d4096 |" in text
+
+
+def test_report_leads_with_failed_metrics_and_their_cis(tmp_path, runs):
+    base, results = runs
+    verdicts = {"baseline": compare_run(base, results[0], Thresholds())}
+    text = reports.write_markdown_summary(results, verdicts, tmp_path / "s.md").read_text(encoding="utf-8")
+    first_section = next(line for line in text.splitlines() if line.startswith("## "))
+    assert first_section == "## ❌ Failed (4)"  # tg32, tg128, tg32@d4096 (all 5% slower) and used memory
+    failed = text.split("## ❌ Failed (4)")[1].split("\n## ")[0]
+    assert "`tg32`: FAIL tg32" in failed and "CI of ratio [0.9" in failed
+    assert "`memory_used_gib`: FAIL used memory 62.00 -> 63.50 GiB" in failed
+    assert text.index("## ❌ Failed") < text.index("| Config |")
+
+
+def test_advisory_verdicts_are_shown_as_advisory_with_why(tmp_path, runs):
+    """On CPU the timing gate is advisory: its fails must not read as ❌ FAIL in a run whose tests pass."""
+    base, results = runs
+    cpu_base = result("marlin", "cpu", "AMD EPYC", tg=2.1, pp=150.0, used=3.0, kv=50_000)
+    cpu_cur = result("marlin", "cpu", "AMD EPYC", tg=2.1 * 0.8, pp=150.0, used=3.1, kv=50_000)
+    verdicts = {"marlin": compare_run(cpu_base, cpu_cur, Thresholds(throughput_drop=0.1, advisory=True))}
+    text = reports.write_markdown_summary([cpu_cur], verdicts, tmp_path / "s.md").read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| **marlin** |"))
+    assert "❌" not in row and "(-20.0% ⚠️ advisory fail)" in row
+    assert row.rstrip().endswith("✅ (3 advisory) |")  # tg32, tg128, tg32@d4096
+    assert "## ❌ Failed" not in text and "## ⚠️ Advisory, not gating (3)" in text
+    assert "advisory: timing verdicts on cpu are advisory" in text and "memory verdicts stay strict" in text
+
+
+def test_per_round_clocks_sit_next_to_the_numbers(tmp_path, runs):
+    _, results = runs
+    r = results[0]
+    r["metrics"]["pp2048"]["rounds"] = [{"sm_mhz": 1980.0, "mem_mhz": 3201.0, "power_w": 512.0}] * 10
+    r["metrics"]["pp2048"]["flagged"] = [{"value": 2300.0, "sm_mhz": 1500.0, "sm_min_mhz": 345.0, "flagged": True,
+                                          "why": "SM clock fell to 345 MHz"}]
+    r["clocks"] = {"loaded_sm_mhz": 1980.0, "flag_below_mhz": 1782.0}
+    text = reports.write_markdown_summary([r], {}, tmp_path / "s.md").read_text(encoding="utf-8")
+    section = text.split("## Per-round clocks")[1]
+    assert "loaded SM clock 1980 MHz" in section
+    assert "`pp2048` (tok/s): " in section and "@ SM 1980 MHz, mem 3201 MHz, 512 W" in section
+    assert "set aside (below the loaded clock): 2300 @ SM 1500 (min 345) MHz" in section
 
 
 def test_summary_refuses_results_without_platform(tmp_path, runs):

@@ -1,0 +1,141 @@
+"""The gate's measured sensitivity curve: one server, slowed by known fractions through the suite_testhooks
+plugin (no reboot), each fraction measured interleaved with 0% and judged by the level 5 gate.
+
+Per fraction f: the delay a + b x tokens is planned from the step times measured at 0% (a decode step of
+1 token and a prefill of N tokens each get f of their own time, `harness.hooks.plan_delay`); then rounds
+alternate 0% / f% in ABBA order (drift between them cancels), each round = one decode request and one
+prefill request on the engine clock, each right after its own warm-up request. The gate
+(`harness.regression.compare_metric`, the platform's thresholds) then compares the f% samples with the 0%
+ones. Throughput at f is expected at 1 / (1 + f) of the 0% one; the measured ratio is reported beside it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness import bench, hooks, stats
+from harness.bench import PromptMaker, Workload
+from harness.client import Client
+from harness.errors import SuiteError
+from harness.regression import Thresholds, Verdict, compare_metric
+from harness.server_metrics import EngineRound, scrape
+
+
+@dataclass(frozen=True)
+class CurveSpec:
+    decode: Workload  # kind "decode": tg metric
+    prefill: Workload  # kind "prefill": pp metric
+    rounds: int  # rounds per side (0% and f%) per fraction
+    calibration_rounds: int = 5
+
+
+def spec_for(platform_name: str) -> CurveSpec:
+    """GPU: the 120b shape's headline shapes (tg128, pp2048); CPU: shapes the 2-core box runs in seconds."""
+    if platform_name == "cpu":
+        return CurveSpec(Workload("decode", 16, 64, runs=1, warmup=1), Workload("prefill", 512, 2, runs=1, warmup=1), 12)
+    return CurveSpec(Workload("decode", 16, 128, runs=1, warmup=2), Workload("prefill", 2048, 2, runs=1, warmup=2), 16)
+
+
+def _name(w: Workload) -> str:
+    return f"tg{w.tg}" if w.kind == "decode" else f"pp{w.pp}"
+
+
+def measure_once(client: Client, maker: PromptMaker, w: Workload, sampler=None) -> tuple[float, dict]:
+    """One round on the engine clock: warm-up request, scrape, the measured request, scrape."""
+    sampler = sampler or bench._NoClocks()
+    prompt = maker.make(w.pp)
+    client.complete(maker.make(w.pp), 2, ignore_eos=True)  # warm-up right before: no idle gap
+    before = scrape(client)
+    with sampler.round() as rc:
+        bench._measure(client, w, prompt)
+    after = scrape(client)
+    if before is None or after is None:
+        raise SuiteError("the sensitivity curve needs vLLM's engine-clock metrics (/metrics request_*_time)")
+    r = EngineRound.between(before, after)
+    if r.requests != 1:
+        raise SuiteError(f"{r.requests} requests finished during one curve round; another client is using the server")
+    value = (r.generated_tokens - 1) / r.decode_s if w.kind == "decode" else r.computed_prompt_tokens / r.prefill_s
+    return value, rc.record()
+
+
+@dataclass
+class Point:
+    fraction: float
+    delay: hooks.Delay
+    base: dict[str, list[float]] = field(default_factory=dict)
+    slow: dict[str, list[float]] = field(default_factory=dict)
+    clocks: dict[str, list[dict]] = field(default_factory=dict)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    acks: list[dict] = field(default_factory=list)
+
+    def ratio(self, name: str) -> float:
+        return stats.median(self.slow[name]) / stats.median(self.base[name])
+
+    def summary(self) -> dict[str, Any]:
+        return {"fraction": self.fraction, "delay": {"a_us": round(self.delay.a_us, 2),
+                                                     "b_us_per_token": round(self.delay.b_us_per_token, 5)},
+                "expected_ratio": round(1 / (1 + self.fraction), 4),
+                "measured_ratio": {n: round(self.ratio(n), 4) for n in self.base},
+                "status": {n: v.status for n, v in self.verdicts.items()},
+                "messages": {n: v.message for n, v in self.verdicts.items()},
+                "samples": {"base": self.base, "slow": self.slow}, "clocks": self.clocks}
+
+
+class Curve:
+    def __init__(self, client: Client, hook_dir: Path, spec: CurveSpec, sampler=None, alive=None) -> None:
+        self.client, self.hook_dir, self.spec, self.sampler, self.alive = client, Path(hook_dir), spec, sampler, alive
+        self.maker = PromptMaker(client, seed=7)
+        self.acks: list[dict] = []
+
+    def set(self, delay: hooks.Delay) -> dict:
+        ack = hooks.set_slowdown(self.hook_dir, delay, alive=self.alive)
+        self.acks.append(ack["slowdown"])
+        return ack
+
+    def calibrate(self) -> tuple[float, float]:
+        """(decode step seconds, prefill seconds for the spec's N tokens) at 0%, medians."""
+        self.set(hooks.Delay(0.0, 0.0))
+        for w in (self.spec.decode, self.spec.prefill):
+            for _ in range(w.warmup):
+                self.client.complete(self.maker.make(w.pp), w.tg, ignore_eos=True)
+        tg = [measure_once(self.client, self.maker, self.spec.decode, self.sampler)[0] for _ in range(self.spec.calibration_rounds)]
+        pp = [measure_once(self.client, self.maker, self.spec.prefill, self.sampler)[0] for _ in range(self.spec.calibration_rounds)]
+        self.decode_step_s = 1.0 / stats.median(tg)
+        self.prefill_s = self.spec.prefill.pp / stats.median(pp)
+        return self.decode_step_s, self.prefill_s
+
+    def point(self, fraction: float, thresholds: Thresholds) -> Point:
+        delay = hooks.plan_delay(fraction, self.decode_step_s, self.spec.prefill.pp, self.prefill_s)
+        p = Point(fraction, delay)
+        zero = hooks.Delay(0.0, 0.0)
+        names = [_name(self.spec.decode), _name(self.spec.prefill)]
+        for n in names:
+            p.base[n], p.slow[n], p.clocks[n] = [], [], []
+        for i in range(self.spec.rounds):
+            for slow in ((False, True) if i % 2 == 0 else (True, False)):  # ABBA: drift cancels
+                p.acks.append(self.set(delay if slow else zero)["slowdown"])
+                for w, n in zip((self.spec.decode, self.spec.prefill), names):
+                    value, rc = measure_once(self.client, self.maker, w, self.sampler)
+                    (p.slow if slow else p.base)[n].append(value)
+                    p.clocks[n].append({**rc, "slowed": slow})
+        self.set(zero)
+        for n in names:
+            v = compare_metric(n, p.base[n], p.slow[n], True, thresholds, unit="tok/s")
+            # the baseline here is this server at 0%: "re-record a baseline" advice does not apply
+            p.verdicts[n] = replace(v, message=v.message.split("; investigate, or")[0].split("; record a new")[0])
+        return p
+
+
+def run_curve(client: Client, hook_dir: Path, spec: CurveSpec, fractions: list[float], thresholds: Thresholds,
+              sampler=None, alive=None) -> dict[str, Any]:
+    started = time.time()
+    curve = Curve(client, hook_dir, spec, sampler, alive)
+    t_d, t_p = curve.calibrate()
+    points = [curve.point(f, thresholds) for f in fractions]
+    return {"decode_step_ms": round(t_d * 1000, 4), "prefill_ms": round(t_p * 1000, 4),
+            "prefill_tokens": spec.prefill.pp, "rounds_per_side": spec.rounds,
+            "thresholds": {"throughput_drop": thresholds.throughput_drop, "max_cv": thresholds.max_cv,
+                           "alpha": thresholds.alpha},
+            "points": points, "seconds": round(time.time() - started, 1)}

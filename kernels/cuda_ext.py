@@ -1,0 +1,248 @@
+"""Build and call the CUDA tensor-core kernels of csrc/mxfp4_mma.cu (GPU only).
+
+Why CUDA next to Triton: the M = 1..16 path wants the decoded weights handed to mma.sync straight
+from registers, in the fragment order the packed layout already has. Triton (3.6/3.9) decides the
+register layout of a tl.dot operand itself and routes a custom-decoded operand through shared
+memory (measured: the dequant_dot / dot_scaled paths, NOTES.md); the CUDA kernel fixes the layout.
+The portable Triton path on the same packed weights (gemv.py, `packed_fma`) stays the reference
+the CPU interpreter checks.
+
+Build: nvcc from CUDA_HOME / PATH compiles the .cu into a shared library (no torch headers, a few
+seconds per arch; cached under $KERNELS_CACHE_DIR or ~/.cache/kernels_mxfp4 keyed by source hash,
+arch and nvcc version), loaded with ctypes; launches go on torch's current stream, so CUDA graph
+capture works. `available()` says why not when it cannot be used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+SRC = Path(__file__).resolve().parent / "csrc" / "mxfp4_mma.cu"
+# Same order as NT1/NT2 in the .cu: (NT, RW, RT, PF); KSPLIT = 8 // RW.
+VARIANTS = [(nt, rw, rt, pf) for nt in (1, 2) for (rw, rt, pf) in
+            ((8, 2, 4), (8, 2, 5), (8, 1, 6), (4, 1, 6), (2, 1, 4), (2, 1, 6), (1, 1, 6), (1, 1, 8))]
+WARPS = 8
+MODE_DENSE, MODE_GATEUP, MODE_DOWN = 0, 1, 2
+
+
+def _nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").exists():
+        return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc") or (str(Path("/usr/local/cuda/bin/nvcc")) if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+def _arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}{minor}"
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> ctypes.CDLL:
+    if os.environ.get("KERNELS_DISABLE_CUDA_EXT"):
+        raise RuntimeError("disabled by KERNELS_DISABLE_CUDA_EXT")
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device")
+    nvcc = _nvcc()
+    if not nvcc:
+        raise RuntimeError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    arch = _arch()
+    ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(SRC.read_bytes() + arch.encode() + ver.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "kernels_mxfp4"))
+    cache.mkdir(parents=True, exist_ok=True)
+    so = cache / f"mxfp4_mma_sm{arch}_{key}.so"
+    if not so.exists():
+        tmp = so.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [nvcc, "-O3", f"-arch=sm_{arch}", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
+               "-diag-suppress", "177", "-o", str(tmp), str(SRC)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
+        os.replace(tmp, so)
+    lib = ctypes.CDLL(str(so))
+    P, I, LL, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
+    lib.mxfp4_launch.restype = I
+    lib.mxfp4_launch.argtypes = [I, I, P, LL, P, P, LL, LL, P, I, LL, P, LL, P, I, I, P, P,
+                                 I, I, I, I, I, I, I, F, F, I, LL, P, I]
+    lib.mxfp4_route.restype = I
+    lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
+    lib.mxfp4_error_string.restype = ctypes.c_char_p
+    lib.mxfp4_error_string.argtypes = [I]
+    lib.mxfp4_max_smem_optin.restype = I
+    lib.mxfp4_max_smem_optin.argtypes = [I]
+    return lib
+
+
+def available() -> tuple[bool, str]:
+    try:
+        _load()
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - the reason is the answer
+        return False, f"{type(e).__name__}: {e}"
+
+
+def _check(err: int, what: str) -> None:
+    if err:
+        raise RuntimeError(f"{what}: CUDA error {err} ({_load().mxfp4_error_string(err).decode()})")
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(dev: int) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def _param_kind(t: torch.Tensor | None) -> tuple[int, torch.Tensor | None]:
+    if t is None:
+        return 0, None
+    if t.dtype == torch.float32:
+        return 1, t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return 2, t.contiguous()
+    return 1, t.to(torch.float32).contiguous()
+
+
+def pick_variant(m: int, n_tiles: int, kc: int, cfg: dict, sms: int, moe: bool = False) -> int:
+    """Variant index: NT by M; K split across the CTA's 8 warps when there are too few row tiles
+    to give every SM several (the small layers); PF dividing the chunk count when possible."""
+    nt = 1 if m <= 8 else 2
+    if "variant" in cfg:
+        return int(cfg["variant"]) + (8 if nt == 2 and int(cfg["variant"]) < 8 else 0)
+    big = n_tiles >= int(cfg.get("big_tiles_per_sm", 16)) * sms
+    if big:
+        rw, rt, pf = (8, 2, 5) if kc % 5 == 0 else (8, 2, 4)
+    else:
+        rw, rt = 1, 1
+        pf = 8 if -(-kc // 8) >= 8 else 6
+    return VARIANTS.index((nt, rw, rt, pf))
+
+
+def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
+    return m_rows * kc * 128 + 40 * 4 + WARPS * rt * nt * 4 * 32 * 4
+
+
+def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """y = x @ W^T (+ bias) on tensor cores. x [M, K] bf16 contiguous, M <= 16; p PackedMXFP4 (2-D)."""
+    lib = _load()
+    m, k = x.shape
+    if m > 16:
+        raise ValueError(f"the tensor-core GEMV serves M <= 16, got {m}")
+    dev = x.device.index or 0
+    sms = _sms(dev)
+    v = pick_variant(m, p.n_tiles, p.k_chunks, cfg, sms)
+    nt, rw, rt, pf = VARIANTS[v]
+    ksplit = WARPS // rw
+    items = -(-p.n_tiles // (rw * rt))
+    grid = max(1, min(items, sms * int(cfg.get("ctas_per_sm", 2))))
+    smem = _smem(m, p.k_chunks, rt, nt)
+    bk, b = _param_kind(bias)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    err = lib.mxfp4_launch(MODE_DENSE, v, x.data_ptr(), x.stride(0), p.words.data_ptr(), p.scales.data_ptr(), 0, 0,
+                           b.data_ptr() if b is not None else None, bk, 0, out.data_ptr(), out.stride(0), None, 0, 0,
+                           None, None, m, p.n, k, p.n_tiles, p.k_chunks, 1, ksplit, 0.0, 0.0, grid, smem, stream, 0)
+    _check(err, "mxfp4 gemv launch")
+    return out
+
+
+_pdl_ok: dict[int, bool] = {}
+_scratch: dict[tuple, torch.Tensor] = {}
+
+
+def _cached_zeros(key: tuple, shape, dtype, device) -> torch.Tensor:
+    t = _scratch.get(key)
+    if t is None:
+        t = torch.zeros(shape, dtype=dtype, device=device)
+        _scratch[key] = t
+    return t
+
+
+def route(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None, top_k: int):
+    """Router GEMV (weights in their stored dtype) + top-k + softmax in one launch -> (ids int32 [M, k],
+    weights float32 [M, k])."""
+    lib = _load()
+    m, h = x.shape
+    e = router_w.shape[0]
+    wk, w = _param_kind(router_w)
+    bk, b = _param_kind(router_b)
+    dev = x.device
+    logits = _cached_zeros(("logits", dev, m, e), (m, e), torch.float32, dev)
+    counter = _cached_zeros(("counter", dev), (1,), torch.int32, dev)
+    ids = torch.empty((m, top_k), dtype=torch.int32, device=dev)
+    wts = torch.empty((m, top_k), dtype=torch.float32, device=dev)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    err = lib.mxfp4_route(x.data_ptr(), x.stride(0), w.data_ptr(), wk, b.data_ptr() if b is not None else None, bk,
+                          logits.data_ptr(), counter.data_ptr(), ids.data_ptr(), wts.data_ptr(), m, e, h, top_k, stream)
+    _check(err, "mxfp4 route launch")
+    return ids, wts
+
+
+def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, dn_bias, out: torch.Tensor,
+        cfg: dict, alpha: float, limit: float) -> torch.Tensor:
+    """Experts of the MoE block: gate_up + SwiGLU (one launch), down + weighted combine (one launch).
+    gu / dn: PackedMXFP4 stacked over experts (gu packed with paired=True). ids int32 [M, k]."""
+    lib = _load()
+    m, hdim = x.shape
+    top_k = ids.shape[1]
+    slots = m * top_k
+    dev = x.device
+    sms = _sms(dev.index or 0)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    inter = gu.n // 2
+    kc_h = dn.k_chunks
+    hfrag = _cached_zeros(("hfrag", dev, slots, kc_h), (slots + 1, kc_h, 32), torch.int32, dev)
+    pdl = int(cfg.get("pdl", 1)) if torch.cuda.get_device_capability(dev)[0] >= 9 else 0
+    if _pdl_ok.get(dev.index or 0) is False:
+        pdl = 0
+    gbk, gb = _param_kind(gu_bias)
+    dbk, db = _param_kind(dn_bias)
+    # gate_up: items = slots x row-tile groups, K split per cfg
+    v1 = int(cfg.get("gate_up_variant", 6))
+    nt, rw, rt, pf = VARIANTS[v1]
+    items1 = slots * -(-gu.n_tiles // (rw * rt))
+    grid1 = max(1, min(items1, sms * int(cfg.get("ctas_per_sm", 2))))
+    smem1 = _smem(m, gu.k_chunks, rt, nt)
+    wst_e = gu.words[0].numel() // 4 if gu.words.dim() == 5 else 0
+    sst_e = gu.scales[0].numel() // 4 if gu.scales.dim() == 5 else 0
+    ids32 = ids.to(torch.int32).contiguous()
+    wts32 = wts.to(torch.float32).contiguous()
+
+    def launch_gu(p):
+        return lib.mxfp4_launch(MODE_GATEUP, v1, x.data_ptr(), x.stride(0), gu.words.data_ptr(), gu.scales.data_ptr(),
+                                wst_e, sst_e, gb.data_ptr() if gb is not None else None, gbk,
+                                gb.stride(0) if gb is not None else 0, None, 0, hfrag.data_ptr(), kc_h, slots,
+                                ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles, gu.k_chunks, top_k,
+                                WARPS // rw, alpha, limit, grid1, smem1, stream, p)
+
+    err = launch_gu(pdl)
+    if err and pdl:  # no programmatic dependent launch here: plain launches
+        _pdl_ok[dev.index or 0] = False
+        pdl = 0
+        err = launch_gu(0)
+    _check(err, "mxfp4 moe gate_up launch")
+    v2 = int(cfg.get("down_variant", 6))
+    nt, rw, rt, pf = VARIANTS[v2]
+    if rw != 1 or nt != 1:
+        raise ValueError(f"down_variant {v2} must be an RW=1, NT=1 variant (6 or 7)")
+    if top_k > WARPS:
+        raise ValueError(f"the CUDA MoE down kernel handles top_k <= {WARPS}, got {top_k}")
+    ksp = WARPS // top_k
+    items2 = m * -(-dn.n_tiles // rt)
+    grid2 = max(1, min(items2, sms * int(cfg.get("ctas_per_sm", 2))))
+    smem2 = _smem(0, dn.k_chunks, rt, nt)
+    wst2 = dn.words[0].numel() // 4
+    sst2 = dn.scales[0].numel() // 4
+    err = lib.mxfp4_launch(MODE_DOWN, v2, None, 0, dn.words.data_ptr(), dn.scales.data_ptr(), wst2, sst2,
+                           db.data_ptr() if db is not None else None, dbk, db.stride(0) if db is not None else 0,
+                           out.data_ptr(), out.stride(0), hfrag.data_ptr(), kc_h, slots, ids32.data_ptr(),
+                           wts32.data_ptr(), m, dn.n, inter, dn.n_tiles, dn.k_chunks, top_k, ksp, alpha, limit,
+                           grid2, smem2, stream, pdl)
+    _check(err, "mxfp4 moe down launch")
+    return out

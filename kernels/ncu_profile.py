@@ -1,0 +1,144 @@
+"""Nsight Compute counters for the decode kernels: `python -m kernels.ncu_profile [--out DIR]`.
+
+Runs ncu (`--clock-control none`, so clocks are what the benchmark sees) on a small driver that
+executes, after warm-up: the lm_head M=1 GEMV with the old fma16 kernel (before) and the packed
+tensor-core kernel (after), and the MoE layer M=1 (route, gate_up, down). Prints per kernel:
+thread instructions per 32-bit weight word, issue-active %, warps-active %, DRAM % of peak,
+duration; writes the raw CSV and a JSON summary under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+METRICS = {
+    "smsp__thread_inst_executed.sum": "thread_inst",
+    "smsp__inst_executed.sum": "warp_inst",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue_active_pct",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "warps_active_pct",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+    "dram__bytes_read.sum": "dram_read_bytes",
+    "gpu__time_duration.sum": "duration_ns",
+    "launch__registers_per_thread": "regs",
+}
+LM = (201088, 2880)
+MOE = dict(experts=128, top_k=4, hidden=2880, inter=2880)
+
+
+def driver() -> None:
+    """What ncu profiles (run as a child process)."""
+    import torch
+
+    from .gemv import mxfp4_gemv, mxfp4_gemv_packed
+    from .moe import moe_forward_packed, pack_moe_experts
+    from .packed import pack_mxfp4
+    from .testing import generator, random_mxfp4
+    from .tuning import get_config
+
+    g = generator(7, "cuda")
+    n, k = LM
+    w, s = random_mxfp4((n, k), g)
+    q = pack_mxfp4(w, s)
+    x = torch.randn(1, k, generator=g, device="cuda").to(torch.bfloat16)
+    cfg_old = {**get_config("gemv"), "rows_max_m": 1 << 30}
+    for _ in range(2):
+        mxfp4_gemv(x, w, s, config=cfg_old)
+        mxfp4_gemv_packed(x, q)
+    torch.cuda.synchronize()
+    mxfp4_gemv(x, w, s, config=cfg_old)
+    mxfp4_gemv_packed(x, q)
+    del w, s, q
+    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
+    d_p, d_s = random_mxfp4((e, h, inter), g)
+    gu, dn = pack_moe_experts(gu_p, gu_s, d_p, d_s)
+    gb = torch.randn(e, 2 * inter, generator=g, device="cuda") * 0.1
+    db = torch.randn(e, h, generator=g, device="cuda") * 0.1
+    rw = (torch.randn(e, h, generator=g, device="cuda") * 0.05).to(torch.bfloat16)
+    for _ in range(3):
+        moe_forward_packed(x, rw, None, gu, gb, dn, db, tk)
+    torch.cuda.synchronize()
+
+
+def words_for(kernel: str) -> float | None:
+    n, k = LM
+    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    mode = None
+    for m in (0, 1, 2):  # mangled (ILi0E...) or demangled (mxfp4_kernel<0, ...) template MODE
+        if f"mxfp4_kernelILi{m}E" in kernel or f"mxfp4_kernel<{m}," in kernel:
+            mode = m
+    if "rows_kernel" in kernel or mode == 0:
+        return n * k / 8
+    if mode == 1:
+        return tk * 2 * inter * h / 8
+    if mode == 2:
+        return tk * h * inter / 8
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.driver:
+        driver()
+        return 0
+    ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if Path("/usr/local/cuda/bin/ncu").exists() else None)
+    if not ncu:
+        print("ncu not found on PATH")
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:rows_kernel|mxfp4_kernel|route_kernel",
+           "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, "-m", "kernels.ncu_profile",
+           "--driver"]
+    print(" ".join(cmd), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    (out / "ncu_raw.csv").write_text(r.stdout)
+    (out / "ncu_stderr.txt").write_text(r.stderr)
+    if r.returncode:
+        print(f"ncu failed (rc {r.returncode}): {r.stderr[-3000:]}")
+        return 1
+    text = r.stdout[r.stdout.find('"ID"'):]
+    rows = list(csv.DictReader(io.StringIO(text)))
+    last = {}
+    for row in rows:  # keep the last launch of each kernel (the earlier ones are warm-up)
+        if row_is_data(row):
+            last[row.get("Kernel Name", "")] = row
+    summary = []
+    for name, row in last.items():
+        rec = {"kernel": name[:160]}
+        for metric, key in METRICS.items():
+            try:
+                rec[key] = float(str(row.get(metric, "nan")).replace(",", ""))
+            except ValueError:
+                rec[key] = float("nan")
+        wds = words_for(name)
+        if wds:
+            rec["weight_words"] = wds
+            rec["thread_inst_per_word"] = round(rec["thread_inst"] / wds, 2)
+        summary.append(rec)
+    (out / "ncu_summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"{'kernel':60s} {'inst/word':>9s} {'issue%':>7s} {'warps%':>7s} {'dram%':>6s} {'us':>8s} {'regs':>5s}")
+    for rec in summary:
+        print(f"{rec['kernel'][:60]:60s} {rec.get('thread_inst_per_word', float('nan')):9.2f} "
+              f"{rec['issue_active_pct']:7.1f} {rec['warps_active_pct']:7.1f} {rec['dram_pct']:6.1f} "
+              f"{rec['duration_ns'] / 1e3:8.2f} {rec['regs']:5.0f}")
+    return 0
+
+
+def row_is_data(row: dict) -> bool:
+    return bool(row.get("ID", "").strip().isdigit())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Static instruction counts of the decode loops from compiled SASS (no GPU needed).
+
+    python -m kernels.sass_count [--arch 90] [--cuda] [--triton]
+
+For each kernel: find the loop with the most weight math (HMMA for the CUDA kernel, HFMA2 /
+the inline-asm block for Triton), drop instructions that belong to source lines that only run
+once per work item (`cold` lines, e.g. the address setup of the next item), and divide by the
+32-bit weight words one pass of the loop consumes per thread. This is a static proxy for Nsight
+Compute's thread instructions per word (it assumes every hot instruction runs once per pass:
+predicated-off and branched-over hot code is counted). `python -m kernels.ncu_profile` measures
+the real number on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _tool(name: str) -> str:
+    try:
+        import triton
+
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+        if p.exists():
+            return str(p)
+    except ImportError:
+        pass
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found (Triton's bundled copy or PATH)")
+    return found
+
+
+def parse_nvdisasm(text: str) -> dict[str, list[tuple[int, str, int]]]:
+    """nvdisasm --print-line-info output -> {function: [(address, instruction, source line)]}."""
+    funcs: dict[str, list] = {}
+    labels: dict[str, dict[str, int]] = {}
+    pending: list[str] = []
+    cur = None
+    line = -1
+    for raw in text.splitlines():
+        m = re.match(r"\s*\.text\.(\S+):", raw)
+        if m:
+            cur = m.group(1)
+            funcs[cur] = []
+            labels[cur] = {}
+            continue
+        m = re.match(r"^(\.L\w+):", raw.strip())
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.search(r'//## File ".*", line (\d+)', raw)
+        if m:
+            line = int(m.group(1))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", raw)
+        if m and cur:
+            addr = int(m.group(1), 16)
+            for lab in pending:
+                labels[cur][lab] = addr
+            pending = []
+            funcs[cur].append((addr, m.group(2).strip(), line))
+    for f, ins in funcs.items():  # branch targets: labels -> addresses
+        funcs[f] = [(a, re.sub(r"`\((\.L\w+)\)", lambda mm: hex(labels[f].get(mm.group(1), -1)), t), ln)
+                    for a, t, ln in ins]
+    return funcs
+
+
+def hot_loop(ins, marker: str):
+    """The backward-branch loop containing the most `marker` instructions."""
+    best = None
+    for addr, txt, _ in ins:
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", txt)
+        if not m:
+            continue
+        tgt = int(m.group(1), 16)
+        if tgt > addr:
+            continue
+        body = [(a, t, ln) for a, t, ln in ins if tgt <= a <= addr]
+        n = sum(1 for _, t, _ in body if marker in t)
+        if n and (best is None or n > best[0] or (n == best[0] and len(body) < len(best[1]))):
+            best = (n, body)
+    return best
+
+
+def opcode(txt: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", txt).split()[0].split(".")[0]
+
+
+def summarize(name: str, ins, marker: str, words_per_marker: float, cold_lines: set[int]) -> dict:
+    n, body = hot_loop(ins, marker)
+    hot = [(a, t, ln) for a, t, ln in body if ln not in cold_lines]
+    words = n * words_per_marker
+    ops = collections.Counter(opcode(t) for _, t, _ in hot)
+    return {"kernel": name, "loop_instructions": len(body), "hot_instructions": len(hot), "words": words,
+            "instr_per_word": round(len(hot) / words, 2), "loop_instr_per_word": round(len(body) / words, 2),
+            "ops": dict(ops.most_common())}
+
+
+def _lines_matching(src: Path, start_pat: str, end_pat: str) -> set[int]:
+    """Line numbers from the first line containing start_pat to the next one matching end_pat
+    (a substring, or a regex when it starts with ^)."""
+    lines = src.read_text().splitlines()
+    out: set[int] = set()
+    on = False
+    for i, ln in enumerate(lines, 1):
+        if not on and start_pat in ln:
+            on = True
+            out.add(i)
+            continue
+        if on:
+            out.add(i)
+            if (re.match(end_pat, ln) if end_pat.startswith("^") else end_pat in ln):
+                on = False
+    return out
+
+
+CUDA_VARIANTS = {  # mangled template args -> (description, NT)
+    "ILi0ELi1ELi8ELi2ELi5E": ("dense NT=1 RT=2 PF=5 (lm_head, M<=8)", 1),
+    "ILi0ELi1ELi8ELi2ELi4E": ("dense NT=1 RT=2 PF=4", 1),
+    "ILi0ELi1ELi1ELi1ELi6E": ("dense NT=1 KSPLIT=8 PF=6 (qkv/o/experts, M<=8)", 1),
+    "ILi0ELi2ELi8ELi2ELi4E": ("dense NT=2 RT=2 PF=4 (lm_head, M<=16)", 2),
+    "ILi0ELi2ELi1ELi1ELi6E": ("dense NT=2 KSPLIT=8 PF=6 (M<=16)", 2),
+    "ILi1ELi1ELi8ELi1ELi6E": ("moe gate_up NT=1 KSPLIT=1 PF=6", 1),
+    "ILi2ELi1ELi1ELi1ELi6E": ("moe down NT=1 PF=6", 1),
+}
+
+
+def cuda_counts(arch: str = "90") -> list[dict]:
+    src = HERE / "csrc" / "mxfp4_mma.cu"
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        subprocess.run([shutil.which("nvcc") or "nvcc", "-O3", f"-arch=sm_{arch}", "-cubin", "-lineinfo", "-o", cubin,
+                        str(src)], check=True, capture_output=True)
+        text = subprocess.run([_tool("nvdisasm"), "--print-line-info", cubin], check=True, capture_output=True,
+                              text=True).stdout
+    funcs = parse_nvdisasm(text)
+    # Hot = source lines that run per chunk: the decode, mma, loads, scale FFMAs, the x-fragment
+    # loads, the prefetch `issue` and the chunk loop itself. Other lines inside the loop body are
+    # the next item's address setup (`set_item`, item_info, tile_of), run once per item.
+    hot = set()
+    for a, b in (("__device__ __forceinline__ void decode4", "^}"), ("__device__ __forceinline__ void mma16816", "^}"),
+                 ("__device__ __forceinline__ void ld_stream_v4_if", "^}"),
+                 ("__device__ __forceinline__ void ld_stream_u32_if", "^}"),
+                 ("__device__ __forceinline__ void chunk_mma", "^}"), ("__device__ __forceinline__ void load_xb", "^}"),
+                 ("auto issue = [&]", "  };"), ("    for (int i0 = 0; i0 < np; i0 += PF) {", "issue(wb[p], sb[p]);")):
+        hot |= _lines_matching(src, a, b)
+    all_lines = set(range(1, len(src.read_text().splitlines()) + 1))
+    cold = all_lines - hot
+    out = []
+    for key, (desc, nt) in CUDA_VARIANTS.items():
+        name = next((f for f in funcs if key in f), None)
+        if name:
+            out.append(summarize(f"cuda {desc}", funcs[name], "HMMA", 1.0 / nt, cold))
+    return out
+
+
+def triton_counts(arch: int = 90) -> list[dict]:
+    """Compile the Triton decode kernels for sm_<arch> without a GPU and count their loops."""
+    os.environ["TRITON_INTERPRET"] = "0"  # compile, do not interpret (must precede importing gemv)
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from . import gemv
+
+    target = GPUTarget("cuda", arch, 32)
+    results = []
+    cases = gemv.static_count_cases()
+    for name, fn, signature, constexprs, num_warps, words_per_pass, marker in cases:
+        src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        k = triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": 1})
+        with tempfile.TemporaryDirectory() as d:
+            cubin = os.path.join(d, "k.cubin")
+            Path(cubin).write_bytes(k.asm["cubin"])
+            text = subprocess.run([_tool("nvdisasm"), "--print-line-info", cubin], check=True, capture_output=True,
+                                  text=True).stdout
+        funcs = parse_nvdisasm(text)
+        ins = next(iter(funcs.values()))
+        n, _ = hot_loop(ins, marker)
+        results.append(summarize(f"triton {triton.__version__} {name}", ins, marker, words_per_pass / n, set()))
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="90")
+    ap.add_argument("--cuda", action="store_true")
+    ap.add_argument("--triton", action="store_true")
+    args = ap.parse_args(argv)
+    both = not (args.cuda or args.triton)
+    rows = []
+    if args.cuda or both:
+        rows += cuda_counts(args.arch)
+    if args.triton or both:
+        rows += triton_counts(int(args.arch))
+    for r in rows:
+        top = ", ".join(f"{k} {v}" for k, v in list(r["ops"].items())[:8])
+        print(f"{r['kernel']:52s} {r['instr_per_word']:6.2f} instr/word hot, {r['loop_instr_per_word']:6.2f} whole loop "
+              f"({r['words']:g} words/thread/pass; {top})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Summarise scripts/gpu_gates.sh phases (or any suite run dirs) into one markdown file.
+
+    python scripts/gates_summary.py RUNS_ROOT OUT.md
+
+RUNS_ROOT holds one run dir per phase (baseline, aa1..aa5, hooked, benchy): per A/A boot every verdict
+(status, change, CI) and the per-round clocks' range; the sensitivity curve's measured ratios and verdicts;
+the memory-hold verdict; the llama-benchy comparison; and an overall "done when" check.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _verdicts(run: Path) -> list[dict]:
+    out = []
+    for p in sorted((run / "verdicts").glob("*.json")):
+        out += json.loads(p.read_text())
+    return out
+
+
+def _results(run: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run / "results").glob("*.json")) if "__" in p.name]
+
+
+def _clock_range(results: list[dict]) -> str:
+    sm, pw, flagged = [], [], 0
+    for r in results:
+        for e in r.get("metrics", {}).values():
+            for rc in e.get("rounds") or []:
+                if rc.get("sm_min_mhz") is not None:
+                    sm.append(rc["sm_min_mhz"])
+                if rc.get("power_w") is not None:
+                    pw.append(rc["power_w"])
+            flagged += len(e.get("flagged") or [])
+    if not sm:
+        return "no clocks"
+    return (f"SM min {min(sm):.0f}-{max(sm):.0f} MHz, power {min(pw):.0f}-{max(pw):.0f} W, "
+            f"{flagged} round(s) set aside below the loaded clock")
+
+
+def main(root: Path, out: Path) -> int:
+    lines = ["# GPU gate evidence (scripts/gpu_gates.sh)", ""]
+    aa_ok, aa_n, aa_inconclusive = 0, 0, 0
+    curve_ok, held_ok, benchy = None, None, None
+    if (root / "selftest.log").is_file():
+        lines += ["## selftest (suite_testhooks spin kernel)", "", "```",
+                  *(root / "selftest.log").read_text().splitlines()[-8:], "```", ""]
+    for run in sorted(p for p in root.iterdir() if p.is_dir()):
+        vs = _verdicts(run)
+        res = _results(run)
+        sens = sorted((run / "sensitivity").glob("*.json"))
+        if not vs and not sens and not (run / "crosscheck.md").is_file() and not (run / "memory_gate").is_dir() \
+                and not list(run.glob("*.status")):
+            continue
+        lines += [f"## {run.name}", ""]
+        if res:
+            r = res[0]
+            lines.append(f"{r.get('config')} on {r.get('platform')} ({r.get('device')}); used memory "
+                         f"{r.get('memory_used_gib')} GiB ({(r.get('memory') or {}).get('used_source')}); KV capacity "
+                         f"{r.get('kv_capacity_tokens')} tokens; clocks: {_clock_range(res)}")
+            cc = (r.get("memory") or {}).get("cross_check") or {}
+            lines += [f"memory cross-check: {cc.get('message')}", ""]
+        if vs:
+            fails = [v for v in vs if v["status"] == "fail" and not v.get("advisory")]
+            inc = [v for v in vs if v["status"] == "inconclusive"]
+            if run.name.startswith("aa"):
+                aa_n += 1
+                aa_ok += not fails and len(inc) <= 1
+                aa_inconclusive += len(inc)
+            lines += ["| metric | status | change | 95% CI of ratio | CV base / current |", "|---|---|---|---|---|"]
+            for v in vs:
+                ch = (f"{v['delta_abs']:+.2f} GiB" if v.get("kind") == "memory" else f"{v['delta'] * 100:+.2f}%"
+                      if isinstance(v.get("delta"), float) else "n/a")
+                ci = f"[{v['ci'][0]:.4f}, {v['ci'][1]:.4f}]" if v.get("ci") else "-"
+                cv = (f"{v['cv_baseline'] * 100:.2f}% / {v['cv_current'] * 100:.2f}%"
+                      if v.get("cv_baseline") is not None and v.get("cv_current") is not None else "-")
+                lines.append(f"| {v['name']} | {v['status']}{' (advisory)' if v.get('advisory') else ''} | {ch} | {ci} | {cv} |")
+            for v in fails + inc:
+                lines.append(f"- {v['message']}")
+            lines.append("")
+        for p in sens:
+            s = json.loads(p.read_text())
+            lines += [f"Sensitivity curve: decode step {s['decode_step_ms']} ms, pp{s['prefill_tokens']} "
+                      f"{s['prefill_ms']} ms, {s['rounds_per_side']} ABBA rounds per side.", "",
+                      "| slowdown | metric | expected ratio | measured ratio | verdict |", "|---|---|---|---|---|"]
+            small, large = s["points"][0], s["points"][-1]
+            curve_ok = (all(v == "fail" for v in large["status"].values())
+                        and all(v == "pass" for v in small["status"].values()))
+            for pt in s["points"]:
+                for n, ratio in pt["measured_ratio"].items():
+                    lines.append(f"| {pt['fraction']:.0%} | {n} | {pt['expected_ratio']:.4f} | {ratio:.4f} | "
+                                 f"{pt['status'][n]} |")
+            lines.append("")
+        for p in sorted((run / "memory_gate").glob("*.json")):
+            m = json.loads(p.read_text())
+            lines.append(f"Memory gate, {m['check']}" + (f" (held {m['hold']['gib']} GiB on {m['hold']['device']})"
+                                                          if m.get("hold") else "") + ":")
+            lines += [f"- {v['status']}: {v['message']}" for v in m["verdicts"]] + [""]
+            if m["check"] == "held":
+                held_ok = any(v["name"] == "memory_used_gib" and v["status"] == "fail" for v in m["verdicts"])
+        if (run / "crosscheck.md").is_file():
+            lines += (run / "crosscheck.md").read_text().splitlines()[2:] + [""]
+        if (run / "crosscheck.status").is_file():
+            benchy = (run / "crosscheck.status").read_text().strip()
+            log = run.parent / "benchy.log"
+            if log.is_file():
+                lines += [f"llama-benchy: {benchy}; last line: {log.read_text().strip().splitlines()[-1][:300]}", ""]
+        for log in sorted(run.glob("*.status")):
+            lines.append(f"- {log.stem}: {log.read_text().strip()}")
+    mark = {True: "yes", False: "NO", None: "not run"}
+    lines += ["## Done-when check", "",
+              f"- A/A boots passing every metric (or at most one inconclusive): {aa_ok} of {aa_n} "
+              f"({aa_inconclusive} inconclusive verdicts in all)",
+              f"- sensitivity curve: the larger slowdown fails and the smaller passes on decode and prefill: {mark[curve_ok]}",
+              f"- +1.5 GiB held fails the used-memory gate: {mark[held_ok]}",
+              f"- llama-benchy cross-check: {benchy or 'not run'}"]
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[-5:]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(Path(sys.argv[1]), Path(sys.argv[2])))

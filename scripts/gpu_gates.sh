@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Level 4/5 gate evidence on one GPU (issue 10): a fresh baseline, five A/A boots against it, the 2% / 5%
+# sensitivity curve on decode and prefill, +1.5 GiB held, the llama-benchy cross-check, and a summary.
+#
+#   export PYTHONPATH=/tmp/vllm-site            # vLLM 0.26 staged as in docs/gpu-lab.md
+#   bash scripts/gpu_gates.sh PHASE [PHASE...]  # phases run in order; state is kept in /tmp/suite-art
+#
+# Phases (each fits a 10-minute call; ~3-4 min per boot of the gpt-oss-120b shape on an H200):
+#   selftest   the plugin's %globaltimer spin: eager, in a CUDA graph, updated after capture (~30 s)
+#   baseline   record baselines/<gpu>/<model>/<config>.yaml with --force-regen (levels 1.5 + 4 + 5)
+#   aa N       N A/A boots gated against that baseline (aa1, aa2, ... numbered across calls)
+#   hooked     one boot with SUITE_HOOK_HOLD_GIB=1.5 SUITE_HOOK_SLOWDOWN=1: the sensitivity curve
+#              (2% must pass, 5% must fail, decode and prefill) and the memory gate (+1.5 GiB must fail)
+#   benchy     scripts/crosscheck_llama_benchy.py on its own boot (stops after one line while chat fails)
+#   summary    $OUT/gates-summary.md from every phase so far (every phase also refreshes it)
+#   all        selftest baseline aa 5 hooked benchy summary
+# MODEL / CONFIG / WORKLOADS override the defaults (gpt-oss-120b-shape, triton-bf16, the quick GPU set).
+# SUITE_GIT_SHA=<sha> records the suite's commit where the tree arrives without .git.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${MODEL:-gpt-oss-120b-shape}
+CONFIG=${CONFIG:-triton-bf16}
+WORKLOADS=${WORKLOADS:-tests/level4_perf/workloads-gpu-quick.yaml}
+ART=/tmp/suite-art/gates
+OUT=${OUT:-/tmp/gates-out}
+mkdir -p "$ART" "$OUT" runs
+export PYTHONUNBUFFERED=1 SUITE_BOOT_TIMEOUT=${SUITE_BOOT_TIMEOUT:-600}
+unset SUITE_HOOK_HOLD_GIB SUITE_HOOK_SLOWDOWN
+python3 -c "import vllm" 2>/dev/null || { echo "gpu_gates: vLLM is not importable; stage it (docs/gpu-lab.md) and export PYTHONPATH=/tmp/vllm-site"; exit 2; }
+# baselines recorded by earlier calls on this machine (the working tree is re-synced every call)
+[ -d /tmp/suite-art/baselines ] && cp -r /tmp/suite-art/baselines/. baselines/
+COMMON=(--model="$MODEL" --config="$CONFIG" --workloads "$WORKLOADS" -p no:cacheprovider -q)
+
+run_pytest() {  # NAME EXPECT -- pytest args
+  local name=$1 expect=$2; shift 3
+  local dir="$ART/$name" t0=$SECONDS
+  rm -rf "$dir"
+  python3 -m pytest "${COMMON[@]}" --run-dir="$dir" "$@" > "$ART/$name.log" 2>&1
+  local rc=$?
+  grep -E "^(PASSED|FAILED|ERROR)|passed|failed|  (pass|fail|inconclusive|improved) |measured ratio|slower" "$ART/$name.log" \
+    | grep -vE "^\(|INFO|WARNING" | tail -40
+  echo "$name: pytest rc=$rc ($expect) in $((SECONDS - t0)) s" | tee "$dir/pytest.status"
+}
+
+summary() {
+  python3 scripts/gates_summary.py "$ART" "$OUT/gates-summary.md" || true
+  tar czf "$OUT/gates-baselines.tgz" baselines 2>/dev/null  # $OUT returns files two folders deep at most
+  tar czf "$OUT/gates-runs.tgz" -C "$ART" . --exclude='*.pt.trace.json.gz' --exclude='pip_freeze.txt' 2>/dev/null
+  pgrep -af "vllm.entrypoints" >/dev/null && echo "LEFTOVER vLLM PROCESSES" || true
+}
+
+phases=("$@"); [ ${#phases[@]} -eq 0 ] && phases=(all)
+[ "${phases[0]}" = all ] && phases=(selftest baseline aa 5 hooked benchy summary)
+i=0
+while [ $i -lt ${#phases[@]} ]; do
+  p=${phases[$i]}; i=$((i + 1))
+  case $p in
+    selftest)
+      PYTHONPATH="$PYTHONPATH:$PWD/plugins/site" python3 -m suite_testhooks.spin 2>&1 | tee "$ART/selftest.log" | tail -12 ;;
+    baseline)
+      run_pytest baseline "Regenerated expected" -- -m "level4 or level5" -k "no_regression" --force-regen
+      mkdir -p /tmp/suite-art/baselines && cp -r baselines/. /tmp/suite-art/baselines/ ;;
+    aa)
+      n=1; [[ ${phases[$i]:-} =~ ^[0-9]+$ ]] && { n=${phases[$i]}; i=$((i + 1)); }
+      for _ in $(seq "$n"); do
+        k=1; while [ -e "$ART/aa$k" ]; do k=$((k + 1)); done
+        run_pytest "aa$k" "must pass" -- -m "level4 or level5" -k "no_regression or test_benchmark or unchanged"
+      done ;;
+    hooked)
+      SUITE_HOOK_HOLD_GIB=1.5 SUITE_HOOK_SLOWDOWN=1 run_pytest hooked "must pass" -- -m level5 -k "sensitivity or held" ;;
+    benchy)
+      mkdir -p "$ART/benchy"
+      python3 scripts/crosscheck_llama_benchy.py --model "$MODEL" --config "$CONFIG" --out "$ART/benchy" \
+        > "$ART/benchy.log" 2>&1; rc=$?
+      tail -8 "$ART/benchy.log"; echo "llama-benchy cross-check rc=$rc" | tee "$ART/benchy/crosscheck.status" ;;
+    summary) ;;
+    *) echo "gpu_gates: unknown phase $p (selftest baseline aa N hooked benchy summary all)"; exit 2 ;;
+  esac
+  summary
+done
+echo "summary: $OUT/gates-summary.md"

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Measure what the level 2 tolerances must separate: runs that must agree vs faults that must fail.
+
+Boots the first config as the reference (its own greedy streams and scorings, as a golden would hold),
+then each further config (the first again = the same config across boots; other backends computing the
+same math) and each mutated checkpoint (harness/mutations.py), scores the reference's sequences on each,
+and prints per run: max and mean |delta logprob| (teacher-forced, every position), the perplexity change,
+whether the greedy streams are identical, and the verdict under the current tolerances. The tolerances in
+tests/level2_correctness/prompts.yaml are chosen from these numbers (docs/evidence/level2-tolerances.md).
+
+    python scripts/measure_level2_tolerances.py --configs cpu-bf16,cpu-bf16,cpu-bf16-eager --mutations all --out runs/tol
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.correctness import Level2Result, judge, load_workload, run_level2  # noqa: E402
+from harness.logprobs import compare_scored, compare_streams  # noqa: E402
+from harness.mutations import LEVEL2, mutated_copy  # noqa: E402
+from harness.suite import Suite  # noqa: E402
+
+
+def compare(ref: dict, result: Level2Result, tol) -> dict:
+    gold = Level2Result.from_golden(ref)
+    diffs = {name: compare_scored(gold.scored[name], result.scored[name], tol, name) for name in gold.scored}
+    streams_identical = all(compare_streams(gold.streams[n], result.streams[n], tol).identical for n in gold.streams)
+    verdict = judge(result, ref, tol)
+    return {"max_abs": max(d.max_abs for d in diffs.values()),
+            "mean_abs": max(d.mean_abs for d in diffs.values()),  # the worst sequence's mean
+            "ppl_rel": abs(result.perplexity / gold.perplexity - 1), "streams_identical": streams_identical,
+            "passes_current_tolerance": verdict.ok, "first_problem": (verdict.problems or [""])[0].splitlines()[0][:160]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", required=True, help="comma separated; the first is the reference (repeat it for an A/A)")
+    ap.add_argument("--mutations", default="", help="'all' or comma separated names from harness/mutations.py LEVEL2")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--out", default="runs/level2-tolerances")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    suite = Suite.create(names[0], args.model, None, None, str(out), 900.0)
+    wl = load_workload()
+    tol = wl.tolerance(suite.platform.name)
+    rows, ref = [], None
+    mutations = list(LEVEL2) if args.mutations == "all" else [m for m in args.mutations.split(",") if m]
+    runs = [(n, None) for n in names] + [(names[0], m) for m in mutations]
+    for i, (name, mutation) in enumerate(runs):
+        target = suite.target(suite.catalog.parse(name))
+        model_path = None
+        if mutation:
+            model_path = str(out / f"mutant-{mutation}")
+            if not Path(model_path).exists():
+                mutated_copy(Path(suite.model.path), Path(model_path), LEVEL2[mutation])
+        t0 = time.monotonic()
+        running = suite.boot(target, tag=f"__tol{i}", model_path=model_path)
+        try:
+            result = run_level2(running.client(), wl, ref)
+        finally:
+            running.process.stop()
+        label = f"{name}" + (f" + {mutation}" if mutation else "") + (" (reference)" if ref is None else "")
+        if ref is None:
+            ref = result.to_golden()
+            (out / "reference.json").write_text(json.dumps(ref))
+            rows.append({"run": label, "seconds": round(time.monotonic() - t0)})
+        else:
+            rows.append({"run": label, **compare(ref, result, tol), "seconds": round(time.monotonic() - t0)})
+        print(json.dumps(rows[-1]), flush=True)
+    lines = [f"# Level 2 tolerance measurements: {suite.model.alias} on {suite.platform.name} ({suite.platform.device})", "",
+             f"Current tolerance ({tol.source}): max_abs {tol.max_abs}, mean_abs {tol.mean_abs}, ppl_rel {tol.ppl_rel}, "
+             f"margin {tol.margin}.", "",
+             "| run vs reference | max abs delta logprob | worst mean abs delta | ppl rel change | streams identical | passes current tolerance |",
+             "|---|---|---|---|---|---|"]
+    for r in rows[1:]:
+        lines.append(f"| {r['run']} | {r['max_abs']:.4f} | {r['mean_abs']:.5f} | {r['ppl_rel'] * 100:.3f}% | "
+                     f"{r['streams_identical']} | {r['passes_current_tolerance']} |")
+    (out / "tolerances.md").write_text("\n".join(lines) + "\n")
+    (out / "tolerances.json").write_text(json.dumps(rows, indent=1))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

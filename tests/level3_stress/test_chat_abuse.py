@@ -1,0 +1,59 @@
+"""Level 3 through the chat endpoint: malformed messages, bad tool schemas and oversized histories get a
+4xx with a message, and the server survives (on the crash-prone tests' own server, conftest `Sacrificial`)."""
+import json
+
+import pytest
+
+pytestmark = [pytest.mark.level3, pytest.mark.server]
+
+USER = {"role": "user", "content": "What is 2 + 3?"}
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+CASES = {
+    "no-messages": {"messages": []},
+    "message-without-role": {"messages": [{"content": "hi"}]},
+    "unknown-role": {"messages": [{"role": "wizard", "content": "hi"}]},
+    "content-of-wrong-type": {"messages": [{"role": "user", "content": 42}]},
+    "messages-not-a-list": {"messages": "hi"},
+    "tools-not-a-list": {"messages": [USER], "tools": {"name": "x"}},
+    "tool-without-function": {"messages": [USER], "tools": [{"type": "function"}]},
+    "tool-with-non-object-parameters": {"messages": [USER], "tools": [{**TOOL, "function": {**TOOL["function"], "parameters": "city"}}]},
+    "tool-choice-names-no-tool": {"messages": [USER], "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+    "tool-result-without-call": {"messages": [USER, {"role": "tool", "content": "{}"}]},
+}
+
+
+def _post(server, body: dict):
+    data = json.dumps({"model": server.served_name, "max_tokens": 8, **body})
+    return server.client(timeout_s=120).raw_post("/v1/chat/completions", data, {"Content-Type": "application/json"})
+
+
+def _assert_4xx_with_message(case: str, r) -> None:
+    assert 400 <= r.status_code < 500, f"{case}: HTTP {r.status_code} (want 4xx): {r.text[:300]}"
+    body = r.json()
+    message = (body.get("error") or {}).get("message") or body.get("detail")
+    assert message, f"{case}: a {r.status_code} without an error message: {r.text[:300]}"
+    print(f"\n{case}: HTTP {r.status_code} {str(message)[:100]!r}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_chat_request_gets_a_4xx_and_the_server_survives(case, abuse_server):
+    server, after = abuse_server
+    r = _post(server, CASES[case])
+    if r.status_code >= 500:
+        after(case)  # an engine that died says so once
+    _assert_4xx_with_message(case, r)
+    after(case)
+
+
+def test_a_chat_history_longer_than_the_context_gets_a_4xx(abuse_server, limits):
+    server, after = abuse_server
+    turn = "word " * 200
+    history = []
+    while len(history) * 200 < limits.max_model_len + 400:  # ~200 tokens a turn: past the limit
+        history += [{"role": "user", "content": turn}, {"role": "assistant", "content": turn}]
+    r = _post(server, {"messages": history + [USER]})
+    if r.status_code >= 500:
+        after("an oversized chat history")
+    _assert_4xx_with_message("oversized-history", r)
+    after("an oversized chat history")

@@ -1,0 +1,66 @@
+"""Level 5 fixtures: thresholds, the baseline file, and a server with the test-only suite_testhooks hooks."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness import hooks
+from harness.baselines import baseline_path, platform_key
+from harness.regression import load_thresholds
+from harness.suite import RunningServer, Suite
+
+REPO = Path(__file__).resolve().parents[2]
+BASELINES = REPO / "baselines"
+DEFAULT_HOLD_GIB = 1.5
+
+
+@pytest.fixture(scope="session")
+def thresholds(suite):
+    return load_thresholds(BASELINES / "thresholds.yaml", suite.platform.name)
+
+
+@pytest.fixture(scope="session")
+def baseline_file(suite, target):
+    platform = suite.keyed_platform()
+    return baseline_path(BASELINES, platform_key(platform.name, platform.device), suite.model.alias, target.name)
+
+
+@dataclass
+class HookedServer:
+    running: RunningServer
+    hook_dir: Path
+    hold_gib: float
+    shared: bool  # True: the session's shared server (booted with the hooks from pytest's environment)
+
+
+@pytest.fixture(scope="session")
+def hooked(request: pytest.FixtureRequest, suite: Suite, target) -> HookedServer:
+    """A server holding `SUITE_HOOK_HOLD_GIB` (1.5) GiB and carrying the slowdown hook.
+
+    When pytest's own environment asks for both hooks (`SUITE_HOOK_HOLD_GIB=1.5 SUITE_HOOK_SLOWDOWN=1`), the
+    shared server has them (it inherits the environment): that is how the gpt-oss-120b shape runs, where a
+    second server does not fit beside the shared one. Otherwise a second server is booted with them."""
+    if suite.server_url:
+        pytest.skip("--server-url: the suite cannot load its test hooks into a server it did not boot")
+    wanted = hooks.hooks_requested()
+    if wanted["hold"] and wanted["slowdown"]:
+        running = request.getfixturevalue("server")
+        yield HookedServer(running, hooks.server_hook_dir(suite, running),
+                           float(os.environ[hooks.HOLD_ENV]), True)
+        return
+    if any(wanted.values()):
+        pytest.skip(f"set both {hooks.HOLD_ENV} and {hooks.SLOWDOWN_ENV}=1 (hooks in the shared server) or neither "
+                    "(a second server gets them)")
+    ok, why = suite.can_boot_secondary()
+    if not ok:
+        pytest.skip(f"{why}; to run this check on the shared server instead: {hooks.HOLD_ENV}={DEFAULT_HOLD_GIB} "
+                    f"{hooks.SLOWDOWN_ENV}=1 pytest -m level5 -k 'sensitivity or held' ...")
+    env = {hooks.HOLD_ENV: str(DEFAULT_HOLD_GIB), hooks.SLOWDOWN_ENV: "1"}
+    running = suite.boot(target, tag="__hooked", env_extra=env, beside_shared=True)
+    try:
+        yield HookedServer(running, hooks.server_hook_dir(suite, running), DEFAULT_HOLD_GIB, False)
+    finally:
+        running.process.stop()

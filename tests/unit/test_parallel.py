@@ -1,0 +1,217 @@
+"""Several GPUs at once (harness/parallel.py): grouping, pinning, slots and per-worker files, without vLLM."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness import parallel
+from harness.errors import SuiteError
+from harness.listing import run_summary
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gpus_needed_is_the_product_of_the_parallel_sizes():
+    assert parallel.gpus_needed(["--max-num-seqs", "2", "--tensor-parallel-size", "1"]) == 1
+    assert parallel.gpus_needed(["--tensor-parallel-size", "2"]) == 2
+    assert parallel.gpus_needed(["--tensor-parallel-size=2", "--pipeline-parallel-size", "2"]) == 4
+    assert parallel.gpus_needed(["--data-parallel-size", "2", "--enforce-eager"]) == 2
+    assert parallel.gpus_needed([]) == 1
+
+
+def test_a_flavour_with_tensor_parallel_declares_its_gpus_in_its_data():
+    """The count comes from the resolved server flags, i.e. the flavour's (and model's) data."""
+    from harness.configs import Catalog
+
+    cat = Catalog()
+    spec = cat.flavour("upstream").resolve(cat.parse("marlin-bf16"), "sm_90", {"--tensor-parallel-size": 2})
+    assert parallel.gpus_needed(spec.args) == 2
+    assert parallel.gpus_needed(cat.flavour("upstream").resolve(cat.parse("marlin-bf16"), "sm_90").args) == 1
+
+
+def test_visible_gpus_honour_cuda_visible_devices():
+    assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": "4, 6"}) == ["4", "6"]
+    assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    assert parallel.visible_gpus({}, count=2) == ["0", "1"]
+    assert parallel.visible_gpus({}, count=0) == []
+
+
+def test_gpu_set_starts_with_the_workers_own_gpu_and_wraps():
+    assert parallel.gpu_set("1", ["0", "1"], 1) == ["1"]
+    assert parallel.gpu_set("1", ["0", "1"], 2) == ["1", "0"]
+    assert parallel.gpu_set("6", ["2", "4", "6", "7"], 3) == ["6", "7", "2"]
+    with pytest.raises(ValueError):
+        parallel.gpu_set("0", ["0"], 2)
+
+
+def _fake_config(workerinput=None, run_dir=None):
+    cfg = SimpleNamespace(option=SimpleNamespace(run_dir=run_dir, numprocesses=None, dist="no"))
+    if workerinput is not None:
+        cfg.workerinput = workerinput
+    return cfg
+
+
+def test_configure_worker_pins_its_gpu_and_joins_the_run_dir(tmp_path):
+    env: dict[str, str] = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    cfg = _fake_config({"workerid": "gw1", parallel.RUN_DIR_KEY: str(tmp_path), parallel.GPUS_KEY: ["0", "1"]})
+    assert parallel.configure_worker(cfg, env) == "1"
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and cfg.option.run_dir == str(tmp_path)
+    # more workers than GPUs: they share, round robin (their slots then serialize the servers)
+    env = {}
+    assert parallel.configure_worker(_fake_config({"workerid": "gw2", parallel.GPUS_KEY: ["0", "1"]}), env) == "0"
+    assert env == {"CUDA_VISIBLE_DEVICES": "0"}
+    # CPU: nothing to pin
+    env = {}
+    assert parallel.configure_worker(_fake_config({"workerid": "gw0", parallel.GPUS_KEY: []}), env) is None and env == {}
+    # not a worker: nothing happens
+    env = {}
+    assert parallel.configure_worker(_fake_config(None), env) is None and env == {}
+
+
+def test_worker_id_and_controller():
+    assert parallel.worker_id(_fake_config({"workerid": "gw3"})) == "gw3"
+    assert parallel.worker_id(_fake_config(None)) is None
+    ctl = _fake_config(None)
+    ctl.option.numprocesses, ctl.option.dist = 2, "loadgroup"
+    assert parallel.is_controller(ctl) and not parallel.is_controller(_fake_config(None))
+
+
+def test_the_cpu_slot_lets_one_server_run_at_a_time(tmp_path):
+    with parallel.server_slot(tmp_path, "gw0", [], 1, is_cuda=False) as env:
+        assert env == {}
+        with pytest.raises(SuiteError, match="CPU server slot"):
+            with parallel.server_slot(tmp_path, "gw1", [], 1, is_cuda=False, timeout_s=1):
+                pass
+    with parallel.server_slot(tmp_path, "gw1", [], 1, is_cuda=False, timeout_s=1):
+        pass  # released: free again
+
+
+def test_without_xdist_no_slot_is_taken(tmp_path):
+    with parallel.server_slot(tmp_path, None, [], 1, is_cuda=False) as env:
+        assert env == {}
+        assert not (tmp_path / "locks").exists()
+
+
+def test_gpu_slots_one_gpu_per_worker_and_a_tensor_parallel_config_takes_two(tmp_path):
+    gpus = ["0", "1"]
+    with parallel.server_slot(tmp_path, "gw0", gpus, 1, is_cuda=True) as env0:
+        assert env0 == {}  # the worker's own pin (CUDA_VISIBLE_DEVICES=0) is what its server inherits
+        with parallel.server_slot(tmp_path, "gw1", gpus, 1, is_cuda=True, timeout_s=1) as env1:
+            assert env1 == {}  # the other GPU is free: both boot at once
+        with pytest.raises(SuiteError, match="GPU 0 slot"):  # TP=2 on gw1 needs GPU 0 too
+            with parallel.server_slot(tmp_path, "gw1", gpus, 2, is_cuda=True, timeout_s=1):
+                pass
+    with parallel.server_slot(tmp_path, "gw1", gpus, 2, is_cuda=True, timeout_s=1) as env:
+        assert env == {"CUDA_VISIBLE_DEVICES": "1,0"}
+
+
+def test_multi_gpu_slots_are_taken_in_one_order_so_they_cannot_deadlock(tmp_path):
+    """gw0 and gw1 both want GPUs 0 and 1 (TP=2), starting from their own: both lock 0 first, so one
+    waits for the other instead of each holding half."""
+    gpus, done, errors = ["0", "1"], [], []
+
+    def run(worker):
+        try:
+            with parallel.server_slot(tmp_path, worker, gpus, 2, is_cuda=True, timeout_s=20):
+                time.sleep(0.5)
+                done.append(worker)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in ("gw0", "gw1")]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert not errors and sorted(done) == ["gw0", "gw1"]
+
+
+def test_per_worker_boot_files_merge_into_boots_json(tmp_path):
+    parallel.write_worker_boots(tmp_path, "gw1", [{"config": "b", "ok": True, "boot_seconds": 50.0}])
+    parallel.write_worker_boots(tmp_path, "gw0", [{"config": "a", "ok": True, "boot_seconds": 40.0}])
+    merged = parallel.merge_boots(tmp_path)
+    assert [(b["config"], b["worker"]) for b in merged] == [("a", "gw0"), ("b", "gw1")]
+    assert json.loads((tmp_path / "boots.json").read_text()) == merged
+
+
+def test_summary_reads_configs_from_xdist_group_suffixed_ids():
+    from harness.configs import Catalog
+    from harness.platform import Platform
+
+    suite = SimpleNamespace(catalog=Catalog(), platform=Platform("cpu", "test cpu", None), flavour=SimpleNamespace(name="cpu"),
+                            model_or_error=SimpleNamespace(alias="tiny-gpt-oss"), boots=[{"config": "cpu-bf16", "boot_seconds": 42.0}],
+                            run_dir=Path("/tmp/x"))
+    rep = SimpleNamespace(when="call", keywords={"level1": 1},
+                          nodeid="tests/level1_smoke/test_smoke.py::test_health_is_ok[cpu-bf16]@cpu-bf16")
+    text = run_summary(suite, {"passed": [rep]})
+    assert "cpu-bf16" in text and "1ok" in text and "42" in text
+
+
+# -- a real xdist run of a stand-in suite: grouping, loadgroup default, pinning ----------------------
+_STANDIN_CONFTEST = """
+import json, os, sys
+sys.path.insert(0, {repo!r})
+import pytest
+from harness import parallel
+pytest_plugins = ["harness.parallel"]
+
+class T:
+    def __init__(self, name): self.name = name
+
+def pytest_configure(config):
+    parallel.configure_worker(config)
+
+def pytest_generate_tests(metafunc):
+    if "target" in metafunc.fixturenames:
+        ts = [T("cfg-a"), T("cfg-b")]
+        metafunc.parametrize("target", ts, ids=[t.name for t in ts], scope="session")
+
+@pytest.fixture
+def record(request):
+    def rec(target):
+        out = os.path.join({out!r}, os.environ.get("PYTEST_XDIST_WORKER", "main") + ".jsonl")
+        with open(out, "a") as f:
+            f.write(json.dumps({{"worker": os.environ.get("PYTEST_XDIST_WORKER"), "config": target.name,
+                                 "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "dist": request.config.option.dist}}) + "\\n")
+    return rec
+"""
+
+_STANDIN_TESTS = """
+import time
+import pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_level(record, target, i):
+    time.sleep(0.05)
+    record(target)
+
+@pytest.mark.parametrize("j", range(4))
+def test_without_a_server(j):
+    pass
+"""
+
+
+def test_an_xdist_run_keeps_each_config_on_one_worker_with_its_own_gpu(tmp_path):
+    proj, out = tmp_path / "proj", tmp_path / "out"
+    proj.mkdir(), out.mkdir()
+    (proj / "conftest.py").write_text(_STANDIN_CONFTEST.format(repo=str(REPO), out=str(out)))
+    (proj / "test_standin.py").write_text(_STANDIN_TESTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "SUITE_PLATFORM"))}
+    env["CUDA_VISIBLE_DEVICES"] = "5,7"  # what the controller hands out (no GPU is touched)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", str(proj)],
+                       cwd=proj, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = [json.loads(line) for p in out.glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert len(rows) == 12
+    by_config: dict[str, set] = {}
+    for row in rows:
+        by_config.setdefault(row["config"], set()).add((row["worker"], row["gpu"]))
+        assert row["dist"] == "no"  # workers run their share serially; the controller used loadgroup
+    assert all(len(v) == 1 for v in by_config.values()), by_config  # one worker (and GPU) per config
+    expected = {"gw0": "5", "gw1": "7"}  # each worker pinned to its own GPU of the controller's list
+    assert all(row["gpu"] == expected[row["worker"]] for row in rows), rows
