@@ -77,7 +77,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
         for issue in live:
             if issue.matches(item.nodeid):
-                item.add_marker(pytest.mark.xfail(strict=True, reason=issue.reason()))
+                item.add_marker(pytest.mark.xfail(strict=True, raises=issue.raises, reason=issue.reason()))
 
 
 @pytest.fixture(scope="session")
@@ -108,9 +108,7 @@ def server(request: pytest.FixtureRequest, suite: Suite, target: Target):
         pytest.skip(f"{target.name}: its server needs {need} GPUs (parallel sizes in its flags), {len(gpus)} visible")
     # under xdist: wait for this worker's GPU(s) (CPU: the machine's one server slot) before booting
     with parallel.server_slot(suite.run_dir, worker, gpus, need, cuda) as env:
-        running = suite.boot(target, env_extra=env or None)
-        if worker:
-            parallel.write_worker_boots(suite.run_dir, worker, suite.boots)
+        running = suite.boot(target, env_extra=env or None)  # records the boot (per worker under xdist)
         try:
             yield running
         finally:
@@ -204,9 +202,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from harness import parallel
 
     worker = parallel.worker_id(session.config)
-    if worker:  # an xdist worker: its boots go to its own file; the controller reports for everyone
-        if suite.boots:
-            parallel.write_worker_boots(suite.run_dir, worker, suite.boots)
+    if worker:  # an xdist worker: its boots are in its own file already; the controller reports for everyone
         return
     if parallel.is_controller(session.config):
         suite.boots = parallel.merge_boots(suite.run_dir)

@@ -19,7 +19,7 @@ import yaml
 
 from harness.client import Client
 from harness.errors import SuiteError
-from harness.logprobs import Stream, compare_streams
+from harness.logprobs import Stream, compare_streams, token_id
 
 REPO = Path(__file__).resolve().parent.parent
 CHAT_FILE = REPO / "tests" / "level2_correctness" / "chat.yaml"
@@ -72,9 +72,9 @@ def ask(client: Client, messages: list[dict], max_tokens: int, tools: list[dict]
     ids: list[int] = []
     content_lp = (choice.get("logprobs") or {}).get("content")
     if content_lp:
-        ids = [_id(e["token"]) for e in content_lp]
+        ids = [token_id(e["token"]) for e in content_lp]
         stream = Stream(ids, [float(e["logprob"]) for e in content_lp],
-                        [{_id(t["token"]): float(t["logprob"]) for t in e.get("top_logprobs") or []} for e in content_lp],
+                        [{token_id(t["token"]): float(t["logprob"]) for t in e.get("top_logprobs") or []} for e in content_lp],
                         (msg.get("reasoning") or "") + (msg.get("content") or ""))
     answer = ChatAnswer(msg.get("content"), msg.get("reasoning"), list(msg.get("tool_calls") or []),
                         choice.get("finish_reason"), stream)
@@ -93,12 +93,6 @@ def ask(client: Client, messages: list[dict], max_tokens: int, tools: list[dict]
     return answer
 
 
-def _id(token: str) -> int:
-    if not token.startswith("token_id:"):
-        raise SuiteError(f"expected 'token_id:N' tokens (chat request with return_tokens_as_token_ids), got {token!r}")
-    return int(token.split(":", 1)[1])
-
-
 def check_chat_golden(data, where: str) -> dict:
     """One line naming the file when a chat golden lacks what the comparison reads."""
     try:
@@ -111,6 +105,9 @@ def check_chat_golden(data, where: str) -> dict:
 
 
 def chat_golden_data(answers: dict[str, ChatAnswer]) -> dict:
+    missing = [name for name, a in answers.items() if a.stream is None]
+    if missing:
+        raise SuiteError(f"no output token ids for {missing}: a chat golden needs them (logprobs.content)")
     return {name: {"stream": a.stream.to_json(), **a.summary()} for name, a in answers.items()}
 
 
@@ -123,6 +120,9 @@ def chat_problems(answers: dict[str, ChatAnswer], golden: dict, tol) -> tuple[li
             problems.append(f"'{name}' has no chat golden (regenerate it)")
             continue
         gold = golden[name]
+        if a.stream is None:
+            problems.append(f"'{name}': the server returned no output token ids, so the answer cannot be compared")
+            continue
         v = compare_streams(Stream.from_json(gold["stream"]), a.stream, tol)
         if not v.ok:
             problems.append(f"'{name}' chat stream {v.message}\n      golden: {gold['content']!r}\n      new:    {a.content!r}")
@@ -196,14 +196,14 @@ class Task:
 
 
 def load_tasks(path: Path) -> list[Task]:
-    tasks = []
+    tasks, i = [], -1
     try:
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
             if line.strip():
                 d = json.loads(line)
                 tasks.append(Task(list(d["messages"]), str(d["answer"]), str(d.get("match", "exact"))))
-    except OSError as e:
-        raise SuiteError(f"{path}: cannot read the task set ({e.strerror}); restore it from git or pass another") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SuiteError(f"{path}: cannot read the task set ({e}); restore it from git or pass another") from None
     except (ValueError, KeyError, TypeError) as e:
         raise SuiteError(f"{path}: line {i + 1} is not a task ({type(e).__name__}: {e}); expected "
                          '{"messages": [...], "answer": "...", "match": "exact|contains|regex"}') from None
@@ -253,6 +253,17 @@ def run_tasks(client: Client, tasks: list[Task], max_tokens: int) -> TaskResult:
             q = t.messages[-1]["content"]
             wrong.append(f"{q!r:.60} -> {a.content!r:.60} (want {t.answer!r})" + (f" [parse error: {a.parse_errors[0][:60]}]" if a.parse_errors else ""))
     return TaskResult(len(tasks), good, parse_errors, wrong)
+
+
+def check_tasks_golden(data: object, where: str) -> dict:
+    """One line naming the file when a stored task accuracy lacks what the floor needs."""
+    try:
+        n, acc = int(data["n"]), float(data["accuracy"])
+        if n <= 0 or not 0 <= acc <= 1:
+            raise ValueError(f"n={n}, accuracy={acc}")
+    except (KeyError, TypeError, ValueError) as e:
+        raise SuiteError(f"{where} is malformed ({type(e).__name__}: {e}); restore it from git or regenerate it with --force-regen") from None
+    return data
 
 
 def accuracy_floor(stored: dict) -> float:

@@ -100,7 +100,11 @@ def greedy_stream(client: Client, prompt: str | list[int], wl: Workload) -> Stre
 def score(client: Client, ids: list[int], k: int) -> Scored:
     """Teacher forcing: the server's logprob of every token of `ids` given the ones before, with its top-k."""
     out = client.complete(ids, 1, prompt_logprobs=k)
-    return Scored.from_prompt_logprobs(ids, out["choices"][0]["prompt_logprobs"], k)
+    raw = (out.get("choices") or [{}])[0].get("prompt_logprobs")
+    if not isinstance(raw, list):
+        raise SuiteError("the server returned no prompt_logprobs for a completion with prompt_logprobs set: level 2 "
+                         "teacher forcing needs them (vLLM has them; other servers may not)")
+    return Scored.from_prompt_logprobs(ids, raw, k)
 
 
 @dataclass

@@ -1,14 +1,15 @@
 """Known engine bugs as data: a test an engine bug breaks becomes a strict xfail naming the bug.
 
 `tests/known_engine_issues.yaml` lists, per bug: the engine and the version range where it was seen,
-the platforms, the test ids it breaks (fnmatch globs on pytest node ids), the upstream reference and
+the platforms, the test ids it breaks (node ids with `*` wildcards), the upstream reference and
 the observed symptom. A matching test is marked `xfail(strict=True)`: while the bug is there the run
 says "known engine issue <id>" instead of failing; once the engine is fixed the test passes, the strict
-XPASS fails the run, and its message says to remove the entry.
+XPASS fails the run, and its message says to remove the entry. Only the documented symptom counts as the known
+bug (`raises`: e.g. engine-crash = harness.server.EngineCrashed); any other failure of the test stays a failure.
 """
 from __future__ import annotations
 
-import fnmatch
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,14 @@ from harness.errors import SuiteError
 from harness.platform import is_valid_selector, platform_matches
 
 FILE = Path(__file__).resolve().parent.parent / "tests" / "known_engine_issues.yaml"
-_KEYS = {"id", "engine", "versions", "platforms", "tests", "upstream", "symptom", "evidence"}
+_KEYS = {"id", "engine", "versions", "platforms", "tests", "raises", "upstream", "symptom", "evidence"}
+
+
+def _symptoms() -> dict[str, type[BaseException]]:
+    """What a known issue may raise; any other failure of the test is a real failure, not the known bug."""
+    from harness.server import EngineCrashed
+
+    return {"engine-crash": EngineCrashed}
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,7 @@ class KnownIssue:
     versions: SpecifierSet
     platforms: tuple[str, ...]
     tests: tuple[str, ...]
+    raises: type[BaseException]
     upstream: str
     symptom: str
     evidence: str
@@ -43,7 +52,8 @@ class KnownIssue:
             return False
 
     def matches(self, nodeid: str) -> bool:
-        return any(fnmatch.fnmatchcase(nodeid, pattern) for pattern in self.tests)
+        """`*` and `?` are wildcards; brackets are literal (node ids carry their parameters in [...])."""
+        return any(re.fullmatch(re.escape(p).replace(r"\*", ".*").replace(r"\?", "."), nodeid) for p in self.tests)
 
     def reason(self) -> str:
         return (f"known engine issue {self.id} ({self.engine} {self.versions}): {self.symptom}; upstream: {self.upstream}. "
@@ -78,8 +88,11 @@ def load(path: Path = FILE) -> list[KnownIssue]:
         tests = tuple(str(t) for t in e["tests"])
         if not tests or not all("::" in t for t in tests):
             raise SuiteError(f"{at}: tests must be pytest node ids (path::name[params], globs allowed)")
-        out.append(KnownIssue(str(e["id"]), str(e["engine"]), versions, platforms, tests, str(e["upstream"]),
-                              str(e["symptom"]), str(e["evidence"])))
+        symptoms = _symptoms()
+        if str(e["raises"]) not in symptoms:
+            raise SuiteError(f"{at}: raises '{e['raises']}' is not one of {', '.join(symptoms)}")
+        out.append(KnownIssue(str(e["id"]), str(e["engine"]), versions, platforms, tests, symptoms[str(e["raises"])],
+                              str(e["upstream"]), str(e["symptom"]), str(e["evidence"])))
     return out
 
 

@@ -67,12 +67,12 @@ class Stream:
     def from_completion(cls, completion: dict, prompt: list[int] | None = None) -> "Stream":
         """Parse a /v1/completions answer made with `logprobs=k, return_tokens_as_token_ids=True`."""
         lp = completion["choices"][0]["logprobs"]
-        tokens = [_token_id(t) for t in lp["tokens"]]
-        top = [{_token_id(k): float(v) for k, v in (alts or {}).items()} for alts in lp["top_logprobs"]]
+        tokens = [token_id(t) for t in lp["tokens"]]
+        top = [{token_id(k): float(v) for k, v in (alts or {}).items()} for alts in lp["top_logprobs"]]
         return cls(tokens, [float(x) for x in lp["token_logprobs"]], top, completion["choices"][0]["text"], list(prompt or []))
 
 
-def _token_id(token: str) -> int:
+def token_id(token: str) -> int:
     if not token.startswith("token_id:"):
         raise SuiteError(f"expected 'token_id:N' tokens (request with return_tokens_as_token_ids=true), got {token!r}")
     return int(token.split(":", 1)[1])

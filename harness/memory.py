@@ -20,6 +20,8 @@ Units: vLLM logs GiB; everything here is GiB, except the gate's threshold, which
 """
 from __future__ import annotations
 
+import os
+
 import re
 import threading
 import time
@@ -87,7 +89,7 @@ def gpu_reading(pids: list[int], nvml: Any = None) -> GpuReading:
         return GpuReading(None, "unavailable", [f"nvmlInit: {nvml_error(e)}"])
     try:
         wanted, per_proc, found, device_used, device_ok, notes = set(pids), 0, False, 0, True, []
-        for i in range(nvml.nvmlDeviceGetCount()):
+        for i in _visible_indices(nvml.nvmlDeviceGetCount()):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             try:
                 procs = nvml.nvmlDeviceGetComputeRunningProcesses(h)
@@ -308,6 +310,19 @@ def server_memory(server, on_gpu: bool) -> dict:
     if boot is None:
         boot = now
     return summarize(engine, boot, now, on_gpu)
+
+
+def _visible_indices(count: int) -> list[int]:
+    """The NVML indices of the GPUs this process (and the servers it boots) may use: CUDA_VISIBLE_DEVICES when
+    it lists plain indices (xdist workers are pinned that way), else every GPU. NVML ignores that variable, and a
+    device-wide reading of every GPU would count other workers' servers."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None or not env.strip():
+        return list(range(count))
+    parts = [p.strip() for p in env.split(",") if p.strip()]
+    if all(p.isdigit() for p in parts):
+        return [int(p) for p in parts if int(p) < count]
+    return list(range(count))  # UUIDs / MIG ids: cannot map without more NVML calls; per-process readings still apply
 
 
 # ---------------------------------------------------------------------------------------- peak sampling

@@ -175,8 +175,8 @@ def compare_metric(
     unresolved: str | None = None,
     boot_spread: float = 0.0,
 ) -> Verdict:
-    """One timing metric. `unresolved` (from the results' entries) makes any verdict but "improved"
-    "inconclusive": the samples ran in conditions that make them unfit to judge (clocks below load).
+    """One timing metric. `unresolved` (from the results' entries) makes the verdict "inconclusive" whatever the
+    change: the samples ran in conditions that make them unfit to judge (clocks below load).
 
     `boot_spread` (baseline and current from different boots): the measured A/A spread of this metric
     between boots. When it exceeds the threshold, one boot cannot resolve the threshold: the CI must lie
@@ -257,28 +257,6 @@ def _peak(value: float | Sequence[float], side: str) -> float:
     return stats.median(value)
 
 
-def compare_memory(
-    baseline_peak_gb: float | Sequence[float],
-    current_peak_gb: float | Sequence[float],
-    thresholds: Thresholds,
-    config: str = "NAME",
-) -> Verdict:
-    """Peak memory gate: growth beyond memory_growth_gb fails (medians when several runs were measured)."""
-    base, cur = _peak(baseline_peak_gb, "baseline"), _peak(current_peak_gb, "current")
-    growth, limit = cur - base, thresholds.memory_growth_gb
-    delta = cur / base - 1.0 if base > 0 else math.nan
-    what = f"peak memory {base:.2f} -> {cur:.2f} GB ({growth:+.2f} GB; gate +{limit:g} GB)"
-    if growth > limit:
-        status, message = "fail", (f"FAIL {what}; investigate, or if intended re-record with: "
-                                   f"{regen_command(config)}")
-    elif -growth > limit:
-        status, message = "improved", f"IMPROVED {what}; record a new baseline with: {regen_command(config)}"
-    else:
-        status, message = "pass", f"pass {what}"
-    return Verdict(MEMORY_METRIC, status, delta, growth, base, cur, "GB", False, None, None, None, None, message,
-                   kind="memory")
-
-
 def compare_used_memory(baseline_gib: float, current_gib: float, thresholds: Thresholds, config: str = "NAME",
                         source: str | None = None) -> Verdict:
     """Used-memory gate: growth beyond memory_growth_gb (decimal GB) fails, on every platform."""
@@ -321,7 +299,11 @@ def compare_memory_section(baseline: Mapping, current: Mapping, thresholds: Thre
     """Used memory and KV capacity, when the current side measured them. A baseline from before they were
     recorded (schema 1) gets an inconclusive verdict naming the re-record command."""
     out = []
-    source = (current.get("memory") or {}).get("used_source") if isinstance(current.get("memory"), Mapping) else None
+
+    def used_source(side: Mapping) -> str | None:
+        return (side.get("memory") or {}).get("used_source") if isinstance(side.get("memory"), Mapping) else None
+
+    source, base_source = used_source(current), used_source(baseline)
     for key, unit, fn in ((USED_MEMORY, "GiB", lambda b, c: compare_used_memory(b, c, thresholds, config, source)),
                           (KV_CAPACITY, "tokens", lambda b, c: compare_kv_capacity(b, c, thresholds, config))):
         b, c = baseline.get(key), current.get(key)
@@ -333,6 +315,13 @@ def compare_memory_section(baseline: Mapping, current: Mapping, thresholds: Thre
             out.append(Verdict(key, "inconclusive", math.nan, math.nan, math.nan, float(c), unit, key == KV_CAPACITY,
                                None, None, None, None, f"INCONCLUSIVE {key}: {why}; now {c}; re-record with: "
                                f"{regen_command(config)}", kind="memory" if key == USED_MEMORY else "capacity"))
+            continue
+        if key == USED_MEMORY and base_source and source and base_source != source:
+            # e.g. vLLM's full breakdown on one side and a process reading on the other: not the same quantity
+            out.append(Verdict(key, "inconclusive", math.nan, float(c) - float(b), float(b), float(c), unit, False,
+                               None, None, None, None, f"INCONCLUSIVE {key}: measured from '{base_source}' in the baseline "
+                               f"but '{source}' now ({b} -> {c} GiB); not comparable, re-record with: {regen_command(config)}",
+                               kind="memory"))
             continue
         out.append(fn(b, c))
     return out

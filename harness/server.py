@@ -24,6 +24,10 @@ class ServerDied(SuiteError):
     """The server process exited (or never became healthy); the message carries the log tail."""
 
 
+class EngineCrashed(SuiteError):
+    """An input killed the engine (level 3's crash-prone cases): "engine crashed on <case>" with the log line."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +27,10 @@ def _run_dir(option: str | None) -> Path:
     path = Path(option) if option else REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):  # unique: xdist workers share the dir
+            pass
     except OSError as e:
         raise SuiteError(f"--run-dir {path}: cannot write there ({e.strerror}); pass a writable directory") from None
     return path.resolve()
@@ -36,11 +38,9 @@ def _run_dir(option: str | None) -> Path:
 
 def external_platform(name: str | None, device: str | None) -> Platform:
     """What --platform / --device say about a server started elsewhere (UNKNOWN_PLATFORM without them)."""
-    from harness.platform import is_valid_selector
-
     if name is None:
         return Platform(UNKNOWN_PLATFORM, device or "unknown device", None)
-    if name != "cpu" and not (is_valid_selector(name) and name.startswith("sm_") and "x" not in name):
+    if name != "cpu" and not re.fullmatch(r"sm_\d{2,3}", name):
         raise SuiteError(f"--platform {name}: expected cpu or a compute capability such as sm_90 or sm_121")
     capability = None if name == "cpu" else (int(name[3:-1]), int(name[-1]))
     return Platform(name, device or name, capability)
@@ -240,18 +240,22 @@ class Suite:
             proc.start()
         except ServerDied as e:
             record.update(ok=False, error=str(e).splitlines()[0])
-            self.boots.append(record)
+            self._record_boot(record)
             raise
         record.update(ok=True, boot_seconds=round(proc.boot_seconds, 1))
+        self._record_boot(record)
+        return RunningServer(proc.url, proc.served_name, target, log, proc, proc.boot_seconds, trace_dir)
+
+    def _record_boot(self, record: dict) -> None:
+        """boots.json of the run; under xdist each worker writes its own file and the controller merges them."""
         self.boots.append(record)
         worker = os.environ.get("PYTEST_XDIST_WORKER")
-        if worker:  # the controller merges every worker's file into boots.json (harness/parallel.py)
+        if worker:
             from harness.parallel import write_worker_boots
 
             write_worker_boots(self.run_dir, worker, self.boots)
         else:
             (self.run_dir / "boots.json").write_text(json.dumps(self.boots, indent=2))
-        return RunningServer(proc.url, proc.served_name, target, log, proc, proc.boot_seconds, trace_dir)
 
     def can_boot_secondary(self) -> tuple[bool, str]:
         """Whether a second server fits beside the shared one on this platform."""

@@ -8,8 +8,8 @@ weights (harness/chat.py `load_tasks`); a harmony parse error counts as a wrong 
 """
 import pytest
 
-from harness.chat import (accuracy_floor, ask, chat_golden_data, chat_problems, check_chat_golden, load_chat_workload,
-                          load_tasks, run_tasks, structure_problems)
+from harness.chat import (accuracy_floor, ask, chat_golden_data, chat_problems, check_chat_golden, check_tasks_golden,
+                          load_chat_workload, load_tasks, run_tasks, structure_problems)
 
 pytestmark = [pytest.mark.level2, pytest.mark.server]
 
@@ -49,7 +49,7 @@ def test_task_accuracy_stays_above_its_recorded_floor(server, suite, chat_worklo
     result = run_tasks(server.client(), load_tasks(chat_workload.tasks), chat_workload.task_max_tokens)
     print(f"\n  task accuracy {result.accuracy:.3f} ({result.correct}/{result.n}), harmony parse errors {result.parse_errors}"
           + "".join(f"\n    wrong: {w}" for w in result.wrong))
-    stored = goldens.load("tasks", "level2")
+    stored = goldens.load("tasks", "level2", check_tasks_golden)
     if stored is None:
         goldens.save("tasks", {**result.to_json(), "task_file": str(chat_workload.tasks.name)})
     floor = accuracy_floor(stored)

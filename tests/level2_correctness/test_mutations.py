@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.chat import accuracy_floor, ask, chat_problems, check_chat_golden, load_chat_workload, load_tasks, run_tasks
+from harness.chat import (accuracy_floor, ask, chat_problems, check_chat_golden, check_tasks_golden, load_chat_workload,
+                          load_tasks, run_tasks)
 from harness.correctness import judge, load_workload, run_level2
 from harness.mutations import LEVEL2, mutated_copy
 
@@ -38,7 +39,7 @@ def test_mutated_checkpoint_fails_level2(mutation, suite, server, level2_golden,
     if chat_check:  # the goldens are read first: a missing one fails before the mutant boots
         chat_wl = load_chat_workload()
         chat_golden = goldens.load("chat", "level2", check_chat_golden)
-        tasks_golden = goldens.load("tasks", "level2")
+        tasks_golden = goldens.load("tasks", "level2", check_tasks_golden)
     running = suite.boot(server.target, tag=f"__{mutation}", model_path=str(mutant), beside_shared=True)
     try:
         client = running.client()

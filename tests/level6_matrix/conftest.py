@@ -6,10 +6,10 @@ judge that evidence, so a combination's tests and the orthogonality pairs that n
 
 Parallel runs (pytest-xdist, `-n N`): each worker boots its own servers. Workers share evidence through
 files in a directory keyed by xdist's test-run id, so a combination is booted by one worker only (a
-lock per combination), and at most one server runs per slot: on CPU one slot (the cores are shared,
-so level 6 is serial there whatever `-n` says), on CUDA one slot per visible GPU, each worker pinned to
-one GPU through CUDA_VISIBLE_DEVICES (harness.parallel pins each worker before it boots anything; the
-pin here is the same `device_for_worker` choice). Without xdist (`-n 0` or no `-n`) evidence lives in memory.
+lock per combination), and at most one server runs per slot, the slots every level's servers share
+(harness/parallel.py `server_slot`): on CPU one slot (the cores are shared, so servers take turns whatever
+`-n` says), on CUDA one per visible GPU, each worker pinned to its GPU by the root conftest before it
+boots anything. Without xdist (`-n 0` or no `-n`) evidence lives in memory.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 
 from harness.correctness import check_golden_data, load_workload, run_level2, score
 from harness.errors import SuiteError
-from harness.matrix import FileLock, Plan, device_for_worker, load_matrix, make_plan, pair_id
+from harness.matrix import FileLock, Plan, load_matrix, make_plan, pair_id
 from harness.suite import SUITE_KEY, Suite
 
 HERE = Path(__file__).resolve().parent
@@ -106,30 +106,17 @@ def workload():
 class Runner:
     """Boots each combination once and records its evidence (see the module docstring)."""
 
-    def __init__(self, suite: Suite, plan: Plan, shared: Path, workload, force_regen: bool = False) -> None:
-        self.suite, self.plan, self.workload = suite, plan, workload
+    def __init__(self, suite: Suite, plan: Plan, shared: Path, workload, config: pytest.Config,
+                 force_regen: bool = False) -> None:
+        self.suite, self.plan, self.workload, self.config = suite, plan, workload, config
         self.memory: dict[str, dict] = {}
         self.smoke_tokens = SMOKE_TOKENS
         self.xdist = os.environ.get("PYTEST_XDIST_WORKER")
         self.shared = shared / f"evidence-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'local')}"
-        self.slot = self._pin_slot()
+        # the root conftest pinned this worker to its GPU (harness/parallel.py); servers inherit it
+        self.slot = f"gpu{os.environ['CUDA_VISIBLE_DEVICES']}" if suite.platform.is_cuda and os.environ.get("CUDA_VISIBLE_DEVICES") else (
+            "gpu-all" if suite.platform.is_cuda else "cpu")
         self.force_regen = force_regen
-
-    def _pin_slot(self) -> str:
-        if not self.suite.platform.is_cuda:
-            return "cpu"
-        env = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if env is not None:
-            visible = [d.strip() for d in env.split(",") if d.strip()]
-        else:
-            import torch
-
-            visible = [str(i) for i in range(torch.cuda.device_count())]
-        device = device_for_worker(self.xdist, visible) if self.xdist else None
-        if device is None:
-            return "gpu-all"
-        os.environ["CUDA_VISIBLE_DEVICES"] = device  # the servers this worker boots inherit it
-        return f"gpu{device}"
 
     def evidence(self, name: str) -> dict:
         if name in self.memory:
@@ -141,8 +128,11 @@ class Runner:
         per_boot = self.suite.boot_timeout_s + 900
         with FileLock(self.shared / f"{name}.lock", per_boot, f"level 6 lock of {name}"):
             if not path.is_file():
-                budget = per_boot * len(self.plan.combos)
-                with FileLock(self.shared / f"slot-{self.slot}.lock", budget, f"level 6 {self.slot} slot"):
+                from harness import parallel
+
+                # the same server slots every level uses: one server per GPU, one at a time on CPU
+                with parallel.server_slot(self.suite.run_dir, self.xdist, parallel.all_gpus(self.config), 1,
+                                          self.suite.platform.is_cuda, timeout_s=per_boot * len(self.plan.combos)):
                     ev = self._run(name)
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(ev))
@@ -243,4 +233,4 @@ def _path_evidence(kp) -> dict:
 def runner(request: pytest.FixtureRequest, suite: Suite, plan: Plan, level6_dir: Path, workload) -> Runner:
     if suite.server_url:
         pytest.skip("--server-url: level 6 boots a server per combination, which an external server cannot be")
-    return Runner(suite, plan, level6_dir, workload, bool(request.config.getoption("force_regen", False)))
+    return Runner(suite, plan, level6_dir, workload, request.config, bool(request.config.getoption("force_regen", False)))

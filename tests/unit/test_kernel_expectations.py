@@ -3,8 +3,9 @@
 A synthetic trace is built from the kernel names the flavour data says each backend runs (`seen`, real
 names from traces where `verified`, from public sources elsewhere) plus the kernels every config runs
 on that platform (`common_seen`). The config's own trace must pass its check; the same trace with one
-backend swapped for a sibling's kernels must fail it. A pattern too loose to tell backends apart (the
-old `*cutlass*`, `*marlin*`) fails here before it can pass a wrong run on a real machine.
+backend swapped for a sibling's kernels must fail it, and each backend's own patterns must reject the
+other's kernels. A pattern too loose to tell backends apart (the old `*cutlass*`, `*marlin*`, or `*moe*`)
+fails here before it can pass a wrong run on a real machine.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import itertools
 
 import pytest
 
-from harness.configs import SIBLING_AXES, Catalog
+from harness.configs import SIBLING_AXES, Catalog, KernelExpectation
 from harness.platform import platform_matches
 from harness.traces import KernelStat, KernelSummary, check_path
 
@@ -65,9 +66,13 @@ def test_a_trace_of_the_configs_own_kernels_passes(flavour_name, platform, cfg):
 
 
 @pytest.mark.parametrize("flavour_name,platform,cfg", CASES)
-def test_a_trace_with_a_sibling_backends_kernels_fails(flavour_name, platform, cfg):
+def test_each_backends_patterns_reject_its_siblings_kernels(flavour_name, platform, cfg):
+    """Both directions, with each side's own `must` patterns only (the derived forbidden lists would make
+    any check fail and hide a loose pattern): this backend's patterns fail a trace of a sibling's kernels,
+    and the sibling's patterns fail a trace of this config's kernels."""
     flavour = CATALOG.flavours[flavour_name]
     spec = flavour.resolve(cfg, platform)
+    own_trace = _summary(flavour.seen(cfg, platform))
     checked = 0
     for axis in SIBLING_AXES:
         own = [p for _, e in flavour.kernel_entries(axis, cfg[axis], platform) for p in e.get("must") or []]
@@ -79,10 +84,14 @@ def test_a_trace_with_a_sibling_backends_kernels_fails(flavour_name, platform, c
             theirs = [p for _, e in flavour.kernel_entries(axis, value, platform) for p in e.get("must") or []]
             if not theirs or set(theirs) <= set(own):
                 continue  # undeclared there, or the same backend under another name ("auto")
-            trace = flavour.seen(cfg, platform, replace={axis: value})
-            v = check_path(_summary(trace), spec.kernels)
-            assert not v.ok, (f"{spec.config_name} on {platform} ({flavour_name}) passes on a trace of {axis}={value}'s "
-                              f"kernels: its patterns cannot tell the two apart")
+            sibling_trace = _summary(flavour.seen(cfg, platform, replace={axis: value}))
+            assert not check_path(sibling_trace, KernelExpectation(must=own)).ok, (
+                f"{spec.config_name} on {platform} ({flavour_name}): {axis}={cfg[axis]}'s patterns {own} all match a trace "
+                f"of {axis}={value}'s kernels")
+            assert not check_path(own_trace, KernelExpectation(must=theirs)).ok, (
+                f"{spec.config_name} on {platform} ({flavour_name}): {axis}={value}'s patterns {theirs} all match "
+                f"{spec.config_name}'s own kernels")
+            assert not check_path(sibling_trace, spec.kernels).ok  # and the full check rejects it too
             checked += 1
     if not checked:
         pytest.skip(f"{spec.config_name}: no sibling backend declared on {platform}")

@@ -1,7 +1,6 @@
 """Level 6 logic without vLLM: combination generation, exclusions, orthogonality diffs, worker pinning."""
 import itertools
 import time
-from pathlib import Path
 
 import pytest
 
