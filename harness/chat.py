@@ -150,9 +150,21 @@ class ChatWorkload:
     conversations: list[Conversation]
     max_tokens: int
     top_k: int
-    tasks: Path
+    task_files: dict[str, Path]  # model alias glob -> task set
     task_max_tokens: int
     path: Path
+
+    def tasks_for(self, model_alias: str) -> Path:
+        """SUITE_TASKS if set, else the first task set whose glob matches the model alias."""
+        import fnmatch
+        import os
+
+        if os.environ.get("SUITE_TASKS"):
+            return Path(os.environ["SUITE_TASKS"])
+        for glob, path in self.task_files.items():
+            if fnmatch.fnmatchcase(model_alias, glob):
+                return path
+        raise SuiteError(f"{self.path}: no task set matches model {model_alias}; add one under tasks.files or set SUITE_TASKS")
 
 
 def load_chat_workload(path: Path = CHAT_FILE) -> ChatWorkload:
@@ -161,8 +173,8 @@ def load_chat_workload(path: Path = CHAT_FILE) -> ChatWorkload:
         tools = raw.get("tools") or {}
         convs = [Conversation(name, list(c["messages"]), [tools[t] for t in c.get("tools") or []] or None, dict(c.get("expect") or {}))
                  for name, c in raw["conversations"].items()]
-        return ChatWorkload(convs, int(raw["max_tokens"]), int(raw["top_logprobs"]), REPO / raw["tasks"]["file"],
-                            int(raw["tasks"]["max_tokens"]), path)
+        files = {str(g): REPO / str(f) for g, f in raw["tasks"]["files"].items()}
+        return ChatWorkload(convs, int(raw["max_tokens"]), int(raw["top_logprobs"]), files, int(raw["tasks"]["max_tokens"]), path)
     except OSError as e:
         raise SuiteError(f"{path}: cannot read the chat workload ({e.strerror}); restore it from git") from None
     except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
@@ -193,6 +205,8 @@ class Task:
     messages: list[dict]
     answer: str  # the expected final answer; the content must match it (normalised) or the regex below
     match: str = "exact"  # exact | contains | regex
+    tools: list[dict] | None = None  # declared tools (OpenAI format)
+    tool: dict | None = None  # the expected call instead of an answer: {"name": ..., "arguments": {...}}
 
 
 def load_tasks(path: Path) -> list[Task]:
@@ -201,7 +215,10 @@ def load_tasks(path: Path) -> list[Task]:
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
             if line.strip():
                 d = json.loads(line)
-                tasks.append(Task(list(d["messages"]), str(d["answer"]), str(d.get("match", "exact"))))
+                tasks.append(Task(list(d["messages"]), str(d.get("answer", "")), str(d.get("match", "exact")),
+                                  d.get("tools"), d.get("tool")))
+                if not tasks[-1].answer and not tasks[-1].tool:
+                    raise ValueError("neither an answer nor an expected tool call")
     except (OSError, UnicodeDecodeError) as e:
         raise SuiteError(f"{path}: cannot read the task set ({e}); restore it from git or pass another") from None
     except (ValueError, KeyError, TypeError) as e:
@@ -216,7 +233,16 @@ def _norm(text: str) -> str:
     return " ".join(text.strip().strip(".").lower().split())
 
 
-def correct(task: Task, content: str | None) -> bool:
+def correct(task: Task, content: str | None, tool_calls: list[dict] | None = None) -> bool:
+    if task.tool is not None:
+        if not tool_calls:
+            return False
+        f = tool_calls[0].get("function") or {}
+        try:
+            args = json.loads(f.get("arguments") or "null")
+        except ValueError:
+            return False
+        return f.get("name") == task.tool["name"] and args == task.tool["arguments"]
     if not content:
         return False
     if task.match == "regex":
@@ -245,13 +271,15 @@ def run_tasks(client: Client, tasks: list[Task], max_tokens: int) -> TaskResult:
     """Greedy answers to every task; a harmony parse error counts as a wrong answer."""
     good, parse_errors, wrong = 0, 0, []
     for t in tasks:
-        a = ask(client, t.messages, max_tokens, top_k=1)
-        ok = not a.parse_errors and correct(t, a.content)
+        a = ask(client, t.messages, max_tokens, tools=t.tools, top_k=1)
+        ok = not a.parse_errors and correct(t, a.content, a.tool_calls)
         good += ok
         parse_errors += bool(a.parse_errors)
         if not ok and len(wrong) < 5:
             q = t.messages[-1]["content"]
-            wrong.append(f"{q!r:.60} -> {a.content!r:.60} (want {t.answer!r})" + (f" [parse error: {a.parse_errors[0][:60]}]" if a.parse_errors else ""))
+            got = a.content if t.tool is None else a.summary()["tool_calls"]
+            want = t.answer if t.tool is None else t.tool
+            wrong.append(f"{q!r:.60} -> {got!r:.80} (want {want!r})" + (f" [parse error: {a.parse_errors[0][:60]}]" if a.parse_errors else ""))
     return TaskResult(len(tasks), good, parse_errors, wrong)
 
 

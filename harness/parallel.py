@@ -31,7 +31,8 @@ from typing import Iterator
 
 import pytest
 
-from harness.matrix import FileLock, device_for_worker
+from harness.filelock import FileLock
+from harness.matrix import device_for_worker
 
 # workerinput keys the controller hands to each worker
 RUN_DIR_KEY = "suite_run_dir"

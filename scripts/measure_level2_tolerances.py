@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.correctness import Level2Result, judge, load_workload, run_level2  # noqa: E402
 from harness.logprobs import compare_scored, compare_streams  # noqa: E402
-from harness.mutations import LEVEL2, mutated_copy  # noqa: E402
+from harness.mutations import LEVEL2, mutated_copy, sinks_raised  # noqa: E402
 from harness.suite import Suite  # noqa: E402
 
 
@@ -51,7 +51,12 @@ def main() -> int:
     wl = load_workload()
     tol = wl.tolerance(suite.platform.name)
     rows, ref = [], None
-    mutations = list(LEVEL2) if args.mutations == "all" else [m for m in args.mutations.split(",") if m]
+    # sinks-raised: the fault level 1.5's sinks check must see (its SINKS_MIN_MEAN_SHIFT comes from this row)
+    candidates = {**LEVEL2, "sinks-raised": sinks_raised}
+    mutations = list(candidates) if args.mutations == "all" else [m for m in args.mutations.split(",") if m]
+    unknown = [m for m in mutations if m not in candidates]
+    if unknown:
+        ap.error(f"unknown mutation(s) {', '.join(unknown)}; valid: {', '.join(candidates)}")
     runs = [(n, None) for n in names] + [(names[0], m) for m in mutations]
     for i, (name, mutation) in enumerate(runs):
         target = suite.target(suite.catalog.parse(name))
@@ -59,7 +64,7 @@ def main() -> int:
         if mutation:
             model_path = str(out / f"mutant-{mutation}")
             if not Path(model_path).exists():
-                mutated_copy(Path(suite.model.path), Path(model_path), LEVEL2[mutation])
+                mutated_copy(Path(suite.model.path), Path(model_path), candidates[mutation])
         t0 = time.monotonic()
         running = suite.boot(target, tag=f"__tol{i}", model_path=model_path)
         try:

@@ -6,6 +6,8 @@ level 2's (harness/logprobs.py); when a stream matches its golden token for toke
 match exactly too. Task accuracy: the embedded model's trained task, or any JSONL task set for real
 weights (harness/chat.py `load_tasks`); a harmony parse error counts as a wrong answer.
 """
+import hashlib
+
 import pytest
 
 from harness.chat import (accuracy_floor, ask, chat_golden_data, chat_problems, check_chat_golden, check_tasks_golden,
@@ -46,12 +48,17 @@ def test_chat_streams_and_fields_match_golden(chat_answers, goldens, tolerance):
 def test_task_accuracy_stays_above_its_recorded_floor(server, suite, chat_workload, goldens):
     if not suite.model.has_real_weights:
         pytest.skip(f"{suite.model.alias} has dummy weights: no task can be answered")
-    result = run_tasks(server.client(), load_tasks(chat_workload.tasks), chat_workload.task_max_tokens)
+    result = run_tasks(server.client(), load_tasks(chat_workload.tasks_for(suite.model.alias)), chat_workload.task_max_tokens)
     print(f"\n  task accuracy {result.accuracy:.3f} ({result.correct}/{result.n}), harmony parse errors {result.parse_errors}"
           + "".join(f"\n    wrong: {w}" for w in result.wrong))
+    task_file = chat_workload.tasks_for(suite.model.alias)
+    digest = hashlib.sha256(task_file.read_bytes()).hexdigest()[:16]
     stored = goldens.load("tasks", "level2", check_tasks_golden)
     if stored is None:
-        goldens.save("tasks", {**result.to_json(), "task_file": str(chat_workload.tasks.name)})
+        goldens.save("tasks", {**result.to_json(), "task_file": task_file.name, "task_sha256": digest})
+    assert stored.get("task_sha256") == digest, (f"the stored accuracy is of another task set ({stored.get('task_file')}, "
+                                                 f"sha {stored.get('task_sha256')}) than {task_file.name} ({digest}); "
+                                                 "regenerate the tasks golden with --force-regen")
     floor = accuracy_floor(stored)
     assert result.accuracy >= floor, (f"task accuracy {result.accuracy:.3f} ({result.correct}/{result.n}) fell below "
                                       f"{floor:.3f} (recorded {stored['accuracy']:.3f} minus two binomial standard errors); "

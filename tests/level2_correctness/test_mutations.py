@@ -46,7 +46,7 @@ def test_mutated_checkpoint_fails_level2(mutation, suite, server, level2_golden,
         result = run_level2(client, wl, level2_golden)
         if chat_check:
             answers = {c.name: ask(client, c.messages, chat_wl.max_tokens, c.tools, chat_wl.top_k) for c in chat_wl.conversations}
-            tasks = run_tasks(client, load_tasks(chat_wl.tasks), chat_wl.task_max_tokens)
+            tasks = run_tasks(client, load_tasks(chat_wl.tasks_for(suite.model.alias)), chat_wl.task_max_tokens)
     finally:
         running.process.stop()
     verdict = judge(result, level2_golden, tol)

@@ -22,7 +22,8 @@ import pytest
 
 from harness.correctness import check_golden_data, load_workload, run_level2, score
 from harness.errors import SuiteError
-from harness.matrix import FileLock, Plan, load_matrix, make_plan, pair_id
+from harness.filelock import FileLock
+from harness.matrix import Plan, load_matrix, make_plan, pair_id
 from harness.suite import SUITE_KEY, Suite
 
 HERE = Path(__file__).resolve().parent

@@ -6,8 +6,9 @@ import pytest
 
 from harness.configs import Catalog, KernelExpectation
 from harness.errors import SuiteError
+from harness.filelock import FileLock
 from harness.matrix import (
-    FileLock, OrthogonalityRules, PlatformMatrix, device_for_worker, load_matrix, make_plan,
+    OrthogonalityRules, PlatformMatrix, device_for_worker, load_matrix, make_plan,
     orthogonality_diff, worker_index,
 )
 from harness.traces import KernelStat, KernelSummary
