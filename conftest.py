@@ -178,7 +178,8 @@ def goldens(request: pytest.FixtureRequest, suite: Suite, server: RunningServer)
             "device": platform.device, "flavour": suite.flavour.name,
             "vllm": server.client().version() if regen else None,
             "kernel_path": "unchecked (external server)" if server.external else "level 1.5 passed"}
-    return GoldenStore(suite.model.alias, platform.name, server.target.name, meta, regen, refusal)
+    return GoldenStore(suite.model.alias, platform.name, server.target.name, meta, regen, refusal,
+                       model_fingerprint=suite.model.fingerprint)
 
 
 @pytest.hookimpl(hookwrapper=True)

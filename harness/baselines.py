@@ -200,6 +200,7 @@ def save_baseline(path: str | os.PathLike, results: Mapping) -> Path:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "config": config,
         "model": results.get("model"),
+        "model_fingerprint": results.get("model_fingerprint"),
         "platform": results.get("platform"),
         "device": results.get("device"),
         "metadata": results.get("metadata") or {},

@@ -60,6 +60,7 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
     results = {
         "config": server.target.name,
         "model": suite.model.alias,
+        "model_fingerprint": suite.model.fingerprint,  # embedded models: the weights' identity
         "platform": suite.platform.name,
         "device": suite.platform.device,
         "valid": verdict_ok,

@@ -11,6 +11,7 @@ offending tokens silently, so the suite parses the ids itself rather than trusti
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,10 @@ def harmony_problems(token_ids: list[int], finish_reason: str | None) -> list[st
     """What the harmony grammar rejects in an assistant answer given as token ids (empty: well formed)."""
     from openai_harmony import HarmonyEncodingName, HarmonyError, Role, StreamableParser, load_harmony_encoding
 
+    from harness.models import TOKENIZER_DIR
+
+    # openai-harmony (vLLM <= 0.26 images) downloads the vocabulary unless this names a folder holding it
+    os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", str(TOKENIZER_DIR))
     parser = StreamableParser(load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS), role=Role.ASSISTANT)
     problems = []
     for i, tok in enumerate(token_ids):

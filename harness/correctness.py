@@ -78,12 +78,22 @@ def _tolerances(raw, where: str) -> dict[str, Tolerance]:
 
 
 def load_workload(path: Path = PROMPTS_FILE) -> Workload:
+    """A level 2 style workload. `tolerances: {same_as: <workload file>}` takes another file's
+    tolerances (level 6 judges with level 2's measured ones: one set of numbers)."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        tol = raw.get("tolerances")
+        if isinstance(tol, dict) and set(tol) == {"same_as"}:
+            other = REPO / str(tol["same_as"])
+            if other.resolve() == path.resolve():
+                raise SuiteError(f"{path}: tolerances.same_as names the file itself")
+            tolerances = load_workload(other).tolerances
+        else:
+            tolerances = _tolerances(tol, str(path))
         return Workload(
             {k: _text(v, f"{path}: prompts.{k}") for k, v in raw["prompts"].items()},
             int(raw["max_tokens"]), int(raw["top_logprobs"]),
-            _text(raw["perplexity_text"], f"{path}: perplexity_text"), _tolerances(raw.get("tolerances"), str(path)), path,
+            _text(raw["perplexity_text"], f"{path}: perplexity_text"), tolerances, path,
         )
     except OSError as e:
         raise SuiteError(f"{path}: cannot read the level 2 workload ({e.strerror}); restore it from git") from None

@@ -72,8 +72,10 @@ class GoldenStore:
     """
 
     def __init__(self, model: str, platform: str, config: str, meta: dict, force_regen: bool,
-                 regen_refusal=lambda: None, root: Path = GOLDEN_ROOT) -> None:
-        self.model, self.platform, self.config = model, platform, config
+                 regen_refusal=lambda: None, root: Path = GOLDEN_ROOT, model_fingerprint: str | None = None) -> None:
+        self.model, self.platform, self.config, self.model_fingerprint = model, platform, config, model_fingerprint
+        if model_fingerprint:
+            meta = {**meta, "model_fingerprint": model_fingerprint}
         self.meta, self.force_regen, self.regen_refusal, self.root = meta, force_regen, regen_refusal, root
 
     def path(self, kind: str) -> Path:
@@ -84,7 +86,14 @@ class GoldenStore:
         if self.force_regen:
             return None
         path = self.path(kind)
-        data = load_golden(path, regen_command(level, self.config, self.model))["data"]
+        cmd = regen_command(level, self.config, self.model)
+        golden = load_golden(path, cmd)
+        recorded = golden["meta"].get("model_fingerprint")
+        if self.model_fingerprint and recorded != self.model_fingerprint:
+            raise SuiteError(f"golden {_shown(path)} was recorded with other weights of {self.model} "
+                             f"(fingerprint {recorded or 'not recorded'}, this run: {self.model_fingerprint}); "
+                             f"regenerate it: {cmd}")
+        data = golden["data"]
         return check(data, f"golden {_shown(path)}") if check else data
 
     def save(self, kind: str, fresh: Any, extra_meta: dict | None = None) -> None:

@@ -48,6 +48,9 @@ class Model:
     path: str  # what vLLM's --model gets
     args: dict[str, Any] = field(default_factory=dict)  # extra server flags this model needs
     weights: str = "real"  # "real" or "dummy" (shape-only: outputs are meaningless)
+    # sha256 (12 hex) of what the weights were built from, for embedded models: goldens record it,
+    # so a golden of an older embedded model is refused by name instead of failing as a "regression"
+    fingerprint: str | None = None
 
     @property
     def has_real_weights(self) -> bool:
@@ -84,12 +87,14 @@ def resolve_model(name: str, work_dir: Path) -> Model:
             src = MODELS / spec["compact"]
             if not (src / MANIFEST).is_file():
                 raise SuiteError(f"model alias '{name}': {src}/{MANIFEST} is missing; restore models/ from git")
-            return Model(name, str(materialize_compact(src, name=name)), dict(spec["args"]))
+            built = materialize_compact(src, name=name)
+            return Model(name, str(built), dict(spec["args"]), fingerprint=built.name.rsplit("-", 1)[-1])
         return Model(name, str(materialize_shape(spec["shape"])), dict(spec["args"]), "dummy")
     path = Path(name).expanduser()
     if path.exists():
         if (path / MANIFEST).is_file():
-            return Model(_slug(path.name), str(materialize_compact(path)))
+            built = materialize_compact(path)
+            return Model(_slug(path.name), str(built), fingerprint=built.name.rsplit("-", 1)[-1])
         if not (path / "config.json").is_file():
             raise SuiteError(f"--model {name}: no config.json in that directory; pass a checkpoint directory or one of: {', '.join(ALIASES)}")
         return Model(_slug(path.name), str(path.resolve()))

@@ -348,6 +348,10 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         if b_key != c_key:
             raise SuiteError(f"baseline is from {b_key} but results are from {c_key}; compare against "
                              f"baselines/{c_key}/ (record it with: {regen_command(config)})")
+    b_fp, c_fp = baseline.get("model_fingerprint"), current.get("model_fingerprint")
+    if b_fp and c_fp and b_fp != c_fp:  # another embedded model is another workload, not a regression
+        raise SuiteError(f"baseline was recorded with other weights of {baseline.get('model')} (fingerprint {b_fp}, "
+                         f"this run: {c_fp}); re-record it with: {regen_command(config)}")
     verdicts = []
     b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
     for name, b in b_metrics.items():

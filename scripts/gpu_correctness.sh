@@ -7,7 +7,8 @@
 #
 # Phases (state kept in /tmp/suite-art between calls; the working tree is re-sent every call):
 #   measure   scripts/measure_level2_tolerances.py: triton-bf16 (reference), triton-bf16 again (A/A),
-#             marlin-bf16 and triton-bf16-attn-triton (backends that compute the same math)
+#             marlin-bf16 and triton-bf16-attn-triton (backends that compute the same math), then the two
+#             smallest faults ($MUTATIONS); a second call resumes from the stored reference
 #   regen     --force-regen of the level 2, chat and task goldens of CONFIG
 #   verify    levels 1, 1.5 and 2 of CONFIG against them (mutations and the sinks check boot extra servers)
 #   level3    level 3 of CONFIG (crash-prone cases on their own server; known engine issues are strict xfails)
@@ -44,7 +45,7 @@ for p in "$@"; do
   case $p in
     measure)
       timeout 580 python3 scripts/measure_level2_tolerances.py --configs "$CONFIG,$CONFIG,marlin-bf16,triton-bf16-attn-triton" \
-        --out "$ART/measure" 2>&1 | grep -vE "^\(|INFO|WARNING|DEBUG" | tail -30 ;;
+        --mutations "${MUTATIONS:-one-layer-expert-scales-off-by-one,logits-scaled-2pct}" --resume --out "$ART/measure" 2>&1 | grep -vE "^\(|INFO|WARNING|DEBUG" | tail -30 ;;
     regen)
       run_pytest regen -- -m level2 -k "golden or chat or task" --force-regen ;;
     verify)
@@ -53,5 +54,6 @@ for p in "$@"; do
       run_pytest level3 -- -m level3 ;;
     *) echo "gpu_correctness: unknown phase $p (measure regen verify level3)"; exit 2 ;;
   esac
+  [ -d "$ART/measure" ] && cp "$ART"/measure/*.json "$ART"/measure/*.md "$OUT"/ 2>/dev/null
   pack
 done

@@ -34,7 +34,7 @@ def compare(ref: dict, result: Level2Result, tol) -> dict:
     return {"max_abs": max(d.max_abs for d in diffs.values()),
             "mean_abs": max(d.mean_abs for d in diffs.values()),  # the worst sequence's mean
             "ppl_rel": abs(result.perplexity / gold.perplexity - 1), "streams_identical": streams_identical,
-            "passes_current_tolerance": verdict.ok, "first_problem": (verdict.problems or [""])[0].splitlines()[0][:160]}
+            "passes_current_tolerance": verdict.ok, "first_problem": next(iter("\n".join(verdict.problems).splitlines()), "")[:160]}
 
 
 def main() -> int:
@@ -43,6 +43,7 @@ def main() -> int:
     ap.add_argument("--mutations", default="", help="'all' or comma separated names from harness/mutations.py LEVEL2")
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", default="runs/level2-tolerances")
+    ap.add_argument("--resume", action="store_true", help="reuse OUT/reference.json instead of booting the reference again")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +59,11 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown mutation(s) {', '.join(unknown)}; valid: {', '.join(candidates)}")
     runs = [(n, None) for n in names] + [(names[0], m) for m in mutations]
-    for i, (name, mutation) in enumerate(runs):
+    if args.resume and (out / "reference.json").is_file():
+        ref = json.loads((out / "reference.json").read_text())
+        rows.append({"run": f"{names[0]} (reference, from {out / 'reference.json'})"})
+        runs = runs[1:]
+    for i, (name, mutation) in enumerate(runs, start=len(rows)):
         target = suite.target(suite.catalog.parse(name))
         model_path = None
         if mutation:
@@ -79,6 +84,7 @@ def main() -> int:
         else:
             rows.append({"run": label, **compare(ref, result, tol), "seconds": round(time.monotonic() - t0)})
         print(json.dumps(rows[-1]), flush=True)
+        (out / "tolerances.json").write_text(json.dumps(rows, indent=1))  # kept if a later boot dies
     lines = [f"# Level 2 tolerance measurements: {suite.model.alias} on {suite.platform.name} ({suite.platform.device})", "",
              f"Current tolerance ({tol.source}): max_abs {tol.max_abs}, mean_abs {tol.mean_abs}, ppl_rel {tol.ppl_rel}, "
              f"margin {tol.margin}.", "",

@@ -159,3 +159,14 @@ def test_save_overwrites_an_existing_baseline(path):
     r["metrics"]["tg32"]["samples"] = [40.0, 40.5]
     baselines.save_baseline(path, r)
     assert baselines.load_baseline(path)["metrics"]["tg32"]["samples"] == [40.0, 40.5]
+
+
+def test_a_baseline_of_other_embedded_weights_is_refused_by_name(path):
+    """Re-training the embedded model changes its speed: that must read as 're-record', not as a regression."""
+    from harness.regression import Thresholds, compare_run
+
+    baselines.save_baseline(path, results(model_fingerprint="aaaaaaaaaaaa"))
+    base = baselines.load_baseline(path)
+    assert compare_run(base, results(model_fingerprint="aaaaaaaaaaaa"), Thresholds())  # A/A: judged
+    with pytest.raises(SuiteError, match=r"other weights of tiny-gpt-oss-mxfp4 \(fingerprint aaaaaaaaaaaa, this run: bbbbbbbbbbbb\); re-record"):
+        compare_run(base, results(model_fingerprint="bbbbbbbbbbbb"), Thresholds())

@@ -119,3 +119,23 @@ def test_a_malformed_golden_is_one_line_naming_the_file(broken):
         check_golden_data(gold, "golden goldens/m/cpu/c/level2.json")
     msg = str(e.value)
     assert "goldens/m/cpu/c/level2.json is malformed" in msg and "--force-regen" in msg and "\n" not in msg
+
+
+def test_every_committed_workload_loads_and_level6_judges_with_level2s_tolerances():
+    from pathlib import Path
+
+    from harness.correctness import PROMPTS_FILE, load_workload
+
+    level2 = load_workload()
+    level6 = load_workload(Path(PROMPTS_FILE).parents[1] / "level6_matrix" / "workload.yaml")
+    for platform in ("cpu", "sm_90", "sm_121"):
+        assert level6.tolerance(platform) == level2.tolerance(platform)
+
+
+def test_a_workload_whose_tolerances_name_itself_is_one_line(tmp_path):
+    from harness.correctness import load_workload
+
+    own = tmp_path / "w.yaml"
+    own.write_text(f"max_tokens: 4\ntop_logprobs: 5\nprompts: {{a: x}}\nperplexity_text: y\ntolerances: {{same_as: {own}}}\n")
+    with pytest.raises(SuiteError, match="names the file itself"):
+        load_workload(own)

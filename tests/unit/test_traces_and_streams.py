@@ -168,3 +168,18 @@ def test_prometheus_text_is_summed_over_label_sets():
             'vllm:x_sum{engine="0",model_name="m"} 1.5\nvllm:x_sum{engine="1",model_name="m"} 2.0\n'
             'vllm:x_count{engine="0"} 3.0\nvllm:num_requests_running 1.0\n')
     assert parse_prometheus(text) == {"vllm:x_sum": 3.5, "vllm:x_count": 3.0, "vllm:num_requests_running": 1.0}
+
+
+def test_a_golden_of_other_embedded_weights_is_refused_by_name(tmp_path):
+    """A golden recorded with an older embedded model must not be judged as a regression of this one."""
+    from harness.goldens import GoldenStore, Regenerated
+
+    def store(fingerprint, regen=False):
+        return GoldenStore("tiny", "cpu", "cfg", {"model": "tiny"}, regen, root=tmp_path, model_fingerprint=fingerprint)
+
+    with pytest.raises(Regenerated):
+        store("aaaaaaaaaaaa", regen=True).save("level2", {"x": 1})
+    assert store("aaaaaaaaaaaa").load("level2", "level2") == {"x": 1}  # A/A: same weights
+    with pytest.raises(SuiteError, match=r"other weights of tiny \(fingerprint aaaaaaaaaaaa, this run: bbbbbbbbbbbb\).*--force-regen"):
+        store("bbbbbbbbbbbb").load("level2", "level2")
+    assert store(None).load("level2", "level2") == {"x": 1}  # checkpoints without a fingerprint: not checked
