@@ -10,6 +10,7 @@ offending tokens silently, so the suite parses the ids itself rather than trusti
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -41,15 +42,23 @@ class ChatAnswer:
                 "tool_calls": [{"name": t["function"]["name"], "arguments": t["function"]["arguments"]} for t in self.tool_calls]}
 
 
-def harmony_problems(token_ids: list[int], finish_reason: str | None) -> list[str]:
-    """What the harmony grammar rejects in an assistant answer given as token ids (empty: well formed)."""
-    from openai_harmony import HarmonyEncodingName, HarmonyError, Role, StreamableParser, load_harmony_encoding
+@functools.cache
+def _harmony_encoding():
+    """gpt-oss's harmony encoding, loaded once per process (it parses the 200k-token vocabulary)."""
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 
     from harness.models import TOKENIZER_DIR
 
     # openai-harmony (vLLM <= 0.26 images) downloads the vocabulary unless this names a folder holding it
     os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", str(TOKENIZER_DIR))
-    parser = StreamableParser(load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS), role=Role.ASSISTANT)
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+def harmony_problems(token_ids: list[int], finish_reason: str | None) -> list[str]:
+    """What the harmony grammar rejects in an assistant answer given as token ids (empty: well formed)."""
+    from openai_harmony import HarmonyError, Role, StreamableParser
+
+    parser = StreamableParser(_harmony_encoding(), role=Role.ASSISTANT)
     problems = []
     for i, tok in enumerate(token_ids):
         try:

@@ -86,20 +86,19 @@ class Client:
     def complete(self, prompt: str | list[int], max_tokens: int, **params: Any) -> dict:
         """Non-streamed completion; greedy unless `temperature` is given."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **params}
-        r = self._post("/v1/completions", body)
-        if r.status_code >= 500:
-            self._await_death()
-        _raise_for(r, "/v1/completions")
-        return r.json()
+        return self._answer("/v1/completions", body)
 
     def chat(self, messages: list[dict], max_tokens: int, **params: Any) -> dict:
         """Non-streamed /v1/chat/completions; greedy unless `temperature` is given. gpt-oss chat goes through
         vLLM's harmony renderer and parser, so this is the path every gpt-oss client takes."""
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, **params}
-        r = self._post("/v1/chat/completions", body)
+        return self._answer("/v1/chat/completions", body)
+
+    def _answer(self, path: str, body: dict) -> dict:
+        r = self._post(path, body)
         if r.status_code >= 500:
             self._await_death()
-        _raise_for(r, "/v1/chat/completions")
+        _raise_for(r, path)
         return r.json()
 
     def _await_death(self, grace_s: float = 3.0) -> None:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from harness.errors import SuiteError
 from harness.platform import is_valid_selector, platform_matches
+from harness.yamlfile import load_mapping
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # Kernel expectations verified on real traces (scripts/record_kernels.py --accept), merged over the
@@ -100,7 +100,7 @@ class Catalog:
         env_dir = os.environ.get("SUITE_VERIFIED_DIR")
         self.verified_dir = Path(verified_dir or env_dir or config_dir / "verified")
         self.axes = _load_axes(config_dir / "axes.yaml")
-        raw = _load_yaml(config_dir / "configs.yaml")
+        raw = load_mapping(config_dir / "configs.yaml")
         self.defaults: dict[str, str] = dict(raw.get("defaults") or {})
         self.named: list[Config] = []
         for i, entry in enumerate(raw.get("configs") or []):
@@ -227,7 +227,7 @@ class Flavour:
     """One vLLM flavour: base env/args plus a mapping per axis value."""
 
     def __init__(self, path: Path, catalog: Catalog) -> None:
-        raw = _load_yaml(path)
+        raw = load_mapping(path)
         self.path = path
         self.name = str(raw.get("name", path.stem))
         self.about = str(raw.get("about", ""))
@@ -426,25 +426,8 @@ def _installed_vllm_is_fork() -> bool:
         return False
 
 
-def _load_yaml(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise SuiteError(f"{path}: cannot read ({e.strerror}); restore it from git") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SuiteError(f"{path}:{line}: malformed YAML ({problem}); fix the file") from None
-    if not isinstance(data, dict):
-        raise SuiteError(f"{path}: expected a mapping at the top level; fix the file")
-    return data
-
-
 def _load_axes(path: Path) -> dict[str, Axis]:
-    raw = _load_yaml(path).get("axes")
+    raw = load_mapping(path).get("axes")
     if not isinstance(raw, dict) or not raw:
         raise SuiteError(f"{path}: needs a non-empty `axes:` mapping")
     axes = {}

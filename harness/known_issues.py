@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import SuiteError
 from harness.platform import is_valid_selector, platform_matches
+from harness.yamlfile import load_mapping
 
 FILE = Path(__file__).resolve().parent.parent / "tests" / "known_engine_issues.yaml"
 _KEYS = {"id", "engine", "versions", "platforms", "tests", "raises", "upstream", "symptom", "evidence"}
@@ -61,13 +61,7 @@ class KnownIssue:
 
 
 def load(path: Path = FILE) -> list[KnownIssue]:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as e:
-        raise SuiteError(f"{path}: cannot read ({e.strerror}); restore it from git") from None
-    except yaml.YAMLError as e:
-        raise SuiteError(f"{path}: malformed YAML ({' '.join(str(e).split())[:100]}); fix the file") from None
-    entries = raw.get("issues") if isinstance(raw, dict) else None
+    entries = load_mapping(path, empty_ok=True).get("issues")
     if not isinstance(entries, list):
         raise SuiteError(f"{path}: expected `issues:` with a list of entries")
     out = []

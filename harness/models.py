@@ -118,7 +118,7 @@ def read_manifest(src: Path) -> dict:
         raise SuiteError(f"{src / MANIFEST}: unknown format {m.get('format')!r}")
     for rel, digest in m.get("sha256", {}).items():
         p = src / rel
-        if not p.is_file() or _sha256(p) != digest:
+        if not p.is_file() or file_sha256(p) != digest:
             raise SuiteError(f"{src.name}: {rel} is missing or is not the file this checkpoint was made from "
                              f"(sha256 {digest[:12]}); regenerate: .venv/bin/python models/training/convert_to_mxfp4.py")
     return {"vocab_map": (src / m["vocab_map"]).resolve(), "weights": [(src / w).resolve() for w in m["weights"]]}
@@ -271,7 +271,7 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], Any]]
 
 
 # ----------------------------------------------------------------------------- cache
-def _sha256(p: Path) -> str:
+def file_sha256(p: Path) -> str:
     with open(p, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -281,7 +281,7 @@ def _inputs_sha256(files: list[Path], extra: str) -> str:
     for p in files:
         if not Path(p).is_file():
             raise SuiteError(f"{p} is missing; restore models/ from git")
-        h.update(Path(p).name.encode() + b"\0" + _sha256(Path(p)).encode() + b"\0")
+        h.update(Path(p).name.encode() + b"\0" + file_sha256(Path(p)).encode() + b"\0")
     return h.hexdigest()
 
 
@@ -298,7 +298,7 @@ def cache_intact(folder: Path, key: str | None = None, full: bool = False) -> bo
         p = folder / name
         if not p.is_file() or p.stat().st_size != meta["size"]:
             return False
-        if full and _sha256(p) != meta["sha256"]:
+        if full and file_sha256(p) != meta["sha256"]:
             return False
     return bool(stamp.get("files"))
 
@@ -316,7 +316,7 @@ def _cached(name: str, key: str, build: Callable[[Path], Any]) -> Path:
         try:
             t0 = time.time()
             build(tmp)
-            files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+            files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
                      for p in sorted(tmp.iterdir()) if p.is_file()}
             stamp = {"inputs_sha256": key, "files": files, "seconds": round(time.time() - t0, 2),
                      "materialize_version": MATERIALIZE_VERSION}

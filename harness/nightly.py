@@ -23,9 +23,9 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from harness.errors import SuiteError
+from harness.yamlfile import load_mapping
 
 REPO = Path(__file__).resolve().parent.parent
 SETS_FILE = REPO / "configs" / "nightly.yaml"
@@ -56,13 +56,7 @@ class ConfigSet:
 
 
 def load_set(name: str, path: Path = SETS_FILE) -> ConfigSet:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as e:
-        raise SuiteError(f"{path}: cannot read ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise SuiteError(f"{path}: malformed YAML ({str(e).splitlines()[0]}); fix the file") from None
-    sets = raw.get("sets") if isinstance(raw, dict) else None
+    sets = load_mapping(path, empty_ok=True).get("sets")
     if not isinstance(sets, dict) or name not in sets:
         known = ", ".join(sets) if isinstance(sets, dict) else "none"
         raise SuiteError(f"{path}: no config set '{name}'; sets: {known}")

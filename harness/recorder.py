@@ -30,6 +30,7 @@ import yaml
 from harness.configs import Catalog, Config, Flavour, KernelExpectation
 from harness.errors import SuiteError
 from harness.traces import KernelStat, KernelSummary, PathVerdict, check_path
+from harness.yamlfile import load_mapping
 
 # families below this share of the profiled time are listed but never proposed as `must`
 PROPOSE_MIN_SHARE = 0.001
@@ -312,12 +313,7 @@ def accept(rec: Recording, verified_file: Path) -> dict:
 
 
 def load_verified(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as e:
-        raise SuiteError(f"{path}: cannot read ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise SuiteError(f"{path}: malformed YAML ({str(e).splitlines()[0]}); fix it or re-record with scripts/record_kernels.py --accept") from None
-    if not isinstance(data, dict) or not isinstance(data.get("values", {}), dict):
+    data = load_mapping(path, "fix it or re-record with scripts/record_kernels.py --accept", empty_ok=True)
+    if not isinstance(data.get("values", {}), dict):
         raise SuiteError(f"{path}: expected `values: {{axis: {{value: {{kernels: {{selector: ...}}}}}}}}`")
     return data

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,19 +49,14 @@ for p in (str(REPO), str(HERE)):
 
 import chat_data  # noqa: E402
 
+from harness.server import free_port  # noqa: E402
+
 PROMPTS = [
     "def fibonacci(n):\n    ",
     "import os\nimport sys\n\n",
     "class Foo:\n    def __init__(self, name):\n        self.",
     "    for i in range(len(",
 ]
-EOS = [200002, 199999, 200012]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict, timeout: float = 300) -> dict:
@@ -191,7 +185,7 @@ def main(argv=None) -> int:
             ids = torch.tensor([chat_data.render_prompt(req)])
             with torch.no_grad():
                 g = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                do_sample=False, eos_token_id=EOS, pad_token_id=199999)
+                                do_sample=False, eos_token_id=hm.GENERATION_EOS, pad_token_id=199999)
             return g[0, ids.shape[1]:].tolist()
 
         samples = {}

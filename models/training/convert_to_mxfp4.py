@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -51,6 +50,8 @@ HERE = Path(__file__).resolve().parent
 for p in (str(REPO), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
+
+from harness.models import file_sha256 as sha256  # noqa: E402
 
 MODULES_TO_NOT_CONVERT = [
     "model.layers.*.self_attn",
@@ -70,11 +71,6 @@ CHATS = [
     {"messages": [{"role": "user", "content": "What is 3 + 5?"}]},
     {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": None},
 ]
-
-
-def sha256(p: Path) -> str:
-    with open(p, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def mxfp4_error_bound(w, blocks, scales):

@@ -76,14 +76,20 @@ def test_moe_clamps_and_skipped_slots(impl):
     _check(2, 5, 64, 32, 2, impl, fresh_seed(), x_scale=40.0, skip_slots=True)
 
 
-def test_moe_forward_routes_like_reference():
-    seed = fresh_seed()
+def _routed_case(seed: int):
+    """Two tokens, 8 random MXFP4 experts, a random router, top-4: what a whole MoE forward gets."""
     g = generator(seed, DEV)
     e, h, inter, k = 8, 64, 32, 4
     p = _random_experts(g, e, h, inter)
     router_w = torch.randn(e, h, generator=g, device=DEV) * 0.2
     router_b = torch.randn(e, generator=g, device=DEV) * 0.1
     x = torch.randn(2, h, generator=g, device=DEV).to(torch.bfloat16)
+    return x, router_w, router_b, k, p
+
+
+def test_moe_forward_routes_like_reference():
+    seed = fresh_seed()
+    x, router_w, router_b, k, p = _routed_case(seed)
     out = moe_forward(x, router_w, router_b, top_k=k, **p)
     ref = reference.moe_ref(x, router_w, router_b, top_k=k, **p)
     assert_close_nmse(out, ref, MOE_NMSE, seed, "moe_forward")
@@ -158,12 +164,7 @@ def test_moe_forward_packed_routes_like_reference():
     from kernels.moe import moe_forward_packed, pack_moe_experts
 
     seed = fresh_seed()
-    g = generator(seed, DEV)
-    e, h, inter, k = 8, 64, 32, 4
-    p = _random_experts(g, e, h, inter)
-    router_w = torch.randn(e, h, generator=g, device=DEV) * 0.2
-    router_b = torch.randn(e, generator=g, device=DEV) * 0.1
-    x = torch.randn(2, h, generator=g, device=DEV).to(torch.bfloat16)
+    x, router_w, router_b, k, p = _routed_case(seed)
     gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
     out = moe_forward_packed(x, router_w, router_b, gu, p["gate_up_bias"], dn, p["down_bias"], top_k=k)
     ref = reference.moe_ref(x, router_w, router_b, top_k=k, **p)

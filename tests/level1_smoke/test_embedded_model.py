@@ -9,7 +9,6 @@ models/training/ and each folder's MODEL_CARD.md.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -38,11 +37,6 @@ REQUIRED = {
 VOCAB = 201088
 HARMONY = {"<|startoftext|>": 199998, "<|endoftext|>": 199999, "<|return|>": 200002, "<|constrain|>": 200003,
            "<|channel|>": 200005, "<|start|>": 200006, "<|end|>": 200007, "<|message|>": 200008, "<|call|>": 200012}
-
-
-def _sha256(p: Path) -> str:
-    with open(p, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _config(folder: Path) -> dict:
@@ -103,7 +97,7 @@ def test_files_match_sha256sums(folder: Path):
     for name, digest in listed.items():
         path = folder / name
         assert path.is_file(), f"{folder.name}/{name} (listed in SHA256SUMS) is missing; regenerate: {regen}"
-        actual = _sha256(path)
+        actual = hm.file_sha256(path)
         assert actual == digest, (
             f"{folder.name}/{name}: sha256 {actual} != {digest} in SHA256SUMS (file changed or corrupt, "
             f"e.g. a Git LFS pointer); regenerate: {regen}")
@@ -120,7 +114,7 @@ def test_mxfp4_manifest_points_at_the_bf16_files():
     bf = json.loads((BF16 / "compact.json").read_text())
     assert m["weights"][0] == f"../tiny-gpt-oss/{bf['weights'][0]}" and m["vocab_map"] == f"../tiny-gpt-oss/{bf['vocab_map']}"
     for rel, digest in m["sha256"].items():
-        assert _sha256(MXFP4 / rel) == digest, f"{rel} changed since the MXFP4 sibling was made; regenerate: {REGEN['tiny-gpt-oss-mxfp4']}"
+        assert hm.file_sha256(MXFP4 / rel) == digest, f"{rel} changed since the MXFP4 sibling was made; regenerate: {REGEN['tiny-gpt-oss-mxfp4']}"
 
 
 def test_embedded_models_are_small():

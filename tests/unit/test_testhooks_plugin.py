@@ -112,6 +112,7 @@ def test_slowdown_follows_the_control_file_without_a_restart(tmp_path):
             assert torch.equal(out, ids * 2)
             return dt * 1000
         d = Path({str(tmp_path)!r})
+        timed(100)  # the first forward pays one-time set-up (seen: 22.7 ms vs 0.1 ms after): not the baseline
         base = timed(100)
         ack = hooks.set_slowdown(d, hooks.Delay(20_000.0, 100.0))          # 20 ms + 0.1 ms per token
         slowed = timed(100)
