@@ -1,0 +1,268 @@
+"""vLLM plugin: serve gpt-oss MXFP4 layers with this repository's kernels (`kernels/`) for small batches.
+
+vLLM finds it through the `vllm.general_plugins` entry point of the hand-written
+`suite_kernels-0.0.0.dist-info` next to it, once `<repo>/plugins/site` is on the server's PYTHONPATH
+(`harness.hooks.server_env`, used by `Suite.boot`). No file of vLLM is edited: methods are wrapped at
+class level (MoE) or a module's `quant_method` is replaced (dense). Off unless a configuration sets:
+
+  SUITE_KERNELS=moe         gpt-oss MXFP4 experts (`GptOssMxfp4MoEMethod`): routing from vLLM's router
+                            logits, gate_up + SwiGLU, down + weighted combine (`kernels.moe`, the CUDA
+                            extension) for M <= the threshold; above it vLLM's own MoE backend.
+  SUITE_KERNELS=moe,dense   also qkv_proj, o_proj and lm_head quantized to MXFP4 at load (the fork's
+                            --mxfp4-layers all) and run by `kernels.gemv` for M <= the threshold;
+                            above it the BF16 weights vLLM loaded (kept).
+  SUITE_KERNELS_MAX_M=16    the threshold (default: kernels/tuning.yaml gemv.small_m_threshold).
+
+Memory: the MoE experts are kept twice (vLLM's repacked copy for large batches, ours for small ones),
+so on the gpt-oss-120b shape a plugin configuration needs ~61 GB more than stock.
+
+The kernels must be the GPU ones: the CPU/interpreter fallback of `kernels.moe` reads expert ids on
+the host, which a CUDA graph cannot capture, so enabling the plugin where the CUDA extension cannot be
+built is an error at load (one line naming why), never a silent fallback.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV = "SUITE_KERNELS"
+MAX_M_ENV = "SUITE_KERNELS_MAX_M"
+PARTS = ("moe", "dense")
+# the repository root: `kernels` lives there (plugins/site/suite_kernels/__init__.py -> repo)
+REPO = Path(__file__).resolve().parents[3]
+DENSE_NAMES = re.compile(r"(^|\.)(qkv_proj|o_proj|lm_head)$")
+_MARK = "_suite_kernels"
+MOE_ATTR = "_suite_kernels_moe"
+
+
+def wanted(env: dict[str, str] | None = None) -> set[str]:
+    """The parts SUITE_KERNELS asks for; an unknown part is an error (a typo must not mean "stock")."""
+    raw = (os.environ if env is None else env).get(ENV, "")
+    parts = {p.strip() for p in raw.split(",") if p.strip()}
+    unknown = parts - set(PARTS)
+    if unknown:
+        raise ValueError(f"{ENV}={raw!r}: unknown part(s) {sorted(unknown)}; use any of {list(PARTS)}")
+    return parts
+
+
+def max_m(env: dict[str, str] | None = None) -> int:
+    raw = (os.environ if env is None else env).get(MAX_M_ENV, "").strip()
+    if raw:
+        return int(raw)
+    _import_kernels()
+    from kernels.tuning import get_config
+
+    return int(get_config("gemv")["small_m_threshold"])
+
+
+def _import_kernels() -> None:
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
+
+
+def require_cuda_kernels() -> None:
+    import torch
+
+    _import_kernels()
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{ENV} needs a CUDA GPU: the plugin's kernels run in CUDA graphs; unset {ENV} on this machine")
+    from kernels import cuda_ext
+
+    ok, why = cuda_ext.available()
+    if not ok:
+        raise RuntimeError(f"{ENV}: the CUDA extension of kernels/ cannot be used ({why}); without it decode "
+                           f"would read expert ids on the host, which CUDA graphs cannot capture")
+
+
+# ---------------------------------------------------------------------------------------------- MoE
+
+
+@dataclass
+class PackedExperts:
+    gate_up: object  # kernels.packed.PackedMXFP4 [E, 2I, H], gate/up rows paired
+    gate_up_bias: object  # [E, 2I] in vLLM's (interleaved) row order, or None
+    down: object  # PackedMXFP4 [E, H, I]
+    down_bias: object  # [E, H] or None
+    top_k: int
+    max_m: int
+
+
+def pack_experts(layer, top_k: int, threshold: int) -> PackedExperts:
+    """Our packed copy of a gpt-oss MXFP4 expert layer, from the tensors vLLM loaded (before its own
+    backend repacks them): w13_weight uint8 [E, 2I, H/2] (gate/up rows interleaved, low nibble = even
+    element), w13_weight_scale uint8 E8M0 [E, 2I, H/32], w2_weight [E, H, I/2], w2_weight_scale,
+    w13_bias [E, 2I], w2_bias [E, H] (I and H as vLLM padded them; padding is zero)."""
+    _import_kernels()
+    from kernels.moe import pack_moe_experts
+
+    gu, dn = pack_moe_experts(layer.w13_weight.data, layer.w13_weight_scale.data, layer.w2_weight.data,
+                              layer.w2_weight_scale.data)
+    gub = getattr(layer, "w13_bias", None)
+    dnb = getattr(layer, "w2_bias", None)
+    return PackedExperts(gu, None if gub is None else gub.data.clone(), dn, None if dnb is None else dnb.data.clone(),
+                         int(top_k), int(threshold))
+
+
+def route_from_logits(router_logits, top_k: int):
+    """gpt-oss routing from vLLM's router logits: top-k, softmax over the k (= softmax over all
+    experts renormalised over the top k). (ids int32 [M, k], weights float32 [M, k])."""
+    import torch
+
+    vals, ids = torch.topk(router_logits.float(), top_k, dim=-1)
+    return ids.to(torch.int32), torch.softmax(vals, dim=-1)
+
+
+def run_experts(x, ids, weights, p: PackedExperts):
+    """[M, H] bf16: the experts on our packed copy, weighted and summed (what vLLM's MoE returns)."""
+    import torch
+
+    _import_kernels()
+    from kernels.moe import mxfp4_moe_packed
+
+    return mxfp4_moe_packed(x, ids.to(torch.int32), weights.float(), p.gate_up, p.gate_up_bias, p.down, p.down_bias)
+
+
+def patch_moe(cls, threshold: int) -> None:
+    """Wrap the MoE method class (vLLM's GptOssMxfp4MoEMethod): keyword names as vLLM passes them."""
+    if getattr(cls.process_weights_after_loading, _MARK, False):
+        return
+    orig_load, orig_mono, orig_apply = cls.process_weights_after_loading, cls.apply_monolithic, cls.apply
+
+    @functools.wraps(orig_load)
+    def process_weights_after_loading(self, layer):
+        require_cuda_kernels()
+        packed = pack_experts(layer, layer.top_k, threshold)  # before vLLM's backend replaces the tensors
+        orig_load(self, layer)
+        setattr(layer, MOE_ATTR, packed)
+
+    @functools.wraps(orig_mono)
+    def apply_monolithic(self, layer, x, router_logits, input_ids=None, **kwargs):
+        p = getattr(layer, MOE_ATTR, None)
+        if p is not None and x.shape[0] <= p.max_m:
+            ids, wts = route_from_logits(router_logits, p.top_k)
+            return run_experts(x, ids, wts, p)
+        return orig_mono(self, layer=layer, x=x, router_logits=router_logits, input_ids=input_ids, **kwargs)
+
+    @functools.wraps(orig_apply)
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None, **kwargs):
+        p = getattr(layer, MOE_ATTR, None)
+        if p is not None and shared_experts is None and x.shape[0] <= p.max_m:
+            return run_experts(x, topk_ids, topk_weights, p)
+        return orig_apply(self, layer=layer, x=x, topk_weights=topk_weights, topk_ids=topk_ids,
+                          shared_experts=shared_experts, shared_experts_input=shared_experts_input, **kwargs)
+
+    for f in (process_weights_after_loading, apply_monolithic, apply):
+        setattr(f, _MARK, True)
+    cls.process_weights_after_loading = process_weights_after_loading
+    cls.apply_monolithic = apply_monolithic
+    cls.apply = apply
+
+
+# -------------------------------------------------------------------------------------------- dense
+
+
+def _linear_op():
+    """`torch.ops.suite_kernels.mxfp4_linear`: a custom op, so that torch.compile (vLLM compiles the
+    decoder layers) treats our kernel as one opaque call instead of tracing into ctypes launches."""
+    import torch
+
+    if hasattr(torch.ops, "suite_kernels") and hasattr(torch.ops.suite_kernels, "mxfp4_linear"):
+        return torch.ops.suite_kernels.mxfp4_linear
+    _import_kernels()
+
+    # explicit schema: this module's annotations are strings (__future__), which custom_op cannot read
+    @torch.library.custom_op("suite_kernels::mxfp4_linear", mutates_args=(), schema=(
+        "(Tensor x, Tensor words, Tensor scales, Tensor? bias, Tensor weight, SymInt n, SymInt k, SymInt max_m) -> Tensor"))
+    def mxfp4_linear(x, words, scales, bias, weight, n, k, max_m):
+        from kernels.gemv import mxfp4_gemv_packed
+        from kernels.packed import PackedMXFP4
+
+        x2 = x.reshape(-1, k)
+        if x2.shape[0] <= max_m:
+            y = mxfp4_gemv_packed(x2, PackedMXFP4(words, scales, n, k), bias)
+        else:  # large batches: the BF16 weights vLLM loaded, as stock
+            y = torch.nn.functional.linear(x2, weight, bias)
+        return y.reshape(*x.shape[:-1], n).to(x.dtype)
+
+    @mxfp4_linear.register_fake
+    def _(x, words, scales, bias, weight, n, k, max_m):
+        return x.new_empty((*x.shape[:-1], n))
+
+    return torch.ops.suite_kernels.mxfp4_linear
+
+
+class DenseMethod:
+    """Replaces a dense layer's `quant_method`: MXFP4 copy of its weight for small batches."""
+
+    def __init__(self, original, layer, threshold: int) -> None:
+        _import_kernels()
+        from kernels.mxfp4 import quantize_mxfp4
+        from kernels.packed import pack_mxfp4
+
+        self.original = original
+        w = layer.weight.data
+        q, s = quantize_mxfp4(w.float())
+        self.packed = pack_mxfp4(q, s)
+        self.threshold = int(threshold)
+        self.op = _linear_op()
+
+    def __getattr__(self, name):  # everything but apply: vLLM's own method
+        return getattr(self.original, name)
+
+    def apply(self, layer, x, bias=None):
+        p = self.packed
+        return self.op(x, p.words, p.scales, bias, layer.weight, p.n, p.k, self.threshold)
+
+
+def install_dense(model, threshold: int) -> list[str]:
+    """Swap the quant_method of qkv_proj / o_proj / lm_head modules; returns their names."""
+    done = []
+    for name, module in model.named_modules():
+        qm = getattr(module, "quant_method", None)
+        if qm is None or not DENSE_NAMES.search(name) or isinstance(qm, DenseMethod):
+            continue
+        if type(qm).__name__ not in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"):
+            raise RuntimeError(f"{ENV}=dense: {name} already has {type(qm).__name__}; only BF16 layers are quantized here")
+        module.quant_method = DenseMethod(qm, module, threshold)
+        done.append(name)
+    if not done:
+        raise RuntimeError(f"{ENV}=dense: no qkv_proj / o_proj / lm_head module found in {type(model).__name__}")
+    return done
+
+
+def _patch_dense(threshold: int) -> None:
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    if getattr(BaseModelLoader.load_model, _MARK + "_dense", False):
+        return
+    original = BaseModelLoader.load_model
+
+    @functools.wraps(original)
+    def load_model(self, *args, **kwargs):
+        model = original(self, *args, **kwargs)
+        prefix = kwargs.get("prefix", args[2] if len(args) > 2 else "")
+        if not prefix:  # the served model, not a speculative drafter
+            require_cuda_kernels()
+            install_dense(model, threshold)
+        return model
+
+    setattr(load_model, _MARK + "_dense", True)
+    BaseModelLoader.load_model = load_model
+
+
+def register() -> None:
+    """vLLM general-plugin entry point (called in every vLLM process; idempotent; no CUDA here)."""
+    parts = wanted()
+    if not parts:
+        return
+    threshold = max_m()
+    if "moe" in parts:
+        from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod
+
+        patch_moe(GptOssMxfp4MoEMethod, threshold)
+    if "dense" in parts:
+        _patch_dense(threshold)

@@ -1,0 +1,205 @@
+"""The vLLM plugin that serves gpt-oss MXFP4 layers with kernels/ (plugins/site/suite_kernels).
+
+Here, without a server: its wrappers run our kernels on vLLM's raw expert layout and match the fp32
+reference, hand large batches to vLLM's own method untouched, refuse to load where the CUDA kernels
+cannot run, and patch the installed vLLM's real classes (whose parameters they must pass on). In a
+served model: the plugin configurations of configs/flavours/upstream.yaml (moe gemv, layers all),
+judged by levels 1.5, 2 and 4 on a GPU.
+
+Tolerances: MOE_NMSE and GEMV_NMSE of test_kernel_moe.py / test_kernel_gemv.py (same kernels, same
+derivation); the plugin adds no arithmetic of its own except the routing softmax, compared exactly
+within float32 rounding.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from kernels.testing import assert_close_nmse, fresh_seed, generator, random_mxfp4
+
+pytestmark = pytest.mark.level1_5
+
+REPO = Path(__file__).resolve().parents[2]
+SITE = REPO / "plugins" / "site"
+sys.path.insert(0, str(SITE))
+import suite_kernels as plugin  # noqa: E402
+
+MOE_NMSE = 5e-5  # test_kernel_moe.py: BF16 SwiGLU output between the GEMMs + BF16 output rounding
+GEMV_NMSE = 2e-5  # test_kernel_gemv.py: exact operands, fp32 accumulation, BF16 output rounding
+E, H, INTER, TOP_K = 4, 64, 32, 2
+
+
+def _vllm_layer(seed: int) -> SimpleNamespace:
+    """Expert tensors as vLLM's GptOssMxfp4MoEMethod.create_weights makes them (gate/up rows interleaved)."""
+    g = generator(seed)
+    w13, s13 = random_mxfp4((E, 2 * INTER, H), g)
+    w2, s2 = random_mxfp4((E, H, INTER), g)
+    return SimpleNamespace(w13_weight=w13, w13_weight_scale=s13, w2_weight=w2, w2_weight_scale=s2,
+                           w13_bias=(torch.randn(E, 2 * INTER, generator=g) * 0.5).to(torch.bfloat16),
+                           w2_bias=(torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16), top_k=TOP_K)
+
+
+def _reference(layer, x, ids, wts):
+    return reference.moe_experts_ref(x, ids.long(), wts, layer.w13_weight, layer.w13_weight_scale, layer.w13_bias,
+                                     layer.w2_weight, layer.w2_weight_scale, layer.w2_bias)
+
+
+class _StockMethod:
+    """Stands in for vLLM's class: records what the wrappers hand through."""
+
+    def __init__(self):
+        self.calls = []
+
+    def process_weights_after_loading(self, layer):
+        self.calls.append(("load", layer))
+
+    def apply_monolithic(self, layer, x, router_logits, input_ids=None):
+        self.calls.append(("monolithic", dict(layer=layer, x=x, router_logits=router_logits, input_ids=input_ids)))
+        return "stock"
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        self.calls.append(("apply", dict(layer=layer, x=x, topk_weights=topk_weights, topk_ids=topk_ids)))
+        return "stock"
+
+
+@pytest.fixture
+def stock():
+    cls = type("StockMethod", (_StockMethod,), {})
+    plugin.patch_moe(cls, threshold=4)
+    return cls()
+
+
+def test_parts_come_from_the_environment_and_a_typo_is_an_error():
+    assert plugin.wanted({}) == set()
+    assert plugin.wanted({plugin.ENV: "moe, dense"}) == {"moe", "dense"}
+    with pytest.raises(ValueError, match="unknown part"):
+        plugin.wanted({plugin.ENV: "moe,gemv"})
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_small_batches_run_our_kernels_like_the_reference(stock, m):
+    seed = fresh_seed()
+    layer = _vllm_layer(seed)
+    setattr(layer, plugin.MOE_ATTR, plugin.pack_experts(layer, TOP_K, threshold=4))
+    g = generator(seed + 1)
+    x = torch.randn(m, H, generator=g).to(torch.bfloat16)
+    logits = torch.randn(m, E, generator=g) * 2
+    # routing the way vLLM's fused_topk does it: softmax over all experts, top-k, renormalise
+    probs = torch.softmax(logits, dim=-1)
+    wts, ids = torch.topk(probs, TOP_K, dim=-1)
+    wts = wts / wts.sum(-1, keepdim=True)
+    ref = _reference(layer, x, ids, wts)
+    out = stock.apply_monolithic(layer=layer, x=x, router_logits=logits)
+    assert stock.calls == [], "a small batch reached vLLM's method"
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"plugin monolithic M={m}")
+    out = stock.apply(layer=layer, x=x, topk_weights=wts, topk_ids=ids.to(torch.int32), shared_experts=None,
+                      shared_experts_input=None)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"plugin modular M={m}")
+    ids_p, wts_p = plugin.route_from_logits(logits, TOP_K)
+    assert torch.equal(ids_p.long(), ids), f"seed={seed}"
+    torch.testing.assert_close(wts_p, wts, rtol=1e-6, atol=1e-7)
+
+
+def test_large_batches_and_unpacked_layers_go_to_vllm_unchanged(stock):
+    layer = _vllm_layer(fresh_seed())
+    setattr(layer, plugin.MOE_ATTR, plugin.pack_experts(layer, TOP_K, threshold=4))
+    x, logits = torch.zeros(5, H, dtype=torch.bfloat16), torch.zeros(5, E)
+    assert stock.apply_monolithic(layer=layer, x=x, router_logits=logits) == "stock"
+    kind, kw = stock.calls[-1]
+    assert kind == "monolithic" and kw["x"] is x and kw["router_logits"] is logits and kw["layer"] is layer
+    bare = _vllm_layer(1)
+    ids, wts = torch.zeros(1, TOP_K, dtype=torch.int32), torch.full((1, TOP_K), 0.5)
+    assert stock.apply(layer=bare, x=x[:1], topk_weights=wts, topk_ids=ids, shared_experts=None,
+                       shared_experts_input=None) == "stock"
+    assert stock.calls[-1][0] == "apply"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_loading_refuses_in_one_line_where_the_cuda_kernels_cannot_run(stock):
+    layer = _vllm_layer(1)
+    with pytest.raises(RuntimeError) as e:
+        stock.process_weights_after_loading(layer)
+    msg = str(e.value)
+    assert "\n" not in msg and plugin.ENV in msg and "CUDA" in msg, msg
+    assert stock.calls == [] and not hasattr(layer, plugin.MOE_ATTR)
+
+
+class UnquantizedLinearMethod:  # the name vLLM's BF16 linear method has: install_dense checks it
+    def apply(self, layer, x, bias=None):
+        return torch.nn.functional.linear(x, layer.weight, bias)
+
+
+def _dense_model(seed: int) -> torch.nn.Module:
+    g = generator(seed)
+    root = torch.nn.Module()
+    for name, n in (("qkv_proj", 96), ("o_proj", 64), ("router", E), ("lm_head", 128)):
+        mod = torch.nn.Module()
+        mod.weight = torch.nn.Parameter((torch.randn(n, 64, generator=g) * 0.05).to(torch.bfloat16), requires_grad=False)
+        mod.quant_method = UnquantizedLinearMethod()
+        root.add_module(name, mod)
+    return root
+
+
+def test_dense_layers_use_an_mxfp4_copy_for_small_batches_and_bf16_above():
+    seed = fresh_seed()
+    model = _dense_model(seed)
+    names = plugin.install_dense(model, threshold=4)
+    assert sorted(names) == ["lm_head", "o_proj", "qkv_proj"], names
+    assert isinstance(model.router.quant_method, UnquantizedLinearMethod), "the router must stay BF16"
+    qkv = model.qkv_proj
+    bias = torch.randn(96, generator=generator(seed + 1)).to(torch.bfloat16)
+    x = torch.randn(3, 64, generator=generator(seed + 2)).to(torch.bfloat16)
+    q, s = quantize_mxfp4(qkv.weight.float())
+    ref = x.float() @ dequantize_mxfp4(q, s).T + bias.float()
+    out = qkv.quant_method.apply(qkv, x, bias)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, "plugin dense M=3")
+    big = torch.randn(5, 64, generator=generator(seed + 3)).to(torch.bfloat16)
+    assert torch.equal(qkv.quant_method.apply(qkv, big, bias), torch.nn.functional.linear(big, qkv.weight, bias))
+    with pytest.raises(RuntimeError, match="no qkv_proj"):
+        plugin.install_dense(torch.nn.Module(), threshold=4)
+
+
+def test_register_patches_the_installed_vllm_and_is_idempotent():
+    """In a fresh interpreter (the patch is process-wide): the entry point is found the way vLLM looks
+    for it, nothing is patched without SUITE_KERNELS, and with it the wrapped methods of the installed
+    vLLM take the parameters the wrappers pass on."""
+    code = r"""
+import inspect, json, os
+from importlib.metadata import entry_points
+eps = [e.value for e in entry_points(group="vllm.general_plugins") if e.name == "suite_kernels"]
+import suite_kernels
+from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod as C
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader as L
+os.environ.pop("SUITE_KERNELS", None)
+suite_kernels.register()
+before = [hasattr(C.apply, "_suite_kernels"), hasattr(L.load_model, "_suite_kernels_dense")]
+os.environ["SUITE_KERNELS"] = "moe,dense"
+suite_kernels.register(); once = C.apply_monolithic
+suite_kernels.register()
+params = {n: list(inspect.signature(getattr(C, n).__wrapped__).parameters)
+          for n in ("process_weights_after_loading", "apply_monolithic", "apply")}
+print(json.dumps({"eps": eps, "before": before, "idempotent": C.apply_monolithic is once,
+                  "dense": hasattr(L.load_model, "_suite_kernels_dense"), "params": params}))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")])}
+    env.pop(plugin.ENV, None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["eps"] == ["suite_kernels:register"], got
+    assert got["before"] == [False, False], "SUITE_KERNELS unset must leave vLLM untouched"
+    assert got["idempotent"] and got["dense"], got
+    assert got["params"] == {
+        "process_weights_after_loading": ["self", "layer"],
+        "apply_monolithic": ["self", "layer", "x", "router_logits", "input_ids"],
+        "apply": ["self", "layer", "x", "topk_weights", "topk_ids", "shared_experts", "shared_experts_input"],
+    }, f"vLLM's MoE method changed its parameters; update plugins/site/suite_kernels: {got['params']}"
