@@ -154,7 +154,10 @@ def test_dense_layers_use_an_mxfp4_copy_for_small_batches_and_bf16_above():
     model = _dense_model(seed)
     names = plugin.install_dense(model, threshold=4)
     assert sorted(names) == ["lm_head", "o_proj", "qkv_proj"], names
-    assert isinstance(model.router.quant_method, UnquantizedLinearMethod), "the router must stay BF16"
+    assert type(model.router.quant_method) is UnquantizedLinearMethod, "the router must stay BF16"
+    # vLLM's isinstance checks still see its unquantized method; installing twice changes nothing
+    assert all(isinstance(getattr(model, n).quant_method, UnquantizedLinearMethod) for n in names)
+    assert plugin.install_dense(model, threshold=4) == []
     qkv = model.qkv_proj
     bias = torch.randn(96, generator=generator(seed + 1)).to(torch.bfloat16)
     x = torch.randn(3, 64, generator=generator(seed + 2)).to(torch.bfloat16)

@@ -22,6 +22,7 @@ built is an error at load (one line naming why), never a silent fallback.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import re
@@ -195,41 +196,48 @@ def _linear_op():
     return torch.ops.suite_kernels.mxfp4_linear
 
 
-class DenseMethod:
-    """Replaces a dense layer's `quant_method`: MXFP4 copy of its weight for small batches."""
+DENSE_ATTR = "_suite_kernels_dense"
+_dense_classes: dict[type, type] = {}
 
-    def __init__(self, original, layer, threshold: int) -> None:
-        _import_kernels()
-        from kernels.mxfp4 import quantize_mxfp4
-        from kernels.packed import pack_mxfp4
 
-        self.original = original
-        w = layer.weight.data
-        q, s = quantize_mxfp4(w.float())
-        self.packed = pack_mxfp4(q, s)
-        self.threshold = int(threshold)
-        self.op = _linear_op()
+def _dense_apply(self, layer, x, bias=None):
+    p, threshold, op = getattr(self, DENSE_ATTR)
+    return op(x, p.words, p.scales, bias, layer.weight, p.n, p.k, threshold)
 
-    def __getattr__(self, name):  # everything but apply: vLLM's own method
-        return getattr(self.original, name)
 
-    def apply(self, layer, x, bias=None):
-        p = self.packed
-        return self.op(x, p.words, p.scales, bias, layer.weight, p.n, p.k, self.threshold)
+def dense_method(original, layer, threshold: int):
+    """A copy of the layer's `quant_method` whose class is a subclass of vLLM's (so vLLM's isinstance
+    checks still see an unquantized method) with `apply` replaced: MXFP4 copy of the weight for small
+    batches, the BF16 weight above."""
+    _import_kernels()
+    from kernels.mxfp4 import quantize_mxfp4
+    from kernels.packed import pack_mxfp4
+
+    base = type(original)
+    cls = _dense_classes.setdefault(base, type(f"SuiteKernels{base.__name__}", (base,), {"apply": _dense_apply}))
+    method = copy.copy(original)
+    method.__class__ = cls
+    q, s = quantize_mxfp4(layer.weight.data.float())
+    setattr(method, DENSE_ATTR, (pack_mxfp4(q, s), int(threshold), _linear_op()))
+    return method
 
 
 def install_dense(model, threshold: int) -> list[str]:
-    """Swap the quant_method of qkv_proj / o_proj / lm_head modules; returns their names."""
-    done = []
+    """Swap the quant_method of qkv_proj / o_proj / lm_head modules; returns the names swapped now
+    (none when they already were)."""
+    found, done = [], []
     for name, module in model.named_modules():
         qm = getattr(module, "quant_method", None)
-        if qm is None or not DENSE_NAMES.search(name) or isinstance(qm, DenseMethod):
+        if qm is None or not DENSE_NAMES.search(name):
+            continue
+        found.append(name)
+        if hasattr(qm, DENSE_ATTR):
             continue
         if type(qm).__name__ not in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"):
             raise RuntimeError(f"{ENV}=dense: {name} already has {type(qm).__name__}; only BF16 layers are quantized here")
-        module.quant_method = DenseMethod(qm, module, threshold)
+        module.quant_method = dense_method(qm, module, threshold)
         done.append(name)
-    if not done:
+    if not found:
         raise RuntimeError(f"{ENV}=dense: no qkv_proj / o_proj / lm_head module found in {type(model).__name__}")
     return done
 
