@@ -61,8 +61,16 @@ def max_m(env: dict[str, str] | None = None) -> int:
 
 
 def _import_kernels() -> None:
+    """Make this repository's `kernels` importable, and make sure it is the one imported: another
+    distribution named `kernels` (e.g. Hugging Face's kernel hub) must not be used silently."""
     if str(REPO) not in sys.path:
-        sys.path.append(str(REPO))
+        sys.path.insert(0, str(REPO))
+    import kernels
+
+    where = Path(getattr(kernels, "__file__", "") or "").resolve()
+    if where.parent != REPO / "kernels":
+        raise RuntimeError(f"{ENV}: `import kernels` gives {where}, not {REPO / 'kernels'}; another package named "
+                           f"kernels is installed or imported first")
 
 
 def require_cuda_kernels() -> None:
