@@ -23,9 +23,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
     configure_worker(config)  # an xdist worker: pin its GPU and join the run dir before anything else
     try:
-        config.stash[SUITE_KEY] = _create_suite(config)
+        config.stash[SUITE_KEY] = suite = _create_suite(config)
+        goldens_of(config, suite)  # a wrong --goldens-of stops the run before any server boots
     except SuiteError as e:
         raise pytest.UsageError(str(e)) from None
+
+
+def goldens_of(config: pytest.Config, suite: Suite) -> str | None:
+    """The configuration whose goldens level 2 judges against (--goldens-of), checked; None: each its own."""
+    of = config.getoption("goldens_of")
+    if not of:
+        return None
+    if config.getoption("force_regen", False):
+        raise SuiteError(f"--goldens-of={of} judges against another configuration's goldens and never writes them; "
+                         f"drop --force-regen, or drop --goldens-of to record a configuration's own")
+    return suite.catalog.name(suite.catalog.parse(of, "--goldens-of"))
 
 
 def _create_suite(config: pytest.Config) -> Suite:
@@ -162,7 +174,8 @@ def perf_results(request: pytest.FixtureRequest, suite: Suite, server: RunningSe
 
 @pytest.fixture(scope="session")
 def goldens(request: pytest.FixtureRequest, suite: Suite, server: RunningServer):
-    """This config's goldens: `load(kind, level)` (None under --force-regen) and `save(kind, fresh)`.
+    """This config's goldens (or, with --goldens-of, another config's): `load(kind, level)` (None under
+    --force-regen) and `save(kind, fresh)`.
 
     A run may only write goldens when its kernel path is known good: level 1.5 passed with nothing
     excused (or the config allows excuses), so a golden never records a silent fallback.
@@ -173,12 +186,13 @@ def goldens(request: pytest.FixtureRequest, suite: Suite, server: RunningServer)
         return suite.record_refusal(server, request)
 
     regen = bool(request.config.getoption("force_regen", False))
+    golden_config = goldens_of(request.config, suite) or server.target.name
     platform = suite.keyed_platform()
     meta = {"model": suite.model.alias, "config": server.target.name, "platform": platform.name,
             "device": platform.device, "flavour": suite.flavour.name,
             "vllm": server.client().version() if regen else None,
             "kernel_path": "unchecked (external server)" if server.external else "level 1.5 passed"}
-    return GoldenStore(suite.model.alias, platform.name, server.target.name, meta, regen, refusal,
+    return GoldenStore(suite.model.alias, platform.name, golden_config, meta, regen, refusal,
                        model_fingerprint=suite.model.fingerprint)
 
 

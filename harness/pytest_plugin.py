@@ -25,6 +25,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--device", default=None, help="with --server-url: the server's device name (e.g. 'NVIDIA GB10'), which keys baselines")
     g.addoption("--list-configs", action="store_true", help="list configurations and whether this platform can run them")
     g.addoption("--run-dir", default=None, help="where run artifacts go (default: runs/<timestamp>)")
+    g.addoption("--goldens-of", default=None,
+                help="judge levels 2 against another configuration's goldens (same model and platform), e.g. a "
+                     "kernel change against the stock backend: --config=gemv-bf16 --goldens-of=triton-bf16")
     g.addoption("--workloads", default=None, help="level 4 workloads YAML (default: tests/level4_perf/workloads.yaml)")
     g.addoption("--boot-timeout", type=float, default=float(os.environ.get("SUITE_BOOT_TIMEOUT", 900)), help="seconds to wait for /health")
 
