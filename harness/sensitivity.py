@@ -63,15 +63,14 @@ def measure_once(client: Client, maker: PromptMaker, w: Workload, sampler=None) 
 def measure_interleaved(base: Client, other: Client, w: Workload, rounds: int, sampler=None) -> tuple[list[float], list[float]]:
     """`rounds` samples of `w` on each of two servers, alternating in ABBA order, so that drift of the
     machine (other jobs, thermal state) hits both sides alike instead of reading as a difference."""
-    makers = {id(base): PromptMaker(base, seed=7), id(other): PromptMaker(other, seed=7)}
-    for c in (base, other):
+    sides = [(base, PromptMaker(base, seed=7), []), (other, PromptMaker(other, seed=7), [])]
+    for client, maker, _ in sides:
         for _ in range(w.warmup):
-            c.complete(makers[id(c)].make(w.pp), w.tg, ignore_eos=True)
-    samples: dict[int, list[float]] = {id(base): [], id(other): []}
+            client.complete(maker.make(w.pp), w.tg, ignore_eos=True)
     for i in range(rounds):
-        for c in ((base, other) if i % 2 == 0 else (other, base)):
-            samples[id(c)].append(measure_once(c, makers[id(c)], w, sampler)[0])
-    return samples[id(base)], samples[id(other)]
+        for client, maker, samples in (sides if i % 2 == 0 else sides[::-1]):
+            samples.append(measure_once(client, maker, w, sampler)[0])
+    return sides[0][2], sides[1][2]
 
 
 @dataclass

@@ -89,7 +89,7 @@ def test_parts_come_from_the_environment_and_a_typo_is_an_error():
 def test_small_batches_run_our_kernels_like_the_reference(stock, m):
     seed = fresh_seed()
     layer = _vllm_layer(seed)
-    setattr(layer, plugin.MOE_ATTR, plugin.pack_experts(layer, TOP_K, threshold=4))
+    setattr(layer, plugin.MOE_ATTR, plugin.pack_experts(layer))
     g = generator(seed + 1)
     x = torch.randn(m, H, generator=g).to(torch.bfloat16)
     logits = torch.randn(m, E, generator=g) * 2
@@ -111,7 +111,7 @@ def test_small_batches_run_our_kernels_like_the_reference(stock, m):
 
 def test_large_batches_and_unpacked_layers_go_to_vllm_unchanged(stock):
     layer = _vllm_layer(fresh_seed())
-    setattr(layer, plugin.MOE_ATTR, plugin.pack_experts(layer, TOP_K, threshold=4))
+    setattr(layer, plugin.MOE_ATTR, plugin.pack_experts(layer))
     x, logits = torch.zeros(5, H, dtype=torch.bfloat16), torch.zeros(5, E)
     assert stock.apply_monolithic(layer=layer, x=x, router_logits=logits) == "stock"
     kind, kw = stock.calls[-1]

@@ -96,11 +96,9 @@ class PackedExperts:
     gate_up_bias: object  # [E, 2I] in vLLM's (interleaved) row order, or None
     down: object  # PackedMXFP4 [E, H, I]
     down_bias: object  # [E, H] or None
-    top_k: int
-    max_m: int
 
 
-def pack_experts(layer, top_k: int, threshold: int) -> PackedExperts:
+def pack_experts(layer) -> PackedExperts:
     """Our packed copy of a gpt-oss MXFP4 expert layer, from the tensors vLLM loaded (before its own
     backend repacks them): w13_weight uint8 [E, 2I, H/2] (gate/up rows interleaved, low nibble = even
     element), w13_weight_scale uint8 E8M0 [E, 2I, H/32], w2_weight [E, H, I/2], w2_weight_scale,
@@ -112,8 +110,7 @@ def pack_experts(layer, top_k: int, threshold: int) -> PackedExperts:
                               layer.w2_weight_scale.data)
     gub = getattr(layer, "w13_bias", None)
     dnb = getattr(layer, "w2_bias", None)
-    return PackedExperts(gu, None if gub is None else gub.data.clone(), dn, None if dnb is None else dnb.data.clone(),
-                         int(top_k), int(threshold))
+    return PackedExperts(gu, None if gub is None else gub.data.clone(), dn, None if dnb is None else dnb.data.clone())
 
 
 def route_from_logits(router_logits, top_k: int):
@@ -144,22 +141,22 @@ def patch_moe(cls, threshold: int) -> None:
     @functools.wraps(orig_load)
     def process_weights_after_loading(self, layer):
         require_cuda_kernels()
-        packed = pack_experts(layer, layer.top_k, threshold)  # before vLLM's backend replaces the tensors
+        packed = pack_experts(layer)  # before vLLM's backend replaces the tensors
         orig_load(self, layer)
         setattr(layer, MOE_ATTR, packed)
 
     @functools.wraps(orig_mono)
     def apply_monolithic(self, layer, x, router_logits, input_ids=None, **kwargs):
         p = getattr(layer, MOE_ATTR, None)
-        if p is not None and x.shape[0] <= p.max_m:
-            ids, wts = route_from_logits(router_logits, p.top_k)
+        if p is not None and x.shape[0] <= threshold:
+            ids, wts = route_from_logits(router_logits, layer.top_k)
             return run_experts(x, ids, wts, p)
         return orig_mono(self, layer=layer, x=x, router_logits=router_logits, input_ids=input_ids, **kwargs)
 
     @functools.wraps(orig_apply)
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None, **kwargs):
         p = getattr(layer, MOE_ATTR, None)
-        if p is not None and shared_experts is None and x.shape[0] <= p.max_m:
+        if p is not None and shared_experts is None and x.shape[0] <= threshold:
             return run_experts(x, topk_ids, topk_weights, p)
         return orig_apply(self, layer=layer, x=x, topk_weights=topk_weights, topk_ids=topk_ids,
                           shared_experts=shared_experts, shared_experts_input=shared_experts_input, **kwargs)
