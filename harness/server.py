@@ -3,14 +3,22 @@
 The server binds to 127.0.0.1 on a free port and runs in its own session (so its own process group):
 vLLM's API server spawns EngineCore and Worker processes, and SIGKILL to the API server alone
 orphans them, so teardown signals the whole group and then checks nothing of it is left.
+
+If the test process itself is stopped (SIGTERM from a CI timeout, SIGHUP, Ctrl-C, or a normal exit that
+skipped a teardown), `install_cleanup` kills every group this process started: an orphaned EngineCore
+otherwise keeps its GPU memory (seen on an H200: 99 GiB held after `timeout` stopped pytest, which
+made every later boot on that GPU fail).
 """
 from __future__ import annotations
 
+import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +40,65 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_LIVE_GROUPS: set[int] = set()  # process groups of servers this process started and has not stopped
+
+
+def kill_live_servers() -> list[int]:
+    """SIGKILL every server group this process started and has not stopped (returns the groups)."""
+    groups = sorted(_LIVE_GROUPS)
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
+    _LIVE_GROUPS.clear()
+    return groups
+
+
+def _on_signal(signum, frame) -> None:
+    groups = kill_live_servers()
+    if groups:
+        print(f"\nsignal {signal.Signals(signum).name}: killed vLLM server group(s) {groups}", file=sys.stderr, flush=True)
+    raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")  # pytest still reports
+
+
+_cleanup_installed = False
+
+
+def install_cleanup() -> None:
+    """Kill the servers this process started when it exits or is told to stop (SIGTERM, SIGHUP); once per
+    process, from the first boot. SIGKILL at once, not a graceful stop: `timeout` follows its SIGTERM with
+    SIGKILL after a few seconds. Handlers someone else installed are left alone (atexit still applies)."""
+    global _cleanup_installed
+    if _cleanup_installed:
+        return
+    _cleanup_installed = True
+    atexit.register(kill_live_servers)
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _on_signal)
+
+
+_ERROR_LINE = re.compile(r"\b(\w+(Error|Exception)|CUDA error)\b[:(]")
+_GENERIC = ("Engine core initialization failed", "See root cause above")
+
+
+def root_cause(path: Path) -> str | None:
+    """The last specific error line of a server log (vLLM's API server ends with a generic one)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if _ERROR_LINE.search(line) and not any(g in line for g in _GENERIC):
+            return re.sub(r"^\([^)]*\)\s*", "", line).strip()[:300]
+    return None
+
+
+def _died(what: str, path: Path) -> str:
+    cause = root_cause(path)
+    return f"{what}{f' ({cause})' if cause else ''}; log {path}:\n{tail(path)}"
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -73,6 +140,7 @@ class VllmServer:
         ]
 
     def start(self) -> "VllmServer":
+        install_cleanup()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env_extra, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "w", encoding="utf-8") as log:
@@ -84,6 +152,7 @@ class VllmServer:
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True,
             )
+            _LIVE_GROUPS.add(self.proc.pid)
         try:
             self._wait_healthy(started)
         except BaseException:
@@ -107,10 +176,7 @@ class VllmServer:
         deadline = started + self.boot_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerDied(
-                    f"vLLM server exited with code {self.proc.returncode} during boot; "
-                    f"log {self.log_path}:\n{tail(self.log_path)}"
-                )
+                raise ServerDied(_died(f"vLLM server exited with code {self.proc.returncode} during boot", self.log_path))
             try:
                 if requests.get(self.url + "/health", timeout=5).status_code == 200:
                     return
@@ -128,9 +194,7 @@ class VllmServer:
     def ensure_alive(self) -> None:
         """Fail fast, with the log tail, once the server has died (no test waits on a dead server)."""
         if self.proc is not None and self.proc.poll() is not None:
-            raise ServerDied(
-                f"vLLM server died (exit code {self.proc.returncode}); log {self.log_path}:\n{tail(self.log_path)}"
-            )
+            raise ServerDied(_died(f"vLLM server died (exit code {self.proc.returncode})", self.log_path))
 
     def pids(self) -> list[int]:
         """Every live process of the server's process group (API server, EngineCore, workers)."""
@@ -165,6 +229,8 @@ class VllmServer:
         if self.proc.poll() is None:
             self.proc.wait(timeout=10)
         left = group_pids(pgid)
+        if not left:
+            _LIVE_GROUPS.discard(pgid)
         if left:
             raise SuiteError(f"vLLM server teardown left processes {left} of group {pgid}; kill them with: kill -9 -{pgid}")
 

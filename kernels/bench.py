@@ -264,7 +264,10 @@ def vllm_triton_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, router_w, router_b, xs, rep
     """The same layer through vLLM's triton MoE (OpenAI triton_kernels matmul_ogs), imported from the
     installed vLLM; router logits by torch (vLLM computes them with its own GEMM before the MoE)."""
     try:
-        from vllm.model_executor.layers.fused_moe.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
+        try:  # vLLM 0.26 moved the module under fused_moe/experts/
+            from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
+        except ImportError:
+            from vllm.model_executor.layers.fused_moe.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
         from vllm.model_executor.layers.quantization.utils.mxfp4_utils import _swizzle_mxfp4
         from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
 
@@ -463,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     meta["nvidia_smi_after"] = _nvidia_smi()
 
     d = gemv_impls[0]
-    result["targets"] = targets(rows, result["moe"], d, "packed", meta["device"])
+    mo = result["moe"]
+    result["targets"] = targets(rows, mo, d, "packed", meta["device"])
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -177,10 +177,28 @@ def pack_mxfp4(w: torch.Tensor, scales: torch.Tensor, paired: bool = False) -> P
         raise ValueError(f"shape mismatch: packed {tuple(w.shape)}, scales {tuple(scales.shape)}")
     if paired and n % 16:
         raise ValueError(f"paired (gate/up) packing needs 2I to be a multiple of 16, got {n}")
-    dev = w.device
     w = w.reshape(-1, n, kh)
     s = scales.reshape(-1, n, k // 32)
     e = w.shape[0]
+    nt, kc = -(-n // ROW_TILE) * ROW_TILE // 16, -(-k // CHUNK_K) * CHUNK_K // 64
+    words = torch.empty((e, nt, kc, 32, 4), dtype=torch.int32, device=w.device)
+    sc = torch.empty((e, nt, kc, 8, 4), dtype=torch.uint8, device=w.device)
+    # Experts a pass: the uint8 temporaries stay near 256 MB each. All 128 experts of one gpt-oss-120b
+    # layer at once took ~2 GB per temporary plus 17 GB of int64 words and ran a GPU out of memory at load.
+    group = max(1, (1 << 28) // (n * k))
+    for e0 in range(0, e, group):
+        e1 = min(e, e0 + group)
+        words[e0:e1], sc[e0:e1] = _pack_group(w[e0:e1], s[e0:e1], n, k, paired)
+    if not lead:
+        words, sc = words[0], sc[0]
+    else:
+        words, sc = words.reshape(*lead, nt, kc, 32, 4), sc.reshape(*lead, nt, kc, 8, 4)
+    return PackedMXFP4(words, sc, n, k, paired)
+
+
+def _pack_group(w: torch.Tensor, s: torch.Tensor, n: int, k: int, paired: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [e, n, k/2] + scales [e, n, k/32] -> (words int32 [e, nt, kc, 32, 4], scales uint8 [e, nt, kc, 8, 4])."""
+    dev, e = w.device, w.shape[0]
     codes = torch.stack((w & 15, w >> 4), dim=-1).reshape(e, n, k)  # element 2i = low nibble
     nan_blk = s == 255
     if nan_blk.any():
@@ -192,21 +210,17 @@ def pack_mxfp4(w: torch.Tensor, scales: torch.Tensor, paired: bool = False) -> P
     k_pad = -(-k // CHUNK_K) * CHUNK_K
     cp = torch.zeros((e, n_pad, k_pad), dtype=torch.uint8, device=dev)
     cp[:, :n, :k] = codes
+    del codes
     sp = torch.full((e, n_pad, k_pad // 32), 127, dtype=torch.uint8, device=dev)
     sp[:, :n, : k // 32] = s
     nt, kc = n_pad // 16, k_pad // 64
     words = torch.empty((e, nt, kc, 32, 4), dtype=torch.int32, device=dev)
-    step = max(1, (1 << 22) // (kc * 128))  # row tiles per pass: bounds the int64 temporaries
+    step = max(1, (1 << 22) // (e * kc * 128))  # row tiles per pass: bounds the int64 temporaries (~32 MB)
     for r0 in range(0, nt, step):
         r1 = min(nt, r0 + step)
         words[:, r0:r1] = _pack_words(cp[:, 16 * r0 : 16 * r1])
     s4 = sp.reshape(e, nt, 2, 8, kc, 2).permute(0, 1, 4, 3, 5, 2)  # [e, r, c, g, blk half, row half]
-    sc = s4.reshape(e, nt, kc, 8, 4).contiguous()
-    if not lead:
-        words, sc = words[0], sc[0]
-    else:
-        words, sc = words.reshape(*lead, nt, kc, 32, 4), sc.reshape(*lead, nt, kc, 8, 4)
-    return PackedMXFP4(words, sc, n, k, paired)
+    return words, s4.reshape(e, nt, kc, 8, 4).contiguous()
 
 
 def _pack_words(cp: torch.Tensor) -> torch.Tensor:

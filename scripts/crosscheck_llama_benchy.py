@@ -5,12 +5,14 @@
     python scripts/crosscheck_llama_benchy.py --server-url http://127.0.0.1:8000 --tokenizer models/tiny-gpt-oss
 
 Boots the config's server the way the suite does (or uses --server-url), then measures ppN and tgM three
-ways on it, back to back: llama-benchy (`python3 -m llama_benchy`, client clock, chat completions), the
+ways on it, back to back: llama-benchy (`python3 -m llama_benchy`, client clock, chat completions, `--exact-tg` so that
+every answer is tg tokens long like the suite's ignore_eos requests), the
 suite on the engine clock (what level 4 gates), and the suite on the client clock. Each llama-benchy
 number must agree with the suite's engine-clock number within +-2%, or the difference must be explained:
 when it agrees with the suite's *client*-clock number within 2%, the gap is the engine-vs-client clock
 (HTTP, chat template, detokenisation and scheduling around the engine's own prefill / decode time).
-Writes `crosscheck.json` and `crosscheck.md` under --out; exit 0 when every metric agrees or is explained.
+Writes `crosscheck.json` and `crosscheck.md` under --out; exit 0 when every metric agrees or is explained, 1 when
+one disagrees, 3 when llama-benchy could not measure one (no streamed text, e.g. dummy weights).
 
 llama-benchy only speaks /v1/chat/completions. Until the served model has a working chat path (vLLM serves
 gpt-oss chat through its harmony parser, which needs harmony's special tokens), this script stops after
@@ -87,7 +89,7 @@ def run_benchy(url: str, model: str, tokenizer: str, pp: int, tg: int, runs: int
     result = out / "llama-benchy.json"
     argv = [sys.executable, "-m", "llama_benchy", "--base-url", url.rstrip("/") + "/v1", "--model", model,
             "--served-model-name", model, "--tokenizer", tokenizer, "--pp", str(pp), "--tg", str(tg),
-            "--runs", str(runs), "--skip-coherence", "--book-url", book, "--format", "json",
+            "--runs", str(runs), "--exact-tg", "--skip-coherence", "--book-url", book, "--format", "json",
             "--save-result", str(result)]
     log = out / "llama-benchy.log"
     with open(log, "w") as f:
@@ -104,6 +106,13 @@ def compare(benchy: dict, ours: dict[str, dict], pp: int, tg: int) -> list[dict]
     run = benchy["benchmarks"][0]
     rows = []
     for key, field in ((f"pp{pp}", "pp_throughput"), (f"tg{tg}", "tg_throughput")):
+        if not run.get(field):
+            # seen with dummy weights: random ids form no harmony message, so the chat stream carries no text
+            # and llama-benchy has no token timestamps to time
+            rows.append({"metric": key, "llama_benchy": None, "verdict": "unmeasured",
+                         "why": f"llama-benchy reported no {field} (no text was streamed: a model whose output is not a "
+                                "harmony message, such as dummy weights, answers chat with empty deltas)"})
+            continue
         b = float(run[field]["mean"])
         eng = stats.median(ours[key]["engine"]) if ours[key]["engine"] else None
         cli = stats.median(ours[key]["client"])
@@ -166,7 +175,7 @@ def main() -> int:
         if running is not None:
             running.process.stop()
     rows = compare(benchy, ours, a.pp, a.tg)
-    doc = {"llama_benchy_version": benchy.get("metadata", {}).get("version"), "corpus_cache": str(cache),
+    doc = {"llama_benchy_version": benchy.get("version") or benchy.get("metadata", {}).get("version"), "corpus_cache": str(cache),
            "tolerance": TOLERANCE, "rows": rows, "suite_samples": ours, "llama_benchy": benchy}
     (out / "crosscheck.json").write_text(json.dumps(doc, indent=1))
     md = ["# llama-benchy cross-check", "", f"llama-benchy {doc['llama_benchy_version']}, pp{a.pp} / tg{a.tg}, "
@@ -174,12 +183,16 @@ def main() -> int:
           "| metric | llama-benchy | suite (engine clock) | suite (client clock) | vs engine | vs client | verdict |",
           "|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r["verdict"] == "unmeasured":
+            md.append(f"| {r['metric']} | n/a | | | | | unmeasured: {r['why']} |")
+            continue
         de = "n/a" if r["diff_vs_engine"] is None else f"{r['diff_vs_engine']:+.2%}"
         md.append(f"| {r['metric']} | {r['llama_benchy']} | {r['suite_engine']} | {r['suite_client']} | {de} | "
                   f"{r['diff_vs_client']:+.2%} | {r['verdict']}: {r['why']} |")
     (out / "crosscheck.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    return 0 if all(r["verdict"] != "disagree" for r in rows) else 1
+    verdicts = {r["verdict"] for r in rows}
+    return 1 if "disagree" in verdicts else 3 if "unmeasured" in verdicts else 0
 
 
 if __name__ == "__main__":

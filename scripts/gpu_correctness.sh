@@ -20,7 +20,7 @@ ART=/tmp/suite-art/correctness
 OUT=${OUT:-/tmp/correctness-out}
 mkdir -p "$ART" "$OUT"
 export PYTHONUNBUFFERED=1 SUITE_BOOT_TIMEOUT=${SUITE_BOOT_TIMEOUT:-420}
-pkill -9 -f "[v]llm.entrypoints.openai" 2>/dev/null; sleep 1  # servers of an earlier call that hit its time limit
+pkill -9 -f "[v]llm.entrypoints.openai" 2>/dev/null; pkill -9 -f "[V]LLM::EngineCore" 2>/dev/null; sleep 1  # servers of an earlier call killed before its teardown
 python3 -c "import vllm" 2>/dev/null || { echo "gpu_correctness: vLLM is not importable; stage it (docs/gpu-lab.md)"; exit 2; }
 [ -d /tmp/suite-art/goldens ] && cp -r /tmp/suite-art/goldens/. goldens/
 

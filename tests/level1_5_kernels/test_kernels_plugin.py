@@ -36,6 +36,8 @@ import suite_kernels as plugin  # noqa: E402
 MOE_NMSE = 5e-5  # test_kernel_moe.py: BF16 SwiGLU output between the GEMMs + BF16 output rounding
 GEMV_NMSE = 2e-5  # test_kernel_gemv.py: exact operands, fp32 accumulation, BF16 output rounding
 E, H, INTER, TOP_K = 4, 64, 32, 2
+# where the served model runs: the CUDA kernels on a GPU, the portable path (interpreter) without one
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _vllm_layer(seed: int) -> SimpleNamespace:
@@ -43,9 +45,10 @@ def _vllm_layer(seed: int) -> SimpleNamespace:
     g = generator(seed)
     w13, s13 = random_mxfp4((E, 2 * INTER, H), g)
     w2, s2 = random_mxfp4((E, H, INTER), g)
-    return SimpleNamespace(w13_weight=w13, w13_weight_scale=s13, w2_weight=w2, w2_weight_scale=s2,
-                           w13_bias=(torch.randn(E, 2 * INTER, generator=g) * 0.5).to(torch.bfloat16),
-                           w2_bias=(torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16), top_k=TOP_K)
+    b13 = (torch.randn(E, 2 * INTER, generator=g) * 0.5).to(torch.bfloat16)
+    b2 = (torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16)
+    return SimpleNamespace(w13_weight=w13.to(DEV), w13_weight_scale=s13.to(DEV), w2_weight=w2.to(DEV),
+                           w2_weight_scale=s2.to(DEV), w13_bias=b13.to(DEV), w2_bias=b2.to(DEV), top_k=TOP_K)
 
 
 def _reference(layer, x, ids, wts):
@@ -91,8 +94,8 @@ def test_small_batches_run_our_kernels_like_the_reference(stock, m):
     layer = _vllm_layer(seed)
     setattr(layer, plugin.MOE_ATTR, plugin.pack_experts(layer))
     g = generator(seed + 1)
-    x = torch.randn(m, H, generator=g).to(torch.bfloat16)
-    logits = torch.randn(m, E, generator=g) * 2
+    x = torch.randn(m, H, generator=g).to(torch.bfloat16).to(DEV)
+    logits = (torch.randn(m, E, generator=g) * 2).to(DEV)
     # routing the way vLLM's fused_topk does it: softmax over all experts, top-k, renormalise
     probs = torch.softmax(logits, dim=-1)
     wts, ids = torch.topk(probs, TOP_K, dim=-1)
@@ -112,12 +115,12 @@ def test_small_batches_run_our_kernels_like_the_reference(stock, m):
 def test_large_batches_and_unpacked_layers_go_to_vllm_unchanged(stock):
     layer = _vllm_layer(fresh_seed())
     setattr(layer, plugin.MOE_ATTR, plugin.pack_experts(layer))
-    x, logits = torch.zeros(5, H, dtype=torch.bfloat16), torch.zeros(5, E)
+    x, logits = torch.zeros(5, H, dtype=torch.bfloat16, device=DEV), torch.zeros(5, E, device=DEV)
     assert stock.apply_monolithic(layer=layer, x=x, router_logits=logits) == "stock"
     kind, kw = stock.calls[-1]
     assert kind == "monolithic" and kw["x"] is x and kw["router_logits"] is logits and kw["layer"] is layer
     bare = _vllm_layer(1)
-    ids, wts = torch.zeros(1, TOP_K, dtype=torch.int32), torch.full((1, TOP_K), 0.5)
+    ids, wts = torch.zeros(1, TOP_K, dtype=torch.int32, device=DEV), torch.full((1, TOP_K), 0.5, device=DEV)
     assert stock.apply(layer=bare, x=x[:1], topk_weights=wts, topk_ids=ids, shared_experts=None,
                        shared_experts_input=None) == "stock"
     assert stock.calls[-1][0] == "apply"
@@ -146,7 +149,7 @@ def _dense_model(seed: int) -> torch.nn.Module:
         mod.weight = torch.nn.Parameter((torch.randn(n, 64, generator=g) * 0.05).to(torch.bfloat16), requires_grad=False)
         mod.quant_method = UnquantizedLinearMethod()
         root.add_module(name, mod)
-    return root
+    return root.to(DEV)
 
 
 def test_dense_layers_use_an_mxfp4_copy_for_small_batches_and_bf16_above():
@@ -159,13 +162,13 @@ def test_dense_layers_use_an_mxfp4_copy_for_small_batches_and_bf16_above():
     assert all(isinstance(getattr(model, n).quant_method, UnquantizedLinearMethod) for n in names)
     assert plugin.install_dense(model, threshold=4) == []
     qkv = model.qkv_proj
-    bias = torch.randn(96, generator=generator(seed + 1)).to(torch.bfloat16)
-    x = torch.randn(3, 64, generator=generator(seed + 2)).to(torch.bfloat16)
+    bias = torch.randn(96, generator=generator(seed + 1)).to(torch.bfloat16).to(DEV)
+    x = torch.randn(3, 64, generator=generator(seed + 2)).to(torch.bfloat16).to(DEV)
     q, s = quantize_mxfp4(qkv.weight.float())
     ref = x.float() @ dequantize_mxfp4(q, s).T + bias.float()
     out = qkv.quant_method.apply(qkv, x, bias)
     assert_close_nmse(out, ref, GEMV_NMSE, seed, "plugin dense M=3")
-    big = torch.randn(5, 64, generator=generator(seed + 3)).to(torch.bfloat16)
+    big = torch.randn(5, 64, generator=generator(seed + 3)).to(torch.bfloat16).to(DEV)
     assert torch.equal(qkv.quant_method.apply(qkv, big, bias), torch.nn.functional.linear(big, qkv.weight, bias))
     with pytest.raises(RuntimeError, match="no qkv_proj"):
         plugin.install_dense(torch.nn.Module(), threshold=4)

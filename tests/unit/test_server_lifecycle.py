@@ -14,7 +14,7 @@ FAKE = textwrap.dedent('''
     # a child that ignores SIGTERM, like a wedged EngineCore: only SIGKILL of the group ends it
     subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
     if mode == "die":
-        print("fatal: engine core failed to start", flush=True); sys.exit(3)
+        print("RuntimeError: engine core failed to start", flush=True); sys.exit(3)
     if mode == "hang":
         time.sleep(600)
     class H(http.server.BaseHTTPRequestHandler):
@@ -77,3 +77,59 @@ def test_server_binds_loopback_only(tmp_path):
     s = make(tmp_path, "serve")
     assert s.host == "127.0.0.1" and s.url.startswith("http://127.0.0.1:")
     assert isinstance(SuiteError("x"), Exception)
+
+
+STOPPED_RUNNER = textwrap.dedent('''
+    import sys, time
+    sys.path[:0] = [sys.argv[1], sys.argv[2]]
+    from pathlib import Path
+    from test_server_lifecycle import make
+    s = make(Path(sys.argv[3]), "serve").start()
+    print(s.proc.pid, flush=True)
+    time.sleep(600)  # stopped from outside, like pytest under a CI timeout
+''')
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP"])
+def test_a_stopped_test_process_takes_its_servers_down(tmp_path, how):
+    """A suite process stopped by a signal (a CI timeout's SIGTERM) must not leave its servers running: an
+    orphaned EngineCore keeps its GPU memory and every later boot on that GPU fails."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    runner = subprocess.Popen([sys.executable, "-c", STOPPED_RUNNER, str(repo), str(Path(__file__).parent), str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pgid = int(runner.stdout.readline())
+        assert len(group_pids(pgid)) == 2, "the stand-in server and its SIGTERM-ignoring child should be up"
+        runner.send_signal(getattr(signal, how))
+        runner.wait(timeout=20)
+        deadline = time.monotonic() + 10
+        while group_pids(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert group_pids(pgid) == [], f"{how} to the test process left server processes {group_pids(pgid)}"
+        assert "killed vLLM server group" in runner.stderr.read()
+    finally:
+        runner.kill()
+        if "pgid" in locals():
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_boot_that_dies_names_the_root_cause_in_its_first_line(tmp_path):
+    """vLLM's API server ends its log with a generic 'Engine core initialization failed': the first line of the
+    error must carry the engine's own error instead (what a one-line report shows)."""
+    from harness.server import root_cause
+
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore_DP0 pid=7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 15.82 GiB.\n"
+                   "(APIServer pid=5) Traceback (most recent call last):\n"
+                   "(APIServer pid=5) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    assert root_cause(log) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 15.82 GiB."
+    with pytest.raises(ServerDied, match=r"^vLLM server exited with code 3 during boot \(RuntimeError: engine core failed"):
+        make(tmp_path, "die").start()
