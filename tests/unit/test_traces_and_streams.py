@@ -122,6 +122,21 @@ def test_matching_tokens_with_drifted_logprobs_fail():
     assert not v.ok and "same token 2" in v.message
 
 
+
+def test_a_small_systematic_shift_of_the_decoded_logprobs_fails():
+    """A fault only in the decode path (a kernel that serves small batches, a 2% logit scale): every position
+    stays within max_abs and the tokens do not change, so only the mean over the decoded positions sees it.
+    Teacher forcing scores prefill and cannot."""
+    tops = [{10 + i: -0.5, 50 + i: -3.0} for i in range(24)]
+    g = _stream([10 + i for i in range(24)], tops)
+    shifted = _stream(g.tokens, [{10 + i: -0.5 - 0.05, 50 + i: -3.0} for i in range(24)])
+    v = compare_streams(g, shifted, TOL)  # 0.05 per position: < max_abs 0.25, > mean_abs 0.01
+    assert not v.ok and "mean |delta logprob| 0.0500 over the 24 matching decoded positions" in v.message
+    within = _stream(g.tokens, [{10 + i: -0.5 - 0.005, 50 + i: -3.0} for i in range(24)])
+    assert compare_streams(g, within, TOL).ok  # 0.005: inside mean_abs
+    few = _stream(g.tokens[:4], [{10 + i: -0.55, 50 + i: -3.0} for i in range(4)])
+    assert compare_streams(_stream(g.tokens[:4], tops[:4]), few, TOL).ok  # 4 positions: too few for a mean
+
 def test_golden_files_missing_or_corrupt_name_the_fix(tmp_path):
     with pytest.raises(SuiteError, match="create it with: pytest -m level2"):
         load_golden(tmp_path / "none.json", "pytest -m level2 --config=x --force-regen")
