@@ -338,6 +338,13 @@ class Flavour:
         spec = self.mapping(axis, value) or {}
         return [(sel, exp) for sel, exp in (spec.get("kernels") or {}).items() if platform_matches(sel, platform_name)]
 
+    def declared_patterns(self, axis: str, value: str, platform_name: str) -> set[str]:
+        """Every kernel pattern axis=value declares on the platform: its `must` ones and the `also_runs` of the
+        backend it hands some batches to (e.g. a GEMV MoE's GEMM prefill); empty when it declares no `must`."""
+        entries = self.kernel_entries(axis, value, platform_name)
+        must = {p for _, exp in entries for p in exp.get("must") or []}
+        return must | {p for _, exp in entries for p in exp.get("also_runs") or []} if must else set()
+
     def resolve(self, config: Config, platform_name: str, model_args: dict | None = None) -> ServerSpec:
         """Env vars, flags and expectations for `config` (call `runnable` first)."""
         env = dict(self.env)
@@ -380,11 +387,9 @@ class Flavour:
         adding a backend to the data tightens every other config's check at once."""
         for axis in SIBLING_AXES:
             mine = config[axis]
-            entries = self.kernel_entries(axis, mine, platform_name)
-            own = {p for _, exp in entries for p in exp.get("must") or []}
+            own = self.declared_patterns(axis, mine, platform_name)
             if not own:
                 continue  # what this value runs is not declared here (e.g. "auto"): no sibling can be ruled out
-            own |= {p for _, exp in entries for p in exp.get("also_runs") or []}  # e.g. a GEMV MoE's GEMM prefill
             for value in self.catalog.axes[axis].tokens:
                 if value == mine or not self.value_runs(axis, value, platform_name)[0]:
                     continue

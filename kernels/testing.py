@@ -6,6 +6,12 @@ import secrets
 
 import torch
 
+from ._triton import INTERPRET
+
+# Where the conformance tests put their tensors: the GPU, or the CPU under Triton's interpreter (set when no
+# GPU is visible, kernels/_triton.py).
+DEV = "cpu" if INTERPRET else "cuda"
+
 
 def fresh_seed() -> int:
     """A new seed every run (the same function must hold on any valid input); tests print it on failure."""

@@ -21,12 +21,11 @@ import torch
 from kernels import mxfp4, reference
 from kernels._triton import INTERPRET
 from kernels.gemv import mxfp4_gemv, mxfp4_linear
-from kernels.testing import assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
+from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
 from kernels.tuning import get_config
 
 pytestmark = pytest.mark.level1_5
 
-DEV = "cpu" if INTERPRET else "cuda"
 GEMV_NMSE = 2e-5
 # dequantize + torch.matmul (large M): cuBLAS may reduce BF16 partial sums in reduced precision
 # (torch's allow_bf16_reduced_precision_reduction defaults to True), i.e. a few extra BF16

@@ -10,11 +10,10 @@ import torch
 from kernels import mxfp8
 from kernels._triton import INTERPRET
 from kernels.quant import quantize_mxfp8_triton
-from kernels.testing import fresh_seed, generator
+from kernels.testing import DEV, fresh_seed, generator
 
 pytestmark = pytest.mark.level1_5
 
-DEV = "cpu" if INTERPRET else "cuda"
 
 
 def _assert_bit_exact(x: torch.Tensor, seed: int, what: str):

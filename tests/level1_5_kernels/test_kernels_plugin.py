@@ -24,7 +24,7 @@ import torch
 
 from kernels import reference
 from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from kernels.testing import assert_close_nmse, fresh_seed, generator, random_mxfp4
+from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, random_mxfp4
 
 pytestmark = pytest.mark.level1_5
 
@@ -36,8 +36,6 @@ import suite_kernels as plugin  # noqa: E402
 MOE_NMSE = 5e-5  # test_kernel_moe.py: BF16 SwiGLU output between the GEMMs + BF16 output rounding
 GEMV_NMSE = 2e-5  # test_kernel_gemv.py: exact operands, fp32 accumulation, BF16 output rounding
 E, H, INTER, TOP_K = 4, 64, 32, 2
-# where the served model runs: the CUDA kernels on a GPU, the portable path (interpreter) without one
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _vllm_layer(seed: int) -> SimpleNamespace:
