@@ -239,6 +239,8 @@ class Suite:
         env = {**hooks.server_env(hooks.hook_dir_of(self.run_dir, key)), **target.spec.env, **(env_extra or {})}
         proc = VllmServer(model_path or self.model.path, args, env, log, boot_timeout_s=self.boot_timeout_s)
         record = {"config": target.name, "model": self.model.alias, "platform": self.platform.name, "log": str(log)}
+        if self.platform.is_cuda:  # which GPUs it got: under xdist each worker pins its own (harness.parallel)
+            record["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))
         try:
             proc.start()
         except ServerDied as e:
