@@ -24,6 +24,17 @@ def round_policy(platform_name: str) -> tuple[bench.RoundPolicy, float | None]:
     return bench.RoundPolicy(half_width=min(t.throughput_drop, t.latency_rise) / 3), t.loaded_clock_floor
 
 
+def _kernel_us(server: RunningServer):
+    """A request run under the server's torch profiler -> the summed GPU kernel microseconds of its trace."""
+    from harness.traces import profile
+
+    def one(request) -> float:
+        summary = profile(server.url, server.trace_dir, request, "kernel")
+        return sum(k.total_us for k in summary.kernels)
+
+    return one
+
+
 def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_file: Path | None = None,
                   tag: str = "", kinds: set[str] | None = None) -> dict[str, Any]:
     """The level 4 results dict (harness.reports format), also written under the run directory.
@@ -50,6 +61,10 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
                 measured = bench.run_workload(client, maker, w, sampler, policy)
                 clocks.add("engine" if measured.engine else "client")
                 metrics.update(bench.metrics_for(w, measured))
+            if on_gpu and server.trace_dir is not None:  # a server the suite booted, so it can profile
+                for w in workloads:
+                    if w.kind == "prefill" and w.depth == 0:
+                        metrics[f"pp{w.pp}_gpu"] = bench.gpu_prefill(client, maker, w, _kernel_us(server), sampler)
     finally:
         clock_info = sampler.describe() if sampler is not None else {
             "available": False, "reason": f"{suite.platform.name}: no GPU clocks to sample"}

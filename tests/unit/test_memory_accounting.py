@@ -8,6 +8,7 @@ import pytest
 
 from harness import bench, clocks, memory, metadata, perf
 from harness.server_metrics import EngineRound
+from harness.errors import SuiteError
 
 # vLLM 0.26 on an H200, gpt-oss-120b shape (the format strings of gpu_worker.py / gpu_model_runner.py /
 # kv_cache_utils.py, with the suite's numbers)
@@ -325,3 +326,34 @@ def test_too_many_rounds_below_the_loaded_clock_leave_the_metric_unresolved():
     m = bench.run_workload(c, bench.PromptMaker(c), w, FlagFirst(100), bench.RoundPolicy(max_flagged=3))
     e = bench.metrics_for(w, m)["pp64"]
     assert "rounds ran at the loaded clock" in e["unresolved"] and "345 MHz" in e["unresolved"]
+
+
+def _profiler(kernel_us, client):
+    """A fake server profiler: runs the request, returns the next summed kernel time."""
+    it = iter(kernel_us)
+
+    def one(request):
+        before = len(client.calls)
+        request()
+        assert client.calls[before:] == [("warm", 64)], "exactly the one measured request runs under the profiler"
+        return next(it)
+
+    return one
+
+
+def test_gpu_prefill_is_tokens_per_second_of_kernel_time_with_clocks_per_round():
+    c = FakeEngineClient([0.05])
+    w = bench.Workload("prefill", 64, 2, 0, 1, runs=3, warmup=0)
+    e = bench.gpu_prefill(c, bench.PromptMaker(c), w, _profiler([1000.0, 2000.0, 500.0, 800.0], c), FlagFirst(1))
+    # round 1 ran below the loaded clock: set aside (kept under flagged) and measured again
+    assert e["samples"] == [64 / 2e-3, 64 / 5e-4, 64 / 8e-4]
+    assert len(e["rounds"]) == 3 and len(e["flagged"]) == 1 and "unresolved" not in e
+    assert e["higher_is_better"] is True and e["unit"] == "tok/s"
+    assert perf.higher_is_better("pp2048_gpu") and perf.parse_metric_name("pp2048_gpu") == ("pp2048_gpu", 0)
+
+
+def test_gpu_prefill_without_kernel_time_names_the_cause():
+    c = FakeEngineClient([0.05])
+    w = bench.Workload("prefill", 64, 2, 0, 1, runs=2, warmup=0)
+    with pytest.raises(SuiteError, match="no GPU kernel time"):
+        bench.gpu_prefill(c, bench.PromptMaker(c), w, _profiler([0.0], c))
