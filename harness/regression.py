@@ -150,6 +150,9 @@ class Verdict:
     kind: str = "timing"  # "timing" (pp/tg/latency), "memory" (used GiB, peak), "capacity" (KV tokens)
     advisory: bool = False  # a timing verdict on a platform whose timing gate is advisory: never fails the run
     advisory_reason: str | None = None
+    # inconclusive only because the metric's measured boot-to-boot spread exceeds the gate (boot_spread):
+    # reported, but not a strict-gate failure, or a metric known to move between boots turns every night red
+    boot_bound: bool = False
 
     @property
     def failed(self) -> bool:
@@ -246,7 +249,7 @@ def compare_metric(
         status = "pass"
         message = f"pass {change}"
     return Verdict(name, status, delta, cur_med - base_med, base_med, cur_med, unit, higher_is_better,
-                   p, cv_b, cv_c, (lo, hi), message)
+                   p, cv_b, cv_c, (lo, hi), message, boot_bound=boot_bound and status == "inconclusive")
 
 
 def _peak(value: float | Sequence[float], side: str) -> float:
@@ -382,9 +385,10 @@ def unshared_metrics(baseline: Mapping, current: Mapping) -> tuple[list[str], li
 
 
 def gate_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[Verdict]:
-    """The verdicts that fail the gate: every non-advisory "fail", plus "inconclusive" when thresholds say so."""
+    """The verdicts that fail the gate: every non-advisory "fail", plus "inconclusive" when thresholds say so,
+    except an inconclusive that is only the metric's recorded boot spread (its message says what would fail)."""
     bad = {"fail", "inconclusive"} if thresholds.inconclusive_is_failure else {"fail"}
-    return [v for v in verdicts if v.status in bad and not v.advisory]
+    return [v for v in verdicts if v.status in bad and not v.advisory and not v.boot_bound]
 
 
 def advisory_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[Verdict]:

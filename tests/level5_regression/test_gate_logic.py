@@ -324,3 +324,19 @@ def test_prefill_kernel_time_is_gated_at_3_percent_on_sm_90_while_engine_prefill
     as_engine = compare_metric("pp2048", base, samples(39800.0 * 0.96, 0.001, 8, seed=1), True, t,
                                boot_spread=t.spread_of("pp2048"))
     assert as_engine.status == "inconclusive"
+
+
+def test_a_strict_nightly_fails_noise_but_not_a_metric_within_its_recorded_boot_spread():
+    """sm_121 counts inconclusive as failure. A metric whose measured A/A spread between boots exceeds the
+    gate (boot_spread) is inconclusive inside that spread every night: reported, not a failure (else the
+    nightly is red with nothing changed). Beyond threshold + spread it still fails; plain noise still fails."""
+    strict = Thresholds(inconclusive_is_failure=True, boot_spread=(("pp2048", 0.24),))
+    base = samples(27000.0, 0.02, 16, seed=0)
+    within = compare_metric("pp2048", base, samples(27000.0 * 0.9, 0.02, 16, seed=1), True, strict,
+                            boot_spread=strict.spread_of("pp2048"))
+    beyond = compare_metric("pp2048", base, samples(27000.0 * 0.6, 0.02, 16, seed=2), True, strict,
+                            boot_spread=strict.spread_of("pp2048"))
+    noisy = tg(0.95, cv=0.08)
+    assert within.status == "inconclusive" and within.boot_bound and "would fail" in within.message
+    assert [v.name for v in regression.gate_failures([within, beyond, noisy], strict)] == ["pp2048", "tg32"]
+    assert regression.gate_failures([beyond], strict)[0].status == "fail"
