@@ -212,6 +212,7 @@ def compare_metric(
     change = (f"{name} {delta * 100:+.1f}% ({stats.fmt(base_med)} -> {stats.fmt(cur_med)} {unit} median"
               f"; gate {threshold * 100:.1f}%; p={p:.3g}; {round((1 - thresholds.alpha) * 100)}% CI of ratio "
               f"[{lo:.3f}, {hi:.3f}]; CV {_pct(cv_b)} / {_pct(cv_c)})").replace("  ", " ")
+    within_spread = False  # inconclusive only because of the recorded boot spread (not noise, not clocks)
     if unresolved:
         status = "inconclusive"
         message = (f"INCONCLUSIVE {name}: {unresolved}; not judged (median change {delta * 100:+.1f}%, p={p:.3g}, "
@@ -222,8 +223,9 @@ def compare_metric(
     elif -worse > threshold and significant and ci_better:
         status = "improved"
         message = f"IMPROVED {change}; record a new baseline with: {regen_command(config)}"
-    elif boot_bound:
+    elif boot_bound and worse <= threshold + boot_spread:
         status = "inconclusive"
+        within_spread = True
         message = (f"INCONCLUSIVE {name}: between boots this metric moves by up to {boot_spread * 100:.0f}% with nothing "
                    f"changed (measured A/A spread, baselines/thresholds.yaml boot_spread), more than the "
                    f"{threshold * 100:.1f}% gate, so one boot cannot resolve it (median change {delta * 100:+.1f}%, "
@@ -249,7 +251,7 @@ def compare_metric(
         status = "pass"
         message = f"pass {change}"
     return Verdict(name, status, delta, cur_med - base_med, base_med, cur_med, unit, higher_is_better,
-                   p, cv_b, cv_c, (lo, hi), message, boot_bound=boot_bound and status == "inconclusive")
+                   p, cv_b, cv_c, (lo, hi), message, boot_bound=within_spread)
 
 
 def _peak(value: float | Sequence[float], side: str) -> float:

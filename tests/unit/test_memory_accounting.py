@@ -357,3 +357,11 @@ def test_gpu_prefill_without_kernel_time_names_the_cause():
     w = bench.Workload("prefill", 64, 2, 0, 1, runs=2, warmup=0)
     with pytest.raises(SuiteError, match="no GPU kernel time"):
         bench.gpu_prefill(c, bench.PromptMaker(c), w, _profiler([0.0], c))
+
+
+def test_gpu_prefill_with_every_round_below_the_loaded_clock_is_unresolved_and_counted_once():
+    c = FakeEngineClient([0.05])
+    w = bench.Workload("prefill", 64, 2, 0, 1, runs=2, warmup=0)
+    e = bench.gpu_prefill(c, bench.PromptMaker(c), w, _profiler([1000.0, 2000.0, 3000.0], c), FlagFirst(100))
+    assert e["samples"] == [64 / 1e-3, 64 / 2e-3] and len(e["rounds"]) == 2 and "flagged" not in e
+    assert e["unresolved"] == "only 0 of 2 profiled rounds ran at the loaded clock"
