@@ -152,7 +152,7 @@ class Verdict:
     advisory_reason: str | None = None
     # inconclusive only because the metric's measured boot-to-boot spread exceeds the gate (boot_spread):
     # reported, but not a strict-gate failure, or a metric known to move between boots turns every night red
-    boot_bound: bool = False
+    within_boot_spread: bool = False
 
     @property
     def failed(self) -> bool:
@@ -251,7 +251,7 @@ def compare_metric(
         status = "pass"
         message = f"pass {change}"
     return Verdict(name, status, delta, cur_med - base_med, base_med, cur_med, unit, higher_is_better,
-                   p, cv_b, cv_c, (lo, hi), message, boot_bound=within_spread)
+                   p, cv_b, cv_c, (lo, hi), message, within_boot_spread=within_spread)
 
 
 def _peak(value: float | Sequence[float], side: str) -> float:
@@ -390,7 +390,7 @@ def gate_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[V
     """The verdicts that fail the gate: every non-advisory "fail", plus "inconclusive" when thresholds say so,
     except an inconclusive that is only the metric's recorded boot spread (its message says what would fail)."""
     bad = {"fail", "inconclusive"} if thresholds.inconclusive_is_failure else {"fail"}
-    return [v for v in verdicts if v.status in bad and not v.advisory and not v.boot_bound]
+    return [v for v in verdicts if v.status in bad and not v.advisory and not v.within_boot_spread]
 
 
 def advisory_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[Verdict]:

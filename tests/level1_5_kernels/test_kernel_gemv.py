@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import mxfp4, reference
+from kernels import reference
 from kernels._triton import INTERPRET
 from kernels.gemv import mxfp4_gemv, mxfp4_linear
 from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4

@@ -337,12 +337,12 @@ def test_a_strict_nightly_fails_noise_but_not_a_metric_within_its_recorded_boot_
     beyond = compare_metric("pp2048", base, samples(27000.0 * 0.6, 0.02, 16, seed=2), True, strict,
                             boot_spread=strict.spread_of("pp2048"))
     noisy = tg(0.95, cv=0.08)
-    assert within.status == "inconclusive" and within.boot_bound and "would fail" in within.message
+    assert within.status == "inconclusive" and within.within_boot_spread and "would fail" in within.message
     assert [v.name for v in regression.gate_failures([within, beyond, noisy], strict)] == ["pp2048", "tg32"]
     assert regression.gate_failures([beyond], strict)[0].status == "fail"
     # a spread metric that is inconclusive for another reason still fails the strict night
     clocks = compare_metric("pp2048", base, samples(27000.0, 0.02, 16, seed=3), True, strict,
                             boot_spread=0.24, unresolved="current: only 2 of 8 rounds ran at the loaded clock")
     wild = compare_metric("pp2048", base, samples(27000.0 * 0.6, 0.5, 16, seed=4), True, strict, boot_spread=0.24)
-    assert clocks.status == "inconclusive" and not clocks.boot_bound
-    assert wild.status != "pass" and not wild.boot_bound and regression.gate_failures([wild], strict)
+    assert clocks.status == "inconclusive" and not clocks.within_boot_spread
+    assert wild.status != "pass" and not wild.within_boot_spread and regression.gate_failures([wild], strict)
