@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness import bench, memory, metadata
 from harness.clocks import ClockSampler
@@ -24,7 +24,7 @@ def round_policy(platform_name: str) -> tuple[bench.RoundPolicy, float | None]:
     return bench.RoundPolicy(half_width=min(t.throughput_drop, t.latency_rise) / 3), t.loaded_clock_floor
 
 
-def _kernel_us(server: RunningServer):
+def kernel_time_probe(server: RunningServer) -> Callable[[Callable[[], None]], float]:
     """A request run under the server's torch profiler -> the summed GPU kernel microseconds of its trace."""
     from harness.traces import profile
 
@@ -66,7 +66,7 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
             if on_gpu and server.trace_dir is not None:  # a server the suite booted, so it can profile
                 for w in workloads:
                     if w.kind == "prefill" and w.depth == 0:
-                        metrics[f"pp{w.pp}_gpu"] = bench.gpu_prefill(client, maker, w, _kernel_us(server), sampler)
+                        metrics[f"pp{w.pp}_gpu"] = bench.gpu_prefill(client, maker, w, kernel_time_probe(server), sampler)
     finally:
         clock_info = sampler.describe() if sampler is not None else {
             "available": False, "reason": f"{suite.platform.name}: no GPU clocks to sample"}

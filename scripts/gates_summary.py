@@ -83,8 +83,10 @@ def main(root: Path, out: Path) -> int:
             lines.append("")
         for p in sens:
             s = json.loads(p.read_text())
-            lines += [f"Sensitivity curve: decode step {s['decode_step_ms']} ms, pp{s['prefill_tokens']} "
-                      f"{s['prefill_ms']} ms, {s['rounds_per_side']} ABBA rounds per side.", "",
+            lines += [f"Sensitivity curve: decode step {s['decode_step_ms']} ms, "
+                      f"{s.get('prefill_metric', 'pp' + str(s['prefill_tokens']))} {s['prefill_ms']} ms, "
+                      f"{s['rounds_per_side']} ABBA rounds per side "
+                      f"({s.get('prefill_rounds_per_side', s['rounds_per_side'])} for prefill).", "",
                       "| slowdown | metric | expected ratio | measured ratio | verdict |", "|---|---|---|---|---|"]
             small, large = s["points"][0], s["points"][-1]
             curve_ok = (all(v == "fail" for v in large["status"].values())

@@ -7,13 +7,15 @@
 #
 # Phases (each fits a 10-minute call; ~3-4 min per boot of the gpt-oss-120b shape on an H200):
 #   selftest   the plugin's %globaltimer spin: eager, in a CUDA graph, updated after capture (~30 s)
+#   warm       one level 4 run, discarded: the first boot on a fresh machine compiles (torch.compile, Triton
+#              JIT during the benchmark itself), which no baseline or A/A boot should measure
 #   baseline   record baselines/<gpu>/<model>/<config>.yaml with --force-regen (levels 1.5 + 4 + 5)
 #   aa N       N A/A boots gated against that baseline (aa1, aa2, ... numbered across calls)
 #   hooked     one boot with SUITE_HOOK_HOLD_GIB=1.5 SUITE_HOOK_SLOWDOWN=1: the sensitivity curve
 #              (2% must pass, 5% must fail, decode and prefill) and the memory gate (+1.5 GiB must fail)
 #   benchy     scripts/crosscheck_llama_benchy.py on its own boot (stops after one line while chat fails)
 #   summary    $OUT/gates-summary.md from every phase so far (every phase also refreshes it)
-#   all        selftest baseline aa 5 hooked benchy summary
+#   all        selftest warm baseline aa 5 hooked benchy summary
 # MODEL / CONFIG / WORKLOADS override the defaults (gpt-oss-120b-shape, triton-bf16, the quick GPU set).
 # SUITE_GIT_SHA=<sha> records the suite's commit where the tree arrives without .git.
 set -uo pipefail
@@ -50,13 +52,15 @@ summary() {
 }
 
 phases=("$@"); [ ${#phases[@]} -eq 0 ] && phases=(all)
-[ "${phases[0]}" = all ] && phases=(selftest baseline aa 5 hooked benchy summary)
+[ "${phases[0]}" = all ] && phases=(selftest warm baseline aa 5 hooked benchy summary)
 i=0
 while [ $i -lt ${#phases[@]} ]; do
   p=${phases[$i]}; i=$((i + 1))
   case $p in
     selftest)
       PYTHONPATH="$PYTHONPATH:$PWD/plugins/site" python3 -m suite_testhooks.spin 2>&1 | tee "$ART/selftest.log" | tail -12 ;;
+    warm)
+      run_pytest warm "discarded" -- -m level4 -k test_benchmark ;;
     baseline)
       run_pytest baseline "Regenerated expected" -- -m "level4 or level5" -k "no_regression" --force-regen
       mkdir -p /tmp/suite-art/baselines && cp -r baselines/. /tmp/suite-art/baselines/ ;;
@@ -74,7 +78,7 @@ while [ $i -lt ${#phases[@]} ]; do
         > "$ART/benchy.log" 2>&1; rc=$?
       tail -8 "$ART/benchy.log"; echo "llama-benchy cross-check rc=$rc" | tee "$ART/benchy/crosscheck.status" ;;
     summary) ;;
-    *) echo "gpu_gates: unknown phase $p (selftest baseline aa N hooked benchy summary all)"; exit 2 ;;
+    *) echo "gpu_gates: unknown phase $p (selftest warm baseline aa N hooked benchy summary all)"; exit 2 ;;
   esac
   summary
 done

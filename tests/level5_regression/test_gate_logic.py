@@ -346,3 +346,42 @@ def test_a_strict_nightly_fails_noise_but_not_a_metric_within_its_recorded_boot_
     wild = compare_metric("pp2048", base, samples(27000.0 * 0.6, 0.5, 16, seed=4), True, strict, boot_spread=0.24)
     assert clocks.status == "inconclusive" and not clocks.within_boot_spread
     assert wild.status != "pass" and not wild.within_boot_spread and regression.gate_failures([wild], strict)
+
+
+def test_the_gpu_curve_gates_prefill_by_kernel_time_with_the_delay_planned_from_it(monkeypatch, tmp_path):
+    """The sensitivity curve on a GPU: prefill is pp2048_gpu, the spin delay is planned from the kernel time
+    (51 ms, not the engine's 75 ms), and 2% / 5% of it pass / fail at the H200's measured 0.1% CV."""
+    from harness import hooks, sensitivity
+
+    state = {"delay": hooks.Delay(0.0, 0.0)}
+    rng = np.random.default_rng(5)
+    monkeypatch.setattr(hooks, "set_slowdown", lambda d, delay, alive=None: state.update(delay=delay) or {"slowdown": {}})
+
+    def decode_once(client, maker, w, sampler=None):  # engine-clock decode: 4.4 ms step + the spin
+        d = state["delay"]
+        return 1.0 / (4.4e-3 * (1 + 0.002 * rng.standard_normal()) + (d.a_us + d.b_us_per_token) / 1e6), {}
+
+    monkeypatch.setattr(sensitivity, "measure_once", decode_once)
+
+    def profile_one(request):  # the summed kernel time of one 2048-token prefill, the spin included
+        request()
+        d = state["delay"]
+        return 51_400.0 * (1 + 0.001 * rng.standard_normal()) + d.a_us + d.b_us_per_token * 2048
+
+    class Client:
+        def tokenize(self, text):
+            return list(range(100, 200))
+
+        def complete(self, prompt, max_tokens, **kw):
+            return {}
+
+    spec = sensitivity.CurveSpec(sensitivity.Workload("decode", 16, 128, runs=1, warmup=0),
+                                 sensitivity.Workload("prefill", 2048, 2, runs=1, warmup=0), 16)
+    res = sensitivity.run_curve(Client(), tmp_path, spec, [0.02, 0.05], T, profile_one=profile_one)
+    assert res["prefill_metric"] == "pp2048_gpu" and res["prefill_rounds_per_side"] == 8
+    assert abs(res["prefill_ms"] - 51.4) < 0.5, "the prefill delay must be planned from the kernel time"
+    small, large = res["points"]
+    assert {n: v.status for n, v in small.verdicts.items()} == {"tg128": "pass", "pp2048_gpu": "pass"}
+    assert {n: v.status for n, v in large.verdicts.items()} == {"tg128": "fail", "pp2048_gpu": "fail"}
+    assert len(large.base["pp2048_gpu"]) == len(large.slow["pp2048_gpu"]) == 8 and len(large.base["tg128"]) == 16
+    assert abs(large.ratio("pp2048_gpu") - 1 / 1.05) < 0.003

@@ -2,7 +2,7 @@
 
 - the sensitivity curve: one server slowed by `sensitivity_pass` and `sensitivity_fail` of its measured step
   time (thresholds.yaml: 2% / 5% on GPUs), each interleaved with 0%; the larger must FAIL and the smaller
-  PASS, on decode and on prefill; the measured ratios are printed and kept under `sensitivity/`;
+  PASS, on decode and on prefill (on a GPU prefill by kernel time, ppN_gpu, as level 5 gates it); the measured ratios are printed and kept under `sensitivity/`;
 - memory: a server holding 1.5 GiB (allocated inside vLLM's model loader) must fail the used-memory gate
   against the baseline, and the unchanged shared server must pass it (A/A).
 
@@ -19,6 +19,7 @@ import pytest
 
 from harness import hooks, memory, sensitivity
 from harness.baselines import load_baseline
+from harness.benchmark_run import kernel_time_probe
 from harness.clocks import ClockSampler
 from harness.regression import compare_memory_section, regen_command
 
@@ -83,9 +84,11 @@ def test_sensitivity_curve(hooked, thresholds, suite):
     spec = sensitivity.spec_for(suite.platform.name)
     fractions = [thresholds.sensitivity_pass, thresholds.sensitivity_fail]
     sampler = ClockSampler(floor=thresholds.loaded_clock_floor) if suite.platform.is_cuda else None
+    # GPU: prefill as level 5 gates it there, by kernel time (ppN_gpu); the engine clock's boot spread hides 5%
+    profile_one = kernel_time_probe(hooked.running) if suite.platform.is_cuda and hooked.running.trace_dir else None
     try:
         res = sensitivity.run_curve(hooked.running.client(), hooked.hook_dir, spec, fractions, thresholds, sampler,
-                                    alive=hooked.running.ensure_alive)
+                                    alive=hooked.running.ensure_alive, profile_one=profile_one)
     finally:
         if sampler is not None:
             sampler.close()
@@ -94,7 +97,8 @@ def test_sensitivity_curve(hooked, thresholds, suite):
     out.write_text(json.dumps({**res, "points": [p.summary() for p in points],
                                "acks": hooks.read_acks(hooked.hook_dir)}, indent=1, default=str))
     print(f"\n[sensitivity curve on {suite.platform.name}: decode step {res['decode_step_ms']:.3f} ms, "
-          f"pp{res['prefill_tokens']} {res['prefill_ms']:.2f} ms, {res['rounds_per_side']} rounds per side, "
+          f"{res['prefill_metric']} {res['prefill_ms']:.2f} ms, {res['rounds_per_side']} rounds per side "
+          f"({res['prefill_rounds_per_side']} for prefill), "
           f"gate {thresholds.throughput_drop:.0%}; {out}]")
     for p in points:
         for name, v in p.verdicts.items():
