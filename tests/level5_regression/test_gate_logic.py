@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import regression
+from harness import perf, regression
 from harness.errors import SuiteError
 from harness.regression import Thresholds, compare_metric
 
@@ -310,7 +310,7 @@ def test_boot_spread_comes_from_the_thresholds_file(tmp_path):
 def test_prefill_kernel_time_is_gated_at_3_percent_on_sm_90_while_engine_prefill_keeps_its_spread():
     """The repository's sm_90 thresholds: pp2048 (engine clock, host-bound) keeps its measured boot spread,
     pp2048_gpu (kernel time, 0.1% CV on an H200) has none, so a 4% slower prefill kernel path fails and a
-    1% one passes; without the split the same 4% would be 'inconclusive' under pp2048's 24% spread."""
+    1% one passes; without the split the same 4% would be 'inconclusive' under pp2048's 58% spread."""
     t = regression.load_thresholds(REPO / "baselines" / "thresholds.yaml", "sm_90")
     assert t.spread_of("pp2048") >= 0.2 and t.spread_of("pp2048@d8192") >= 0.2
     assert t.spread_of("pp2048_gpu") == 0.0 and t.spread_of("pp512_gpu") == 0.0
@@ -385,3 +385,27 @@ def test_the_gpu_curve_gates_prefill_by_kernel_time_with_the_delay_planned_from_
     assert {n: v.status for n, v in large.verdicts.items()} == {"tg128": "fail", "pp2048_gpu": "fail"}
     assert len(large.base["pp2048_gpu"]) == len(large.slow["pp2048_gpu"]) == 8 and len(large.base["tg128"]) == 16
     assert abs(large.ratio("pp2048_gpu") - 1 / 1.05) < 0.003
+
+
+def test_sm_90_thresholds_cover_every_measured_a_a_boot():
+    """The repository's sm_90 thresholds against eleven measured A/A boots on H200s (sm_90_boot_medians.yaml):
+    a metric gated at 3% moved less than 3% between them, and one that moved more carries a boot_spread at
+    least that large, so no boot measured so far would have failed the gate with nothing changed."""
+    import yaml
+
+    data = yaml.safe_load((Path(__file__).parent / "sm_90_boot_medians.yaml").read_text())
+    t = regression.load_thresholds(REPO / "baselines" / "thresholds.yaml", data["platform"])
+    values: dict[str, list[float]] = {}
+    for boot in data["boots"]:
+        for name, v in boot["medians"].items():
+            values.setdefault(name, []).append(v)
+    assert len(data["boots"]) >= 10 and {"pp2048_gpu", "tg128", "pp2048", "ttft_ms"} <= set(values)
+    problems = []
+    for name, vs in values.items():
+        spread = max(vs) / min(vs) - 1
+        gate = t.throughput_drop if perf.higher_is_better(name) else t.latency_rise
+        if t.spread_of(name) == 0.0 and spread >= gate:
+            problems.append(f"{name} moved {spread:.1%} between A/A boots but is gated at {gate:.0%} with no boot_spread")
+        if t.spread_of(name) and t.spread_of(name) < spread:
+            problems.append(f"{name} moved {spread:.1%} between A/A boots; boot_spread says {t.spread_of(name):.0%}")
+    assert not problems, "\n".join(problems)
