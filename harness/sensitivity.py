@@ -10,8 +10,8 @@ ones. Throughput at f is expected at 1 / (1 + f) of the 0% one; the measured rat
 
 Prefill is measured the way level 5 gates it on the platform: on CPU on the engine clock (`ppN`); on a GPU
 server the suite booted, by the GPU kernel time of one profiled prefill (`ppN_gpu`, `bench.gpu_prefill`),
-because the engine-clock prefill of the gpt-oss-120b shape moves 4-24% between boots with nothing changed
-(host time) and is gated there only beyond its recorded boot spread. The plugin's spin is a GPU kernel, so
+because the engine-clock prefill of the gpt-oss-120b shape moved up to 58% between H200 boots with nothing
+changed (host time) and is gated there only beyond its recorded boot spread. The plugin's spin is a GPU kernel, so
 it is inside the summed kernel time, and the delay is planned from that kernel time.
 """
 from __future__ import annotations
@@ -166,7 +166,7 @@ class Curve:
 
 def run_curve(client: Client, hook_dir: Path, spec: CurveSpec, fractions: list[float], thresholds: Thresholds,
               sampler=None, alive=None, profile_one: Callable[[Callable[[], None]], float] | None = None) -> dict[str, Any]:
-    """`profile_one` (a GPU server the suite booted, `benchmark_run.kernel_time`): prefill is ppN_gpu."""
+    """`profile_one` (a GPU server the suite booted, `benchmark_run.kernel_time_probe`): prefill is ppN_gpu."""
     started = time.time()
     curve = Curve(client, hook_dir, spec, sampler, alive, profile_one)
     t_d, t_p = curve.calibrate()
