@@ -110,6 +110,9 @@ class Curve:
                  profile_one: Callable[[Callable[[], None]], float] | None = None) -> None:
         self.client, self.hook_dir, self.spec, self.sampler, self.alive = client, Path(hook_dir), spec, sampler, alive
         self.profile_one = profile_one  # given: prefill is ppN_gpu (GPU kernel time), else engine-clock ppN
+        gpu = profile_one is not None
+        self.decode_name, self.prefill_name = _name(spec.decode), _name(spec.prefill, gpu)
+        self.prefill_rounds = min(spec.rounds, spec.gpu_prefill_rounds) if gpu else spec.rounds
         self.maker = PromptMaker(client, seed=7)
         self.acks: list[dict] = []
 
@@ -142,16 +145,14 @@ class Curve:
         delay = hooks.plan_delay(fraction, self.decode_step_s, self.spec.prefill.pp, self.prefill_s)
         p = Point(fraction, delay)
         zero = hooks.Delay(0.0, 0.0)
-        gpu = self.profile_one is not None
-        decode, prefill = _name(self.spec.decode), _name(self.spec.prefill, gpu)
-        prefill_rounds = min(self.spec.rounds, self.spec.gpu_prefill_rounds) if gpu else self.spec.rounds
+        decode, prefill = self.decode_name, self.prefill_name
         for n in (decode, prefill):
             p.base[n], p.slow[n], p.clocks[n] = [], [], []
         for i in range(self.spec.rounds):
             for slow in ((False, True) if i % 2 == 0 else (True, False)):  # ABBA: drift cancels
                 p.acks.append(self.set(delay if slow else zero)["slowdown"])
                 measured = [(decode, measure_once(self.client, self.maker, self.spec.decode, self.sampler))]
-                if i < prefill_rounds:
+                if i < self.prefill_rounds:
                     measured.append((prefill, self.measure_prefill()))
                 for n, (value, rc) in measured:
                     (p.slow if slow else p.base)[n].append(value)
@@ -173,8 +174,7 @@ def run_curve(client: Client, hook_dir: Path, spec: CurveSpec, fractions: list[f
     points = [curve.point(f, thresholds) for f in fractions]
     return {"decode_step_ms": round(t_d * 1000, 4), "prefill_ms": round(t_p * 1000, 4),
             "prefill_tokens": spec.prefill.pp, "rounds_per_side": spec.rounds,
-            "prefill_metric": _name(spec.prefill, profile_one is not None),
-            "prefill_rounds_per_side": min(spec.rounds, spec.gpu_prefill_rounds) if profile_one else spec.rounds,
+            "prefill_metric": curve.prefill_name, "prefill_rounds_per_side": curve.prefill_rounds,
             "thresholds": {"throughput_drop": thresholds.throughput_drop, "max_cv": thresholds.max_cv,
                            "alpha": thresholds.alpha},
             "points": points, "seconds": round(time.time() - started, 1)}

@@ -2,7 +2,8 @@
 
 - the sensitivity curve: one server slowed by `sensitivity_pass` and `sensitivity_fail` of its measured step
   time (thresholds.yaml: 2% / 5% on GPUs), each interleaved with 0%; the larger must FAIL and the smaller
-  PASS, on decode and on prefill (on a GPU prefill by kernel time, ppN_gpu, as level 5 gates it); the measured ratios are printed and kept under `sensitivity/`;
+  PASS, on decode and on prefill (on a GPU prefill by kernel time, ppN_gpu, as level 5 gates it); the
+  measured ratios are printed and kept under `sensitivity/`;
 - memory: a server holding 1.5 GiB (allocated inside vLLM's model loader) must fail the used-memory gate
   against the baseline, and the unchanged shared server must pass it (A/A).
 
