@@ -139,6 +139,9 @@ GEMV_VARIANTS = {  # name -> overrides; "auto" is what mxfp4_linear runs on pack
 }
 
 
+MOE_CUDA_SRC: dict[str, str] = {}  # MoE impl name -> CUDA source of an earlier version (--cuda-src-before)
+
+
 def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: float, reps: int,
                  impls: list[str]) -> list[dict]:
     from .gemv import mxfp4_gemv, mxfp4_gemv_packed
@@ -198,7 +201,7 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
 def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_router: bool = True) -> dict:
     """impls: "packed" = the rebuilt pipeline on packed experts (CUDA: gate_up+SwiGLU, down+combine;
     with router: + the one-launch route kernel), others = the old Triton mxfp4_moe impls."""
-    from .moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts
+    from .moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts, route_packed
     from .testing import generator, random_mxfp4
     from .tuning import get_config
 
@@ -224,6 +227,10 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     for impl in impls:
         if impl == "packed":
             calls = [lambda r=r: mxfp4_moe_packed(x, r, wts, gu_q, gu_b, d_q, d_b, out=out) for r in routes32]
+        elif impl in MOE_CUDA_SRC:
+            cfg = {**get_config("moe").get("packed", {}), "cuda_src": MOE_CUDA_SRC[impl]}
+            calls = [lambda r=r, cfg=cfg: mxfp4_moe_packed(x, r, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg)
+                     for r in routes32]
         else:
             cfg = get_config("moe")
             cfg["impl"] = impl
@@ -249,6 +256,19 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     except Exception as ex:  # noqa: BLE001
         print(f"  moe with router (packed): FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr)
         res["us_layer_with_router"] = float("nan")
+    for impl, src in MOE_CUDA_SRC.items():
+        cfg = {**get_config("moe").get("packed", {}), "cuda_src": src}
+
+        def call(xx, cfg=cfg):
+            ids, w = route_packed(xx, router_w, router_b, k, config=cfg)
+            return mxfp4_moe_packed(xx, ids, w, gu_q, gu_b, d_q, d_b, out=out, config=cfg)
+
+        try:
+            res[f"us_layer_with_router_{impl}"] = round(time_calls([lambda xx=xx: call(xx) for xx in xs], reps,
+                                                                   n_routes * 2), 2)
+        except Exception as ex:  # noqa: BLE001
+            print(f"  moe with router ({impl}): FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr)
+            res[f"us_layer_with_router_{impl}"] = float("nan")
     calls = [lambda xx=xx: moe_forward(xx, router_w, router_b, gu_p, gu_s, gu_b, d_p, d_s, d_b, k) for xx in xs]
     try:
         res["us_layer_with_router_old"] = round(time_calls(calls, reps, n_routes * 2), 2)
@@ -403,6 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write results as JSON here")
     ap.add_argument("--quick", action="store_true", help="fewer repeats, M in {1, 16}, default impl only")
+    ap.add_argument("--impls", help="comma list of GEMV impls to time (default: all; --quick: auto,rows)")
+    ap.add_argument("--cuda-src-before", metavar="PATH",
+                    help="also time the CUDA kernels compiled from this earlier mxfp4_mma.cu, same run "
+                         "(GEMV impl packed_cuda_before, MoE impl packed_before)")
     ap.add_argument("--sweep", type=float, default=0.0, metavar="SECONDS",
                     help="also sweep tile configs for lm_head M=1 and the MoE layer for about this long")
     args = ap.parse_args(argv)
@@ -419,7 +443,14 @@ def main(argv: list[str] | None = None) -> int:
     reps = 10 if args.quick else 20
     ms = [1, 8] if args.quick else MS
     gemv_impls = ["auto", "rows"] if args.quick else list(GEMV_VARIANTS)
-    moe_impls = ["packed"] if args.quick else ["packed", "fma16", "dot_scaled"]
+    if args.impls:
+        gemv_impls = [i for i in args.impls.split(",") if i]
+    moe_impls = ["packed"] if args.quick or args.impls else ["packed", "fma16", "dot_scaled"]
+    if args.cuda_src_before:
+        GEMV_VARIANTS["packed_cuda_before"] = {"packed": {"impl": "cuda", "cuda_src": args.cuda_src_before}}
+        MOE_CUDA_SRC["packed_before"] = args.cuda_src_before
+        gemv_impls.append("packed_cuda_before")
+        moe_impls.append("packed_before")
     meta = {
         "device": torch.cuda.get_device_name(0), "arch": current_arch(), "sm_count": props.multi_processor_count,
         "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
@@ -485,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{i} {mo[f'us_{i}']:.1f} us ({mo[f'pct_floor_{i}']:.0f}% of floor)" for i in moe_impls)
             + f"; floor {mo['floor_us']:.1f} us ({mo['floor_bytes'] / 1e6:.1f} MB); with router: packed "
             f"{mo.get('us_layer_with_router', float('nan')):.1f} us, old {mo.get('us_layer_with_router_old', float('nan')):.1f} us"
-            f", vLLM triton {mo.get('vllm_triton', {}).get('us_with_router', float('nan')):.1f} us")
+            + "".join(f", {i} {mo.get(f'us_layer_with_router_{i}', float('nan')):.1f} us" for i in MOE_CUDA_SRC)
+            + f", vLLM triton {mo.get('vllm_triton', {}).get('us_with_router', float('nan')):.1f} us")
     print("quant bf16->mxfp8: " + ", ".join(f"[{q['M']}x{q['K']}] {q['us']:.1f} us" for q in result["quant"]))
     for e in errors:
         print(f"ERROR {e}")

@@ -46,7 +46,10 @@ def _arch() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _load() -> ctypes.CDLL:
+def _load(src: str = "") -> ctypes.CDLL:
+    """The compiled library of `src` (default: csrc/mxfp4_mma.cu). Another source with the same C API
+    (e.g. the previous version, `bench --cuda-src-before`) can be loaded beside it for a same-run A/B."""
+    src_path = Path(src) if src else SRC
     if os.environ.get("KERNELS_DISABLE_CUDA_EXT"):
         raise RuntimeError("disabled by KERNELS_DISABLE_CUDA_EXT")
     if not torch.cuda.is_available():
@@ -56,14 +59,14 @@ def _load() -> ctypes.CDLL:
         raise RuntimeError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
     arch = _arch()
     ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(SRC.read_bytes() + arch.encode() + ver.encode()).hexdigest()[:16]
+    key = hashlib.sha256(src_path.read_bytes() + arch.encode() + ver.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "kernels_mxfp4"))
     cache.mkdir(parents=True, exist_ok=True)
     so = cache / f"mxfp4_mma_sm{arch}_{key}.so"
     if not so.exists():
         tmp = so.with_suffix(f".{os.getpid()}.tmp")
         cmd = [nvcc, "-O3", f"-arch=sm_{arch}", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
-               "-diag-suppress", "177", "-o", str(tmp), str(SRC)]
+               "-diag-suppress", "177", "-o", str(tmp), str(src_path)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
@@ -126,12 +129,13 @@ def pick_variant(m: int, n_tiles: int, kc: int, cfg: dict, sms: int, moe: bool =
 
 
 def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
-    return m_rows * kc * 128 + 40 * 4 + WARPS * rt * nt * 4 * 32 * 4
+    # activation fragment rows, xup[16] xdown[16] xzero[8] amax[16], the K-split reduction buffer
+    return m_rows * kc * 128 + 56 * 4 + WARPS * rt * nt * 4 * 32 * 4
 
 
 def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict) -> torch.Tensor:
     """y = x @ W^T (+ bias) on tensor cores. x [M, K] bf16 contiguous, M <= 16; p PackedMXFP4 (2-D)."""
-    lib = _load()
+    lib = _load(cfg.get("cuda_src", ""))
     m, k = x.shape
     if m > 16:
         raise ValueError(f"the tensor-core GEMV serves M <= 16, got {m}")
@@ -164,10 +168,10 @@ def _cached_zeros(key: tuple, shape, dtype, device) -> torch.Tensor:
     return t
 
 
-def route(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None, top_k: int):
+def route(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None, top_k: int, src: str = ""):
     """Router GEMV (weights in their stored dtype) + top-k + softmax in one launch -> (ids int32 [M, k],
     weights float32 [M, k])."""
-    lib = _load()
+    lib = _load(src)
     m, h = x.shape
     e = router_w.shape[0]
     wk, w = _param_kind(router_w)
@@ -188,7 +192,7 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
         cfg: dict, alpha: float, limit: float) -> torch.Tensor:
     """Experts of the MoE block: gate_up + SwiGLU (one launch), down + weighted combine (one launch).
     gu / dn: PackedMXFP4 stacked over experts (gu packed with paired=True). ids int32 [M, k]."""
-    lib = _load()
+    lib = _load(cfg.get("cuda_src", ""))
     m, hdim = x.shape
     top_k = ids.shape[1]
     slots = m * top_k
@@ -236,7 +240,7 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     ksp = WARPS // top_k
     items2 = m * -(-dn.n_tiles // rt)
     grid2 = max(1, min(items2, sms * int(cfg.get("ctas_per_sm", 2))))
-    smem2 = _smem(0, dn.k_chunks, rt, nt)
+    smem2 = _smem(top_k, dn.k_chunks, rt, nt)  # the token's h slots are staged in shared memory
     wst2 = dn.words[0].numel() // 4
     sst2 = dn.scales[0].numel() // 4
     err = lib.mxfp4_launch(MODE_DOWN, v2, None, 0, dn.words.data_ptr(), dn.scales.data_ptr(), wst2, sst2,

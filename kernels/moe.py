@@ -319,7 +319,7 @@ def route_packed(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor
         from . import cuda_ext
 
         if cuda_ext.available()[0]:
-            return cuda_ext.route(x.to(torch.bfloat16).contiguous(), router_w, router_b, top_k)
+            return cuda_ext.route(x.to(torch.bfloat16).contiguous(), router_w, router_b, top_k, cfg.get("cuda_src", ""))
     ids, wts = route(x, router_w, router_b, top_k)
     return ids.to(torch.int32), wts
 

@@ -68,6 +68,105 @@ def driver() -> None:
     torch.cuda.synchronize()
 
 
+SMALL = {"qkv": (5120, 2880), "o_proj": (2880, 4096)}  # dense M=1 shapes of the stall profile
+
+
+def small_driver(srcs: list[str]) -> None:
+    """--small: the latency-bound kernels (qkv / o_proj M=1, the MoE layer M=1 with bias) once each per
+    CUDA source, between cudaProfilerStart/Stop (everything before is warm-up); launch order per
+    source: qkv, o_proj, route, gate_up, down."""
+    import torch
+
+    from .gemv import mxfp4_gemv_packed
+    from .moe import mxfp4_moe_packed, pack_moe_experts, route_packed
+    from .packed import pack_mxfp4
+    from .testing import generator, random_mxfp4
+    from .tuning import get_config
+
+    g = generator(11, "cuda")
+    dense = {}
+    for name, (n, k) in SMALL.items():
+        w, s = random_mxfp4((n, k), g)
+        dense[name] = (pack_mxfp4(w, s), torch.randn(n, generator=g, device="cuda").to(torch.bfloat16),
+                       torch.randn(1, k, generator=g, device="cuda").to(torch.bfloat16))
+    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
+    d_p, d_s = random_mxfp4((e, h, inter), g)
+    gu, dn = pack_moe_experts(gu_p, gu_s, d_p, d_s)
+    gb = (torch.randn(e, 2 * inter, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
+    db = (torch.randn(e, h, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
+    rw = (torch.randn(e, h, generator=g, device="cuda") * 0.05).to(torch.bfloat16)
+    x = torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16)
+    gcfg = {**get_config("gemv"), **get_config("gemv").get("packed", {}), "impl": "cuda"}
+    mcfg = {**get_config("moe").get("packed", {}), "impl": "cuda"}
+
+    def once(src: str) -> None:
+        for p, b, xx in dense.values():
+            mxfp4_gemv_packed(xx, p, b, config={**gcfg, "cuda_src": src})
+        ids, wts = route_packed(x, rw, None, tk, config={**mcfg, "cuda_src": src})
+        mxfp4_moe_packed(x, ids, wts, gu, gb, dn, db, config={**mcfg, "cuda_src": src})
+
+    for src in srcs:
+        for _ in range(3):
+            once(src)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for src in srcs:
+        once(src)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def small_main(out: Path, ncu: str, srcs: list[str]) -> int:
+    """Stall reasons (warp-state sampling) and per-SASS-line samples of the latency-bound kernels."""
+    labels = [f"{name}{'' if not src else ' [' + Path(src).name + ']'}"
+              for src in srcs for name in ("qkv", "o_proj", "moe_route", "moe_gate_up", "moe_down")]
+    rep = out / "small"
+    cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "-f", "-o", str(rep),
+           "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "SourceCounters",
+           "--section", "Occupancy", "--section", "LaunchStats", "--section", "MemoryWorkloadAnalysis",
+           "--metrics", ",".join(METRICS), sys.executable, "-m", "kernels.ncu_profile", "--small-driver",
+           *(["--srcs", ",".join(srcs)])]
+    print(" ".join(cmd), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    (out / "small_stderr.txt").write_text(r.stdout[-20000:] + r.stderr[-20000:])
+    if r.returncode:
+        print(f"ncu failed (rc {r.returncode}): {r.stderr[-3000:]}")
+        return 1
+    raw = subprocess.run([ncu, "-i", f"{rep}.ncu-rep", "--page", "raw", "--csv"], capture_output=True, text=True)
+    (out / "small_raw.csv").write_text(raw.stdout)
+    src_page = subprocess.run([ncu, "-i", f"{rep}.ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
+                              capture_output=True, text=True)
+    (out / "small_source.csv").write_text(src_page.stdout[:40_000_000])
+    (out / "small_source_stderr.txt").write_text(src_page.stderr[-5000:])
+    text = raw.stdout[raw.stdout.find('"ID"'):]
+    rows = [row for row in csv.DictReader(io.StringIO(text)) if row_is_data(row)]
+    summary = []
+    for label, row in zip(labels, rows):
+        rec = {"case": label, "kernel": row.get("Kernel Name", "")[:120]}
+        for metric, key in METRICS.items():
+            try:
+                rec[key] = float(str(row.get(metric, "nan")).replace(",", ""))
+            except ValueError:
+                rec[key] = float("nan")
+        stalls = {}
+        for col, val in row.items():
+            if col and col.startswith("smsp__pcsamp_warps_issue_stalled_") and not col.endswith("_not_issued"):
+                try:
+                    stalls[col.removeprefix("smsp__pcsamp_warps_issue_stalled_")] = float(str(val).replace(",", ""))
+                except ValueError:
+                    pass
+        total = sum(stalls.values()) or float("nan")
+        rec["stall_share"] = {k: round(v / total, 3) for k, v in sorted(stalls.items(), key=lambda kv: -kv[1])[:8]}
+        summary.append(rec)
+    (out / "small_summary.json").write_text(json.dumps(summary, indent=1))
+    for rec in summary:
+        print(f"{rec['case']:40s} {rec['duration_ns'] / 1e3:7.2f} us  issue {rec['issue_active_pct']:5.1f}%  "
+              f"warps {rec['warps_active_pct']:5.1f}%  dram {rec['dram_pct']:5.1f}%  stalls "
+              + ", ".join(f"{k} {v:.0%}" for k, v in list(rec["stall_share"].items())[:5]))
+    return 0
+
+
 def words_for(kernel: str) -> float | None:
     n, k = LM
     e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
@@ -88,9 +187,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--small-driver", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--small", action="store_true",
+                    help="stall reasons of the latency-bound kernels (qkv / o_proj M=1, MoE M=1) instead")
+    ap.add_argument("--srcs", default="", help="with --small: comma list of CUDA sources ('' = csrc/mxfp4_mma.cu)")
     args = ap.parse_args(argv)
     if args.driver:
         driver()
+        return 0
+    srcs = args.srcs.split(",") if args.srcs else [""]
+    if args.small_driver:
+        small_driver(srcs)
         return 0
     ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if Path("/usr/local/cuda/bin/ncu").exists() else None)
     if not ncu:
@@ -98,6 +205,8 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.small:
+        return small_main(out, ncu, srcs)
     cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:rows_kernel|mxfp4_kernel|route_kernel",
            "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, "-m", "kernels.ncu_profile",
            "--driver"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,24 @@ WORKLOADS = (
     bench.Workload("prefill", 2048, 2, runs=6, warmup=2),
 )
 SHOWN = ("tg32", "tg128", "tg32@c4", "tg32@c32", "pp2048")
+BREAKDOWN_TOKENS = 64  # one batch-1 request profiled for the kernel-time breakdown
+CATEGORIES = (  # first match wins; our kernels: mxfp4_kernel<MODE,...> with MODE 0 dense, 1 gate_up, 2 down
+    ("moe", re.compile(r"mxfp4_kernel<\s*[12]\b|route_kernel|matmul_ogs|moe|topk|marlin|swiglu|routing|expert", re.I)),
+    ("attention", re.compile(r"flash|attn|attention|reshape_and_cache|paged", re.I)),
+    ("dense", re.compile(r"mxfp4_kernel<\s*0\b|nvjet|gemm|gemv|cutlass|cublas|xmma|splitk", re.I)),
+)
+
+
+def kernel_breakdown(summary, tokens: int) -> dict:
+    """GPU kernel time of one profiled batch-1 request, per generated token, by category."""
+    us = {"moe": 0.0, "attention": 0.0, "dense": 0.0, "other": 0.0}
+    for k in summary.kernels:
+        cat = next((c for c, rx in CATEGORIES if rx.search(k.name)), "other")
+        us[cat] += k.total_us
+    total = sum(us.values())
+    return {"tokens": tokens, "us_per_token": {c: round(v / tokens, 1) for c, v in us.items()},
+            "total_us_per_token": round(total / tokens, 1),
+            "top": [(k.name[:120], k.calls, round(k.total_us / tokens, 1)) for k in summary.kernels[:12]]}
 
 
 def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
@@ -53,9 +72,16 @@ def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
             for metric, entry in bench.metrics_for(w, m).items():
                 metrics[metric] = {"median": stats.median(entry["samples"]), "cv": stats.cv(entry["samples"]),
                                    "n": len(entry["samples"])}
+        breakdown = None
+        if running.trace_dir is not None:  # the prefill of the 16-token prompt is included (one step)
+            from harness.traces import profile
+
+            w = bench.Workload("decode", 16, BREAKDOWN_TOKENS, runs=1, warmup=0)
+            summary = profile(running.url, running.trace_dir, lambda: bench.run_workload(client, maker, w), "kernel")
+            breakdown = kernel_breakdown(summary, BREAKDOWN_TOKENS)
         log = running.log_path.read_text(errors="replace") if running.log_path else ""
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
-                "args_extra": args_extra, "metrics": metrics,
+                "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": breakdown,
                 "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:12]}
     finally:
         running.process.stop()
@@ -115,6 +141,16 @@ def main() -> int:
                                         "device": suite.platform.device, "results": results}, indent=1))
         md = [f"# Kernels plugin end to end: {a.model} on {suite.platform.device} ({suite.platform.name})", "",
               "Engine clock, medians after warm-up; ratio against the first config.", ""] + table(results, order)
+        md += ["", "Kernel time per generated token (us), one profiled batch-1 request of "
+               f"{BREAKDOWN_TOKENS} tokens:", "", "| config | ms/token (tg32) | MoE | dense | attention | other | kernels total |",
+               "|---|---|---|---|---|---|---|"]
+        for c in order:
+            r = results.get(c, {})
+            b, tg = r.get("kernel_breakdown"), r.get("metrics", {}).get("tg32", {}).get("median")
+            if b:
+                u = b["us_per_token"]
+                md.append(f"| {c} | {1000 / tg:.2f} | {u['moe']} | {u['dense']} | {u['attention']} | {u['other']} | "
+                          f"{b['total_us_per_token']} |" if tg else f"| {c} | n/a | | | | | |")
         (out / "e2e.md").write_text("\n".join(md) + "\n")
         print("\n".join(md[4:]), flush=True)
     return 0 if all("metrics" in results.get(c, {}) or "skipped" in results.get(c, {}) for c in order) else 1

@@ -36,6 +36,8 @@ namespace {
 constexpr int WARPS = 8;
 constexpr int THREADS = 256;
 constexpr int MODE_DENSE = 0, MODE_GATEUP = 1, MODE_DOWN = 2;
+constexpr int ROUTE_WPE = 4;  // route kernel: warps per expert
+constexpr int ROUTE_RQ = 3;   // and 16-byte loads per lane in flight (covers H <= 3072 at once)
 
 __device__ __forceinline__ void decode4(uint32_t w, uint32_t (&a)[4]) {
   // See kernels/packed.py: 4 shifts/rotates + 4 LOP3.
@@ -90,6 +92,15 @@ __device__ __forceinline__ void ld_stream_u32_if(uint32_t& v, const void* ptr, u
       " @p ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %3;\n}\n"
       : "=r"(v)
       : "l"(ptr), "r"((int)ok), "l"(pol));
+}
+
+// Plain (coherent) predicated 16-byte load, volatile so a batch of them is issued before the math.
+__device__ __forceinline__ void ld_v4_if(uint4& v, const void* ptr, bool ok) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+      " @p ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(ptr), "r"((int)ok));
 }
 
 __device__ __forceinline__ void pdl_wait() {
@@ -161,39 +172,143 @@ __device__ __forceinline__ int frag_index(int p) {
   return (c * 4 + tt) * 8 + j * 2 + hh;
 }
 
-// x [M, K] bf16 -> shared f16 fragments * 2**(14-L_m); xup/xdown[m] = 2**(14-L_m), 2**L_m.
-__device__ void prep_x(const __nv_bfloat16* x, long long sx, int M, int K, int kc, uint32_t* xs, float* xup,
-                       float* xdown) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int m = warp; m < M; m += WARPS) {
-    float amax = 0.f;
-    const __nv_bfloat16* row = x + m * sx;
-    for (int k = lane * 2; k < K; k += 64) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + k));
-      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-    }
+// Predicated parameter load issued where it is called (volatile: the compiler may not sink it to
+// its use), so a bias / weight read at the start of an item overlaps the item's weight stream.
+__device__ __forceinline__ float ld_param_early(const void* p, int kind, long long i, bool ok) {
+  if (kind == 1) {
+    float v = 0.f;
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q ld.global.nc.f32 %0, [%1];\n}\n"
+                 : "+f"(v) : "l"(reinterpret_cast<const float*>(p) + i), "r"((int)ok));
+    return v;
+  }
+  unsigned short b = 0;
+  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q ld.global.nc.u16 %0, [%1];\n}\n"
+               : "+h"(b) : "l"(reinterpret_cast<const __nv_bfloat16*>(p) + i), "r"((int)ok));
+  return __uint_as_float((uint32_t)b << 16);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_absmax_bits(uint32_t u) {
+  // |hi| vs |lo| of two bf16 as 16-bit magnitudes (monotonic in the value); NaN -> 0 (as fmaxf skips it).
+  uint32_t lo = u & 0x7FFFu, hi = (u >> 16) & 0x7FFFu;
+  lo = lo > 0x7F80u ? 0u : lo;
+  hi = hi > 0x7F80u ? 0u : hi;
+  return max(lo, hi);
+}
+
+__device__ __forceinline__ uint32_t f16x2_scaled(uint32_t u, float up) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+  __half2 h = __floats2half2_rn(f.x * up, f.y * up);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// x held in registers when the whole activation is at most 2 x 16 bytes per thread (M = 1 up to
+// K = 4096): loaded before the weight stream is issued, so it is not queued behind megabytes of
+// weight requests (Nsight Compute, qkv M=1: ~22% of warp samples waited on the x load issued after
+// the weight prefetch), and read from global memory once instead of twice.
+struct XPre {
+  uint4 v[2];
+  bool on;
+};
+
+__device__ __forceinline__ bool x_vec(const __nv_bfloat16* x, long long sx, int K) {
+  return ((reinterpret_cast<uintptr_t>(x) & 15) == 0) && ((sx & 7) == 0) && ((K & 7) == 0);
+}
+
+__device__ __forceinline__ void x_preload(const __nv_bfloat16* x, long long sx, int M, int K, XPre& p) {
+  p.on = x_vec(x, sx, K) && M * (K / 8) <= 2 * THREADS;
+  p.v[0] = p.v[1] = make_uint4(0u, 0u, 0u, 0u);
+  if (!p.on) return;
+  const int k8 = K / 8;
 #pragma unroll
-    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) {
-      int lg = (int)((__float_as_uint(amax) >> 23) & 0xFF) - 127;
-      lg = min(max(lg, -100), 127);
-      xup[m] = __uint_as_float((uint32_t)(14 - lg + 127) << 23);
-      xdown[m] = __uint_as_float((uint32_t)(lg + 127) << 23);
+  for (int j = 0; j < 2; ++j) {
+    const int q = threadIdx.x + j * THREADS;
+    if (q < M * k8) {
+      const int m = q / k8, c = q - m * k8;
+      uint4& v = p.v[j];
+      asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(x + m * sx + c * 8));
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t absmax_bits_v4(const uint4 u) {
+  return max(max(bf16x2_absmax_bits(u.x), bf16x2_absmax_bits(u.y)), max(bf16x2_absmax_bits(u.z), bf16x2_absmax_bits(u.w)));
+}
+
+__device__ __forceinline__ void store_frags_v4(uint32_t* row, int c, const uint4 u, float up) {
+  row[frag_index(4 * c + 0)] = f16x2_scaled(u.x, up);
+  row[frag_index(4 * c + 1)] = f16x2_scaled(u.y, up);
+  row[frag_index(4 * c + 2)] = f16x2_scaled(u.z, up);
+  row[frag_index(4 * c + 3)] = f16x2_scaled(u.w, up);
+}
+
+// x [M, K] bf16 -> shared f16 fragments * 2**(14-L_m); xup/xdown[m] = 2**(14-L_m), 2**L_m.
+// Every thread takes part in both passes (16-byte loads when aligned; the second pass hits L1, or
+// registers when preloaded): the earlier version ran the max|x| pass on one warp per row, ~K/64
+// dependent L2 round trips (~45 for K = 2880) before any weight math could start.
+__device__ void prep_x(const __nv_bfloat16* x, long long sx, int M, int K, int kc, uint32_t* xs, float* xup,
+                       float* xdown, uint32_t* amax_bits, const XPre& pre) {
+  if (threadIdx.x < 16) amax_bits[threadIdx.x] = 0u;
+  __syncthreads();
+  const bool vec = x_vec(x, sx, K);
+  const int per_row = vec ? K / 8 : K;
+  if (pre.on) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int q = threadIdx.x + j * THREADS;
+      if (q < M * per_row) atomicMax(amax_bits + q / per_row, absmax_bits_v4(pre.v[j]));
+    }
+  } else {
+    for (int q = threadIdx.x; q < M * per_row; q += THREADS) {
+      const int m = q / per_row, c = q - m * per_row;
+      const uint32_t b = vec ? absmax_bits_v4(*reinterpret_cast<const uint4*>(x + m * sx + c * 8))
+                             : bf16x2_absmax_bits((uint32_t)__bfloat16_as_ushort(x[m * sx + c]));
+      atomicMax(amax_bits + m, b);
     }
   }
   __syncthreads();
-  const int kp2 = kc * 32;
-  for (int q = threadIdx.x; q < M * kp2; q += THREADS) {
-    const int m = q / kp2, p = q - m * kp2, k = 2 * p;
-    float lo = 0.f, hi = 0.f;
-    if (k < K) {
-      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + m * sx + k));
-      lo = f.x;
-      hi = f.y;
+  if (threadIdx.x < M) {
+    const int m = threadIdx.x;
+    int lg = (int)((amax_bits[m] >> 7) & 0xFF) - 127;  // bf16 exponent field
+    lg = min(max(lg, -100), 127);
+    xup[m] = __uint_as_float((uint32_t)(14 - lg + 127) << 23);
+    xdown[m] = __uint_as_float((uint32_t)(lg + 127) << 23);
+  }
+  __syncthreads();
+  const int kp2 = kc * 32;  // pairs per row, K padded to a multiple of 64 (zeros beyond K)
+  if (vec) {
+    const int k8 = K / 8;
+    if (pre.on) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = threadIdx.x + j * THREADS;
+        if (q < M * k8) {
+          const int m = q / k8;
+          store_frags_v4(xs + (long long)m * kp2, q - m * k8, pre.v[j], xup[m]);
+        }
+      }
+    } else {
+      for (int q = threadIdx.x; q < M * k8; q += THREADS) {
+        const int m = q / k8;
+        store_frags_v4(xs + (long long)m * kp2, q - m * k8, *reinterpret_cast<const uint4*>(x + m * sx + (q - m * k8) * 8),
+                       xup[m]);
+      }
     }
-    const float up = xup[m];
-    __half2 h = __floats2half2_rn(lo * up, hi * up);
-    xs[(long long)m * kc * 32 + frag_index(p)] = *reinterpret_cast<uint32_t*>(&h);
+    const int tail = kp2 - K / 2;  // padding pairs
+    for (int q = threadIdx.x; q < M * tail; q += THREADS) {
+      const int m = q / tail, p = K / 2 + (q - m * tail);
+      xs[(long long)m * kp2 + frag_index(p)] = 0u;
+    }
+  } else {
+    for (int q = threadIdx.x; q < M * kp2; q += THREADS) {
+      const int m = q / kp2, p = q - m * kp2, k = 2 * p;
+      float lo = 0.f, hi = 0.f;
+      if (k < K) lo = __bfloat162float(x[m * sx + k]);
+      if (k + 1 < K) hi = __bfloat162float(x[m * sx + k + 1]);
+      const float up = xup[m];
+      __half2 h = __floats2half2_rn(lo * up, hi * up);
+      xs[(long long)m * kp2 + frag_index(p)] = *reinterpret_cast<uint32_t*>(&h);
+    }
   }
   __syncthreads();
 }
@@ -244,13 +359,22 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
   if (MODE == MODE_DENSE) n_items = groups;
   else if (MODE == MODE_GATEUP) n_items = a.M * a.top_k * groups;
   else n_items = a.M * groups;
+  // Item order: strided over the grid, except down, where a CTA takes a contiguous run of items so
+  // that consecutive items mostly share a token (its h slots are staged in shared memory once).
+  const int per_cta = (n_items + gridDim.x - 1) / gridDim.x;
+  const int first_item = MODE == MODE_DOWN ? blockIdx.x * per_cta : blockIdx.x;
+  const int end_item = MODE == MODE_DOWN ? min(n_items, first_item + per_cta) : n_items;
+  auto next_item = [&](int it) { return MODE == MODE_DOWN ? it + 1 : it + (int)gridDim.x; };
 
-  const int xs_rows = (MODE == MODE_DOWN) ? 0 : a.M;
+  // Shared memory: activation fragments (dense / gate_up: the M token rows; down: the top_k h slots
+  // of one token), then xup[16], xdown[16], xzero[8], amax[16], red.
+  const int xs_rows = (MODE == MODE_DOWN) ? a.top_k : a.M;
   uint32_t* xs = smem;
   float* xup = reinterpret_cast<float*>(smem + (long long)xs_rows * a.kc * 32);
   float* xdown = xup + 16;
   uint32_t* xzero = reinterpret_cast<uint32_t*>(xdown + 16);  // 8 zero words (B columns >= M)
-  float* red = xdown + 24;  // [WARPS][RT][NT][4][32]
+  uint32_t* amax_bits = xzero + 8;
+  float* red = reinterpret_cast<float*>(amax_bits + 16);  // [WARPS][RT][NT][4][32]
   if (threadIdx.x < 8) xzero[threadIdx.x] = 0u;
 
   const uint64_t pol = policy_evict_first();
@@ -272,7 +396,7 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
       const int tok = it / groups;
       grp = it - tok * groups;
       slot = tok * a.top_k + min(slot_j, a.top_k - 1);
-      brow = slot;
+      brow = min(slot_j, a.top_k - 1);  // row of the staged h slots
       const int e = a.ids[slot];
       wbase = (long long)max(e, 0) * a.wstride_e;
       sbase = (long long)max(e, 0) * a.sstride_e;
@@ -289,14 +413,14 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
   // always holds iteration p mod PF of some item).
   uint4 wb[PF][RT];
   uint32_t sb[PF][RT];
-  int lit = blockIdx.x, lci = 0;
+  int lit = first_item, lci = 0;
   bool lok = false;
   const uint4* lw[RT];
   const uint32_t* ls[RT];
   auto set_item = [&](int it) {
     long long wbase = 0, sbase = 0;
     int grp = 0, brow, slot;
-    lok = it < n_items && item_info(it, wbase, sbase, grp, brow, slot);
+    lok = it < end_item && item_info(it, wbase, sbase, grp, brow, slot);
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
       const long long tc = (long long)tile_of(grp, rt) * a.kc + kslot;
@@ -315,7 +439,7 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     }
     if (++lci == np) {
       lci = 0;
-      lit += gridDim.x;
+      lit = next_item(lit);
       set_item(lit);
     }
   };
@@ -334,12 +458,14 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
     pdl_wait();
   } else {
+    XPre pre;
+    x_preload(a.x, a.sx, a.M, a.K, pre);  // before the weight stream (see XPre)
     if (MODE == MODE_DENSE) {
       set_item(lit);
 #pragma unroll
       for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
     }
-    prep_x(a.x, a.sx, a.M, a.K, a.kc, xs, xup, xdown);
+    prep_x(a.x, a.sx, a.M, a.K, a.kc, xs, xup, xdown, amax_bits, pre);
     if (MODE == MODE_GATEUP) {
       pdl_wait();  // expert ids come from the route kernel
       pdl_trigger();
@@ -350,11 +476,50 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
   }
 
   uint32_t xb[NT][8];
+  int staged_tok = -1;  // down: token whose h slots are in xs
 
-  for (int it = blockIdx.x; it < n_items; it += gridDim.x) {
+  for (int it = first_item; it < end_item; it = next_item(it)) {
     long long wbase, sbase;
     int grp, brow, slot;
     const bool active = item_info(it, wbase, sbase, grp, brow, slot);
+    if (MODE == MODE_DOWN) {
+      const int tok = it / groups;
+      if (tok != staged_tok) {  // h of this token's slots: global (written by gate_up) -> shared
+        __syncthreads();
+        const uint4* src = reinterpret_cast<const uint4*>(a.hfrag + (long long)tok * a.top_k * a.kc * 32);
+        uint4* dst = reinterpret_cast<uint4*>(xs);
+        for (int q = threadIdx.x; q < a.top_k * a.kc * 8; q += THREADS) dst[q] = __ldcg(src + q);
+        __syncthreads();
+        staged_tok = tok;
+      }
+    }
+    // Epilogue parameters, loaded now so their latency hides behind the weight stream.
+    float pb[RT][2];
+    float pw = 0.f;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const int tl = (grp * RW + rw) * RT + rt;
+      pb[rt][0] = pb[rt][1] = 0.f;
+      if (MODE == MODE_DENSE) {
+        const int r0 = tl * 16 + g, r1 = r0 + 8;
+        const bool ok = a.bias_kind && kslot == 0 && tl < a.n_tiles;
+        pb[rt][0] = ld_param_early(a.bias, a.bias_kind, r0, ok && r0 < a.N);
+        pb[rt][1] = ld_param_early(a.bias, a.bias_kind, r1, ok && r1 < a.N);
+      } else if (MODE == MODE_GATEUP) {
+        const int i = tl * 8 + g;
+        const bool ok = a.bias_kind && active && kslot == 0 && t == 0 && tl < a.n_tiles && i < a.N / 2;
+        const long long e = ok ? (long long)a.ids[slot] : 0;
+        pb[rt][0] = ld_param_early(a.bias, a.bias_kind, e * a.bstride_e + 2 * i, ok);
+        pb[rt][1] = ld_param_early(a.bias, a.bias_kind, e * a.bstride_e + 2 * i + 1, ok);
+      } else {
+        const int tile = tile_of(grp, rt), r0 = tile * 16 + g, r1 = r0 + 8;
+        const bool ok = a.bias_kind && active && kslot == 0;
+        const long long e = ok ? (long long)a.ids[slot] : 0;
+        pb[rt][0] = ld_param_early(a.bias, a.bias_kind, e * a.bstride_e + r0, ok && r0 < a.N);
+        pb[rt][1] = ld_param_early(a.bias, a.bias_kind, e * a.bstride_e + r1, ok && r1 < a.N);
+      }
+    }
+    if (MODE == MODE_DOWN && active) pw = a.wts[slot];
     // this lane's activation rows (B column g of n-tile nt)
     const uint32_t* xl[NT];
     int xstep[NT];
@@ -364,11 +529,8 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
         const int m = nt * 8 + g;
         xl[nt] = m < a.M ? xs + ((long long)m * a.kc * 4 + t) * 8 : xzero;
         xstep[nt] = m < a.M ? 32 : 0;
-      } else if (MODE == MODE_GATEUP) {  // one token column: the slot's token
+      } else {  // one token column: gate_up the slot's token row, down the slot's staged h row
         xl[nt] = g == 0 ? xs + ((long long)brow * a.kc * 4 + t) * 8 : xzero;
-        xstep[nt] = g == 0 ? 32 : 0;
-      } else {  // h row of the slot (global); row `zero_row` of hfrag is all zeros
-        xl[nt] = a.hfrag + ((long long)(g == 0 ? brow : a.zero_row) * a.kc * 4 + t) * 8;
         xstep[nt] = g == 0 ? 32 : 0;
       }
     }
@@ -396,19 +558,11 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     // ---- epilogue ----
     if (MODE == MODE_DOWN) {
       // weight the slot, add its bias, fixed-order sum over the 8 warps
-      float wt = 0.f;
-      if (active) wt = a.wts[slot] * 64.f;  // h stored * 2**8, decode * 2**-14: products are * 2**-6
+      const float wt = pw * 64.f;  // h stored * 2**8, decode * 2**-14: products are * 2**-6
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
-        const int tile = tile_of(grp, rt);
-        float v0 = acc[rt][0][0] * wt, v2 = acc[rt][0][2] * wt;
-        if (active && kslot == 0 && a.bias_kind) {
-          const long long e = (long long)a.ids[slot];
-          const int r0 = tile * 16 + g, r1 = r0 + 8;
-          const float w = a.wts[slot];
-          if (r0 < a.N) v0 += w * load_param(a.bias, a.bias_kind, e * a.bstride_e + r0);
-          if (r1 < a.N) v2 += w * load_param(a.bias, a.bias_kind, e * a.bstride_e + r1);
-        }
+        // pb is 0 where there is no bias, for K slices other than 0 and for inactive slots
+        const float v0 = fmaf(acc[rt][0][0], wt, pw * pb[rt][0]), v2 = fmaf(acc[rt][0][2], wt, pw * pb[rt][1]);
         red[((warp * RT + rt) * 2 + 0) * 32 + lane] = v0;
         red[((warp * RT + rt) * 2 + 1) * 32 + lane] = v2;
       }
@@ -463,11 +617,7 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
         if (tl >= a.n_tiles) continue;
         const int r0 = tl * 16 + g, r1 = r0 + 8;
         if (MODE == MODE_DENSE) {
-          float b0 = 0.f, b1 = 0.f;
-          if (a.bias_kind) {
-            if (r0 < a.N) b0 = load_param(a.bias, a.bias_kind, r0);
-            if (r1 < a.N) b1 = load_param(a.bias, a.bias_kind, r1);
-          }
+          const float b0 = pb[rt][0], b1 = pb[rt][1];
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             const int m0 = nt * 8 + 2 * t, m1 = m0 + 1;
@@ -483,12 +633,7 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
         } else {  // GATEUP: token column 0 (lanes t == 0): c0 = gate_i (row g), c2 = up_i (row g+8)
           const int i = tl * 8 + g;  // pair index = h column
           if (t == 0 && i < a.N / 2) {
-            const long long e = (long long)a.ids[slot];
-            float gate = acc[rt][0][0] * xdown[brow], up = acc[rt][0][2] * xdown[brow];
-            if (a.bias_kind) {
-              gate += load_param(a.bias, a.bias_kind, e * a.bstride_e + 2 * i);
-              up += load_param(a.bias, a.bias_kind, e * a.bstride_e + 2 * i + 1);
-            }
+            float gate = fmaf(acc[rt][0][0], xdown[brow], pb[rt][0]), up = fmaf(acc[rt][0][2], xdown[brow], pb[rt][1]);
             gate = fminf(gate, a.limit);
             up = fminf(fmaxf(up, -a.limit), a.limit);
             const float glu = gate / (1.f + expf(-gate * a.alpha));
@@ -509,35 +654,60 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
                                                         const void* b, int b_kind, float* logits, int* counter,
                                                         int* ids, float* wts, int M, int E, int H, int top_k) {
   pdl_trigger();  // gate_up may start its x preparation
+  // ROUTE_WPE warps per expert, each a strided quarter of H, partial sums added in a fixed order:
+  // every lane has <= 3 16-byte loads of the router row in flight for H = 2880 (one memory round
+  // trip; with one warp per expert the compiler interleaved 12 loads with the FMAs: ~3 trips).
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int e = blockIdx.x * WARPS + warp;
-  if (e < E) {
-    const bool vec = (w_kind == 2) && (H % 8 == 0) && ((sx & 7) == 0) &&
-                     ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15) == 0;
-    for (int m = 0; m < M; ++m) {
-      float s = 0.f;
-      if (vec) {  // 16-byte loads of x and of the bf16 router row
+  constexpr int EPC = WARPS / ROUTE_WPE;
+  const int e = blockIdx.x * EPC + warp / ROUTE_WPE, part = warp % ROUTE_WPE;
+  __shared__ float part_sum[WARPS];
+  const bool vec = (w_kind == 2) && (H % 8 == 0) && ((sx & 7) == 0) &&
+                   ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15) == 0;
+  const float bias_e = (e < E && part == 0 && b_kind) ? load_param(b, b_kind, e) : 0.f;  // early
+  for (int m = 0; m < M; ++m) {
+    float s = 0.f;
+    if (e < E) {
+      if (vec) {  // 16-byte loads of x and of the bf16 router row, all issued before the math
         const uint4* xr = reinterpret_cast<const uint4*>(x + m * sx);
         const uint4* wr = reinterpret_cast<const uint4*>(reinterpret_cast<const __nv_bfloat16*>(w) + (long long)e * H);
-#pragma unroll 4
-        for (int q = lane; q < H / 8; q += 32) {
-          const uint4 xv = xr[q], wv = wr[q];
-          const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
-          const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
+        for (int q0 = part * 32 + lane; q0 < H / 8; q0 += 32 * ROUTE_WPE * ROUTE_RQ) {
+          uint4 xv[ROUTE_RQ], wv[ROUTE_RQ];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float2 xf = __bfloat1622float2(xp[i]), wf = __bfloat1622float2(wp[i]);
-            s = fmaf(xf.x, wf.x, s);
-            s = fmaf(xf.y, wf.y, s);
+          for (int j = 0; j < ROUTE_RQ; ++j) {
+            const int q = q0 + j * 32 * ROUTE_WPE;
+            const bool ok = q < H / 8;
+            xv[j] = wv[j] = make_uint4(0u, 0u, 0u, 0u);
+            ld_v4_if(xv[j], xr + q, ok);
+            ld_v4_if(wv[j], wr + q, ok);
+          }
+#pragma unroll
+          for (int j = 0; j < ROUTE_RQ; ++j) {
+            const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv[j]);
+            const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv[j]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float2 xf = __bfloat1622float2(xp[i]), wf = __bfloat1622float2(wp[i]);
+              s = fmaf(xf.x, wf.x, s);
+              s = fmaf(xf.y, wf.y, s);
+            }
           }
         }
       } else {
-        for (int k = lane; k < H; k += 32) s = fmaf(bf16f(x + m * sx + k), load_param(w, w_kind, (long long)e * H + k), s);
+        for (int k = part * 32 + lane; k < H; k += 32 * ROUTE_WPE)
+          s = fmaf(bf16f(x + m * sx + k), load_param(w, w_kind, (long long)e * H + k), s);
       }
 #pragma unroll
       for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0) logits[m * E + e] = s + (b_kind ? load_param(b, b_kind, e) : 0.f);
     }
+    if (lane == 0) part_sum[warp] = s;
+    __syncthreads();
+    if (e < E && part == 0 && lane == 0) {
+      float t = bias_e;
+#pragma unroll
+      for (int j = 0; j < ROUTE_WPE; ++j) t += part_sum[warp + j];
+      logits[m * E + e] = t;
+    }
+    __syncthreads();
   }
   __shared__ int last;
   __syncthreads();
@@ -548,6 +718,13 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
   __syncthreads();
   if (!last) return;
   __threadfence();
+  // All logits into shared memory in one round trip (the selection loop below re-reads them k times).
+  __shared__ float lsm[2048];
+  const bool in_smem = M * E <= 2048;
+  if (in_smem) {
+    for (int q = threadIdx.x; q < M * E; q += THREADS) lsm[q] = __ldcg(logits + q);
+    __syncthreads();
+  }
   for (int m = warp; m < M; m += WARPS) {
     float sel_v[8];
     int sel_i[8];
@@ -555,7 +732,7 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
       float bv = -INFINITY;
       int bi = 0x7fffffff;
       for (int q = lane; q < E; q += 32) {
-        const float v = __ldcg(logits + m * E + q);
+        const float v = in_smem ? lsm[m * E + q] : __ldcg(logits + m * E + q);
         bool taken = false;
         for (int jj = 0; jj < j; ++jj) taken |= (sel_i[jj] == q);
         if (!taken && (v > bv || (v == bv && q < bi))) { bv = v; bi = q; }
@@ -648,7 +825,8 @@ int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, co
 int mxfp4_route(const __nv_bfloat16* x, long long sx, const void* w, int w_kind, const void* b, int b_kind,
                 float* logits, int* counter, int* ids, float* wts, int M, int E, int H, int top_k, void* stream) {
   if (top_k > 8 || top_k < 1) return (int)cudaErrorInvalidValue;
-  route_kernel<<<(E + WARPS - 1) / WARPS, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+  constexpr int epc = WARPS / ROUTE_WPE;
+  route_kernel<<<(E + epc - 1) / epc, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
       x, sx, w, w_kind, b, b_kind, logits, counter, ids, wts, M, E, H, top_k);
   return (int)cudaGetLastError();
 }

@@ -269,6 +269,29 @@ def test_packed_cuda_every_variant(variant):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5])
+def test_packed_cuda_unaligned_activation(m):
+    """An activation that starts 2 bytes past a 16-byte boundary (a contiguous view into a larger
+    buffer) takes the element-wise activation preparation, not the 16-byte loads: same result."""
+    if INTERPRET or not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from kernels.gemv import mxfp4_gemv_packed
+    from kernels.packed import pack_mxfp4
+
+    seed = fresh_seed()
+    g = generator(seed, "cuda")
+    n, k = 640, 2880
+    packed, scales = random_mxfp4((n, k), g)
+    flat = torch.randn(m * k + 1, generator=g, device="cuda").to(torch.bfloat16)
+    x = flat[1:].view(m, k)
+    assert x.is_contiguous() and x.data_ptr() % 16 == 2
+    b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16)
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out, config=_packed_cfg("cuda"))
+    assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed, f"unaligned x M={m}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 64])
 def test_linear_dispatcher_gpt_oss_qkv(m):
     if INTERPRET or not torch.cuda.is_available():
