@@ -78,6 +78,8 @@ def _load(src: str = "") -> ctypes.CDLL:
                                  I, I, I, I, I, I, I, F, F, I, LL, P, I]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
+    lib.mxfp4_topk.restype = I
+    lib.mxfp4_topk.argtypes = [P, I, LL, P, P, I, I, I, P]
     lib.mxfp4_error_string.restype = ctypes.c_char_p
     lib.mxfp4_error_string.argtypes = [I]
     lib.mxfp4_max_smem_optin.restype = I
@@ -185,6 +187,24 @@ def route(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None
     err = lib.mxfp4_route(x.data_ptr(), x.stride(0), w.data_ptr(), wk, b.data_ptr() if b is not None else None, bk,
                           logits.data_ptr(), counter.data_ptr(), ids.data_ptr(), wts.data_ptr(), m, e, h, top_k, stream)
     _check(err, "mxfp4 route launch")
+    return ids, wts
+
+
+def topk_from_logits(logits: torch.Tensor, top_k: int, src: str = ""):
+    """Top-k + softmax over the k of router logits another GEMM produced (fp32 or bf16 [M, E]), one
+    launch -> (ids int32 [M, k], weights float32 [M, k])."""
+    lib = _load(src)
+    if logits.dtype not in (torch.float32, torch.bfloat16) or logits.stride(-1) != 1:
+        logits = logits.float().contiguous()
+    m, e = logits.shape
+    if logits.dtype == torch.bfloat16 and m * e > 2048:
+        logits = logits.float()
+    ids = torch.empty((m, top_k), dtype=torch.int32, device=logits.device)
+    wts = torch.empty((m, top_k), dtype=torch.float32, device=logits.device)
+    stream = torch.cuda.current_stream(logits.device).cuda_stream
+    err = lib.mxfp4_topk(logits.data_ptr(), 1 if logits.dtype == torch.float32 else 2, logits.stride(0), ids.data_ptr(),
+                         wts.data_ptr(), m, e, top_k, stream)
+    _check(err, "mxfp4 top-k launch")
     return ids, wts
 
 

@@ -224,6 +224,26 @@ def test_route_kernel_matches_reference(m, router_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [1, 16, 40])
+def test_topk_from_logits_matches_torch(m, dtype):
+    """The plugin's routing from vLLM's router logits: the experts torch.topk picks (random logits, so
+    no ties; compared as sets per row, the kernel orders by value) and softmax over the k to fp32
+    rounding. M=40 x 128 bf16 logits exceed the kernel's shared buffer: the fp32 fallback."""
+    _need_cuda_ext()
+    from kernels import cuda_ext
+
+    seed = fresh_seed()
+    g = generator(seed, "cuda")
+    logits = (torch.randn(m, 128, generator=g, device="cuda") * 3).to(dtype)
+    ids, wts = cuda_ext.topk_from_logits(logits, 4)
+    vals, rid = torch.topk(logits.float(), 4, dim=-1)
+    assert ids.dtype == torch.int32
+    assert torch.equal(ids.long(), rid), f"seed={seed}"
+    torch.testing.assert_close(wts, torch.softmax(vals, -1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
 def test_moe_forward_packed_gpt_oss_shapes():
     _need_cuda_ext()
     from kernels.moe import moe_forward_packed, pack_moe_experts
