@@ -45,7 +45,7 @@ def _create_suite(config: pytest.Config) -> Suite:
         config.getoption("--config"), config.getoption("--model"), config.getoption("--flavour"),
         config.getoption("--server-url"), config.getoption("--run-dir"), config.getoption("--boot-timeout"),
         platform_option=config.getoption("--platform"), device_option=config.getoption("--device"),
-        workloads_option=config.getoption("--workloads"),
+        workloads_option=config.getoption("--workloads"), server_args=config.getoption("--server-arg"),
     )
 
 

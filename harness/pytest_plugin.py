@@ -29,6 +29,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="judge levels 2 against another configuration's goldens (same model and platform), e.g. a "
                      "kernel change against the stock backend: --config=gemv-bf16 --goldens-of=triton-bf16")
     g.addoption("--workloads", default=None, help="level 4 workloads YAML (default: tests/level4_perf/workloads.yaml)")
+    g.addoption("--server-arg", action="append", default=[], metavar="--NAME=VALUE",
+                help="extra vLLM option for every server the suite boots, after the config's own; repeatable "
+                     "(e.g. --server-arg=--gpu-memory-utilization=0.93 for a plugin config on the 120b shape)")
     g.addoption("--boot-timeout", type=float, default=float(os.environ.get("SUITE_BOOT_TIMEOUT", 900)), help="seconds to wait for /health")
 
 

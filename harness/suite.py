@@ -118,15 +118,23 @@ class Suite:
     server_url: str | None = None
     boot_timeout_s: float = 900.0
     boots: list[dict] = field(default_factory=list)
+    server_args: list[str] = field(default_factory=list)  # --server-arg: appended to every boot's arguments
 
     @classmethod
     def create(
         cls, config_option: str | None, model_option: str | None, flavour_option: str | None,
         server_url: str | None, run_dir: str | None, boot_timeout_s: float,
         platform_option: str | None = None, device_option: str | None = None, workloads_option: str | None = None,
+        server_args: list[str] | None = None,
     ) -> "Suite":
         """Validate every option now (collection time, one line each) and describe the run."""
         catalog = Catalog()
+        for arg in server_args or []:
+            if not arg.startswith("--"):
+                raise SuiteError(f"--server-arg {arg!r}: pass one vLLM option per flag, as --server-arg=--name=value "
+                                 "(e.g. --server-arg=--gpu-memory-utilization=0.93)")
+        if server_args and server_url:
+            raise SuiteError("--server-arg changes servers the suite boots; a --server-url server was started elsewhere")
         if (platform_option or device_option) and not server_url:
             raise SuiteError("--platform/--device describe a server started elsewhere: use them with --server-url "
                              "(a server the suite boots runs on this machine's platform)")
@@ -153,7 +161,8 @@ class Suite:
                 from harness.hub import check_hub_model
 
                 check_hub_model(model.path)  # not cached and no hub: one line now, not a dead server later
-        suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s)
+        suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s,
+                    server_args=list(server_args or []))
         suite.selected()  # validate --config now, at collection time
         return suite
 
@@ -234,7 +243,8 @@ class Suite:
         log = self.run_dir / "servers" / f"{key}.log"
         trace_dir = self.run_dir / "traces" / key
         # Profiling costs nothing until /start_profile, so every server can serve level 1.5 too.
-        args = target.spec.args + list(args_extra or []) + profiler_args(trace_dir)
+        # --server-arg after the config's own (the last occurrence wins), before the suite's perturbations
+        args = target.spec.args + self.server_args + list(args_extra or []) + profiler_args(trace_dir)
         # plugins/site on PYTHONPATH: the test-only vLLM hooks (no-ops unless SUITE_HOOK_* is set)
         env = {**hooks.server_env(hooks.hook_dir_of(self.run_dir, key)), **target.spec.env, **(env_extra or {})}
         proc = VllmServer(model_path or self.model.path, args, env, log, boot_timeout_s=self.boot_timeout_s)

@@ -82,7 +82,7 @@ def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
         log = running.log_path.read_text(errors="replace") if running.log_path else ""
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
                 "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": breakdown,
-                "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:12]}
+                "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40]}
     finally:
         running.process.stop()
 

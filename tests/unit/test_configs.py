@@ -113,6 +113,7 @@ def test_unknown_value_in_a_flavour_file_is_reported(tmp_path):
     (["--workloads=/no/such/workloads.yaml"], "--workloads /no/such/workloads.yaml: no such file"),
     (["--model=nobody-has/this-model-xyz"], "--model nobody-has/this-model-xyz: "),
     (["--platform=sm_121"], "use them with --server-url"),
+    (["--server-arg=gpu-memory-utilization=0.9"], "--server-arg 'gpu-memory-utilization=0.9': pass one vLLM option"),
     (["--server-url=http://127.0.0.1:9"], "--server-url http://127.0.0.1:9: cannot list models"),
 ])
 def test_bad_options_exit_nonzero_with_one_line_and_no_traceback(argv, expect):
@@ -148,3 +149,30 @@ def test_list_configs_shows_three_flavours():
     for flavour in ("[cpu on", "[upstream on", "[fork on"):
         assert flavour in r.stdout
     assert "cpu-bf16  (default on cpu)" in r.stdout and "RUNS HERE" in r.stdout
+
+
+def test_server_args_come_after_the_configs_own_and_before_the_suites_perturbations(tmp_path, monkeypatch):
+    """--server-arg reaches every boot, placed where vLLM's last-occurrence-wins makes it override the
+    config/model value (e.g. the 120b shape's 0.92 memory fraction) but not a secondary server's fraction."""
+    import harness.suite as suite_mod
+    from harness.suite import Suite
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    class Recorder:
+        def __init__(self, model_path, args, env, log, boot_timeout_s):
+            seen["args"] = list(args)
+            raise Stop
+
+    monkeypatch.setattr(suite_mod, "VllmServer", Recorder)
+    suite = Suite.create(None, None, None, None, str(tmp_path), 60, server_args=["--max-num-seqs=7"])
+    target = next(t for t in suite.targets() if t.runnable)
+    with pytest.raises(Stop):
+        suite.boot(target, args_extra=["--perturbation=1"])
+    args = seen["args"]
+    assert "--max-num-seqs=7" in args
+    assert args.index("--max-num-seqs=7") < args.index("--perturbation=1")
+    assert args[:len(target.spec.args)] == list(target.spec.args)

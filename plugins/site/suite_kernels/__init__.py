@@ -194,7 +194,9 @@ def _linear_op():
         from kernels.packed import PackedMXFP4
 
         x2 = x.reshape(-1, k)
-        if x2.shape[0] <= max_m:
+        small = x2.shape[0] <= max_m
+        _note_path(n, k, x2.shape[0], "kernels" if small else "bf16")
+        if small:
             y = mxfp4_gemv_packed(x2, PackedMXFP4(words, scales, n, k), bias)
         else:  # large batches: the BF16 weights vLLM loaded, as stock
             y = torch.nn.functional.linear(x2, weight, bias)
@@ -205,6 +207,18 @@ def _linear_op():
         return x.new_empty((*x.shape[:-1], n))
 
     return torch.ops.suite_kernels.mxfp4_linear
+
+
+_seen_paths: set[tuple] = set()
+
+
+def _note_path(n: int, k: int, m: int, path: str) -> None:
+    """One server-log line per (shape, M, path) the first time it runs (eagerly or at CUDA-graph capture),
+    so a log shows which dense layers our kernels serve at which batch sizes."""
+    key = (n, k, m, path)
+    if key not in _seen_paths and len(_seen_paths) < 256:
+        _seen_paths.add(key)
+        print(f"suite_kernels: mxfp4_linear {n}x{k} M={m} -> {path}", file=sys.stderr, flush=True)
 
 
 DENSE_ATTR = "_suite_kernels_dense"
@@ -266,7 +280,9 @@ def _patch_dense(threshold: int) -> None:
         prefix = kwargs.get("prefix", args[2] if len(args) > 2 else "")
         if not prefix:  # the served model, not a speculative drafter
             require_cuda_kernels()
-            install_dense(model, threshold)
+            done = install_dense(model, threshold)
+            print(f"suite_kernels: dense MXFP4 for {len(done)} modules ({', '.join(done[:3])}"
+                  f"{', ...' if len(done) > 3 else ''})", file=sys.stderr, flush=True)
         return model
 
     setattr(load_model, _MARK + "_dense", True)
