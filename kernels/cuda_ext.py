@@ -78,8 +78,9 @@ def _load(src: str = "") -> ctypes.CDLL:
                                  I, I, I, I, I, I, I, F, F, I, LL, P, I]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
-    lib.mxfp4_topk.restype = I
-    lib.mxfp4_topk.argtypes = [P, I, LL, P, P, I, I, I, P]
+    if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
+        lib.mxfp4_topk.restype = I
+        lib.mxfp4_topk.argtypes = [P, I, LL, P, P, I, I, I, P]
     lib.mxfp4_error_string.restype = ctypes.c_char_p
     lib.mxfp4_error_string.argtypes = [I]
     lib.mxfp4_max_smem_optin.restype = I
