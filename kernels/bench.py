@@ -142,6 +142,15 @@ GEMV_VARIANTS = {  # name -> overrides; "auto" is what mxfp4_linear runs on pack
 MOE_CUDA_SRC: dict[str, str] = {}  # MoE impl name -> CUDA source of an earlier version (--cuda-src-before)
 
 
+def _packed_moe_cfg(impl: str) -> dict | None:
+    """Config of a packed-MoE impl: None (tuning.yaml) for "packed", its CUDA source for an earlier version."""
+    if impl not in MOE_CUDA_SRC:
+        return None
+    from .tuning import get_config
+
+    return {**get_config("moe").get("packed", {}), "cuda_src": MOE_CUDA_SRC[impl]}
+
+
 def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: float, reps: int,
                  impls: list[str]) -> list[dict]:
     from .gemv import mxfp4_gemv, mxfp4_gemv_packed
@@ -201,7 +210,7 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
 def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_router: bool = True) -> dict:
     """impls: "packed" = the rebuilt pipeline on packed experts (CUDA: gate_up+SwiGLU, down+combine;
     with router: + the one-launch route kernel), others = the old Triton mxfp4_moe impls."""
-    from .moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts, route_packed
+    from .moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts
     from .testing import generator, random_mxfp4
     from .tuning import get_config
 
@@ -225,10 +234,8 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     res = {"experts": e, "top_k": k, "hidden": h, "inter": inter, "floor_bytes": floor_bytes,
            "floor_us": round(floor_us, 2)}
     for impl in impls:
-        if impl == "packed":
-            calls = [lambda r=r: mxfp4_moe_packed(x, r, wts, gu_q, gu_b, d_q, d_b, out=out) for r in routes32]
-        elif impl in MOE_CUDA_SRC:
-            cfg = {**get_config("moe").get("packed", {}), "cuda_src": MOE_CUDA_SRC[impl]}
+        if impl == "packed" or impl in MOE_CUDA_SRC:
+            cfg = _packed_moe_cfg(impl)
             calls = [lambda r=r, cfg=cfg: mxfp4_moe_packed(x, r, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg)
                      for r in routes32]
         else:
@@ -256,16 +263,12 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     except Exception as ex:  # noqa: BLE001
         print(f"  moe with router (packed): FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr)
         res["us_layer_with_router"] = float("nan")
-    for impl, src in MOE_CUDA_SRC.items():
-        cfg = {**get_config("moe").get("packed", {}), "cuda_src": src}
-
-        def call(xx, cfg=cfg):
-            ids, w = route_packed(xx, router_w, router_b, k, config=cfg)
-            return mxfp4_moe_packed(xx, ids, w, gu_q, gu_b, d_q, d_b, out=out, config=cfg)
-
+    for impl in MOE_CUDA_SRC:
+        cfg = _packed_moe_cfg(impl)
+        calls = [lambda xx=xx, cfg=cfg: moe_forward_packed(xx, router_w, router_b, gu_q, gu_b, d_q, d_b, k, out=out,
+                                                           config=cfg) for xx in xs]
         try:
-            res[f"us_layer_with_router_{impl}"] = round(time_calls([lambda xx=xx: call(xx) for xx in xs], reps,
-                                                                   n_routes * 2), 2)
+            res[f"us_layer_with_router_{impl}"] = round(time_calls(calls, reps, n_routes * 2), 2)
         except Exception as ex:  # noqa: BLE001
             print(f"  moe with router ({impl}): FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr)
             res[f"us_layer_with_router_{impl}"] = float("nan")

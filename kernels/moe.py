@@ -325,7 +325,8 @@ def route_packed(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor
 
 
 def moe_forward_packed(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None, gate_up, gate_up_bias,
-                       down, down_bias, top_k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                       down, down_bias, top_k: int, out: torch.Tensor | None = None,
+                       config: dict | None = None) -> torch.Tensor:
     """Whole gpt-oss MoE block on packed experts: route + experts (3 launches on a GPU)."""
-    ids, wts = route_packed(x, router_w, router_b, top_k)
-    return mxfp4_moe_packed(x, ids, wts, gate_up, gate_up_bias, down, down_bias, out=out)
+    ids, wts = route_packed(x, router_w, router_b, top_k, config=config)
+    return mxfp4_moe_packed(x, ids, wts, gate_up, gate_up_bias, down, down_bias, out=out, config=config)

@@ -139,16 +139,10 @@ def small_main(out: Path, ncu: str, srcs: list[str]) -> int:
                               capture_output=True, text=True)
     (out / "small_source.csv").write_text(src_page.stdout[:40_000_000])
     (out / "small_source_stderr.txt").write_text(src_page.stderr[-5000:])
-    text = raw.stdout[raw.stdout.find('"ID"'):]
-    rows = [row for row in csv.DictReader(io.StringIO(text)) if row_is_data(row)]
+    rows, units = raw_rows(raw.stdout)
     summary = []
     for label, row in zip(labels, rows):
-        rec = {"case": label, "kernel": row.get("Kernel Name", "")[:120]}
-        for metric, key in METRICS.items():
-            try:
-                rec[key] = float(str(row.get(metric, "nan")).replace(",", ""))
-            except ValueError:
-                rec[key] = float("nan")
+        rec = {"case": label, "kernel": row.get("Kernel Name", "")[:120], **metric_values(row, units)}
         stalls = {}
         for col, val in row.items():
             if col and col.startswith("smsp__pcsamp_warps_issue_stalled_") and not col.endswith("_not_issued"):
@@ -217,20 +211,11 @@ def main(argv=None) -> int:
     if r.returncode:
         print(f"ncu failed (rc {r.returncode}): {r.stderr[-3000:]}")
         return 1
-    text = r.stdout[r.stdout.find('"ID"'):]
-    rows = list(csv.DictReader(io.StringIO(text)))
-    last = {}
-    for row in rows:  # keep the last launch of each kernel (the earlier ones are warm-up)
-        if row_is_data(row):
-            last[row.get("Kernel Name", "")] = row
+    rows, units = raw_rows(r.stdout)
+    last = {row.get("Kernel Name", ""): row for row in rows}  # the last launch of each kernel (earlier: warm-up)
     summary = []
     for name, row in last.items():
-        rec = {"kernel": name[:160]}
-        for metric, key in METRICS.items():
-            try:
-                rec[key] = float(str(row.get(metric, "nan")).replace(",", ""))
-            except ValueError:
-                rec[key] = float("nan")
+        rec = {"kernel": name[:160], **metric_values(row, units)}
         wds = words_for(name)
         if wds:
             rec["weight_words"] = wds
@@ -247,6 +232,37 @@ def main(argv=None) -> int:
 
 def row_is_data(row: dict) -> bool:
     return bool(row.get("ID", "").strip().isdigit())
+
+
+# ncu prints each metric in a unit of its choosing (its --page raw CSV has a units row under the
+# header: "us" or "nsecond" for durations, "Mbyte" or "byte" for sizes); METRICS keys ending in _ns /
+# _bytes are stored in those base units.
+_TO_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
+_TO_BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def raw_rows(csv_text: str) -> tuple[list[dict], dict]:
+    """ncu --page raw --csv output -> (data rows, {metric: unit})."""
+    rows = list(csv.DictReader(io.StringIO(csv_text[csv_text.find('"ID"'):])))
+    units = next((r for r in rows if not row_is_data(r)), {})
+    return [r for r in rows if row_is_data(r)], units
+
+
+def metric_values(row: dict, units: dict) -> dict:
+    """METRICS of one kernel row, durations in ns and sizes in bytes whatever unit ncu printed."""
+    rec = {}
+    for metric, key in METRICS.items():
+        try:
+            value = float(str(row.get(metric, "nan")).replace(",", ""))
+        except ValueError:
+            value = float("nan")
+        unit = str(units.get(metric, "")).strip()
+        if key.endswith("_ns"):
+            value *= _TO_NS.get(unit, 1.0)
+        elif key.endswith("_bytes"):
+            value *= _TO_BYTES.get(unit, 1.0)
+        rec[key] = value
+    return rec
 
 
 if __name__ == "__main__":

@@ -326,7 +326,7 @@ struct Args {
   long long so;
   uint32_t* hfrag;  // gate_up writes, down reads: [slots][kc_h][4][8] u32 (f16 pairs)
   int kc_h;  // chunks of the h rows (down's K)
-  int zero_row;  // down: index of an all-zero row of hfrag
+  int zero_row;  // unused since down stages h in shared memory; kept so older sources share the C API (A/B)
   const int* ids;  // [M * top_k]
   const float* wts;  // [M * top_k]
   int M, N, K, n_tiles, kc, top_k, ksplit;
@@ -702,7 +702,7 @@ __global__ void __launch_bounds__(THREADS) topk_kernel(const void* logits, int l
 }
 
 // Router: logits[m, e] = x[m] . W[e] + b[e] (fp32 from the stored dtype), then top-k + softmax by the
-// last CTA. Warp per expert; x is read through L1 (shared by the CTA's warps).
+// last CTA. ROUTE_WPE warps per expert; x is read through L1 (shared by the CTA's warps).
 __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, long long sx, const void* w, int w_kind,
                                                         const void* b, int b_kind, float* logits, int* counter,
                                                         int* ids, float* wts, int M, int E, int H, int top_k) {
