@@ -116,8 +116,12 @@ class Client:
         self._check()
         return self.session.post(self.base_url + path, data=data, headers=headers or {}, timeout=self.timeout_s)
 
-    def stream(self, prompt: str | list[int], max_tokens: int, ignore_eos: bool = True, **params: Any) -> StreamResult:
-        """Streamed completion with usage; token counts come from the server's `usage`."""
+    def stream(self, prompt: str | list[int], max_tokens: int, ignore_eos: bool = True,
+               until: Callable[[int], bool] | None = None, **params: Any) -> StreamResult:
+        """Streamed completion with usage; token counts come from the server's `usage`.
+
+        `until(tokens_so_far)` runs after every chunk that carried tokens; when it returns True the stream is
+        closed there (vLLM aborts a request whose client disconnects), and the result has no `usage`."""
         # logprobs=1 makes every chunk list its tokens: vLLM merges several tokens into one chunk
         # when its API process lags the engine, so chunks cannot be counted as tokens.
         body = {
@@ -148,6 +152,9 @@ class Client:
                     times.append(now)
                 text.append(choice.get("text") or "")
                 finish = choice.get("finish_reason") or finish
+            if until is not None and times and times[-1] == now and until(counted):
+                r.close()
+                return StreamResult("".join(text), times, counted, {}, t_sent, time.perf_counter(), "closed by client")
         t_end = time.perf_counter()
         if not usage:
             raise SuiteError(

@@ -58,6 +58,10 @@ class KernelExpectation:
     fallback happened (e.g. the fork's GEMV MoE falling back to GEMM); only that pattern is excused, and
     only when that line is in the log. A run with an excused pattern is marked so in its results and may
     not record baselines or goldens unless `allow_excused`.
+
+    `prefill_only` are the kernels of the backend a config hands its large batches to (the `also_runs` of a
+    GEMV MoE, whose decode batches run on its own `decode_must` kernels): allowed in the full trace, they
+    must not appear in a trace of decode steps alone (harness/kernel_path.py profiles one).
     """
 
     must: list[str] = field(default_factory=list)
@@ -67,6 +71,8 @@ class KernelExpectation:
     source: dict[str, list[str]] = field(default_factory=dict)  # pattern -> ["moe=marlin", ...]
     derived: dict[str, str] = field(default_factory=dict)  # must_not pattern -> the sibling whose `must` it is
     verification: dict[str, str] = field(default_factory=dict)  # "moe=marlin" -> "verified: <where>" | "unverified: <why>"
+    prefill_only: list[str] = field(default_factory=list)
+    decode_must: list[str] = field(default_factory=list)
 
     def add(self, kind: str, pattern: str, tag: str) -> None:
         target = self.must if kind == "must" else self.must_not
@@ -363,6 +369,9 @@ class Flavour:
                     kernels.add("must", pat, tag)
                 for pat in exp.get("must_not") or []:
                     kernels.add("must_not", pat, tag)
+                if exp.get("also_runs"):
+                    kernels.prefill_only += [p for p in exp["also_runs"] if p not in kernels.prefill_only]
+                    kernels.decode_must += [p for p in exp.get("must") or [] if p not in kernels.decode_must]
                 kernels.excuses.update(exp.get("excuses") or {})
                 kernels.allow_excused = kernels.allow_excused or bool(exp.get("allow_excused"))
                 verified = exp.get("verified")

@@ -156,6 +156,13 @@ def check_path(summary: KernelSummary, expectation: KernelExpectation, server_lo
     return PathVerdict(not problems, problems, excused)
 
 
+def check_decode(summary: KernelSummary, expectation: KernelExpectation) -> list[str]:
+    """Problems of a trace of decode steps alone: each `decode_must` kernel ran, no `prefill_only` one did."""
+    decode = KernelExpectation(must=list(expectation.decode_must), must_not=list(expectation.prefill_only),
+                               source={**expectation.source, **{p: ["prefill only (also_runs)"] for p in expectation.prefill_only}})
+    return [f"decode steps: {p}" for p in check_path(summary, decode).problems]
+
+
 def cpu_attention_sinks(summary: KernelSummary) -> tuple[set, set]:
     """(sinks tensor dims seen, sliding-window values seen) in `_C::cpu_attention_with_kv_cache` calls.
 

@@ -13,6 +13,8 @@
 #   verify    levels 1, 1.5 and 2 of CONFIG against them (mutations and the sinks check boot extra servers)
 #   level3    level 3 of CONFIG (crash-prone cases on their own server; known engine issues are strict xfails)
 # CONFIG defaults to triton-bf16 (the sm_90 default); the model is the embedded tiny gpt-oss with MXFP4 experts.
+# PYTEST_EXTRA adds pytest options to every run (e.g. --goldens-of=triton-bf16 to judge a kernel change
+# against the stock backend's goldens).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-triton-bf16}
@@ -27,7 +29,7 @@ python3 -c "import vllm" 2>/dev/null || { echo "gpu_correctness: vLLM is not imp
 run_pytest() {  # NAME -- pytest args
   local name=$1; shift 2
   local t0=$SECONDS
-  timeout 560 python3 -m pytest -p no:cacheprovider -q -rA --run-dir="$ART/$name" --config="$CONFIG" "$@" > "$ART/$name.log" 2>&1
+  timeout 560 python3 -m pytest -p no:cacheprovider -q -rA --run-dir="$ART/$name" --config="$CONFIG" ${PYTEST_EXTRA:-} "$@" > "$ART/$name.log" 2>&1
   local rc=$?
   grep -E "^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)|passed|failed|^\[|near tie|teacher-forced|perplexity|crashed|task accuracy|sinks" "$ART/$name.log" \
     | grep -vE "^\(|INFO|WARNING" | cut -c1-240 | tail -70

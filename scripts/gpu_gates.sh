@@ -16,7 +16,9 @@
 #   benchy     scripts/crosscheck_llama_benchy.py on its own boot (stops after one line while chat fails)
 #   summary    $OUT/gates-summary.md from every phase so far (every phase also refreshes it)
 #   all        selftest warm baseline aa 5 hooked benchy summary
-# MODEL / CONFIG / WORKLOADS override the defaults (gpt-oss-120b-shape, triton-bf16, the quick GPU set).
+# MODEL / CONFIG / WORKLOADS override the defaults (gpt-oss-120b-shape, triton-bf16, the quick GPU set);
+# PYTEST_EXTRA adds pytest options to every run (a plugin config on the 120b shape needs
+# PYTEST_EXTRA=--server-arg=--gpu-memory-utilization=0.93: it holds a second copy of the experts).
 # SUITE_GIT_SHA=<sha> records the suite's commit where the tree arrives without .git.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +33,7 @@ unset SUITE_HOOK_HOLD_GIB SUITE_HOOK_SLOWDOWN
 python3 -c "import vllm" 2>/dev/null || { echo "gpu_gates: vLLM is not importable; stage it (docs/gpu-lab.md) and export PYTHONPATH=/tmp/vllm-site"; exit 2; }
 # baselines recorded by earlier calls on this machine (the working tree is re-synced every call)
 [ -d /tmp/suite-art/baselines ] && cp -r /tmp/suite-art/baselines/. baselines/
-COMMON=(--model="$MODEL" --config="$CONFIG" --workloads "$WORKLOADS" -p no:cacheprovider -q)
+COMMON=(--model="$MODEL" --config="$CONFIG" --workloads "$WORKLOADS" -p no:cacheprovider -q ${PYTEST_EXTRA:-})
 
 run_pytest() {  # NAME EXPECT -- pytest args
   local name=$1 expect=$2; shift 3

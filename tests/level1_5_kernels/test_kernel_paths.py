@@ -15,7 +15,7 @@ import pytest
 from harness.configs import SIBLING_AXES, KernelExpectation
 from harness.correctness import load_workload, score
 from harness.mutations import mutated_copy, sinks_raised
-from harness.traces import check_path, cpu_attention_sinks
+from harness.traces import check_decode, check_path, cpu_attention_sinks
 
 pytestmark = [pytest.mark.level1_5, pytest.mark.server]
 
@@ -40,6 +40,25 @@ def test_swapped_expectation_fails(kernel_path, target):
     exp = target.spec.kernels
     swapped = KernelExpectation(must=list(exp.must_not), must_not=list(exp.must), source=exp.source)
     assert not check_path(kernel_path.summary, swapped).ok
+
+
+def test_decode_steps_run_only_this_configs_kernels(kernel_path, target):
+    """A config that hands its large (prefill) batches to another backend: a trace of decode steps alone shows
+    its own kernels and none of the other backend's, so a decode step that fell back cannot hide behind the
+    prefill kernels the full trace is allowed to show."""
+    exp = target.spec.kernels
+    if not exp.prefill_only:
+        pytest.skip(f"{target.name} hands no batch size to another backend (no `also_runs`): the full trace above is its check")
+    window = kernel_path.decode
+    print(f"\n[{target.name}] decode window: profiler started after {window.before} streamed tokens, "
+          f"{window.inside} tokens inside; top kernels:\n{window.summary.top(8)}")
+    problems = check_decode(window.summary, exp)
+    assert not problems, "\n".join(problems)
+    # a test of the test on the real traces: the full trace (prefill included) must break the decode rule,
+    # or the prefill-only patterns match nothing that runs and forbid nothing
+    assert check_decode(kernel_path.summary, exp), (
+        f"the full trace passes the decode-only rule: no kernel of {exp.prefill_only} ran even in prefill, so the "
+        f"patterns guard nothing (re-record them: python scripts/record_kernels.py --config={target.name})")
 
 
 def test_every_sibling_backends_patterns_reject_this_trace(kernel_path, target, suite):

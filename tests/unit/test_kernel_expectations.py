@@ -16,7 +16,7 @@ import pytest
 
 from harness.configs import SIBLING_AXES, Catalog, KernelExpectation
 from harness.platform import platform_matches
-from harness.traces import KernelStat, KernelSummary, check_path
+from harness.traces import KernelStat, KernelSummary, check_decode, check_path
 
 CATALOG = Catalog()
 PLATFORMS = {"cpu": ["cpu"], "upstream": ["sm_90", "sm_121"], "fork": ["sm_121"]}
@@ -95,6 +95,36 @@ def test_each_backends_patterns_reject_its_siblings_kernels(flavour_name, platfo
             checked += 1
     if not checked:
         pytest.skip(f"{spec.config_name}: no sibling backend declared on {platform}")
+
+
+DECODE_CASES = [c for c in CASES if CATALOG.flavours[c.values[0]].resolve(c.values[2], c.values[1]).kernels.prefill_only]
+
+
+def test_the_data_has_configs_that_hand_prefill_to_another_backend():
+    names = {CATALOG.name(c.values[2]) for c in DECODE_CASES}
+    assert {"gemv-bf16", "gemv-bf16-mxfp4-all"} <= names, names
+
+
+@pytest.mark.parametrize("flavour_name,platform,cfg", DECODE_CASES)
+def test_a_decode_step_on_the_prefill_backend_fails_the_decode_check(flavour_name, platform, cfg):
+    """The decode-only rule, both ways on synthetic traces: the config's own kernels pass; the same trace plus
+    the kernels of the backend its `also_runs` names (a decode step that fell back) fails, and a trace
+    without the config's decode kernels fails."""
+    flavour = CATALOG.flavours[flavour_name]
+    exp = flavour.resolve(cfg, platform).kernels
+    own = flavour.seen(cfg, platform)
+    assert not check_decode(_summary(own), exp), f"{CATALOG.name(cfg)} on {platform}: its own kernels fail its decode check"
+    fallbacks = 0
+    for value in CATALOG.axes["moe"].tokens:
+        theirs = [n for _, e in flavour.kernel_entries("moe", value, platform) for n in e.get("seen") or []
+                  if value != cfg["moe"] and any(fnmatch.fnmatchcase(n, p) for p in exp.prefill_only)]
+        if theirs:
+            problems = check_decode(_summary(own + theirs), exp)
+            assert problems and all(p.startswith("decode steps: forbidden") for p in problems), problems
+            fallbacks += 1
+    assert fallbacks, f"{CATALOG.name(cfg)} on {platform}: `also_runs` {exp.prefill_only} matches no declared backend's kernels"
+    without = [n for n in own if not any(fnmatch.fnmatchcase(n, p) for p in exp.decode_must)]
+    assert any("no kernel matches required" in p for p in check_decode(_summary(without), exp))
 
 
 def _entries():

@@ -1,0 +1,123 @@
+"""The decode-only profile window of level 1.5 (harness/kernel_path.py), against a fake server.
+
+The fake streams one token every few milliseconds and writes a trace at /stop_profile holding a kernel
+per step it saw while profiling, marked prefill for the first step and decode after it. What it proves is
+the harness's timing logic (the profiler starts only after the first token, closes after the window, the
+stream is closed, and a stream too short for the window is an error); that vLLM's steps behave the same
+is shown by the GPU runs of tests/level1_5_kernels/test_kernel_paths.py.
+"""
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.errors import SuiteError
+from harness.kernel_path import profile_decode_window
+from harness.suite import RunningServer
+
+
+class FakeEngine:
+    def __init__(self, trace_dir: Path, tokens: int, step_s: float = 0.004, start_delay_s: float = 0.05) -> None:
+        self.trace_dir, self.tokens, self.step_s, self.start_delay_s = trace_dir, tokens, step_s, start_delay_s
+        self.profiling = False
+        self.steps: list[str] = []
+        self.closed_early = threading.Event()
+        self.requested_tokens = 0
+
+
+def _handler(engine: FakeEngine):
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _json(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._json({"data": [{"id": "fake", "max_model_len": 4096}]})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            if self.path == "/start_profile":
+                engine.profiling = True  # from the request on (a step may already be in flight) ...
+                time.sleep(engine.start_delay_s)  # ... while the answer takes a moment, as a real profiler's does
+                return self._json({})
+            if self.path == "/stop_profile":
+                engine.profiling = False
+                events = [{"cat": "kernel", "name": k, "dur": 1.0} for k in engine.steps]
+                with gzip.open(engine.trace_dir / "worker.pt.trace.json.gz", "wt") as f:
+                    json.dump({"traceEvents": events}, f)
+                return self._json({})
+            engine.requested_tokens = body["max_tokens"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")  # as vLLM streams: the client reads chunk by chunk
+            self.end_headers()
+
+            def send(text: str) -> None:
+                data = text.encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            for i in range(engine.tokens):
+                time.sleep(engine.step_s)
+                if engine.profiling:
+                    engine.steps.append("prefill_kernel" if i == 0 else "decode_kernel")
+                chunk = {"choices": [{"text": "a", "logprobs": {"tokens": ["a"]}, "finish_reason": None}]}
+                try:
+                    send(f"data: {json.dumps(chunk)}\n\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    engine.closed_early.set()
+                    return
+            usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": engine.tokens}}
+            send(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.close_connection = True
+
+    return H
+
+
+@pytest.fixture
+def fake(tmp_path):
+    def start(tokens: int) -> tuple[RunningServer, FakeEngine]:
+        engine = FakeEngine(tmp_path, tokens)
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(engine))
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        return RunningServer(url, "fake", target=None, trace_dir=tmp_path), engine
+
+    servers: list = []
+    yield start
+    for s in servers:
+        s.shutdown()
+
+
+def test_the_window_holds_decode_steps_only_and_closes_the_stream(fake):
+    server, engine = fake(tokens=2000)
+    window = profile_decode_window(server, "kernel", window=16, timeout_s=20)
+    assert window.before >= 1 and window.inside >= 16
+    names = window.summary.names()
+    assert names == ["decode_kernel"], names
+    assert window.summary.kernels[0].calls >= 16
+    assert engine.closed_early.wait(5), "the stream was not closed after the window: the request would decode to the end"
+    assert engine.requested_tokens == 4096 - 64  # the served context, less room for the prompt
+
+
+def test_a_stream_that_ends_inside_the_window_is_an_error(fake):
+    server, _ = fake(tokens=20)  # ends a few tokens after the profiler starts
+    with pytest.raises(SuiteError, match="tokens arrived while profiling"):
+        profile_decode_window(server, "kernel", window=400, timeout_s=20)
