@@ -657,7 +657,11 @@ __device__ void select_topk(const float* sm, const float* gl, int E, int top_k, 
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int q = lane; q < E; q += 32) {
-      const float v = sm ? sm[q] : __ldcg(gl + q);
+      float v = sm ? sm[q] : __ldcg(gl + q);
+      // NaN compares false with everything, so a NaN row used to leave the id at 0x7fffffff, and the MoE
+      // kernels read that expert: an illegal address (vLLM's padded CUDA-graph rows carry such garbage).
+      // As -inf it is never preferred over a number, and an all-NaN row still yields k distinct valid ids.
+      if (v != v) v = -INFINITY;
       bool taken = false;
       for (int jj = 0; jj < j; ++jj) taken |= (sel_i[jj] == q);
       if (!taken && (v > bv || (v == bv && q < bi))) { bv = v; bi = q; }

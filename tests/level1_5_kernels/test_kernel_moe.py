@@ -248,6 +248,34 @@ def test_topk_from_logits_matches_torch(m, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m", [8, 40])
+def test_topk_gives_valid_distinct_ids_for_non_finite_logits(m, dtype):
+    """Rows of NaN, +inf and -inf (vLLM runs padded CUDA-graph rows whose inputs are stale memory): every id
+    must still be a distinct expert in range, since the MoE kernels index expert weights with it. An id
+    left at its initial 0x7fffffff crashed a served model with an illegal memory access (H200, tiny MXFP4
+    model, config gemv-bf16-mxfp4-all). Finite rows must be unaffected: a NaN entry is never chosen over
+    a number."""
+    _need_cuda_ext()
+    from kernels import cuda_ext
+
+    seed = fresh_seed()
+    g = generator(seed, "cuda")
+    logits = (torch.randn(m, 128, generator=g, device="cuda") * 3).to(dtype)
+    logits[1] = float("nan")
+    logits[2] = float("inf")
+    logits[3] = float("-inf")
+    logits[4, ::3] = float("nan")  # partly NaN: the best finite experts win
+    ids, _ = cuda_ext.topk_from_logits(logits, 4)
+    assert int(ids.min()) >= 0 and int(ids.max()) < 128, f"seed={seed}: ids out of range {ids.min()}..{ids.max()}"
+    assert all(len(set(row)) == 4 for row in ids.tolist()), f"seed={seed}: repeated expert"
+    finite = torch.nan_to_num(logits[4].float(), nan=float("-inf"))
+    assert torch.equal(logits[4].float()[ids[4].long()], torch.topk(finite, 4).values), f"seed={seed}"
+    for r in [0] + list(range(5, m)):
+        assert torch.equal(logits[r].float()[ids[r].long()], torch.topk(logits[r].float(), 4).values), f"seed={seed} row {r}"
+
+
+@pytest.mark.gpu
 def test_moe_forward_packed_gpt_oss_shapes():
     _need_cuda_ext()
     from kernels.moe import moe_forward_packed, pack_moe_experts
