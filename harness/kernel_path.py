@@ -52,7 +52,7 @@ def profile_kernel_path(suite: Suite, server: RunningServer) -> KernelPath:
     decode = None
     if spec.kernels.prefill_only:
         decode = profile_decode_window(server, kind)
-        problems = check_decode(decode.summary, spec.kernels)
+        problems = check_decode(decode.summary, spec.kernels, server.log_text())
         verdict = PathVerdict(verdict.ok and not problems, verdict.problems + problems, verdict.excused)
     meta = dict(config=server.target.name, model=suite.model.alias, platform=suite.platform.name,
                 device=suite.platform.device, verification=spec.kernels.verification)

@@ -127,6 +127,21 @@ def test_a_decode_step_on_the_prefill_backend_fails_the_decode_check(flavour_nam
     assert any("no kernel matches required" in p for p in check_decode(_summary(without), exp))
 
 
+def test_a_logged_fallback_of_the_decode_kernel_lets_decode_run_the_fallback_backend():
+    """The fork's GEMV MoE may fall back to the CUTLASS GEMM with a log line (the users' plan allows it):
+    then a decode trace of the GEMM only passes the decode check (the full check marks the run excused);
+    without that line it fails on both counts."""
+    fork = CATALOG.flavours["fork"]
+    cfg = CATALOG.parse("gemv-bf16")
+    exp = fork.resolve(cfg, "sm_121").kernels
+    assert exp.prefill_only and exp.excuses
+    gemm_decode = _summary(fork.seen(cfg, "sm_121", replace={"moe": "gemm"}))
+    log = "WARNING [mxfp4.py] GEMV MoE falling back to the grouped GEMM for this shape"
+    assert check_decode(gemm_decode, exp, log) == []
+    problems = check_decode(gemm_decode, exp, "")
+    assert any("no kernel matches required" in p for p in problems) and any("forbidden" in p for p in problems), problems
+
+
 def _entries():
     for flavour in CATALOG.flavours.values():
         for axis, values in flavour.values.items():
