@@ -140,6 +140,9 @@ def test_a_logged_fallback_of_the_decode_kernel_lets_decode_run_the_fallback_bac
     assert check_decode(gemm_decode, exp, log) == []
     problems = check_decode(gemm_decode, exp, "")
     assert any("no kernel matches required" in p for p in problems) and any("forbidden" in p for p in problems), problems
+    both = _summary(fork.seen(cfg, "sm_121") + fork.seen(cfg, "sm_121", replace={"moe": "gemm"}))  # some shapes fell back
+    assert check_decode(both, exp, log) == []
+    assert all("forbidden" in p for p in check_decode(both, exp, "")) and check_decode(both, exp, "")
 
 
 def _entries():
