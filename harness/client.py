@@ -142,6 +142,7 @@ class Client:
                 break
             event = json.loads(payload)
             now = time.perf_counter()
+            counted_before = counted
             if event.get("usage"):
                 usage = event["usage"]
             for choice in event.get("choices") or []:
@@ -152,7 +153,7 @@ class Client:
                     times.append(now)
                 text.append(choice.get("text") or "")
                 finish = choice.get("finish_reason") or finish
-            if until is not None and times and times[-1] == now and until(counted):
+            if until is not None and counted > counted_before and until(counted):
                 r.close()
                 return StreamResult("".join(text), times, counted, {}, t_sent, time.perf_counter(), "closed by client")
         t_end = time.perf_counter()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import SuiteError
@@ -28,6 +28,7 @@ class DecodeWindow:
     summary: KernelSummary
     before: int  # tokens the client had when the profiler was asked to start (>= 1: the prefill step was over)
     inside: int  # tokens that arrived between the profiler's start and the stop request
+    problems: list[str] = field(default_factory=list)  # check_decode's, also in the kernel-path verdict
 
 
 @dataclass
@@ -52,8 +53,9 @@ def profile_kernel_path(suite: Suite, server: RunningServer) -> KernelPath:
     decode = None
     if spec.kernels.prefill_only:
         decode = profile_decode_window(server, kind)
-        problems = check_decode(decode.summary, spec.kernels, server.log_text())
-        verdict = PathVerdict(verdict.ok and not problems, verdict.problems + problems, verdict.excused)
+        # the log is read again: a fallback line may have been logged during the decode window
+        decode.problems = check_decode(decode.summary, spec.kernels, server.log_text())
+        verdict = PathVerdict(verdict.ok and not decode.problems, verdict.problems + decode.problems, verdict.excused)
     meta = dict(config=server.target.name, model=suite.model.alias, platform=suite.platform.name,
                 device=suite.platform.device, verification=spec.kernels.verification)
     artifact = suite.artifact("kernels", f"{suite.model.alias}__{server.target.name}.json")
