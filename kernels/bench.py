@@ -132,6 +132,8 @@ def n_buffers(bytes_each: int, l2: int, floor: int = 2) -> int:
 GEMV_VARIANTS = {  # name -> overrides; "auto" is what mxfp4_linear runs on packed weights (the default)
     "auto": {"packed": {}},
     "packed_cuda": {"packed": {"impl": "cuda"}},
+    "packed_cuda_xprep_cta": {"packed": {"impl": "cuda", "xprep": "cta"}},  # activation prepared in every CTA
+    "packed_cuda_xprep_kernel": {"packed": {"impl": "cuda", "xprep": "kernel"}},  # once per call, own kernel
     "packed_fma": {"packed": {"impl": "packed_fma"}},
     "rows": {"rows_max_m": 1 << 30},  # the old fma16 path on checkpoint-layout weights (before)
     "mma_dot_scaled": {"rows_max_m": 0, "impl": "dot_scaled"},

@@ -76,6 +76,11 @@ def _load(src: str = "") -> ctypes.CDLL:
     lib.mxfp4_launch.restype = I
     lib.mxfp4_launch.argtypes = [I, I, P, LL, P, P, LL, LL, P, I, LL, P, LL, P, I, I, P, P,
                                  I, I, I, I, I, I, I, F, F, I, LL, P, I]
+    if hasattr(lib, "mxfp4_launch2"):  # absent from sources older than the once-per-call activation prep
+        lib.mxfp4_launch2.restype = I
+        lib.mxfp4_launch2.argtypes = lib.mxfp4_launch.argtypes + [P, P]
+        lib.mxfp4_xprep.restype = I
+        lib.mxfp4_xprep.argtypes = [P, LL, I, I, I, P, P, P]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
     if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
@@ -117,23 +122,32 @@ def _param_kind(t: torch.Tensor | None) -> tuple[int, torch.Tensor | None]:
 
 
 def pick_variant(m: int, n_tiles: int, kc: int, cfg: dict, sms: int, moe: bool = False) -> int:
-    """Variant index: NT by M; K split across the CTA's 8 warps when there are too few row tiles
-    to give every SM several (the small layers); PF dividing the chunk count when possible."""
+    """Variant index: NT by M; K split across the CTA's warps when there are too few row tiles to
+    give every SM several (the small layers), with the fewest row tiles per CTA that still fit the
+    grid in one wave; PF dividing the chunk count when possible."""
     nt = 1 if m <= 8 else 2
     if "variant" in cfg:
         return int(cfg["variant"]) + (8 if nt == 2 and int(cfg["variant"]) < 8 else 0)
     big = n_tiles >= int(cfg.get("big_tiles_per_sm", 16)) * sms
     if big:
         rw, rt, pf = (8, 2, 5) if kc % 5 == 0 else (8, 2, 4)
-    else:
+    elif n_tiles <= sms * int(cfg.get("ctas_per_sm", 2)):
+        # one tile per CTA, 8 warps split K (o_proj / expert down on an H200: 180 tiles, 264 CTAs)
         rw, rt = 1, 1
         pf = 8 if -(-kc // 8) >= 8 else 6
+    else:
+        # two tiles per CTA, 4 warps each: one wave instead of two (qkv: 320 tiles; H200 sweep at
+        # M=1: 8.0 us vs 8.5 for one tile per CTA; the expert gate_up shape 8.1 vs 9.2)
+        rw, rt, pf = (2, 1, 4) if -(-n_tiles // 2) <= sms * int(cfg.get("ctas_per_sm", 2)) else (4, 1, 6)
     return VARIANTS.index((nt, rw, rt, pf))
 
 
 def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
     # activation fragment rows, xup[16] xdown[16] xzero[8] amax[16], the K-split reduction buffer
     return m_rows * kc * 128 + 56 * 4 + WARPS * rt * nt * 4 * 32 * 4
+
+
+_pdl_ok: dict[int, bool] = {}  # device -> programmatic dependent launch works (learned from a failed launch)
 
 
 def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict) -> torch.Tensor:
@@ -152,14 +166,30 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
     smem = _smem(m, p.k_chunks, rt, nt)
     bk, b = _param_kind(bias)
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    err = lib.mxfp4_launch(MODE_DENSE, v, x.data_ptr(), x.stride(0), p.words.data_ptr(), p.scales.data_ptr(), 0, 0,
-                           b.data_ptr() if b is not None else None, bk, 0, out.data_ptr(), out.stride(0), None, 0, 0,
-                           None, None, m, p.n, k, p.n_tiles, p.k_chunks, 1, ksplit, 0.0, 0.0, grid, smem, stream, 0)
+    args = (MODE_DENSE, v, x.data_ptr(), x.stride(0), p.words.data_ptr(), p.scales.data_ptr(), 0, 0,
+            b.data_ptr() if b is not None else None, bk, 0, out.data_ptr(), out.stride(0), None, 0, 0,
+            None, None, m, p.n, k, p.n_tiles, p.k_chunks, 1, ksplit, 0.0, 0.0, grid, smem, stream)
+    xprep = cfg.get("xprep", "auto")
+    if xprep == "auto":  # H200 bench, same run: the prep kernel wins from M = 2 (qkv M=8 9.4 vs 14.0 us), loses
+        xprep = "kernel" if m >= 2 else "cta"  # ~0.5 us at M = 1, where x fits in registers (one load per thread)
+    if xprep == "kernel" and hasattr(lib, "mxfp4_launch2"):
+        # The activation's fragments prepared once (xprep_kernel), not in each of the persistent CTAs;
+        # the GEMV starts early (programmatic dependent launch) and waits for them after its weight prefetch.
+        frag = torch.empty((m, p.k_chunks * 32), dtype=torch.int32, device=x.device)
+        xdown = torch.empty(m, dtype=torch.float32, device=x.device)
+        _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, k, p.k_chunks, frag.data_ptr(), xdown.data_ptr(), stream),
+               "mxfp4 activation prep launch")
+        pdl = _pdl_ok.get(dev, torch.cuda.get_device_capability(x.device)[0] >= 9)
+        err = lib.mxfp4_launch2(*args, int(pdl), frag.data_ptr(), xdown.data_ptr())
+        if err and pdl:  # no programmatic dependent launch here: a plain launch after the prep
+            _pdl_ok[dev] = False
+            err = lib.mxfp4_launch2(*args, 0, frag.data_ptr(), xdown.data_ptr())
+    else:
+        err = lib.mxfp4_launch(*args, 0)
     _check(err, "mxfp4 gemv launch")
     return out
 
 
-_pdl_ok: dict[int, bool] = {}
 _scratch: dict[tuple, torch.Tensor] = {}
 
 
@@ -229,7 +259,7 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     gbk, gb = _param_kind(gu_bias)
     dbk, db = _param_kind(dn_bias)
     # gate_up: items = slots x row-tile groups, K split per cfg
-    v1 = int(cfg.get("gate_up_variant", 6))
+    v1 = int(cfg.get("gate_up_variant", 5))
     nt, rw, rt, pf = VARIANTS[v1]
     items1 = slots * -(-gu.n_tiles // (rw * rt))
     grid1 = max(1, min(items1, sms * int(cfg.get("ctas_per_sm", 2))))
@@ -252,7 +282,7 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
         pdl = 0
         err = launch_gu(0)
     _check(err, "mxfp4 moe gate_up launch")
-    v2 = int(cfg.get("down_variant", 6))
+    v2 = int(cfg.get("down_variant", 7))
     nt, rw, rt, pf = VARIANTS[v2]
     if rw != 1 or nt != 1:
         raise ValueError(f"down_variant {v2} must be an RW=1, NT=1 variant (6 or 7)")

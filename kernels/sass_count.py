@@ -125,14 +125,16 @@ def _lines_matching(src: Path, start_pat: str, end_pat: str) -> set[int]:
     return out
 
 
-CUDA_VARIANTS = {  # mangled template args -> (description, NT)
+CUDA_VARIANTS = {  # mangled template args <MODE, NT, RW, RT, PF> -> (description, NT)
     "ILi0ELi1ELi8ELi2ELi5E": ("dense NT=1 RT=2 PF=5 (lm_head, M<=8)", 1),
     "ILi0ELi1ELi8ELi2ELi4E": ("dense NT=1 RT=2 PF=4", 1),
-    "ILi0ELi1ELi1ELi1ELi6E": ("dense NT=1 KSPLIT=8 PF=6 (qkv/o/experts, M<=8)", 1),
+    "ILi0ELi1ELi2ELi1ELi4E": ("dense NT=1 KSPLIT=4 PF=4 (qkv / gate_up shape, M<=8)", 1),
+    "ILi0ELi1ELi1ELi1ELi8E": ("dense NT=1 KSPLIT=8 PF=8 (o_proj, M<=8)", 1),
+    "ILi0ELi1ELi1ELi1ELi6E": ("dense NT=1 KSPLIT=8 PF=6 (expert down shape, M<=8)", 1),
     "ILi0ELi2ELi8ELi2ELi4E": ("dense NT=2 RT=2 PF=4 (lm_head, M<=16)", 2),
     "ILi0ELi2ELi1ELi1ELi6E": ("dense NT=2 KSPLIT=8 PF=6 (M<=16)", 2),
-    "ILi1ELi1ELi8ELi1ELi6E": ("moe gate_up NT=1 KSPLIT=1 PF=6", 1),
-    "ILi2ELi1ELi1ELi1ELi6E": ("moe down NT=1 PF=6", 1),
+    "ILi1ELi1ELi2ELi1ELi6E": ("moe gate_up NT=1 KSPLIT=4 PF=6 (default)", 1),
+    "ILi2ELi1ELi1ELi1ELi8E": ("moe down NT=1 PF=8 (default)", 1),
 }
 
 

@@ -33,6 +33,31 @@
 
 namespace {
 
+// Phase timestamps (diagnostics only: `python -m kernels.phase_timing` compiles this file with
+// MXFP4_PHASES defined; the normal build has none of it). Thread 0 of each CTA of mxfp4_kernel<MODE>
+// writes 16 u64 at buffer[(MODE * 2048 + CTA) * 16]: [0] globaltimer at start, [1] at end, [2] SM id,
+// [3] items done, [4 + i] clock64 at event i (see the PHASE_CLK calls).
+#ifdef MXFP4_PHASES
+__device__ unsigned long long* g_phase = nullptr;
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned smid() {
+  unsigned v;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
+  return v;
+}
+#define PHASE_SET(i, v) do { if (threadIdx.x == 0 && g_phase) g_phase[(MODE * 2048 + blockIdx.x) * 16 + (i)] = (v); } while (0)
+#define PHASE_CLK(i) PHASE_SET(4 + (i), (unsigned long long)clock64())
+#define PHASE_DEP(f) do { float _d = (f); asm volatile("mov.b32 %0, %0;" : "+f"(_d)); } while (0)
+#else
+#define PHASE_SET(i, v) do {} while (0)
+#define PHASE_CLK(i) do {} while (0)
+#define PHASE_DEP(f) do {} while (0)
+#endif
+
 constexpr int WARPS = 8;
 constexpr int THREADS = 256;
 constexpr int MODE_DENSE = 0, MODE_GATEUP = 1, MODE_DOWN = 2;
@@ -222,12 +247,8 @@ __device__ __forceinline__ void x_preload(const __nv_bfloat16* x, long long sx, 
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int q = threadIdx.x + j * THREADS;
-    if (q < M * k8) {
-      const int m = q / k8, c = q - m * k8;
-      uint4& v = p.v[j];
-      asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(x + m * sx + c * 8));
-    }
+    const int m = q / k8, c = q - m * k8;
+    ld_v4_if(p.v[j], x + m * sx + c * 8, q < M * k8);
   }
 }
 
@@ -242,56 +263,96 @@ __device__ __forceinline__ void store_frags_v4(uint32_t* row, int c, const uint4
   row[frag_index(4 * c + 3)] = f16x2_scaled(u.w, up);
 }
 
-// x [M, K] bf16 -> shared f16 fragments * 2**(14-L_m); xup/xdown[m] = 2**(14-L_m), 2**L_m.
-// Every thread takes part in both passes (16-byte loads when aligned; the second pass hits L1, or
-// registers when preloaded): the earlier version ran the max|x| pass on one warp per row, ~K/64
-// dependent L2 round trips (~45 for K = 2880) before any weight math could start.
-__device__ void prep_x(const __nv_bfloat16* x, long long sx, int M, int K, int kc, uint32_t* xs, float* xup,
-                       float* xdown, uint32_t* amax_bits, const XPre& pre) {
+// max into amax[m] with one shared atomic per warp where the warp's lanes share a row (all of them
+// at M = 1). Phase timing (kernels.phase_timing, H200) put ~2.5 us of a 6.3 us qkv call in prep_x
+// when every thread did its own atomicMax on the same word. All 32 lanes must call it.
+__device__ __forceinline__ void warp_max_to(uint32_t* amax, int m, uint32_t b) {
+  const unsigned full = 0xffffffffu;
+  const int m0 = __shfl_sync(full, m, 0), m31 = __shfl_sync(full, m, 31);
+  if (m0 == m31) {
+    b = __reduce_max_sync(full, b);
+    if ((threadIdx.x & 31) == 0) atomicMax(amax + m0, b);
+  } else {
+    atomicMax(amax + m, b);
+  }
+}
+
+// 2**(14 - L) and 2**L from the max |x| bits of a row (bf16 exponent field L)
+__device__ __forceinline__ int row_log2(uint32_t amax) {
+  const int lg = (int)((amax >> 7) & 0xFF) - 127;
+  return min(max(lg, -100), 127);
+}
+__device__ __forceinline__ float row_up(uint32_t amax) { return __uint_as_float((uint32_t)(14 - row_log2(amax) + 127) << 23); }
+__device__ __forceinline__ float row_down(uint32_t amax) { return __uint_as_float((uint32_t)(row_log2(amax) + 127) << 23); }
+
+constexpr int PREP_BATCH = 4;  // 16-byte x loads in flight per thread when x is not preloaded
+
+// x [M, K] bf16 -> f16 fragments * 2**(14-L_m) at xs (shared memory here, global memory in
+// xprep_kernel); xdown[m] = 2**L_m. Every thread takes part in both passes, with its loads issued in
+// batches (the earlier loop waited for one L2 round trip per 16 bytes: ~8.6 us of a qkv M=8 call).
+// Ends with a barrier; xdown is valid after it.
+__device__ void prep_x(const __nv_bfloat16* x, long long sx, int M, int K, int kc, uint32_t* xs, float* xdown,
+                       uint32_t* amax_bits, const XPre& pre) {
   if (threadIdx.x < 16) amax_bits[threadIdx.x] = 0u;
   __syncthreads();
   const bool vec = x_vec(x, sx, K);
-  const int per_row = vec ? K / 8 : K;
-  if (pre.on) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int q = threadIdx.x + j * THREADS;
-      if (q < M * per_row) atomicMax(amax_bits + q / per_row, absmax_bits_v4(pre.v[j]));
-    }
-  } else {
-    for (int q = threadIdx.x; q < M * per_row; q += THREADS) {
-      const int m = q / per_row, c = q - m * per_row;
-      const uint32_t b = vec ? absmax_bits_v4(*reinterpret_cast<const uint4*>(x + m * sx + c * 8))
-                             : bf16x2_absmax_bits((uint32_t)__bfloat16_as_ushort(x[m * sx + c]));
-      atomicMax(amax_bits + m, b);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < M) {
-    const int m = threadIdx.x;
-    int lg = (int)((amax_bits[m] >> 7) & 0xFF) - 127;  // bf16 exponent field
-    lg = min(max(lg, -100), 127);
-    xup[m] = __uint_as_float((uint32_t)(14 - lg + 127) << 23);
-    xdown[m] = __uint_as_float((uint32_t)(lg + 127) << 23);
-  }
-  __syncthreads();
   const int kp2 = kc * 32;  // pairs per row, K padded to a multiple of 64 (zeros beyond K)
+  const int k8 = K / 8, n8 = M * k8;
   if (vec) {
-    const int k8 = K / 8;
     if (pre.on) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int q = threadIdx.x + j * THREADS;
-        if (q < M * k8) {
+        warp_max_to(amax_bits, min(q, n8 - 1) / k8, q < n8 ? absmax_bits_v4(pre.v[j]) : 0u);
+      }
+    } else {
+      for (int q0 = 0; q0 < n8; q0 += PREP_BATCH * THREADS) {  // same trip count in every thread
+        uint4 v[PREP_BATCH];
+#pragma unroll
+        for (int u = 0; u < PREP_BATCH; ++u) {
+          const int q = q0 + u * THREADS + threadIdx.x, m = q / k8;
+          v[u] = make_uint4(0u, 0u, 0u, 0u);
+          ld_v4_if(v[u], x + m * sx + (q - m * k8) * 8, q < n8);
+        }
+#pragma unroll
+        for (int u = 0; u < PREP_BATCH; ++u) {
+          const int q = q0 + u * THREADS + threadIdx.x;
+          warp_max_to(amax_bits, min(q, n8 - 1) / k8, absmax_bits_v4(v[u]));
+        }
+      }
+    }
+  } else {
+    for (int q = threadIdx.x; q < M * K; q += THREADS) {
+      const int m = q / K;
+      atomicMax(amax_bits + m, bf16x2_absmax_bits((uint32_t)__bfloat16_as_ushort(x[m * sx + (q - m * K)])));
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < M) xdown[threadIdx.x] = row_down(amax_bits[threadIdx.x]);
+  if (vec) {
+    if (pre.on) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = threadIdx.x + j * THREADS;
+        if (q < n8) {
           const int m = q / k8;
-          store_frags_v4(xs + (long long)m * kp2, q - m * k8, pre.v[j], xup[m]);
+          store_frags_v4(xs + (long long)m * kp2, q - m * k8, pre.v[j], row_up(amax_bits[m]));
         }
       }
     } else {
-      for (int q = threadIdx.x; q < M * k8; q += THREADS) {
-        const int m = q / k8;
-        store_frags_v4(xs + (long long)m * kp2, q - m * k8, *reinterpret_cast<const uint4*>(x + m * sx + (q - m * k8) * 8),
-                       xup[m]);
+      for (int q0 = 0; q0 < n8; q0 += PREP_BATCH * THREADS) {  // second read: L1 hits
+        uint4 v[PREP_BATCH];
+#pragma unroll
+        for (int u = 0; u < PREP_BATCH; ++u) {
+          const int q = q0 + u * THREADS + threadIdx.x, m = q / k8;
+          v[u] = make_uint4(0u, 0u, 0u, 0u);
+          ld_v4_if(v[u], x + m * sx + (q - m * k8) * 8, q < n8);
+        }
+#pragma unroll
+        for (int u = 0; u < PREP_BATCH; ++u) {
+          const int q = q0 + u * THREADS + threadIdx.x, m = q / k8;
+          if (q < n8) store_frags_v4(xs + (long long)m * kp2, q - m * k8, v[u], row_up(amax_bits[m]));
+        }
       }
     }
     const int tail = kp2 - K / 2;  // padding pairs
@@ -305,13 +366,35 @@ __device__ void prep_x(const __nv_bfloat16* x, long long sx, int M, int K, int k
       float lo = 0.f, hi = 0.f;
       if (k < K) lo = __bfloat162float(x[m * sx + k]);
       if (k + 1 < K) hi = __bfloat162float(x[m * sx + k + 1]);
-      const float up = xup[m];
+      const float up = row_up(amax_bits[m]);
       __half2 h = __floats2half2_rn(lo * up, hi * up);
       xs[(long long)m * kp2 + frag_index(p)] = *reinterpret_cast<uint32_t*>(&h);
     }
   }
   __syncthreads();
 }
+
+// The activation prepared once per call instead of once per CTA (the GEMV's persistent CTAs each
+// redid it: 264 times for qkv): one CTA per token row writes that row's fragments and 2**L to global
+// memory; the GEMV launched after it (programmatic dependent launch) issues its weight prefetch,
+// waits, and copies the fragments into shared memory with cp.async.
+__global__ void __launch_bounds__(THREADS) xprep_kernel(const __nv_bfloat16* x, long long sx, int K, int kc,
+                                                        uint32_t* xfrag, float* xdown_g) {
+  pdl_trigger();
+  __shared__ float xdown[16];
+  __shared__ uint32_t amax_bits[16];
+  const int m = blockIdx.x;
+  XPre pre;
+  x_preload(x + m * sx, sx, 1, K, pre);
+  prep_x(x + m * sx, sx, 1, K, kc, xfrag + (long long)m * kc * 32, xdown, amax_bits, pre);
+  if (threadIdx.x == 0) xdown_g[m] = xdown[0];
+}
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(smem_dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 struct Args {
   const __nv_bfloat16* x;  // dense / gate_up input [M, K]
@@ -327,6 +410,8 @@ struct Args {
   uint32_t* hfrag;  // gate_up writes, down reads: [slots][kc_h][4][8] u32 (f16 pairs)
   int kc_h;  // chunks of the h rows (down's K)
   int zero_row;  // unused since down stages h in shared memory; kept so older sources share the C API (A/B)
+  const uint4* xfrag;  // dense: activation fragments [M][kc][32] u32 from xprep_kernel (null: prepared per CTA)
+  const float* xdown_g;  // and their 2**L per row
   const int* ids;  // [M * top_k]
   const float* wts;  // [M * top_k]
   int M, N, K, n_tiles, kc, top_k, ksplit;
@@ -336,6 +421,12 @@ struct Args {
 template <int MODE, int NT, int RW, int RT, int PF>
 __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
   extern __shared__ __align__(16) uint32_t smem[];
+#ifdef MXFP4_PHASES
+  PHASE_SET(0, gtimer());
+  PHASE_SET(2, smid());
+  PHASE_CLK(0);
+  int ph_items = 0;
+#endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // K split: warps with the same rw share rows; kslot picks chunks kslot, kslot + kstride, ...
   int kslot, kstride, rw, slot_j = 0;
@@ -367,11 +458,10 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
   auto next_item = [&](int it) { return MODE == MODE_DOWN ? it + 1 : it + (int)gridDim.x; };
 
   // Shared memory: activation fragments (dense / gate_up: the M token rows; down: the top_k h slots
-  // of one token), then xup[16], xdown[16], xzero[8], amax[16], red.
+  // of one token), then xdown[16], xzero[8], amax[16], red (after 16 spare words).
   const int xs_rows = (MODE == MODE_DOWN) ? a.top_k : a.M;
   uint32_t* xs = smem;
-  float* xup = reinterpret_cast<float*>(smem + (long long)xs_rows * a.kc * 32);
-  float* xdown = xup + 16;
+  float* xdown = reinterpret_cast<float*>(smem + (long long)xs_rows * a.kc * 32) + 16;
   uint32_t* xzero = reinterpret_cast<uint32_t*>(xdown + 16);  // 8 zero words (B columns >= M)
   uint32_t* amax_bits = xzero + 8;
   float* red = reinterpret_cast<float*>(amax_bits + 16);  // [WARPS][RT][NT][4][32]
@@ -456,7 +546,23 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     set_item(lit);
 #pragma unroll
     for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
+    PHASE_CLK(1);
     pdl_wait();
+    PHASE_CLK(2);  // gate_up done (its h is visible)
+  } else if (MODE == MODE_DENSE && a.xfrag != nullptr) {
+    // Fragments from xprep_kernel: their copy is issued before the weight stream, so it is not
+    // queued behind it, and it is a plain copy (no atomics, no conversion) in every CTA.
+    pdl_wait();
+    const int n16 = a.M * a.kc * 8;
+    for (int q = threadIdx.x; q < n16; q += THREADS) cp_async16(reinterpret_cast<uint4*>(xs) + q, a.xfrag + q);
+    if (threadIdx.x < a.M) xdown[threadIdx.x] = a.xdown_g[threadIdx.x];
+    set_item(lit);
+#pragma unroll
+    for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
+    PHASE_CLK(1);
+    cp_async_wait_all();
+    __syncthreads();
+    PHASE_CLK(2);
   } else {
     XPre pre;
     x_preload(a.x, a.sx, a.M, a.K, pre);  // before the weight stream (see XPre)
@@ -465,7 +571,9 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
 #pragma unroll
       for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
     }
-    prep_x(a.x, a.sx, a.M, a.K, a.kc, xs, xup, xdown, amax_bits, pre);
+    PHASE_CLK(1);  // x loads and (dense) the weight prefetch issued
+    prep_x(a.x, a.sx, a.M, a.K, a.kc, xs, xdown, amax_bits, pre);
+    PHASE_CLK(2);  // activation fragments ready
     if (MODE == MODE_GATEUP) {
       pdl_wait();  // expert ids come from the route kernel
       pdl_trigger();
@@ -479,6 +587,9 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
   int staged_tok = -1;  // down: token whose h slots are in xs
 
   for (int it = first_item; it < end_item; it = next_item(it)) {
+#ifdef MXFP4_PHASES
+    if (ph_items == 1) PHASE_CLK(5);  // the second item starts
+#endif
     long long wbase, sbase;
     int grp, brow, slot;
     const bool active = item_info(it, wbase, sbase, grp, brow, slot);
@@ -550,11 +661,24 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
           load_xb<NT>(xl, xstep, kslot + ci * kstride, xb);
 #pragma unroll
           for (int rt = 0; rt < RT; ++rt) chunk_mma<NT>(wb[p][rt], sb[p][rt], xb, acc[rt]);
+#ifdef MXFP4_PHASES
+          if (ph_items == 0 && ci == 0) {  // the first weights have arrived and been used
+            PHASE_DEP(acc[0][0][0]);
+            PHASE_CLK(3);
+          }
+#endif
         }
         issue(wb[p], sb[p]);  // slot p is free again: load iteration ci + PF (maybe of the next item)
       }
     }
 
+#ifdef MXFP4_PHASES
+    if (ph_items == 0) {
+      PHASE_DEP(acc[0][0][0]);
+      PHASE_CLK(4);  // first item's weight loop done
+    }
+    ++ph_items;
+#endif
     // ---- epilogue ----
     if (MODE == MODE_DOWN) {
       // weight the slot, add its bias, fixed-order sum over the 8 warps
@@ -646,6 +770,11 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     }
     if (kstride > 1) __syncthreads();
   }
+#ifdef MXFP4_PHASES
+  PHASE_CLK(6);
+  PHASE_SET(1, gtimer());
+  PHASE_SET(3, (unsigned long long)ph_items);
+#endif
 }
 
 // Top-k of one row of logits (from shared memory when `sm` is set, else global) + softmax over the
@@ -824,11 +953,12 @@ int mxfp4_num_variants() { return 16; }
 
 const char* mxfp4_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
 
-int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
-                 long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
-                 __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts, int M,
-                 int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
-                 long long smem, void* stream, int pdl) {
+// mxfp4_launch2 = mxfp4_launch + the prepared activation (xfrag, xdown_g: null = prepared per CTA).
+int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
+                  long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
+                  __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts,
+                  int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
+                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
   static const launch_fn dense[16] = {NT1(MODE_DENSE), NT2(MODE_DENSE)};
   static const launch_fn gateup[16] = {NT1(MODE_GATEUP)};  // MoE: one token column (NT = 1)
   static const launch_fn down[16] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
@@ -845,9 +975,27 @@ int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, co
   a.ids = ids; a.wts = wts;
   a.M = M; a.N = N; a.K = K; a.n_tiles = n_tiles; a.kc = kc; a.top_k = top_k; a.ksplit = ksplit;
   a.alpha = alpha; a.limit = limit;
+  a.xfrag = reinterpret_cast<const uint4*>(xfrag); a.xdown_g = xdown_g;
   const launch_fn* table = mode == 0 ? dense : (mode == 1 ? gateup : down);
   if (!table[variant]) return (int)cudaErrorInvalidValue;
   return (int)table[variant](a, grid, (size_t)smem, reinterpret_cast<cudaStream_t>(stream), pdl);
+}
+
+int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
+                 long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
+                 __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts, int M,
+                 int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
+                 long long smem, void* stream, int pdl) {
+  return mxfp4_launch2(mode, variant, x, sx, words, scales, wstride_e, sstride_e, bias, bias_kind, bstride_e, out, so, hfrag,
+                       kc_h, zero_row, ids, wts, M, N, K, n_tiles, kc, top_k, ksplit, alpha, limit, grid, smem, stream, pdl,
+                       nullptr, nullptr);
+}
+
+// x [M, K] bf16 (M <= 16) -> xfrag [M][kc * 32] u32 and xdown [M] for mxfp4_launch2 (one CTA per row).
+int mxfp4_xprep(const __nv_bfloat16* x, long long sx, int M, int K, int kc, void* xfrag, float* xdown, void* stream) {
+  if (M < 1 || M > 16) return (int)cudaErrorInvalidValue;
+  xprep_kernel<<<M, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(x, sx, K, kc, reinterpret_cast<uint32_t*>(xfrag), xdown);
+  return (int)cudaGetLastError();
 }
 
 int mxfp4_route(const __nv_bfloat16* x, long long sx, const void* w, int w_kind, const void* b, int b_kind,
@@ -865,6 +1013,13 @@ int mxfp4_topk(const void* logits, int l_kind, long long sl, int* ids, float* wt
   topk_kernel<<<1, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(logits, l_kind, sl, ids, wts, M, E, top_k);
   return (int)cudaGetLastError();
 }
+
+#ifdef MXFP4_PHASES
+int mxfp4_set_phase_buffer(void* p) {
+  unsigned long long* v = reinterpret_cast<unsigned long long*>(p);
+  return (int)cudaMemcpyToSymbol(g_phase, &v, sizeof(v));
+}
+#endif
 
 int mxfp4_max_smem_optin(int device) {
   int v = 0;

@@ -108,7 +108,7 @@ def _packed_cfg(impl: str) -> dict:
     return {**cfg, **cfg.get("packed", {}), "impl": impl}
 
 
-def _run_packed(m, n, k, impl, bias, seed, scale_range=(118, 124), bias_dtype=torch.float32):
+def _run_packed(m, n, k, impl, bias, seed, scale_range=(118, 124), bias_dtype=torch.float32, extra=None):
     from kernels.gemv import mxfp4_gemv_packed
     from kernels.packed import pack_mxfp4
 
@@ -117,7 +117,7 @@ def _run_packed(m, n, k, impl, bias, seed, scale_range=(118, 124), bias_dtype=to
     x = torch.randn(m, k, generator=g, device=DEV).to(torch.bfloat16)
     b = torch.randn(n, generator=g, device=DEV).to(bias_dtype) if bias else None
     out = poisoned((m, n), torch.bfloat16, DEV)
-    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out, config=_packed_cfg(impl))
+    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out, config={**_packed_cfg(impl), **(extra or {})})
     return out, reference.mxfp4_linear_ref(x, packed, scales, b)
 
 
@@ -228,10 +228,16 @@ def test_gemv_gpt_oss_shapes(name, m, impl):
     assert_close_nmse(out, ref, GEMV_NMSE, seed, f"{name} M={m} {impl}")
 
 
+# Where the CUDA path prepares the activation: "cta" = every persistent CTA converts x itself,
+# "kernel" = one small kernel per call writes the fragments the GEMV copies (tuning key gemv.packed.xprep).
+XPREP = ["cta", "kernel"]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("xprep", XPREP)
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16])
 @pytest.mark.parametrize("name", list(GPT_OSS_SHAPES))
-def test_packed_cuda_gpt_oss_shapes(name, m):
+def test_packed_cuda_gpt_oss_shapes(name, m, xprep):
     """The tensor-core path at every decode M class (NT=1: M<=8, NT=2: 9..16) and both K-split modes
     (lm_head: one warp per K; the others: 8 warps split K), bias in bf16 as a model stores it."""
     if INTERPRET or not torch.cuda.is_available():
@@ -242,13 +248,42 @@ def test_packed_cuda_gpt_oss_shapes(name, m):
     assert ok, f"CUDA extension unavailable on a GPU machine: {why}"
     n, k = GPT_OSS_SHAPES[name]
     seed = fresh_seed()
-    out, ref = _run_packed(m, n, k, "cuda", bias=name != "lm_head", seed=seed, bias_dtype=torch.bfloat16)
-    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"cuda {name} M={m}")
+    out, ref = _run_packed(m, n, k, "cuda", bias=name != "lm_head", seed=seed, bias_dtype=torch.bfloat16,
+                           extra={"xprep": xprep})
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"cuda {name} M={m} xprep={xprep}")
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("xprep", XPREP)
+@pytest.mark.parametrize("m", [1, 5, 8, 16])
+def test_packed_cuda_rows_of_very_different_magnitude(m, xprep):
+    """Each token row gets its own power-of-two activation scale from its own max |x|. Neighbouring rows
+    here differ by 2**60 or 2**120, and K = 2880 (360 16-byte pieces per row) makes warps straddle two
+    rows in the max pass: a row scaled by a neighbour's max flushes to zero in fp16 (NMSE 1). With
+    rows 2**30 apart that mutation (the warp's first row takes the whole warp's max) only blurred the
+    small row to an NMSE of ~2e-5, at the bound: it passed some seeds (H200 run)."""
+    if INTERPRET or not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from kernels.gemv import mxfp4_gemv_packed
+    from kernels.packed import pack_mxfp4
+
+    seed = fresh_seed()
+    g = generator(seed, "cuda")
+    n, k = 520, 2880
+    packed, scales = random_mxfp4((n, k), g)
+    row_scale = 2.0 ** ((torch.arange(m, device="cuda") % 3 - 1) * 60).float()  # 2**-60, 1, 2**60, ...
+    x = (torch.randn(m, k, generator=g, device="cuda") * row_scale[:, None]).to(torch.bfloat16)
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), out=out, config={**_packed_cfg("cuda"), "xprep": xprep})
+    ref = reference.mxfp4_linear_ref(x, packed, scales)
+    for r in range(m):  # per row: the NMSE of all rows together would hide a small row's error
+        assert_close_nmse(out[r:r + 1], ref[r:r + 1], GEMV_NMSE, seed, f"row {r} (x scale {row_scale[r].item():g}) M={m} xprep={xprep}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("xprep", XPREP)
 @pytest.mark.parametrize("variant", range(16))
-def test_packed_cuda_every_variant(variant):
+def test_packed_cuda_every_variant(variant, xprep):
     """Every compiled (NT, RW, RT, PF) variant on an awkward shape: ragged N, K not a multiple of 64
     (padded chunk), K split counts that leave some warps a chunk short, M at the NT edge."""
     if INTERPRET or not torch.cuda.is_available():
@@ -264,13 +299,16 @@ def test_packed_cuda_every_variant(variant):
     x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
     b = torch.randn(n, generator=g, device="cuda")
     out = poisoned((m, n), torch.bfloat16, "cuda")
-    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out, config={**_packed_cfg("cuda"), "variant": variant % 8})
-    assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed, f"variant {variant}")
+    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out,
+                      config={**_packed_cfg("cuda"), "variant": variant % 8, "xprep": xprep})
+    assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed,
+                      f"variant {variant} xprep={xprep}")
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("xprep", XPREP)
 @pytest.mark.parametrize("m", [1, 5])
-def test_packed_cuda_unaligned_activation(m):
+def test_packed_cuda_unaligned_activation(m, xprep):
     """An activation that starts 2 bytes past a 16-byte boundary (a contiguous view into a larger
     buffer) takes the element-wise activation preparation, not the 16-byte loads: same result."""
     if INTERPRET or not torch.cuda.is_available():
@@ -287,8 +325,9 @@ def test_packed_cuda_unaligned_activation(m):
     assert x.is_contiguous() and x.data_ptr() % 16 == 2
     b = torch.randn(n, generator=g, device="cuda").to(torch.bfloat16)
     out = poisoned((m, n), torch.bfloat16, "cuda")
-    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out, config=_packed_cfg("cuda"))
-    assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed, f"unaligned x M={m}")
+    mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out, config={**_packed_cfg("cuda"), "xprep": xprep})
+    assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed,
+                      f"unaligned x M={m} xprep={xprep}")
 
 
 @pytest.mark.gpu
@@ -304,3 +343,28 @@ def test_linear_dispatcher_gpt_oss_qkv(m):
     out = mxfp4_linear(x, packed, scales, b)
     ref = reference.mxfp4_linear_ref(x, packed, scales, b)
     assert_close_nmse(out, ref, GEMV_NMSE if m <= 16 else MATMUL_NMSE, seed, f"mxfp4_linear M={m}")
+
+
+@pytest.mark.parametrize("sms", [132, 48])  # H200, GB10
+@pytest.mark.parametrize("name", list(GPT_OSS_SHAPES))
+def test_cuda_variant_choice_keeps_small_layers_to_one_wave(name, sms):
+    """CPU: the tiling the tensor-core GEMV picks. Small layers (the CTA's warps split K) take the
+    fewest row tiles per CTA that fit all tiles in one wave of the persistent grid: with one tile per
+    CTA the qkv shape ran two waves on an H200 (320 tiles, 264 CTAs: 8.5 us; two per CTA: 8.0 us).
+    lm_head keeps whole-K warps over many tiles."""
+    from kernels.cuda_ext import VARIANTS, WARPS, pick_variant
+    from kernels.packed import CHUNK_K
+
+    n, k = GPT_OSS_SHAPES[name]
+    cfg = {**_packed_cfg("cuda"), "ctas_per_sm": 2, "big_tiles_per_sm": 16}
+    n_tiles, kc = -(-n // 16), -(-k // CHUNK_K)
+    nt, rw, rt, pf = VARIANTS[pick_variant(1, n_tiles, kc, cfg, sms)]
+    assert nt == 1
+    if n_tiles >= 16 * sms:
+        assert (rw, rt) == (WARPS, 2), f"{name}: lm_head-like layers keep K in one warp"
+    else:
+        items = -(-n_tiles // (rw * rt))
+        assert items <= 2 * sms, f"{name} on {sms} SMs: {items} items for {2 * sms} CTAs (more than one wave)"
+        smaller = [v for v in VARIANTS if v[0] == 1 and v[2] == 1 and v[1] < rw]
+        assert all(-(-n_tiles // v[1]) > 2 * sms for v in smaller), f"{name}: a smaller RW also fits in one wave"
+    assert VARIANTS[pick_variant(9, n_tiles, kc, cfg, sms)][0] == 2, "M > 8 needs the two-n-tile variant"

@@ -276,6 +276,25 @@ def test_topk_gives_valid_distinct_ids_for_non_finite_logits(m, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("down_variant", [6, 7])
+@pytest.mark.parametrize("gate_up_variant", range(8))
+def test_moe_packed_cuda_every_variant(gate_up_variant, down_variant):
+    """Every gate_up tiling (rows per CTA, K split, prefetch depth) with both down variants, on a
+    ragged case (I not a multiple of 64, k = 3 not dividing the 8 warps, skipped slots, clamps)."""
+    _need_cuda_ext()
+    from kernels.moe import mxfp4_moe_packed
+    from kernels.tuning import get_config
+
+    seed = fresh_seed()
+    x, ids, wts, gu, dn, p, ref = _packed_case(3, 6, 128, 160, 3, seed, 40.0, True, dev="cuda")
+    cfg = {**get_config("moe").get("packed", {}), "gate_up_variant": gate_up_variant, "down_variant": down_variant}
+    out = poisoned((3, 128), torch.bfloat16, "cuda")
+    mxfp4_moe_packed(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"gate_up variant {gate_up_variant}, down variant {down_variant}")
+
+
+@pytest.mark.gpu
 def test_moe_forward_packed_gpt_oss_shapes():
     _need_cuda_ext()
     from kernels.moe import moe_forward_packed, pack_moe_experts
