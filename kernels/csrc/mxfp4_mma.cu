@@ -264,8 +264,9 @@ __device__ __forceinline__ void store_frags_v4(uint32_t* row, int c, const uint4
 }
 
 // max into amax[m] with one shared atomic per warp where the warp's lanes share a row (all of them
-// at M = 1). Phase timing (kernels.phase_timing, H200) put ~2.5 us of a 6.3 us qkv call in prep_x
-// when every thread did its own atomicMax on the same word. All 32 lanes must call it.
+// at M = 1) instead of one per thread on the same word. All 32 lanes must call it. (At M = 1 this
+// did not change the call time on an H200: prep_x's barriers mostly wait for the warps still
+// issuing their weight prefetch, kernels/NOTES.md "Where the time goes".)
 __device__ __forceinline__ void warp_max_to(uint32_t* amax, int m, uint32_t b) {
   const unsigned full = 0xffffffffu;
   const int m0 = __shfl_sync(full, m, 0), m31 = __shfl_sync(full, m, 31);
@@ -289,7 +290,8 @@ constexpr int PREP_BATCH = 4;  // 16-byte x loads in flight per thread when x is
 
 // x [M, K] bf16 -> f16 fragments * 2**(14-L_m) at xs (shared memory here, global memory in
 // xprep_kernel); xdown[m] = 2**L_m. Every thread takes part in both passes, with its loads issued in
-// batches (the earlier loop waited for one L2 round trip per 16 bytes: ~8.6 us of a qkv M=8 call).
+// batches (the earlier loop waited for one L2 round trip per 16 bytes; phase timing of a qkv M=8 call:
+// 8.6 us in this function, 7.5 with batches, so from M = 2 the GEMV uses xprep_kernel instead).
 // Ends with a barrier; xdown is valid after it.
 __device__ void prep_x(const __nv_bfloat16* x, long long sx, int M, int K, int kc, uint32_t* xs, float* xdown,
                        uint32_t* amax_bits, const XPre& pre) {
@@ -549,30 +551,33 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     PHASE_CLK(1);
     pdl_wait();
     PHASE_CLK(2);  // gate_up done (its h is visible)
-  } else if (MODE == MODE_DENSE && a.xfrag != nullptr) {
-    // Fragments from xprep_kernel: their copy is issued before the weight stream, so it is not
-    // queued behind it, and it is a plain copy (no atomics, no conversion) in every CTA.
-    pdl_wait();
-    const int n16 = a.M * a.kc * 8;
-    for (int q = threadIdx.x; q < n16; q += THREADS) cp_async16(reinterpret_cast<uint4*>(xs) + q, a.xfrag + q);
-    if (threadIdx.x < a.M) xdown[threadIdx.x] = a.xdown_g[threadIdx.x];
-    set_item(lit);
-#pragma unroll
-    for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
-    PHASE_CLK(1);
-    cp_async_wait_all();
-    __syncthreads();
-    PHASE_CLK(2);
   } else {
+    // Dense with a.xfrag: fragments from xprep_kernel; their copy is issued before the weight stream,
+    // so it is not queued behind it, and it is a plain copy (no atomics, no conversion) in every CTA.
+    // Otherwise x is loaded into registers before the weight stream (see XPre) and prepared here.
+    const bool copy_x = MODE == MODE_DENSE && a.xfrag != nullptr;
     XPre pre;
-    x_preload(a.x, a.sx, a.M, a.K, pre);  // before the weight stream (see XPre)
+    if (copy_x) {
+      pre.on = false;
+      pdl_wait();
+      const int n16 = a.M * a.kc * 8;
+      for (int q = threadIdx.x; q < n16; q += THREADS) cp_async16(reinterpret_cast<uint4*>(xs) + q, a.xfrag + q);
+      if (threadIdx.x < a.M) xdown[threadIdx.x] = a.xdown_g[threadIdx.x];
+    } else {
+      x_preload(a.x, a.sx, a.M, a.K, pre);
+    }
     if (MODE == MODE_DENSE) {
       set_item(lit);
 #pragma unroll
       for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
     }
     PHASE_CLK(1);  // x loads and (dense) the weight prefetch issued
-    prep_x(a.x, a.sx, a.M, a.K, a.kc, xs, xdown, amax_bits, pre);
+    if (copy_x) {
+      cp_async_wait_all();
+      __syncthreads();
+    } else {
+      prep_x(a.x, a.sx, a.M, a.K, a.kc, xs, xdown, amax_bits, pre);
+    }
     PHASE_CLK(2);  // activation fragments ready
     if (MODE == MODE_GATEUP) {
       pdl_wait();  // expert ids come from the route kernel
