@@ -1,0 +1,41 @@
+"""The arithmetic of kernels.phase_timing (the per-phase times kernels/NOTES.md quotes): synthetic
+records in the layout the MXFP4_PHASES build writes, CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.phase_timing import SLOTS, summarize
+
+pytestmark = pytest.mark.level1_5
+
+GHZ = 2.0  # clock64 ticks per globaltimer ns in these records
+
+
+def _records(ctas: list[dict]) -> torch.Tensor:
+    """ctas: {"start": ns, "events": [ns from start for events 0..6], "items": n} -> the int64 buffer."""
+    rec = torch.zeros(3, 2048, SLOTS, dtype=torch.int64)
+    for i, c in enumerate(ctas):
+        row = rec[0, i]
+        row[0] = c["start"]
+        row[1] = c["start"] + c["events"][6]
+        row[2] = i % 2  # SM id
+        row[3] = c["items"]
+        for e, t in enumerate(c["events"]):
+            row[4 + e] = 1_000_000 + int(t * GHZ)  # clock64 has its own origin per SM
+    return rec.view(-1)
+
+
+def test_intervals_are_medians_over_ctas_in_ns_and_span_covers_the_late_cta():
+    one_item = {"start": 10_000, "events": [0, 100, 400, 500, 900, 0, 1000], "items": 1}
+    two_items = {"start": 10_300, "events": [0, 200, 600, 700, 1100, 1500, 2000], "items": 2}
+    s = summarize(_records([one_item, one_item, two_items]), mode=0, grid=3)
+    assert s["ctas"] == 3 and s["items_max"] == 2 and s["sms"] == 2
+    assert s["clock_ghz"] == pytest.approx(GHZ)
+    assert (s["issue"], s["prep"], s["first"], s["loop"], s["total"]) == (100, 300, 100, 400, 1000)
+    assert s["epi"] == 400, "the epilogue interval uses only CTAs that reached a second item"
+    assert s["last_start_ns"] == 300 and s["span_ns"] == 300 + 2000
+
+
+def test_a_kernel_without_records_says_so():
+    assert "error" in summarize(torch.zeros(3 * 2048 * SLOTS, dtype=torch.int64), mode=1, grid=4)
