@@ -143,7 +143,7 @@ def pick_variant(m: int, n_tiles: int, kc: int, cfg: dict, sms: int, moe: bool =
 
 
 def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
-    # activation fragment rows, xup[16] xdown[16] xzero[8] amax[16], the K-split reduction buffer
+    # activation fragment rows, 16 spare words, xdown[16] xzero[8] amax[16], the K-split reduction buffer
     return m_rows * kc * 128 + 56 * 4 + WARPS * rt * nt * 4 * 32 * 4
 
 
@@ -152,6 +152,9 @@ _pdl_ok: dict[int, bool] = {}  # device -> programmatic dependent launch works (
 
 def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict) -> torch.Tensor:
     """y = x @ W^T (+ bias) on tensor cores. x [M, K] bf16 contiguous, M <= 16; p PackedMXFP4 (2-D)."""
+    xprep = cfg.get("xprep", "auto")
+    if xprep not in ("auto", "kernel", "cta"):
+        raise ValueError(f"gemv.packed.xprep must be auto, kernel or cta (kernels/tuning.yaml), got {xprep!r}")
     lib = _load(cfg.get("cuda_src", ""))
     m, k = x.shape
     if m > 16:
@@ -169,12 +172,12 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
     args = (MODE_DENSE, v, x.data_ptr(), x.stride(0), p.words.data_ptr(), p.scales.data_ptr(), 0, 0,
             b.data_ptr() if b is not None else None, bk, 0, out.data_ptr(), out.stride(0), None, 0, 0,
             None, None, m, p.n, k, p.n_tiles, p.k_chunks, 1, ksplit, 0.0, 0.0, grid, smem, stream)
-    xprep = cfg.get("xprep", "auto")
     if xprep == "auto":  # H200 bench, same run: the prep kernel wins from M = 2 (qkv M=8 9.4 vs 14.0 us), loses
         xprep = "kernel" if m >= 2 else "cta"  # ~0.5 us at M = 1, where x fits in registers (one load per thread)
     if xprep == "kernel" and hasattr(lib, "mxfp4_launch2"):
         # The activation's fragments prepared once (xprep_kernel), not in each of the persistent CTAs;
-        # the GEMV starts early (programmatic dependent launch) and waits for them after its weight prefetch.
+        # the GEMV starts early (programmatic dependent launch), waits for them and copies them before
+        # issuing its weight prefetch.
         frag = torch.empty((m, p.k_chunks * 32), dtype=torch.int32, device=x.device)
         xdown = torch.empty(m, dtype=torch.float32, device=x.device)
         _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, k, p.k_chunks, frag.data_ptr(), xdown.data_ptr(), stream),

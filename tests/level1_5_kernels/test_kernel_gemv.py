@@ -368,3 +368,12 @@ def test_cuda_variant_choice_keeps_small_layers_to_one_wave(name, sms):
         smaller = [v for v in VARIANTS if v[0] == 1 and v[2] == 1 and v[1] < rw]
         assert all(-(-n_tiles // v[1]) > 2 * sms for v in smaller), f"{name}: a smaller RW also fits in one wave"
     assert VARIANTS[pick_variant(9, n_tiles, kc, cfg, sms)][0] == 2, "M > 8 needs the two-n-tile variant"
+
+
+def test_cuda_path_rejects_an_unknown_activation_prep_mode():
+    """A typo in gemv.packed.xprep must not silently pick a path (CPU: the check runs before any launch)."""
+    from kernels import cuda_ext
+
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="xprep must be auto, kernel or cta"):
+        cuda_ext.gemv(x, None, None, x, {"xprep": "kernal"})
