@@ -378,8 +378,8 @@ __device__ void prep_x(const __nv_bfloat16* x, long long sx, int M, int K, int k
 
 // The activation prepared once per call instead of once per CTA (the GEMV's persistent CTAs each
 // redid it: 264 times for qkv): one CTA per token row writes that row's fragments and 2**L to global
-// memory; the GEMV launched after it (programmatic dependent launch) issues its weight prefetch,
-// waits, and copies the fragments into shared memory with cp.async.
+// memory; the GEMV launched after it (programmatic dependent launch) waits for them, starts their
+// copy into shared memory (cp.async), then issues its weight prefetch.
 __global__ void __launch_bounds__(THREADS) xprep_kernel(const __nv_bfloat16* x, long long sx, int K, int kc,
                                                         uint32_t* xfrag, float* xdown_g) {
   pdl_trigger();
