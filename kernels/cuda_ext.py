@@ -150,6 +150,29 @@ def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
 _pdl_ok: dict[int, bool] = {}  # device -> programmatic dependent launch works (learned from a failed launch)
 
 
+def _pdl_works(device: torch.device) -> bool:
+    """Programmatic dependent launch: sm_90 and later, unless a launch with it failed on this device."""
+    return torch.cuda.get_device_capability(device)[0] >= 9 and _pdl_ok.get(device.index or 0) is not False
+
+
+def _launch_pdl(launch, pdl: int, device: torch.device) -> tuple[int, int]:
+    """launch(pdl) -> CUDA error code. Where programmatic dependent launch is refused, launch once more
+    without it (plain launches after that on this device). Returns (error, the pdl flag used)."""
+    err = launch(pdl)
+    if err and pdl:
+        _pdl_ok[device.index or 0] = False
+        return launch(0), 0
+    return err, pdl
+
+
+def gemv_tiling(m: int, p, cfg: dict, sms: int) -> tuple[int, int, int]:
+    """(variant, work items, grid) of the tensor-core GEMV for M tokens on packed weights `p`."""
+    v = pick_variant(m, p.n_tiles, p.k_chunks, cfg, sms)
+    _, rw, rt, _ = VARIANTS[v]
+    items = -(-p.n_tiles // (rw * rt))
+    return v, items, max(1, min(items, sms * int(cfg.get("ctas_per_sm", 2))))
+
+
 def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict) -> torch.Tensor:
     """y = x @ W^T (+ bias) on tensor cores. x [M, K] bf16 contiguous, M <= 16; p PackedMXFP4 (2-D)."""
     xprep = cfg.get("xprep", "auto")
@@ -161,11 +184,9 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
         raise ValueError(f"the tensor-core GEMV serves M <= 16, got {m}")
     dev = x.device.index or 0
     sms = _sms(dev)
-    v = pick_variant(m, p.n_tiles, p.k_chunks, cfg, sms)
+    v, _, grid = gemv_tiling(m, p, cfg, sms)
     nt, rw, rt, pf = VARIANTS[v]
     ksplit = WARPS // rw
-    items = -(-p.n_tiles // (rw * rt))
-    grid = max(1, min(items, sms * int(cfg.get("ctas_per_sm", 2))))
     smem = _smem(m, p.k_chunks, rt, nt)
     bk, b = _param_kind(bias)
     stream = torch.cuda.current_stream(x.device).cuda_stream
@@ -182,11 +203,8 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
         xdown = torch.empty(m, dtype=torch.float32, device=x.device)
         _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, k, p.k_chunks, frag.data_ptr(), xdown.data_ptr(), stream),
                "mxfp4 activation prep launch")
-        pdl = _pdl_ok.get(dev, torch.cuda.get_device_capability(x.device)[0] >= 9)
-        err = lib.mxfp4_launch2(*args, int(pdl), frag.data_ptr(), xdown.data_ptr())
-        if err and pdl:  # no programmatic dependent launch here: a plain launch after the prep
-            _pdl_ok[dev] = False
-            err = lib.mxfp4_launch2(*args, 0, frag.data_ptr(), xdown.data_ptr())
+        err, _ = _launch_pdl(lambda pdl: lib.mxfp4_launch2(*args, pdl, frag.data_ptr(), xdown.data_ptr()),
+                             int(_pdl_works(x.device)), x.device)
     else:
         err = lib.mxfp4_launch(*args, 0)
     _check(err, "mxfp4 gemv launch")
@@ -256,9 +274,7 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     inter = gu.n // 2
     kc_h = dn.k_chunks
     hfrag = _cached_zeros(("hfrag", dev, slots, kc_h), (slots + 1, kc_h, 32), torch.int32, dev)
-    pdl = int(cfg.get("pdl", 1)) if torch.cuda.get_device_capability(dev)[0] >= 9 else 0
-    if _pdl_ok.get(dev.index or 0) is False:
-        pdl = 0
+    pdl = int(cfg.get("pdl", 1)) if _pdl_works(dev) else 0
     gbk, gb = _param_kind(gu_bias)
     dbk, db = _param_kind(dn_bias)
     # gate_up: items = slots x row-tile groups, K split per cfg
@@ -279,11 +295,7 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
                                 ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles, gu.k_chunks, top_k,
                                 WARPS // rw, alpha, limit, grid1, smem1, stream, p)
 
-    err = launch_gu(pdl)
-    if err and pdl:  # no programmatic dependent launch here: plain launches
-        _pdl_ok[dev.index or 0] = False
-        pdl = 0
-        err = launch_gu(0)
+    err, pdl = _launch_pdl(launch_gu, pdl, dev)  # down follows gate_up's choice
     _check(err, "mxfp4 moe gate_up launch")
     v2 = int(cfg.get("down_variant", 7))
     nt, rw, rt, pf = VARIANTS[v2]

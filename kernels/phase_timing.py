@@ -121,11 +121,9 @@ def main(argv: list[str] | None = None) -> int:
             rec.zero_()
             us = time_calls(calls, reps, max(nq, 40))
             torch.cuda.synchronize()
-            v = cuda_ext.pick_variant(m, packed[0].n_tiles, packed[0].k_chunks, gcfg, sms)
-            nt, rw, rt, pf = cuda_ext.VARIANTS[v]
-            items = -(-packed[0].n_tiles // (rw * rt))
-            grid = max(1, min(items, sms * int(gcfg.get("ctas_per_sm", 2))))
-            res = {"case": f"{name} M={m} xprep={xprep}", "us_per_call": round(us, 2), "variant": [nt, rw, rt, pf], "grid": grid,
+            v, items, grid = cuda_ext.gemv_tiling(m, packed[0], cfg, sms)
+            res = {"case": f"{name} M={m} xprep={xprep}", "us_per_call": round(us, 2),
+                   "variant": list(cuda_ext.VARIANTS[v]), "grid": grid,
                    "items": items, **summarize(rec.cpu(), 0, grid)}
             results["cases"].append(res)
             print(json.dumps(res), flush=True)

@@ -288,6 +288,18 @@ __device__ __forceinline__ float row_down(uint32_t amax) { return __uint_as_floa
 
 constexpr int PREP_BATCH = 4;  // 16-byte x loads in flight per thread when x is not preloaded
 
+// This thread's 16-byte pieces q0 + u * THREADS + tid (u < PREP_BATCH) of x [M, K] (K / 8 = k8 pieces
+// per row, n8 in all), all loads issued before any is used; pieces past the end read as zero.
+__device__ __forceinline__ void load_x_batch(const __nv_bfloat16* x, long long sx, int k8, int n8, int q0,
+                                             uint4 (&v)[PREP_BATCH]) {
+#pragma unroll
+  for (int u = 0; u < PREP_BATCH; ++u) {
+    const int q = q0 + u * THREADS + threadIdx.x, m = q / k8;
+    v[u] = make_uint4(0u, 0u, 0u, 0u);
+    ld_v4_if(v[u], x + m * sx + (q - m * k8) * 8, q < n8);
+  }
+}
+
 // x [M, K] bf16 -> f16 fragments * 2**(14-L_m) at xs (shared memory here, global memory in
 // xprep_kernel); xdown[m] = 2**L_m. Every thread takes part in both passes, with its loads issued in
 // batches (the earlier loop waited for one L2 round trip per 16 bytes; phase timing of a qkv M=8 call:
@@ -310,12 +322,7 @@ __device__ void prep_x(const __nv_bfloat16* x, long long sx, int M, int K, int k
     } else {
       for (int q0 = 0; q0 < n8; q0 += PREP_BATCH * THREADS) {  // same trip count in every thread
         uint4 v[PREP_BATCH];
-#pragma unroll
-        for (int u = 0; u < PREP_BATCH; ++u) {
-          const int q = q0 + u * THREADS + threadIdx.x, m = q / k8;
-          v[u] = make_uint4(0u, 0u, 0u, 0u);
-          ld_v4_if(v[u], x + m * sx + (q - m * k8) * 8, q < n8);
-        }
+        load_x_batch(x, sx, k8, n8, q0, v);
 #pragma unroll
         for (int u = 0; u < PREP_BATCH; ++u) {
           const int q = q0 + u * THREADS + threadIdx.x;
@@ -344,12 +351,7 @@ __device__ void prep_x(const __nv_bfloat16* x, long long sx, int M, int K, int k
     } else {
       for (int q0 = 0; q0 < n8; q0 += PREP_BATCH * THREADS) {  // second read: L1 hits
         uint4 v[PREP_BATCH];
-#pragma unroll
-        for (int u = 0; u < PREP_BATCH; ++u) {
-          const int q = q0 + u * THREADS + threadIdx.x, m = q / k8;
-          v[u] = make_uint4(0u, 0u, 0u, 0u);
-          ld_v4_if(v[u], x + m * sx + (q - m * k8) * 8, q < n8);
-        }
+        load_x_batch(x, sx, k8, n8, q0, v);
 #pragma unroll
         for (int u = 0; u < PREP_BATCH; ++u) {
           const int q = q0 + u * THREADS + threadIdx.x, m = q / k8;
