@@ -134,8 +134,6 @@ GEMV_VARIANTS = {  # name -> overrides; "auto" is what mxfp4_linear runs on pack
     "packed_cuda": {"packed": {"impl": "cuda"}},
     "packed_cuda_xprep_cta": {"packed": {"impl": "cuda", "xprep": "cta"}},  # activation prepared in every CTA
     "packed_cuda_xprep_kernel": {"packed": {"impl": "cuda", "xprep": "kernel"}},  # once per call, own kernel
-    "packed_cuda_regs": {"packed": {"impl": "cuda", "weights": "regs"}},  # weights prefetched into registers
-    "packed_cuda_bulk": {"packed": {"impl": "cuda", "weights": "bulk"}},  # through the shared-memory ring
     "packed_fma": {"packed": {"impl": "packed_fma"}},
     "rows": {"rows_max_m": 1 << 30},  # the old fma16 path on checkpoint-layout weights (before)
     "mma_dot_scaled": {"rows_max_m": 0, "impl": "dot_scaled"},
@@ -144,20 +142,14 @@ GEMV_VARIANTS = {  # name -> overrides; "auto" is what mxfp4_linear runs on pack
 
 
 MOE_CUDA_SRC: dict[str, str] = {}  # MoE impl name -> CUDA source of an earlier version (--cuda-src-before)
-MOE_PACKED_OVERRIDES: dict[str, dict] = {  # MoE impl name -> moe.packed keys over tuning.yaml
-    "packed_regs": {"weights": "regs"},  # weights prefetched into registers (the kernels before the ring)
-}
 
 
 def _packed_moe_cfg(impl: str) -> dict | None:
-    """Config of a packed-MoE impl: None (tuning.yaml) for "packed", tuning.yaml + overrides for the
-    named variants, its CUDA source for an earlier version."""
-    if impl not in MOE_CUDA_SRC and impl not in MOE_PACKED_OVERRIDES:
+    """Config of a packed-MoE impl: None (tuning.yaml) for "packed", its CUDA source for an earlier version."""
+    if impl not in MOE_CUDA_SRC:
         return None
     from .tuning import get_config
 
-    if impl in MOE_PACKED_OVERRIDES:
-        return {**get_config("moe").get("packed", {}), **MOE_PACKED_OVERRIDES[impl]}
     return {**get_config("moe").get("packed", {}), "cuda_src": MOE_CUDA_SRC[impl]}
 
 
@@ -244,7 +236,7 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     res = {"experts": e, "top_k": k, "hidden": h, "inter": inter, "floor_bytes": floor_bytes,
            "floor_us": round(floor_us, 2)}
     for impl in impls:
-        if impl == "packed" or impl in MOE_CUDA_SRC or impl in MOE_PACKED_OVERRIDES:
+        if impl == "packed" or impl in MOE_CUDA_SRC:
             cfg = _packed_moe_cfg(impl)
             calls = [lambda r=r, cfg=cfg: mxfp4_moe_packed(x, r, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg)
                      for r in routes32]
@@ -273,7 +265,7 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     except Exception as ex:  # noqa: BLE001
         print(f"  moe with router (packed): FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr)
         res["us_layer_with_router"] = float("nan")
-    for impl in [i for i in impls if i in MOE_CUDA_SRC or i in MOE_PACKED_OVERRIDES]:
+    for impl in MOE_CUDA_SRC:
         cfg = _packed_moe_cfg(impl)
         calls = [lambda xx=xx, cfg=cfg: moe_forward_packed(xx, router_w, router_b, gu_q, gu_b, d_q, d_b, k, out=out,
                                                            config=cfg) for xx in xs]
@@ -389,40 +381,6 @@ def sweep(l2: int, copy_gbps: float, reps: int, budget_s: float) -> list[dict]:
     return results
 
 
-def sweep_bulk(l2: int, copy_gbps: float, reps: int) -> list[dict]:
-    """Every ring variant (RW x chunks per stage) x CTAs per SM on the small layers at M = 1 and 8, and
-    every gate_up x down ring variant x CTAs per SM for the MoE layer; prints the best of each."""
-    from .cuda_ext import BULK_VARIANTS
-
-    results = []
-    names = []
-    for v in range(9):
-        for c in (1, 2):
-            name = f"bulk_v{v}_c{c}"
-            GEMV_VARIANTS[name] = {"packed": {"impl": "cuda", "weights": "bulk", "bulk_variant": v, "ctas_per_sm": c}}
-            names.append(name)
-    for shape in ("qkv", "o_proj", "expert_gate_up", "expert_down"):
-        for r in bench_linear(shape, *SHAPES[shape], [1, 8], l2, copy_gbps, reps, names):
-            for name in names:
-                results.append({"kernel": f"{shape} M={r['M']}", "config": name, "us": r[f"us_{name}"],
-                                "tiling": BULK_VARIANTS[int(name.split('_')[1][1:])]})
-    for v1 in range(9):
-        for v2 in range(3):
-            for c1, c2 in ((1, 1), (1, 2)):
-                name = f"moe_gu{v1}_dn{v2}_c{c1}{c2}"
-                MOE_PACKED_OVERRIDES[name] = {"weights": "bulk", "gate_up_bulk_variant": v1, "down_bulk_variant": v2,
-                                              "gate_up_ctas_per_sm": c1, "down_ctas_per_sm": c2}
-    moe_names = [n for n in MOE_PACKED_OVERRIDES if n.startswith("moe_gu")]
-    mo = bench_moe(l2, copy_gbps, max(5, reps // 2), moe_names, with_router=False)
-    for name in moe_names:
-        results.append({"kernel": "moe M=1", "config": name, "us": mo[f"us_{name}"]})
-    for kern in sorted({r["kernel"] for r in results}):
-        ok = sorted((r for r in results if r["kernel"] == kern and r["us"] == r["us"]), key=lambda r: r["us"])
-        print(f"SWEEP-BULK {kern}: " + ", ".join(f"{r['config']} {r['us']:.1f}" for r in ok[:4])
-              + (f" ... worst {ok[-1]['config']} {ok[-1]['us']:.1f}" if ok else ""), flush=True)
-    return results
-
-
 def _met(ok) -> bool | None:
     return None if ok is None else bool(ok)
 
@@ -474,11 +432,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-src-before", metavar="PATH",
                     help="also time the CUDA kernels compiled from this earlier mxfp4_mma.cu, same run "
                          "(GEMV impl packed_cuda_before, MoE impl packed_before)")
-    ap.add_argument("--moe-impls", help="comma list of MoE impls (packed, packed_regs, fma16, dot_scaled; default: "
-                    "packed, and fma16, dot_scaled without --quick / --impls)")
-    ap.add_argument("--sweep-bulk", action="store_true",
-                    help="also time every shared-memory-ring variant x CTAs per SM on the small layers (M=1, 8) "
-                         "and the MoE layer")
     ap.add_argument("--sweep", type=float, default=0.0, metavar="SECONDS",
                     help="also sweep tile configs for lm_head M=1 and the MoE layer for about this long")
     args = ap.parse_args(argv)
@@ -498,8 +451,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.impls:
         gemv_impls = [i for i in args.impls.split(",") if i]
     moe_impls = ["packed"] if args.quick or args.impls else ["packed", "fma16", "dot_scaled"]
-    if args.moe_impls:
-        moe_impls = [i for i in args.moe_impls.split(",") if i]
     if args.cuda_src_before:
         GEMV_VARIANTS["packed_cuda_before"] = {"packed": {"impl": "cuda", "cuda_src": args.cuda_src_before}}
         MOE_CUDA_SRC["packed_before"] = args.cuda_src_before
@@ -528,8 +479,6 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"meta": meta}
     if args.sweep:
         result["sweep"] = sweep(l2, copy_gbps, reps, args.sweep)
-    if args.sweep_bulk:
-        result["sweep_bulk"] = sweep_bulk(l2, copy_gbps, reps)
     rows = []
     errors = []
 
@@ -572,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{i} {mo[f'us_{i}']:.1f} us ({mo[f'pct_floor_{i}']:.0f}% of floor)" for i in moe_impls)
             + f"; floor {mo['floor_us']:.1f} us ({mo['floor_bytes'] / 1e6:.1f} MB); with router: packed "
             f"{mo.get('us_layer_with_router', float('nan')):.1f} us, old {mo.get('us_layer_with_router_old', float('nan')):.1f} us"
-            + "".join(f", {i} {mo[f'us_layer_with_router_{i}']:.1f} us" for i in moe_impls if f"us_layer_with_router_{i}" in mo)
+            + "".join(f", {i} {mo.get(f'us_layer_with_router_{i}', float('nan')):.1f} us" for i in MOE_CUDA_SRC)
             + f", vLLM triton {mo.get('vllm_triton', {}).get('us_with_router', float('nan')):.1f} us")
     print("quant bf16->mxfp8: " + ", ".join(f"[{q['M']}x{q['K']}] {q['us']:.1f} us" for q in result["quant"]))
     for e in errors:

@@ -29,12 +29,6 @@ SRC = Path(__file__).resolve().parent / "csrc" / "mxfp4_mma.cu"
 # Same order as NT1/NT2 in the .cu: (NT, RW, RT, PF); KSPLIT = 8 // RW.
 VARIANTS = [(nt, rw, rt, pf) for nt in (1, 2) for (rw, rt, pf) in
             ((8, 2, 4), (8, 2, 5), (8, 1, 6), (4, 1, 6), (2, 1, 4), (2, 1, 6), (1, 1, 6), (1, 1, 8))]
-# The shared-memory ring kernels (weights through cp.async.bulk, sm_90+), same order as BULK9 in the
-# .cu: (NT, RW, RT, S) with S = chunks per ring stage (one bulk copy of S x 512 bytes per stage and row
-# tile); KSPLIT = 8 // RW. MoE down takes the first three (RW 1).
-BULK_VARIANTS = [(nt, rw, 1, s) for nt in (1, 2) for rw in (1, 2, 4) for s in (4, 8, 16)]
-BULK_PER_NT = 9
-CHUNK_BYTES = 512 + 32  # one row tile's chunk in the ring: codes + scales
 WARPS = 8
 MODE_DENSE, MODE_GATEUP, MODE_DOWN = 0, 1, 2
 
@@ -85,9 +79,6 @@ def _load(src: str = "") -> ctypes.CDLL:
     if hasattr(lib, "mxfp4_launch2"):  # absent from sources older than the once-per-call activation prep
         lib.mxfp4_launch2.restype = I
         lib.mxfp4_launch2.argtypes = lib.mxfp4_launch.argtypes + [P, P]
-    if hasattr(lib, "mxfp4_launch3"):  # absent from sources older than the shared-memory weight ring
-        lib.mxfp4_launch3.restype = I
-        lib.mxfp4_launch3.argtypes = lib.mxfp4_launch.argtypes + [P, P, I, I, I]
         lib.mxfp4_xprep.restype = I
         lib.mxfp4_xprep.argtypes = [P, LL, I, I, I, P, P, P]
     lib.mxfp4_route.restype = I
@@ -156,55 +147,6 @@ def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
     return m_rows * kc * 128 + 56 * 4 + WARPS * rt * nt * 4 * 32 * 4
 
 
-@functools.lru_cache(maxsize=None)
-def _smem_limits(dev: int) -> tuple[int, int]:
-    """(bytes per block with opt-in, bytes per SM) of dynamic shared memory."""
-    props = torch.cuda.get_device_properties(dev)
-    per_block = int(getattr(props, "shared_memory_per_block_optin", 0) or _load().mxfp4_max_smem_optin(dev))
-    per_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or per_block)
-    return per_block, per_sm
-
-
-def use_bulk(cfg: dict, device: torch.device, lib, big: bool) -> bool:
-    """Weights through the shared-memory ring? Key `weights` (tuning.yaml): regs | bulk | auto (bulk on
-    sm_90+ for the layers whose weights are not streamed by many tiles per SM, i.e. all but lm_head)."""
-    mode = cfg.get("weights", "auto")
-    if mode not in ("auto", "bulk", "regs"):
-        raise ValueError(f"weights must be auto, bulk or regs (kernels/tuning.yaml), got {mode!r}")
-    if mode == "regs" or not hasattr(lib, "mxfp4_launch3") or torch.cuda.get_device_capability(device)[0] < 9:
-        return False  # cp.async.bulk is sm_90+; an older source (same-run A/B) has no ring kernels
-    return mode == "bulk" or not big
-
-
-def ring_layout(base: int, rt: int, s: int, stages: int, budget: int) -> tuple[int, int, int, int]:
-    """(D, ring offset, bytes per warp ring, dynamic smem in all) for a ring of at most `stages` stages
-    per warp after `base` bytes of other shared memory, within `budget`; D = 0 if not even 2 stages fit."""
-    off = -(-base // 128) * 128
-    per_stage = rt * s * CHUNK_BYTES + 8  # codes + scales + its mbarrier
-    d = max(0, min(stages, (budget - off) // (WARPS * per_stage)))
-    while d >= 2:
-        warp_bytes = -(-(d * rt * s * CHUNK_BYTES + d * 8) // 16) * 16
-        if off + WARPS * warp_bytes <= budget:
-            return d, off, warp_bytes, off + WARPS * warp_bytes
-        d -= 1
-    return 0, off, 0, base
-
-
-def bulk_tiling(m: int, p, cfg: dict, sms: int, ctas_per_sm: int) -> tuple[int, int, int]:
-    """(bulk variant, work items, grid) of the ring GEMV: the fewest warps per row tile (RW) whose items
-    still fill `ctas_per_sm` CTAs on every SM in one wave, or `bulk_variant` from the config."""
-    nt = 1 if m <= 8 else 2
-    s = int(cfg.get("ring_stage_chunks", 4))
-    if "bulk_variant" in cfg:
-        v = int(cfg["bulk_variant"]) % BULK_PER_NT + (BULK_PER_NT if nt == 2 else 0)
-    else:
-        rw = next((r for r in (1, 2, 4) if -(-p.n_tiles // r) <= sms * ctas_per_sm), 4)
-        v = BULK_VARIANTS.index((nt, rw, 1, s))
-    _, rw, rt, _ = BULK_VARIANTS[v]
-    items = -(-p.n_tiles // (rw * rt))
-    return v, items, max(1, min(items, sms * ctas_per_sm))
-
-
 _pdl_ok: dict[int, bool] = {}  # device -> programmatic dependent launch works (learned from a failed launch)
 
 
@@ -231,30 +173,6 @@ def gemv_tiling(m: int, p, cfg: dict, sms: int) -> tuple[int, int, int]:
     return v, items, max(1, min(items, sms * int(cfg.get("ctas_per_sm", 2))))
 
 
-def gemv_plan(m: int, p, cfg: dict, device: torch.device, lib) -> dict:
-    """How the tensor-core GEMV runs M tokens on packed weights `p`: kernel table ("bulk": the
-    shared-memory ring, else registers), variant, RW, work items, grid, dynamic shared memory and
-    ring (D, offset, bytes per warp; D = 0 for the register kernels)."""
-    dev = device.index or 0
-    sms = _sms(dev)
-    ctas = int(cfg.get("ctas_per_sm", 2))
-    big = p.n_tiles >= int(cfg.get("big_tiles_per_sm", 16)) * sms
-    if use_bulk(cfg, device, lib, big):
-        v, items, grid = bulk_tiling(m, p, cfg, sms, ctas)
-        nt, rw, rt, s = BULK_VARIANTS[v]
-        per_block, per_sm = _smem_limits(dev)
-        nst = -(-(-(-p.k_chunks // (WARPS // rw))) // s)  # stages per item of a warp
-        want = min(int(cfg.get("ring_stages", 1 << 20)), -(-items // grid) * nst)
-        d, off, wbytes, smem = ring_layout(_smem(m, p.k_chunks, rt, nt), rt, s, want, min(per_block, per_sm // ctas - 1024))
-        if d:  # else the activation leaves no room for two stages (M = 16 on o_proj): registers
-            return {"kind": "bulk", "variant": v, "rw": rw, "items": items, "grid": grid, "smem": smem,
-                    "ring": (d, off, wbytes), "tiling": BULK_VARIANTS[v]}
-    v, items, grid = gemv_tiling(m, p, cfg, sms)
-    nt, rw, rt, _ = VARIANTS[v]
-    return {"kind": "regs", "variant": v, "rw": rw, "items": items, "grid": grid, "smem": _smem(m, p.k_chunks, rt, nt),
-            "ring": (0, 0, 0), "tiling": VARIANTS[v]}
-
-
 def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict) -> torch.Tensor:
     """y = x @ W^T (+ bias) on tensor cores. x [M, K] bf16 contiguous, M <= 16; p PackedMXFP4 (2-D)."""
     xprep = cfg.get("xprep", "auto")
@@ -264,9 +182,12 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
     m, k = x.shape
     if m > 16:
         raise ValueError(f"the tensor-core GEMV serves M <= 16, got {m}")
-    plan = gemv_plan(m, p, cfg, x.device, lib)
-    v, grid, smem, ring, rw = plan["variant"], plan["grid"], plan["smem"], plan["ring"], plan["rw"]
+    dev = x.device.index or 0
+    sms = _sms(dev)
+    v, _, grid = gemv_tiling(m, p, cfg, sms)
+    nt, rw, rt, pf = VARIANTS[v]
     ksplit = WARPS // rw
+    smem = _smem(m, p.k_chunks, rt, nt)
     bk, b = _param_kind(bias)
     stream = torch.cuda.current_stream(x.device).cuda_stream
     args = (MODE_DENSE, v, x.data_ptr(), x.stride(0), p.words.data_ptr(), p.scales.data_ptr(), 0, 0,
@@ -276,28 +197,18 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
         xprep = "kernel" if m >= 2 else "cta"  # ~0.5 us at M = 1, where x fits in registers (one load per thread)
     if xprep == "kernel" and hasattr(lib, "mxfp4_launch2"):
         # The activation's fragments prepared once (xprep_kernel), not in each of the persistent CTAs;
-        # the GEMV starts early (programmatic dependent launch), issues its weight loads, waits for the
-        # fragments and copies them.
+        # the GEMV starts early (programmatic dependent launch), waits for them and copies them before
+        # issuing its weight prefetch.
         frag = torch.empty((m, p.k_chunks * 32), dtype=torch.int32, device=x.device)
         xdown = torch.empty(m, dtype=torch.float32, device=x.device)
         _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, k, p.k_chunks, frag.data_ptr(), xdown.data_ptr(), stream),
                "mxfp4 activation prep launch")
-        err, _ = _launch_pdl(lambda pdl: _launch(lib, args, pdl, frag.data_ptr(), xdown.data_ptr(), ring),
+        err, _ = _launch_pdl(lambda pdl: lib.mxfp4_launch2(*args, pdl, frag.data_ptr(), xdown.data_ptr()),
                              int(_pdl_works(x.device)), x.device)
     else:
-        err = _launch(lib, args, 0, None, None, ring)
+        err = lib.mxfp4_launch(*args, 0)
     _check(err, "mxfp4 gemv launch")
     return out
-
-
-def _launch(lib, args: tuple, pdl: int, xfrag, xdown, ring: tuple[int, int, int]) -> int:
-    """One kernel launch through the newest entry point the loaded source has (ring = (D, offset, bytes
-    per warp); D = 0: the register kernels)."""
-    if ring[0]:
-        return lib.mxfp4_launch3(*args, pdl, xfrag, xdown, *ring)
-    if xfrag is not None:
-        return lib.mxfp4_launch2(*args, pdl, xfrag, xdown)
-    return lib.mxfp4_launch(*args, pdl)
 
 
 _scratch: dict[tuple, torch.Tensor] = {}
@@ -366,61 +277,42 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     pdl = int(cfg.get("pdl", 1)) if _pdl_works(dev) else 0
     gbk, gb = _param_kind(gu_bias)
     dbk, db = _param_kind(dn_bias)
-    if top_k > WARPS:
-        raise ValueError(f"the CUDA MoE down kernel handles top_k <= {WARPS}, got {top_k}")
-    ksp = WARPS // top_k  # down: K slices per slot
-    # Register kernels (the fallback, and what sources older than the ring have)
-    c1 = c2 = int(cfg.get("ctas_per_sm", 2))
-    v1, v2 = int(cfg.get("gate_up_variant", 5)), int(cfg.get("down_variant", 7))
-    nt, rw, rt, _ = VARIANTS[v1]
-    nt2, rw2, rt2, _ = VARIANTS[v2]
-    if rw2 != 1 or nt2 != 1:
-        raise ValueError(f"down_variant {v2} must be an RW=1, NT=1 variant (6 or 7)")
-    ring1 = ring2 = (0, 0, 0)
-    if use_bulk(cfg, dev, lib, big=False):
-        # Ring kernels, gate_up and down one CTA per SM each by default, so that down's CTAs (launched
-        # early by PDL) fit beside gate_up's and stream their weights while gate_up still runs; the
-        # shared memory of an SM is split between the two.
-        b1, b2 = int(cfg.get("gate_up_bulk_variant", 1)), int(cfg.get("down_bulk_variant", 1))
-        if b1 not in range(BULK_PER_NT) or b2 not in range(3):
-            raise ValueError(f"gate_up_bulk_variant must be 0-{BULK_PER_NT - 1} and down_bulk_variant 0-2 "
-                             f"(kernels/tuning.yaml), got {b1}, {b2}")
-        bc1, bc2 = int(cfg.get("gate_up_ctas_per_sm", 1)), int(cfg.get("down_ctas_per_sm", 1))
-        per_block, per_sm = _smem_limits(dev.index or 0)
-        budget = min(per_block, per_sm // (bc1 + bc2) - 1024)
-        cap = int(cfg.get("ring_stages", 1 << 20))
-        _, brw, brt, s1 = BULK_VARIANTS[b1]
-        _, _, brt2, s2 = BULK_VARIANTS[b2]
-        bg1 = max(1, min(slots * -(-gu.n_tiles // (brw * brt)), sms * bc1))
-        bg2 = max(1, min(m * -(-dn.n_tiles // brt2), sms * bc2))
-        nst1 = -(-(-(-gu.k_chunks // (WARPS // brw))) // s1)
-        nst2 = -(-(-(-dn.k_chunks // ksp)) // s2)
-        lay1 = ring_layout(_smem(m, gu.k_chunks, brt, 1), brt, s1,
-                           min(cap, -(-slots * -(-gu.n_tiles // (brw * brt)) // bg1) * nst1), budget)
-        lay2 = ring_layout(_smem(top_k, dn.k_chunks, brt2, 1), brt2, s2,
-                           min(cap, -(-m * -(-dn.n_tiles // brt2) // bg2) * nst2), budget)
-        if lay1[0] and lay2[0]:  # else (e.g. ~100 KB of shared memory per SM on sm_12x): registers
-            v1, v2, c1, c2, rw, rt, rt2 = b1, b2, bc1, bc2, brw, brt, brt2
-            ring1, ring2 = lay1[:3], lay2[:3]
-    # gate_up: items = slots x row-tile groups, K split over WARPS // rw warps; down: items = tokens x tiles
-    grid1 = max(1, min(slots * -(-gu.n_tiles // (rw * rt)), sms * c1))
-    grid2 = max(1, min(m * -(-dn.n_tiles // rt2), sms * c2))
-    smem1 = lay1[3] if ring1[0] else _smem(m, gu.k_chunks, rt, nt)
-    smem2 = lay2[3] if ring2[0] else _smem(top_k, dn.k_chunks, rt2, 1)  # the token's h slots are staged there
+    # gate_up: items = slots x row-tile groups, K split per cfg
+    v1 = int(cfg.get("gate_up_variant", 5))
+    nt, rw, rt, pf = VARIANTS[v1]
+    items1 = slots * -(-gu.n_tiles // (rw * rt))
+    grid1 = max(1, min(items1, sms * int(cfg.get("ctas_per_sm", 2))))
+    smem1 = _smem(m, gu.k_chunks, rt, nt)
     wst_e = gu.words[0].numel() // 4 if gu.words.dim() == 5 else 0
     sst_e = gu.scales[0].numel() // 4 if gu.scales.dim() == 5 else 0
     ids32 = ids.to(torch.int32).contiguous()
     wts32 = wts.to(torch.float32).contiguous()
-    args1 = (MODE_GATEUP, v1, x.data_ptr(), x.stride(0), gu.words.data_ptr(), gu.scales.data_ptr(), wst_e, sst_e,
-             gb.data_ptr() if gb is not None else None, gbk, gb.stride(0) if gb is not None else 0, None, 0,
-             hfrag.data_ptr(), kc_h, slots, ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles,
-             gu.k_chunks, top_k, WARPS // rw, alpha, limit, grid1, smem1, stream)
-    err, pdl = _launch_pdl(lambda p: _launch(lib, args1, p, None, None, ring1), pdl, dev)  # down follows gate_up's choice
+
+    def launch_gu(p):
+        return lib.mxfp4_launch(MODE_GATEUP, v1, x.data_ptr(), x.stride(0), gu.words.data_ptr(), gu.scales.data_ptr(),
+                                wst_e, sst_e, gb.data_ptr() if gb is not None else None, gbk,
+                                gb.stride(0) if gb is not None else 0, None, 0, hfrag.data_ptr(), kc_h, slots,
+                                ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles, gu.k_chunks, top_k,
+                                WARPS // rw, alpha, limit, grid1, smem1, stream, p)
+
+    err, pdl = _launch_pdl(launch_gu, pdl, dev)  # down follows gate_up's choice
     _check(err, "mxfp4 moe gate_up launch")
-    args2 = (MODE_DOWN, v2, None, 0, dn.words.data_ptr(), dn.scales.data_ptr(), dn.words[0].numel() // 4,
-             dn.scales[0].numel() // 4, db.data_ptr() if db is not None else None, dbk,
-             db.stride(0) if db is not None else 0, out.data_ptr(), out.stride(0), hfrag.data_ptr(), kc_h, slots,
-             ids32.data_ptr(), wts32.data_ptr(), m, dn.n, inter, dn.n_tiles, dn.k_chunks, top_k, ksp, alpha, limit,
-             grid2, smem2, stream)
-    _check(_launch(lib, args2, pdl, None, None, ring2), "mxfp4 moe down launch")
+    v2 = int(cfg.get("down_variant", 7))
+    nt, rw, rt, pf = VARIANTS[v2]
+    if rw != 1 or nt != 1:
+        raise ValueError(f"down_variant {v2} must be an RW=1, NT=1 variant (6 or 7)")
+    if top_k > WARPS:
+        raise ValueError(f"the CUDA MoE down kernel handles top_k <= {WARPS}, got {top_k}")
+    ksp = WARPS // top_k
+    items2 = m * -(-dn.n_tiles // rt)
+    grid2 = max(1, min(items2, sms * int(cfg.get("ctas_per_sm", 2))))
+    smem2 = _smem(top_k, dn.k_chunks, rt, nt)  # the token's h slots are staged in shared memory
+    wst2 = dn.words[0].numel() // 4
+    sst2 = dn.scales[0].numel() // 4
+    err = lib.mxfp4_launch(MODE_DOWN, v2, None, 0, dn.words.data_ptr(), dn.scales.data_ptr(), wst2, sst2,
+                           db.data_ptr() if db is not None else None, dbk, db.stride(0) if db is not None else 0,
+                           out.data_ptr(), out.stride(0), hfrag.data_ptr(), kc_h, slots, ids32.data_ptr(),
+                           wts32.data_ptr(), m, dn.n, inter, dn.n_tiles, dn.k_chunks, top_k, ksp, alpha, limit,
+                           grid2, smem2, stream, pdl)
+    _check(err, "mxfp4 moe down launch")
     return out

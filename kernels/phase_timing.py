@@ -75,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--src", default="", help="kernel source (default csrc/mxfp4_mma.cu)")
     ap.add_argument("--ms", default="1,8", help="token counts of the dense cases")
-    ap.add_argument("--weights", default="", help="gemv/moe .packed.weights for every case (regs, bulk; default: tuning.yaml)")
-    ap.add_argument("--shapes", default="qkv,o_proj,expert_gate_up,expert_down,lm_head", help="dense shapes to time")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels.phase_timing needs CUDA: torch.cuda.is_available() is False")
@@ -110,9 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"empty launch in a graph: {results['empty_launch_us']:.2f} us/call", flush=True)
 
     g = generator(5, "cuda")
-    over = {"weights": args.weights} if args.weights else {}
-    gcfg = {**get_config("gemv"), **get_config("gemv").get("packed", {}), "impl": "cuda", "cuda_src": src, **over}
-    for name in args.shapes.split(","):
+    gcfg = {**get_config("gemv"), **get_config("gemv").get("packed", {}), "impl": "cuda", "cuda_src": src}
+    for name in ("qkv", "o_proj", "expert_gate_up", "expert_down", "lm_head"):
         n, k = SHAPES[name]
         nq = n_buffers(n * k // 2 + n * k // 32, l2)
         packed = [pack_mxfp4(*random_mxfp4((n, k), g)) for _ in range(nq)]
@@ -124,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             rec.zero_()
             us = time_calls(calls, reps, max(nq, 40))
             torch.cuda.synchronize()
-            plan = cuda_ext.gemv_plan(m, packed[0], cfg, x.device, lib)
-            res = {"case": f"{name} M={m} xprep={xprep}", "us_per_call": round(us, 2), "weights": plan["kind"],
-                   "variant": list(plan["tiling"]), "ring_stages": plan["ring"][0], "grid": plan["grid"],
-                   "items": plan["items"], **summarize(rec.cpu(), 0, plan["grid"])}
+            v, items, grid = cuda_ext.gemv_tiling(m, packed[0], cfg, sms)
+            res = {"case": f"{name} M={m} xprep={xprep}", "us_per_call": round(us, 2),
+                   "variant": list(cuda_ext.VARIANTS[v]), "grid": grid,
+                   "items": items, **summarize(rec.cpu(), 0, grid)}
             results["cases"].append(res)
             print(json.dumps(res), flush=True)
         del packed
@@ -144,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     routes = [torch.randperm(e, generator=g, device="cuda")[:tk].view(1, tk).to(torch.int32) for _ in range(16)]
     w4 = torch.softmax(torch.randn(1, tk, generator=g, device="cuda"), -1)
     out = torch.empty(1, h, dtype=torch.bfloat16, device="cuda")
-    mcfg = {**get_config("moe").get("packed", {}), "cuda_src": src, **over}
+    mcfg = {**get_config("moe").get("packed", {}), "cuda_src": src}
     rec.zero_()
     us = time_calls([lambda r=r: mxfp4_moe_packed(x, r, w4, gu, gb, dn, db, out=out, config=mcfg) for r in routes],
                     reps, 32)

@@ -400,60 +400,6 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Weight stream through shared memory (BULK kernels, sm_90+): one lane per warp asks the copy engine
-// (cp.async.bulk, the non-tensor form of TMA) for a stage of S chunks with one instruction per row tile
-// and array, into a ring of D stages; an mbarrier per stage counts the bytes in. The register prefetch
-// (wb[PF]) holds at most PF x 16 bytes per lane, so a small layer needed several DRAM round trips per
-// call (qkv: 2.8 of its 7.8 MB in flight, kernels/NOTES.md); the ring holds ~10x that, without registers.
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-
-// Arrive (count 1) and expect `bytes` more transaction bytes on this phase.
-__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-#endif
-}
-
-// A stage that never completes (a copy that faults, bookkeeping out of step) traps after ~2**26 polls
-// (seconds) instead of hanging the process: the launch fails with an error the caller reports.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done, polls = 0;
-  do {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-    if (!done && ++polls == (1u << 26)) __trap();
-  } while (!done);
-#endif
-}
-
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
-      ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol) : "memory");
-#endif
-}
-
-// The warp's generic-proxy reads of a stage are ordered before the copy engine overwrites it.
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-constexpr int CHUNK_BYTES = 512 + 32;  // one row tile's chunk: 32 lanes x 16 B of codes + 8 x u32 of scales
-
 struct Args {
   const __nv_bfloat16* x;  // dense / gate_up input [M, K]
   long long sx;
@@ -474,15 +420,9 @@ struct Args {
   const float* wts;  // [M * top_k]
   int M, N, K, n_tiles, kc, top_k, ksplit;
   float alpha, limit;
-  int ring_stages;  // BULK kernels: stages per warp ring (D)
-  int ring_off;  // byte offset of the rings in dynamic shared memory (128-aligned)
-  int ring_warp_bytes;  // bytes of one warp's ring: D x RT x S x CHUNK_BYTES + D mbarriers (16-aligned)
 };
 
-// BULK = false: weights prefetched PF chunks ahead into registers (wb). BULK = true: through a ring in
-// shared memory (cp.async.bulk, see bulk_load), PF = S chunks per stage, a.ring_stages stages per warp,
-// and each warp's K slice is a contiguous run of chunks (one copy per stage and row tile).
-template <int MODE, int NT, int RW, int RT, int PF, bool BULK = false>
+template <int MODE, int NT, int RW, int RT, int PF>
 __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
   extern __shared__ __align__(16) uint32_t smem[];
 #ifdef MXFP4_PHASES
@@ -505,12 +445,8 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     rw = warp / kstride;
   }
   const bool warp_active = (MODE != MODE_DOWN) || slot_j < a.top_k;
+  const int nck = warp_active ? (a.kc - kslot + kstride - 1) / kstride : 0;  // this warp's chunks
   const int nck_max = (a.kc + kstride - 1) / kstride;
-  // this warp's chunks of an item: kslot, kslot + kstride, ... (registers) or the contiguous run
-  // c0 .. c0 + nck - 1 (BULK: one bulk copy per stage)
-  const int c0 = BULK ? kslot * nck_max : 0;
-  const int nck = !warp_active ? 0 : BULK ? max(0, min(nck_max, a.kc - c0)) : (a.kc - kslot + kstride - 1) / kstride;
-  const int nst = (nck + PF - 1) / PF;  // BULK: stages per item
   const int np = ((nck_max + PF - 1) / PF) * PF;  // iterations per item (multiple of PF)
   const int tiles_per_item = RW * RT;
   const int groups = (a.n_tiles + tiles_per_item - 1) / tiles_per_item;
@@ -609,71 +545,11 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
       sb[p][rt] = 0u;
     }
 
-  // BULK ring of this warp: [D][RT][S][32] uint4 codes, [D][RT][S][8] u32 scales, D mbarriers. The
-  // producer (lane 0; the cursor is kept by every lane) walks the same (item, stage) sequence as the
-  // math, D stages ahead: stage q lives in slot q % D, its wait parity is (q / D) & 1.
-  const int D = BULK ? a.ring_stages : 1;
-  uint8_t* ring = reinterpret_cast<uint8_t*>(smem) + a.ring_off + (long long)warp * a.ring_warp_bytes;
-  uint4* ring_w = reinterpret_cast<uint4*>(ring);
-  uint32_t* ring_s = reinterpret_cast<uint32_t*>(ring + D * RT * PF * 512);
-  uint64_t* ring_bar = reinterpret_cast<uint64_t*>(ring + D * RT * PF * CHUNK_BYTES);
-  int p_it = first_item, p_st = 0, q_issued = 0, q_used = 0;
-  bool p_ok = false;
-  const uint4* pw[RT];
-  const uint32_t* ps[RT];
-  bool p_tile[RT];  // the row tile exists (a ragged last group copies nothing for the others)
-  auto bulk_set_item = [&](int it) {
-    p_it = it;
-    p_st = 0;
-    long long wbase = 0, sbase = 0;
-    int grp = 0, brow, slot;
-    p_ok = it < end_item && nst > 0 && item_info(it, wbase, sbase, grp, brow, slot);
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt) {
-      const int tl = (grp * RW + rw) * RT + rt;
-      p_tile[rt] = tl < a.n_tiles;
-      const long long tc = (long long)min(tl, a.n_tiles - 1) * a.kc + c0;
-      pw[rt] = a.words + wbase + tc * 32;
-      ps[rt] = a.scales + sbase + tc * 8;
-    }
-  };
-  auto bulk_issue = [&]() {  // the next stage of the sequence into slot q_issued % D, if any is left
-    while (p_it < end_item && !p_ok) bulk_set_item(next_item(p_it));
-    if (p_it >= end_item) return;
-    const int slot = q_issued % D, n = min(PF, nck - p_st * PF);
-    if (lane == 0) {
-      uint32_t bytes = 0;
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) bytes += p_tile[rt] ? n * CHUNK_BYTES : 0;
-      mbar_arrive_expect(ring_bar + slot, bytes);
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        if (!p_tile[rt]) continue;
-        bulk_load(ring_w + (slot * RT + rt) * PF * 32, pw[rt] + p_st * PF * 32, n * 512, ring_bar + slot, pol);
-        bulk_load(ring_s + (slot * RT + rt) * PF * 8, ps[rt] + p_st * PF * 8, n * 32, ring_bar + slot, pol);
-      }
-    }
-    ++q_issued;
-    if (++p_st == nst) bulk_set_item(next_item(p_it));
-  };
-  auto bulk_start = [&]() {  // D stages in flight before anything waits
-    if (lane == 0)
-      for (int i = 0; i < D; ++i) mbar_init(ring_bar + i, 1);
-    mbar_init_fence();
-    __syncwarp();
-    bulk_set_item(first_item);
-    for (int i = 0; i < D; ++i) bulk_issue();
-  };
-
   if (MODE == MODE_DOWN) {
     // Weights and ids do not depend on the previous kernel (gate_up): prefetch, then wait for h.
-    if constexpr (BULK) {
-      bulk_start();
-    } else {
-      set_item(lit);
+    set_item(lit);
 #pragma unroll
-      for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
-    }
+    for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
     PHASE_CLK(1);
     pdl_wait();
     PHASE_CLK(2);  // gate_up done (its h is visible)
@@ -682,9 +558,6 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     // so it is not queued behind it, and it is a plain copy (no atomics, no conversion) in every CTA.
     // Otherwise x is loaded into registers before the weight stream (see XPre) and prepared here.
     const bool copy_x = MODE == MODE_DENSE && a.xfrag != nullptr;
-    if constexpr (BULK) {
-      if (MODE == MODE_DENSE) bulk_start();  // weights do not depend on x (or on the prep kernel)
-    }
     XPre pre;
     if (copy_x) {
       pre.on = false;
@@ -695,7 +568,7 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     } else {
       x_preload(a.x, a.sx, a.M, a.K, pre);
     }
-    if (MODE == MODE_DENSE && !BULK) {
+    if (MODE == MODE_DENSE) {
       set_item(lit);
 #pragma unroll
       for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
@@ -711,13 +584,9 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
     if (MODE == MODE_GATEUP) {
       pdl_wait();  // expert ids come from the route kernel
       pdl_trigger();
-      if constexpr (BULK) {
-        bulk_start();
-      } else {
-        set_item(lit);
+      set_item(lit);
 #pragma unroll
-        for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
-      }
+      for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
     }
   }
 
@@ -791,51 +660,22 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.f;
 
-    if constexpr (BULK) {
-      // same (item, stage) sequence as bulk_issue: only active items, nst stages each
-      for (int st = 0; active && st < nst; ++st) {
-        const int slot = q_used % D;
-        mbar_wait(ring_bar + slot, (q_used / D) & 1);
+    for (int i0 = 0; i0 < np; i0 += PF) {
 #pragma unroll
-        for (int j = 0; j < PF; ++j) {
-          const int ci = st * PF + j;
-          if (ci < nck) {
-            load_xb<NT>(xl, xstep, c0 + ci, xb);
+      for (int p = 0; p < PF; ++p) {
+        const int ci = i0 + p;
+        if (ci < nck && active) {
+          load_xb<NT>(xl, xstep, kslot + ci * kstride, xb);
 #pragma unroll
-            for (int rt = 0; rt < RT; ++rt)
-              chunk_mma<NT>(ring_w[((slot * RT + rt) * PF + j) * 32 + lane], ring_s[((slot * RT + rt) * PF + j) * 8 + g], xb,
-                            acc[rt]);
+          for (int rt = 0; rt < RT; ++rt) chunk_mma<NT>(wb[p][rt], sb[p][rt], xb, acc[rt]);
 #ifdef MXFP4_PHASES
-            if (ph_items == 0 && ci == 0) {  // the first weights have arrived and been used
-              PHASE_DEP(acc[0][0][0]);
-              PHASE_CLK(3);
-            }
-#endif
+          if (ph_items == 0 && ci == 0) {  // the first weights have arrived and been used
+            PHASE_DEP(acc[0][0][0]);
+            PHASE_CLK(3);
           }
-        }
-        __syncwarp();  // every lane has read the slot
-        if (lane == 0) fence_proxy_async();
-        ++q_used;
-        bulk_issue();  // refill it with the stage D ahead
-      }
-    } else {
-      for (int i0 = 0; i0 < np; i0 += PF) {
-#pragma unroll
-        for (int p = 0; p < PF; ++p) {
-          const int ci = i0 + p;
-          if (ci < nck && active) {
-            load_xb<NT>(xl, xstep, kslot + ci * kstride, xb);
-#pragma unroll
-            for (int rt = 0; rt < RT; ++rt) chunk_mma<NT>(wb[p][rt], sb[p][rt], xb, acc[rt]);
-#ifdef MXFP4_PHASES
-            if (ph_items == 0 && ci == 0) {  // the first weights have arrived and been used
-              PHASE_DEP(acc[0][0][0]);
-              PHASE_CLK(3);
-            }
 #endif
-          }
-          issue(wb[p], sb[p]);  // slot p is free again: load iteration ci + PF (maybe of the next item)
         }
+        issue(wb[p], sb[p]);  // slot p is free again: load iteration ci + PF (maybe of the next item)
       }
     }
 
@@ -1082,9 +922,9 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
   if (threadIdx.x == 0) *counter = 0;
 }
 
-template <int MODE, int NT, int RW, int RT, int PF, bool BULK = false>
+template <int MODE, int NT, int RW, int RT, int PF>
 cudaError_t launch(const Args& a, int grid, size_t smem, cudaStream_t stream, int pdl) {
-  auto kern = mxfp4_kernel<MODE, NT, RW, RT, PF, BULK>;
+  auto kern = mxfp4_kernel<MODE, NT, RW, RT, PF>;
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
@@ -1112,11 +952,6 @@ cudaError_t launch(const Args& a, int grid, size_t smem, cudaStream_t stream, in
   launch<MODE, 2, 8, 2, 4>, launch<MODE, 2, 8, 2, 5>, launch<MODE, 2, 8, 1, 6>, launch<MODE, 2, 4, 1, 6>, \
       launch<MODE, 2, 2, 1, 4>, launch<MODE, 2, 2, 1, 6>, launch<MODE, 2, 1, 1, 6>, launch<MODE, 2, 1, 1, 8>
 
-// Bulk (shared-memory ring) variants, kernels/cuda_ext.py BULK_VARIANTS: (NT, RW, RT = 1, S) for
-// RW in 1, 2, 4 and S (chunks per stage, one bulk copy each) in 4, 8, 16; NT = 2 at +9.
-#define BULK3(MODE, NT, RW) launch<MODE, NT, RW, 1, 4, true>, launch<MODE, NT, RW, 1, 8, true>, launch<MODE, NT, RW, 1, 16, true>
-#define BULK9(MODE, NT) BULK3(MODE, NT, 1), BULK3(MODE, NT, 2), BULK3(MODE, NT, 4)
-
 typedef cudaError_t (*launch_fn)(const Args&, int, size_t, cudaStream_t, int);
 
 extern "C" {
@@ -1126,24 +961,16 @@ int mxfp4_num_variants() { return 16; }
 const char* mxfp4_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
 
 // mxfp4_launch2 = mxfp4_launch + the prepared activation (xfrag, xdown_g: null = prepared per CTA).
-// mxfp4_launch3 = mxfp4_launch2 + the weight path: ring_stages = 0 takes `variant` from the register
-// tables (VARIANTS), > 0 from the bulk tables (BULK_VARIANTS) with that many stages per warp ring at
-// byte ring_off of the dynamic shared memory, ring_warp_bytes per warp.
-int mxfp4_launch3(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
+int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
                   long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
                   __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts,
                   int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
-                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g, int ring_stages,
-                  int ring_off, int ring_warp_bytes) {
+                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
   static const launch_fn dense[16] = {NT1(MODE_DENSE), NT2(MODE_DENSE)};
   static const launch_fn gateup[16] = {NT1(MODE_GATEUP)};  // MoE: one token column (NT = 1)
   static const launch_fn down[16] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                      launch<MODE_DOWN, 1, 1, 1, 6>, launch<MODE_DOWN, 1, 1, 1, 8>};
-  static const launch_fn dense_bulk[18] = {BULK9(MODE_DENSE, 1), BULK9(MODE_DENSE, 2)};
-  static const launch_fn gateup_bulk[18] = {BULK9(MODE_GATEUP, 1)};
-  static const launch_fn down_bulk[18] = {BULK3(MODE_DOWN, 1, 1)};
-  if (variant < 0 || variant >= (ring_stages ? 18 : 16) || mode < 0 || mode > 2 || ring_stages < 0)
-    return (int)cudaErrorInvalidValue;
+  if (variant < 0 || variant >= 16 || mode < 0 || mode > 2) return (int)cudaErrorInvalidValue;
   Args a;
   a.x = x; a.sx = sx;
   a.words = reinterpret_cast<const uint4*>(words);
@@ -1156,21 +983,9 @@ int mxfp4_launch3(int mode, int variant, const __nv_bfloat16* x, long long sx, c
   a.M = M; a.N = N; a.K = K; a.n_tiles = n_tiles; a.kc = kc; a.top_k = top_k; a.ksplit = ksplit;
   a.alpha = alpha; a.limit = limit;
   a.xfrag = reinterpret_cast<const uint4*>(xfrag); a.xdown_g = xdown_g;
-  a.ring_stages = ring_stages; a.ring_off = ring_off; a.ring_warp_bytes = ring_warp_bytes;
-  const launch_fn* table = ring_stages ? (mode == 0 ? dense_bulk : (mode == 1 ? gateup_bulk : down_bulk))
-                                       : (mode == 0 ? dense : (mode == 1 ? gateup : down));
+  const launch_fn* table = mode == 0 ? dense : (mode == 1 ? gateup : down);
   if (!table[variant]) return (int)cudaErrorInvalidValue;
   return (int)table[variant](a, grid, (size_t)smem, reinterpret_cast<cudaStream_t>(stream), pdl);
-}
-
-int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
-                  long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
-                  __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts,
-                  int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
-                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
-  return mxfp4_launch3(mode, variant, x, sx, words, scales, wstride_e, sstride_e, bias, bias_kind, bstride_e, out, so, hfrag,
-                       kc_h, zero_row, ids, wts, M, N, K, n_tiles, kc, top_k, ksplit, alpha, limit, grid, smem, stream, pdl,
-                       xfrag, xdown_g, 0, 0, 0);
 }
 
 int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,

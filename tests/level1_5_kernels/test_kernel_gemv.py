@@ -233,21 +233,13 @@ def test_gemv_gpt_oss_shapes(name, m, impl):
 XPREP = ["cta", "kernel"]
 
 
-# How the CUDA path streams weights (tuning key gemv.packed.weights): "regs" = prefetched into registers,
-# "bulk" = copied by cp.async.bulk into a shared-memory ring (forced here even for lm_head, which "auto"
-# leaves on registers, so both kernel families see every shape).
-WEIGHTS = ["regs", "bulk"]
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("weights", WEIGHTS)
 @pytest.mark.parametrize("xprep", XPREP)
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16])
 @pytest.mark.parametrize("name", list(GPT_OSS_SHAPES))
-def test_packed_cuda_gpt_oss_shapes(name, m, xprep, weights):
-    """The tensor-core path at every decode M class (NT=1: M<=8, NT=2: 9..16), both K-split modes
-    (lm_head: one warp per K; the others: 8 warps split K) and both weight streams, bias in bf16 as a
-    model stores it."""
+def test_packed_cuda_gpt_oss_shapes(name, m, xprep):
+    """The tensor-core path at every decode M class (NT=1: M<=8, NT=2: 9..16) and both K-split modes
+    (lm_head: one warp per K; the others: 8 warps split K), bias in bf16 as a model stores it."""
     if INTERPRET or not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from kernels import cuda_ext
@@ -257,8 +249,8 @@ def test_packed_cuda_gpt_oss_shapes(name, m, xprep, weights):
     n, k = GPT_OSS_SHAPES[name]
     seed = fresh_seed()
     out, ref = _run_packed(m, n, k, "cuda", bias=name != "lm_head", seed=seed, bias_dtype=torch.bfloat16,
-                           extra={"xprep": xprep, "weights": weights})
-    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"cuda {name} M={m} xprep={xprep} weights={weights}")
+                           extra={"xprep": xprep})
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"cuda {name} M={m} xprep={xprep}")
 
 
 @pytest.mark.gpu
@@ -308,48 +300,9 @@ def test_packed_cuda_every_variant(variant, xprep):
     b = torch.randn(n, generator=g, device="cuda")
     out = poisoned((m, n), torch.bfloat16, "cuda")
     mxfp4_gemv_packed(x, pack_mxfp4(packed, scales), b, out=out,
-                      config={**_packed_cfg("cuda"), "weights": "regs", "variant": variant % 8, "xprep": xprep})
+                      config={**_packed_cfg("cuda"), "variant": variant % 8, "xprep": xprep})
     assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed,
                       f"variant {variant} xprep={xprep}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("stages", [2, 3, None])
-@pytest.mark.parametrize("ctas", [1, 2])
-@pytest.mark.parametrize("variant", range(18))
-def test_packed_cuda_every_ring_variant(variant, ctas, stages):
-    """Every shared-memory-ring kernel (RW warps per row tile, S chunks per stage, NT by M) on an
-    awkward shape (ragged N, K not a multiple of 64, K split counts that leave some warps a chunk
-    short) with several items per CTA, through rings of 2 and 3 stages (every slot refilled many
-    times, items crossing slot boundaries; 3 does not divide the stage count) and the largest ring
-    that fits. A stage handed out of order, a parity off by one phase or a slot refilled before its
-    last read gives wrong rows, or a trap after the stuck wait's poll limit."""
-    if INTERPRET or not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from kernels import cuda_ext
-    from kernels.gemv import mxfp4_gemv_packed
-    from kernels.packed import pack_mxfp4
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the ring kernels use cp.async.bulk (sm_90+)")
-    seed = fresh_seed()
-    g = generator(seed, "cuda")
-    m = 8 if variant < 9 else 9  # NT 2 from M = 9 (M = 16's activation leaves no room for a ring at this K)
-    n, k = 20000, 2912
-    packed, scales = random_mxfp4((n, k), g)
-    x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
-    b = torch.randn(n, generator=g, device="cuda")
-    cfg = {**_packed_cfg("cuda"), "weights": "bulk", "bulk_variant": variant % 9, "ctas_per_sm": ctas}
-    if stages:
-        cfg["ring_stages"] = stages
-    p = pack_mxfp4(packed, scales)
-    plan = cuda_ext.gemv_plan(m, p, cfg, x.device, cuda_ext._load())
-    assert plan["kind"] == "bulk" and plan["tiling"] == cuda_ext.BULK_VARIANTS[variant], plan
-    assert 2 <= plan["ring"][0] <= (stages or plan["ring"][0]), plan  # 3 may not fit beside M = 9 rows of x
-    out = poisoned((m, n), torch.bfloat16, "cuda")
-    mxfp4_gemv_packed(x, p, b, out=out, config=cfg)
-    assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed,
-                      f"ring variant {variant} ctas/SM {ctas} stages {stages}")
 
 
 @pytest.mark.gpu
@@ -415,33 +368,6 @@ def test_cuda_variant_choice_keeps_small_layers_to_one_wave(name, sms):
         smaller = [v for v in VARIANTS if v[0] == 1 and v[2] == 1 and v[1] < rw]
         assert all(-(-n_tiles // v[1]) > 2 * sms for v in smaller), f"{name}: a smaller RW also fits in one wave"
     assert VARIANTS[pick_variant(9, n_tiles, kc, cfg, sms)][0] == 2, "M > 8 needs the two-n-tile variant"
-
-
-def test_ring_layout_fits_its_budget_and_refuses_less_than_two_stages():
-    """CPU: the shared-memory plan of the ring kernels. Every layout it returns fits the budget with the
-    16-byte alignment cp.async.bulk needs; fewer than two stages (no copy in flight while one is read)
-    is refused, so the caller takes the register kernels (e.g. ~100 KB per SM on sm_12x at M = 16)."""
-    from kernels.cuda_ext import CHUNK_BYTES, WARPS, ring_layout
-
-    for base in (0, 5000, 40000):
-        for rt, s in ((1, 2), (1, 4), (2, 4)):
-            for budget in (30000, 49152, 115712):
-                d, off, wb, total = ring_layout(base, rt, s, 1000, budget)
-                if d:
-                    assert d >= 2 and total <= budget and off >= base and off % 128 == 0 and wb % 16 == 0
-                    assert wb >= d * (rt * s * CHUNK_BYTES + 8) and total == off + WARPS * wb
-                    assert ring_layout(base, rt, s, 1000, total - 16)[0] < d, "not the largest ring that fits"
-                else:
-                    assert off + WARPS * 2 * (rt * s * CHUNK_BYTES + 8) > budget, "two stages would have fit"
-    assert ring_layout(0, 1, 4, 3, 115712)[0] == 3, "never more stages than the warp's sequence has"
-
-
-def test_cuda_path_rejects_an_unknown_weight_stream():
-    """A typo in gemv.packed.weights / moe.packed.weights must not silently pick a path."""
-    from kernels import cuda_ext
-
-    with pytest.raises(ValueError, match="weights must be auto, bulk or regs"):
-        cuda_ext.use_bulk({"weights": "ring"}, torch.device("cpu"), None, big=False)
 
 
 def test_cuda_path_rejects_an_unknown_activation_prep_mode():
