@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -26,7 +27,11 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 VERIFIED_FILE_KEYS = {"verified", "patterns", "seen", "config"}
 NAME_HEAD_AXES = ("moe", "activation")  # always in the name, in this order
 # Axes whose values are alternative backends: one value's kernels must not run under another value.
-SIBLING_AXES = ("moe", "attention")
+SIBLING_AXES = ("moe", "attention", "layers")
+# Of those, the axes where a value declaring no kernels still rules out the others' (layers=moe keeps the dense
+# layers in BF16: no dense MXFP4 kernel may run); elsewhere such a value is vLLM's pick (attention=auto on the
+# fork), which may be any declared backend.
+SIBLING_AXES_UNDECLARED_RULES_OUT = ("layers",)
 
 
 @dataclass(frozen=True)
@@ -244,7 +249,7 @@ class Flavour:
         self.unsupported = {str(k): str(v) for k, v in (raw.get("unsupported") or {}).items()}
         self.combos = list(raw.get("combos") or [])
         self.rejects = _rejects(raw.get("rejects") or [], catalog, f"{path}: rejects")
-        self.common_seen = {str(k): [str(n) for n in v] for k, v in (raw.get("common_seen") or {}).items()}
+        self.common_seen = {str(k): _str_list(v, f"{path}: common_seen.{k}") for k, v in (raw.get("common_seen") or {}).items()}
         _selectors(list(self.common_seen), f"{path}: common_seen")
         self.catalog = catalog
         for axis, mapping in (raw.get("values") or {}).items():
@@ -392,12 +397,12 @@ class Flavour:
         return ServerSpec(self.catalog.name(config), self.name, env, args_to_argv(args), logs, kernels)
 
     def _forbid_siblings(self, config: Config, platform_name: str, kernels: KernelExpectation) -> None:
-        """For each backend axis, every other value's `must` patterns on this platform become `must_not`:
-        adding a backend to the data tightens every other config's check at once."""
+        """For each backend axis (MoE, attention, MXFP4 dense layers), every other value's `must` patterns on this
+        platform become `must_not`: adding a backend to the data tightens every other config's check at once."""
         for axis in SIBLING_AXES:
             mine = config[axis]
             own = self.declared_patterns(axis, mine, platform_name)
-            if not own:
+            if not own and axis not in SIBLING_AXES_UNDECLARED_RULES_OUT:
                 continue  # what this value runs is not declared here (e.g. "auto"): no sibling can be ruled out
             for value in self.catalog.axes[axis].tokens:
                 if value == mine or not self.value_runs(axis, value, platform_name)[0]:
@@ -490,8 +495,18 @@ def _str_map(raw: Any, where: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in raw.items()}
 
 
+def _str_list(raw: Any, where: str) -> list[str]:
+    """A list of strings (patterns, names); a bare string would be iterated letter by letter, each letter a glob."""
+    if isinstance(raw, str):
+        raise SuiteError(f"{where}: expected a list of strings, not the string {raw!r}; write [{json.dumps(raw)}]")
+    if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
+        raise SuiteError(f"{where}: expected a list of strings such as [\"*marlin_moe_wna16*\"], got {raw!r}")
+    return raw
+
+
 _VALUE_KEYS = {"env", "args", "platforms", "logs", "kernels", "requires", "why", "requires_model", "rejected"}
 _KERNEL_KEYS = {"must", "must_not", "excuses", "allow_excused", "seen", "verified", "also_runs"}
+_KERNEL_LISTS = ("must", "must_not", "also_runs", "seen")  # kernel-name globs or names, each a list of strings
 
 
 def _check_value_spec(spec: dict, where: str) -> None:
@@ -500,13 +515,16 @@ def _check_value_spec(spec: dict, where: str) -> None:
     unknown = set(spec) - _VALUE_KEYS
     if unknown:
         raise SuiteError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(_VALUE_KEYS))}")
-    _selectors(spec.get("platforms") or [], f"{where}.platforms")
+    _str_list(spec.get("logs") or [], f"{where}.logs")
+    _selectors(_str_list(spec.get("platforms") or [], f"{where}.platforms"), f"{where}.platforms")
     _selectors(list(spec.get("rejected") or {}), f"{where}.rejected")
     for selector, exp in (spec.get("kernels") or {}).items():
         _selectors([selector], f"{where}.kernels")
         at = f"{where}.kernels.{selector}"
         if not isinstance(exp, dict) or set(exp) - _KERNEL_KEYS:
             raise SuiteError(f"{at}: expected keys {', '.join(sorted(_KERNEL_KEYS))}")
+        for key in _KERNEL_LISTS:
+            _str_list(exp.get(key) or [], f"{at}.{key}")
         if exp.get("must") and "verified" not in exp:
             raise SuiteError(f"{at}: say whether these patterns were seen in a real trace: `verified: \"<device, vLLM, date>\"` or `verified: no`")
         for pat in exp.get("excuses") or {}:

@@ -54,8 +54,10 @@ def profile_kernel_path(suite: Suite, server: RunningServer) -> KernelPath:
     if spec.kernels.prefill_only:
         decode = profile_decode_window(server, kind)
         # the log is read again: a fallback line may have been logged during the decode window
-        decode.problems = check_decode(decode.summary, spec.kernels, server.log_text())
-        verdict = PathVerdict(verdict.ok and not decode.problems, verdict.problems + decode.problems, verdict.excused)
+        checked = check_decode(decode.summary, spec.kernels, server.log_text())
+        decode.problems = checked.problems
+        # what a logged fallback excused in decode marks the run excused, as a missing `must` kernel does
+        verdict = PathVerdict(verdict.ok and checked.ok, verdict.problems + checked.problems, verdict.excused + checked.excused)
     meta = dict(config=server.target.name, model=suite.model.alias, platform=suite.platform.name,
                 device=suite.platform.device, verification=spec.kernels.verification)
     artifact = suite.artifact("kernels", f"{suite.model.alias}__{server.target.name}.json")

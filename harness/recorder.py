@@ -154,8 +154,8 @@ class Recording:
             return False, ("the declared expectation fails on this trace (" + "; ".join(self.verdict.problems[:3]) +
                            f"); fix the patterns in configs/flavours/{self.flavour}.yaml (see the proposal), then record again")
         if self.verdict.excused:
-            return False, ("required kernels did not run and were only excused by logged fallbacks ("
-                           + "; ".join(self.verdict.excused) + "): a pattern that did not run cannot be verified")
+            return False, ("the kernel path passed only by logged fallbacks' excuses ("
+                           + "; ".join(self.verdict.excused) + "): a run that fell back cannot verify its patterns")
         return True, ""
 
 

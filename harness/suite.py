@@ -194,8 +194,9 @@ class Suite:
     def record_refusal(self, server: "RunningServer", request) -> str | None:
         """Why this config's run may not write goldens or baselines (None: it may).
 
-        Only runs whose kernel path is known good record: level 1.5 passed, and no required kernel was
-        merely excused by a logged fallback unless the flavour allows it (`allow_excused`)."""
+        Only runs whose kernel path is known good record: level 1.5 passed, and nothing in it (a missing required
+        kernel, decode steps on the prefill backend) was merely excused by a logged fallback unless the flavour
+        allows it (`allow_excused`)."""
         self.keyed_platform()
         if server.external:
             return None  # the suite cannot profile it; its goldens say so in their metadata
@@ -204,8 +205,8 @@ class Suite:
             return f"its kernel path failed level 1.5 ({kp.verdict.problems[0]}); fix that first"
         spec = server.target.spec
         if kp.verdict.excused and not spec.kernels.allow_excused:
-            return (f"required kernels did not run and were only excused by logged fallbacks ({'; '.join(kp.verdict.excused)}); "
-                    "record from a run whose kernels all ran, or set allow_excused for it in the flavour")
+            return (f"its kernel path passed only by logged fallbacks' excuses ({'; '.join(kp.verdict.excused)}); "
+                    "record from a run whose kernels all ran as configured, or set allow_excused for it in the flavour")
         return None
 
     def target(self, config: Config) -> Target:

@@ -120,7 +120,7 @@ def profile(base_url: str, trace_dir: Path, workload: Callable[[], None], event_
 class PathVerdict:
     ok: bool
     problems: list[str]
-    excused: list[str]  # `must` patterns missing, each excused by its own logged fallback (quoted)
+    excused: list[str]  # `must` patterns missing or decode steps on the prefill backend, each with its logged fallback
 
     def explain(self, summary: KernelSummary, expectation: KernelExpectation) -> str:
         lines = [f"kernel-path check failed ({len(self.problems)} problem(s)):"]
@@ -140,9 +140,8 @@ def check_path(summary: KernelSummary, expectation: KernelExpectation, server_lo
             continue
         why = ", ".join(expectation.source.get(pat, []))
         excuse = expectation.excuses.get(pat)
-        proof = re.search(excuse, server_log) if excuse else None
-        if proof:
-            line = server_log[server_log.rfind("\n", 0, proof.start()) + 1:].split("\n", 1)[0].strip()
+        line = _fallback_line(excuse, server_log)
+        if line is not None:
             excused.append(f"{pat} (logged fallback: {line[:160]!r})")
         else:
             problems.append(f"no kernel matches required '{pat}' ({why})"
@@ -156,17 +155,35 @@ def check_path(summary: KernelSummary, expectation: KernelExpectation, server_lo
     return PathVerdict(not problems, problems, excused)
 
 
-def check_decode(summary: KernelSummary, expectation: KernelExpectation, server_log: str = "") -> list[str]:
-    """Problems of a trace of decode steps alone: each `decode_must` kernel ran, no `prefill_only` one did.
+def check_decode(summary: KernelSummary, expectation: KernelExpectation, server_log: str = "") -> PathVerdict:
+    """A trace of decode steps alone: each `decode_must` kernel ran, no `prefill_only` one did.
 
     When a decode kernel's documented fallback is in the log (its `excuses` line, e.g. the fork's GEMV MoE
     falling back to the GEMM for some shapes), the fallback backend's kernels may run in decode too, and a
-    decode kernel missing altogether is excused as in the full check (which marks such a run excused)."""
+    decode kernel missing altogether is excused as in the full check. Both are listed in `excused`: the full
+    trace may have shown the decode kernel (e.g. for the first request), so only this says that decode fell back."""
     source = {**expectation.source, **{p: ["prefill only (also_runs)"] for p in expectation.prefill_only}}
-    logged = any(re.search(expectation.excuses[p], server_log) for p in expectation.decode_must if p in expectation.excuses)
-    own = KernelExpectation(must=list(expectation.decode_must), must_not=[] if logged else list(expectation.prefill_only),
-                            excuses=dict(expectation.excuses), source=source)
-    return [f"decode steps: {p}" for p in check_path(summary, own, server_log).problems]
+    lines = [_fallback_line(expectation.excuses.get(p), server_log) for p in expectation.decode_must]
+    logged = next((line for line in lines if line is not None), None)
+    own = KernelExpectation(must=list(expectation.decode_must), excuses=dict(expectation.excuses), source=source,
+                            must_not=[] if logged is not None else list(expectation.prefill_only))
+    verdict = check_path(summary, own, server_log)
+    excused = [f"decode steps: {x}" for x in verdict.excused]
+    if logged is not None:
+        for pat in expectation.prefill_only:
+            hits = summary.matching(pat)
+            if hits:
+                excused.append(f"decode steps: prefill-only {pat} ran ({sum(k.calls for k in hits)} calls; "
+                               f"logged fallback: {logged[:160]!r})")
+    return PathVerdict(verdict.ok, [f"decode steps: {p}" for p in verdict.problems], excused)
+
+
+def _fallback_line(excuse: str | None, server_log: str) -> str | None:
+    """The log line in which a documented fallback's regex matches; None when it does not (or there is none)."""
+    proof = re.search(excuse, server_log) if excuse else None
+    if proof is None:
+        return None
+    return server_log[server_log.rfind("\n", 0, proof.start()) + 1:].split("\n", 1)[0].strip()
 
 
 def cpu_attention_sinks(summary: KernelSummary) -> tuple[set, set]:

@@ -55,13 +55,13 @@ def test_decode_steps_run_only_this_configs_kernels(kernel_path, target):
     assert not window.problems, "\n".join(window.problems)
     # a test of the test on the real traces: the full trace (prefill included) must break the decode rule
     # (no fallback excused), or the prefill-only patterns match nothing that runs and forbid nothing
-    assert check_decode(kernel_path.summary, exp), (
+    assert check_decode(kernel_path.summary, exp).problems, (
         f"the full trace passes the decode-only rule: no kernel of {exp.prefill_only} ran even in prefill, so the "
         f"patterns guard nothing (re-record them: python scripts/record_kernels.py --config={target.name})")
 
 
 def test_every_sibling_backends_patterns_reject_this_trace(kernel_path, target, suite):
-    """A test of the test on the real trace: the `must` patterns of every other MoE and attention backend that
+    """A test of the test on the real trace: the `must` patterns of every other MoE, attention and layers value that
     runs here, on their own (without the forbidden list they share with this config), must not all match what
     ran; else the data cannot tell the two backends apart."""
     checked = 0

@@ -105,6 +105,26 @@ def test_unknown_value_in_a_flavour_file_is_reported(tmp_path):
         Catalog(d)
 
 
+@pytest.mark.parametrize("flavour, as_list, as_string, key", [
+    ("cpu", 'must_not: ["Pregraph bytecode", "AOTDispatcher*"]', 'must_not: "Pregraph bytecode"', "values.graphs.off.kernels.cpu.must_not"),
+    ("cpu", 'must: ["_C::cpu_fused_moe"]', 'must: "_C::cpu_fused_moe"', "values.moe.cpu.kernels.cpu.must"),
+    ("cpu", 'seen: ["_C::cpu_attention_with_kv_cache"]', 'seen: "_C::cpu_attention_with_kv_cache"', "values.attention.auto.kernels.cpu.seen"),
+    ("upstream", 'also_runs: ["*marlin_moe_wna16*"]', 'also_runs: "*marlin_moe_wna16*"', "values.moe.gemv.kernels.sm_12x.also_runs"),
+    ("cpu", 'logs: ["CPUUnquantizedExperts"]', 'logs: "CPUUnquantizedExperts"', "values.moe.cpu.logs"),
+], ids=["must_not", "must", "seen", "also_runs", "logs"])
+def test_a_pattern_list_written_as_a_string_is_one_clear_line(tmp_path, flavour, as_list, as_string, key):
+    """`must_not: "Pregraph bytecode"` would be read letter by letter, forbidding 'P', 'r', ... and nothing that
+    runs: refused in one line naming the file, the key and the list to write instead."""
+    d = _copy_configs(tmp_path)
+    p = d / "flavours" / f"{flavour}.yaml"
+    assert as_list in p.read_text()
+    p.write_text(p.read_text().replace(as_list, as_string))
+    with pytest.raises(SuiteError) as e:
+        Catalog(d)
+    msg, written = str(e.value), as_string.split(": ", 1)[1]
+    assert msg.startswith(f"{p}: {key}: expected a list of strings") and f"write [{written}]" in msg and "\n" not in msg, msg
+
+
 @pytest.mark.parametrize("argv, expect", [
     (["--config=nope"], "unknown config 'nope'"),
     (["--model=/no/such/dir"], "no such directory"),

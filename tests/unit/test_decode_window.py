@@ -14,12 +14,18 @@ import json
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from harness import kernel_path
+from harness.configs import Catalog
 from harness.errors import SuiteError
 from harness.kernel_path import profile_decode_window
-from harness.suite import RunningServer
+from harness.models import Model
+from harness.platform import Platform
+from harness.suite import RunningServer, Suite, Target
+from harness.traces import KernelStat, KernelSummary
 
 
 class FakeEngine:
@@ -121,3 +127,26 @@ def test_a_stream_that_ends_inside_the_window_is_an_error(fake):
     server, _ = fake(tokens=20)  # ends a few tokens after the profiler starts
     with pytest.raises(SuiteError, match="tokens arrived while profiling"):
         profile_decode_window(server, "kernel", window=400, timeout_s=20)
+
+
+def test_a_decode_window_on_the_logged_fallback_marks_the_run_excused(tmp_path, monkeypatch):
+    """The fork's GEMV MoE ran in the full trace (say, for the first request) but every step of the decode window
+    ran the GEMM it falls back to, and the fallback line is in the log: the kernel path passes, excused, and
+    --force-regen refuses to record goldens or baselines from the run."""
+    catalog = Catalog()
+    fork, cfg = catalog.flavour("fork"), catalog.parse("gemv-bf16")
+    spec = fork.resolve(cfg, "sm_121")
+    gemv, gemm = fork.seen(cfg, "sm_121"), fork.seen(cfg, "sm_121", replace={"moe": "gemm"})
+    summary = lambda names: KernelSummary("synthetic", "kernel", [KernelStat(n, 16, 1.0, 0.1) for n in dict.fromkeys(names)])  # noqa: E731
+    monkeypatch.setattr(kernel_path, "profile", lambda *args, **kw: summary(gemv + gemm))
+    monkeypatch.setattr(kernel_path, "profile_decode_window", lambda *args, **kw: kernel_path.DecodeWindow(summary(gemm), 1, 16))
+    log = tmp_path / "server.log"
+    log.write_text("INFO loading\nWARNING [mxfp4.py] GEMV MoE falling back to grouped GEMM for M=8192\nINFO ready\n")
+    server = RunningServer("http://127.0.0.1:9", "fake", Target("gemv-bf16", cfg, spec, True, ""), log_path=log,
+                           process=object(), trace_dir=tmp_path)
+    suite = Suite(catalog, Platform("sm_121", "NVIDIA GB10", (12, 1)), fork, Model("tiny-gpt-oss-mxfp4", "unused"), tmp_path, None)
+    kp = kernel_path.profile_kernel_path(suite, server)
+    assert kp.verdict.ok and not kp.decode.problems
+    assert kp.verdict.excused and all(x.startswith("decode steps: ") for x in kp.verdict.excused), kp.verdict.excused
+    refusal = suite.record_refusal(server, SimpleNamespace(getfixturevalue=lambda name: kp))
+    assert refusal and "logged fallback" in refusal, refusal
