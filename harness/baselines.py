@@ -14,6 +14,7 @@ depend on the CPU model, so they are keyed by it), the GPU name slug on GPUs (`n
     workload: {...}                  # prompt/output lengths, runs, seed ...
     metrics:
       tg32: {samples: [31.5, 31.6, ...], unit: tok/s, higher_is_better: true,   # every run, not a mean
+             clock: engine,                  # engine / client / kernel (older files: workload.pp_tg_clock)
              rounds: [{sm_mhz: 1980, mem_mhz: 3201, power_w: 412.0, ...}, ...]}  # clocks per sample (GPUs)
       ttft_ms: {samples: [...], unit: ms, higher_is_better: false}
     memory_used_gib: 63.1            # gated: weights + activation + non-torch + graphs (GPU) / boot RSS (CPU)
@@ -24,7 +25,9 @@ depend on the CPU model, so they are keyed by it), the GPU name slug on GPUs (`n
 Schema 1 files (no used memory / KV capacity) still load; their memory verdicts are "inconclusive"
 with the re-record command.
 
-Records are written only from valid results (level 1.5 kernel-path check passed) with `--force-regen`.
+Records are written only from valid results (level 1.5 kernel-path check passed) with `--force-regen`,
+and never with an `unresolved` metric (too few rounds at the loaded clock): such a baseline could never
+judge that metric again.
 """
 from __future__ import annotations
 
@@ -95,8 +98,12 @@ def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def check_metrics(metrics: object, where: str) -> None:
-    """Schema of a `metrics` mapping (shared by baselines and results); raises SuiteError naming the field."""
+def check_metrics(metrics: object, where: str, positive: bool = False) -> None:
+    """Schema of a `metrics` mapping (shared by baselines and results); raises SuiteError naming the field.
+
+    `positive` (baselines): every sample must be > 0. Each entry is a rate or a latency, and the gate divides
+    by the baseline's samples (median ratio, bootstrap resamples), so a 0 there is a broken recording, not a
+    measurement. Memory numbers, which may be 0, are not metrics entries."""
     if not isinstance(metrics, Mapping) or not metrics:
         raise SuiteError(f"{where}: 'metrics' must be a non-empty mapping of metric name -> entry")
     for name, entry in metrics.items():
@@ -106,6 +113,11 @@ def check_metrics(metrics: object, where: str) -> None:
         samples = entry.get("samples")
         if not isinstance(samples, list) or not samples or not all(_is_number(s) for s in samples):
             raise SuiteError(f"{at}.samples must be a non-empty list of finite numbers (got {_one_line(samples)[:60]})")
+        if positive and not all(s > 0 for s in samples):
+            raise SuiteError(f"{at}.samples must all be > 0: a rate or latency of {min(samples):g} cannot be a "
+                             f"baseline (every gate ratio divides by it)")
+        if "clock" in entry and not isinstance(entry["clock"], str):
+            raise SuiteError(f"{at}.clock must name the clock it was measured with (engine, client, kernel)")
         if not isinstance(entry.get("higher_is_better"), bool):
             raise SuiteError(f"{at}.higher_is_better must be true or false")
         if not isinstance(entry.get("unit"), str):
@@ -136,7 +148,14 @@ def check_baseline(data: object, where: str) -> None:
     if version not in READABLE_VERSIONS:
         raise SuiteError(f"{where}: schema version {version}, this suite reads versions "
                          f"{', '.join(map(str, READABLE_VERSIONS))}")
-    check_metrics(data.get("metrics"), where)
+    check_metrics(data.get("metrics"), where, positive=True)
+    for name, entry in data["metrics"].items():
+        # An unresolved baseline metric makes every later verdict on it inconclusive, whatever the change:
+        # a 50% drop would pass as a warning, and a strict nightly would fail every night with nothing changed.
+        if entry.get("unresolved"):
+            raise SuiteError(f"{where}: metrics.{name} is unresolved ({_one_line(entry['unresolved'])[:160]}); a baseline "
+                             "must be resolved: record it from a run on a quiet machine (GPU at its loaded clock) or "
+                             "with more rounds (max_runs in tests/level4_perf/workloads.yaml)")
     _check_memory(data, where)
     if version >= 2:
         for key, ok in (("memory_used_gib", lambda v: _is_number(v) and v >= 0),
@@ -206,7 +225,8 @@ def save_baseline(path: str | os.PathLike, results: Mapping) -> Path:
         "metadata": results.get("metadata") or {},
         "workload": results.get("workload") or {},
         "metrics": {
-            name: {k: entry.get(k) for k in ("samples", "unit", "higher_is_better", "rounds", "flagged", "unresolved")
+            name: {k: entry.get(k) for k in ("samples", "unit", "higher_is_better", "clock", "rounds", "flagged",
+                                             "unresolved")
                    if k in ("samples", "unit", "higher_is_better") or entry.get(k)}
             if isinstance(entry, Mapping) else entry
             for name, entry in (results.get("metrics") or {}).items()

@@ -22,7 +22,7 @@ from harness import perf, stats
 from harness.client import Client
 from harness.clocks import RoundClocks
 from harness.errors import SuiteError
-from harness.server_metrics import EngineRound, scrape
+from harness.server_metrics import EngineRound, ScrapeFailed, scrape
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS_FILE = REPO / "tests" / "level4_perf" / "workloads.yaml"
@@ -191,7 +191,25 @@ def run_workload(client: Client, maker: PromptMaker, w: Workload, sampler=None,
     max_flagged = w.runs if policy.max_flagged is None else policy.max_flagged
     clean = Measured([], [], [], [])
     flagged = Measured([], [], [], [])
-    use_engine = True
+    # Which clock ppN / tgN use is decided by the workload's first scrape and then kept: samples of one
+    # metric from two clocks (engine vs client differ by ~30% on an H200) would fake a regression.
+    use_engine: bool | None = None
+
+    def engine_totals() -> dict[str, float] | None:
+        nonlocal use_engine
+        if use_engine is False:
+            return None
+        try:
+            totals, why = scrape(client), "it no longer lists vLLM's engine timings"
+        except ScrapeFailed as e:
+            totals, why = None, str(e)
+        if use_engine is None:  # the first scrape: a server without engine timings uses the client clock
+            use_engine = totals is not None
+        elif totals is None:
+            raise SuiteError(f"{w.label}: /metrics failed after this workload's rounds used the engine clock ({why}); "
+                             "its samples cannot switch to the client clock mid-workload, so rerun (check the server)")
+        return totals
+
     with ThreadPoolExecutor(max_workers=w.concurrency) as pool:
         def round_(prompts: list[list[int]]) -> list[perf.TimedRequest]:
             return list(pool.map(lambda p: _measure(client, w, p), prompts))
@@ -204,14 +222,12 @@ def run_workload(client: Client, maker: PromptMaker, w: Workload, sampler=None,
         while True:
             ready = prompts()  # depth contexts are cached before the engine clock is read
             _warm(client, maker, w, pool)
-            before = scrape(client) if use_engine else None
+            before = engine_totals()
             with sampler.round() as rc:
                 reqs = round_(ready)
-            after = scrape(client) if before is not None else None
+            after = engine_totals() if before is not None else None  # None only when not on the engine clock
             rnd = None
-            if before is None or after is None:
-                use_engine = False
-            else:
+            if before is not None and after is not None:
                 rnd = EngineRound.between(before, after)
                 if rnd.requests != w.concurrency:
                     raise SuiteError(f"{w.label}: {rnd.requests} requests finished during a round of {w.concurrency}; "
@@ -268,12 +284,15 @@ def metrics_for(w: Workload, m: Measured) -> dict[str, dict]:
     pp and tg come from the engine's clock where the server exposes it (vLLM), else from the client's;
     latencies (TTFT, TPOT, ITL, e2e) are always the client's: they are what a user waits for. Each kind
     computes only its own metrics (a 2-token prefill probe has no meaningful client-side decode rate).
-    Entries carry `rounds` (the clocks each sample ran at), `flagged` (samples of rounds set aside for
-    running below the loaded clock) and `unresolved` (why the gate cannot judge them) where known.
+    Entries carry `clock` (engine or client: the gate never compares samples of two clocks), `rounds`
+    (the GPU clocks each sample ran at), `flagged` (samples of rounds set aside for running below the
+    loaded clock) and `unresolved` (why the gate cannot judge them) where known.
     """
     suffix = f"@d{w.depth}" if w.depth else ""
     conc = f"@c{w.concurrency}" if w.concurrency > 1 else ""
     pp, tg = f"pp{w.pp}{suffix}", f"tg{w.tg}{suffix}"
+
+    timer = "engine" if m.engine else "client"  # the clock of pp / tg (flagged rounds share it)
 
     def values(mm: Measured) -> dict[str, tuple[list[float], list[dict] | None]]:
         def pp_samples():
@@ -311,8 +330,9 @@ def metrics_for(w: Workload, m: Measured) -> dict[str, dict]:
     flagged = values(m.flagged) if m.flagged is not None and m.flagged.requests else {}
     for name, (samples, clocks) in values(m).items():
         base = re.sub(r"@c\d+$", "", name)
-        entry: dict[str, Any] = {"samples": samples, "unit": "ms" if name.split("@")[0].endswith("_ms") else "tok/s",
-                                 "higher_is_better": perf.higher_is_better(base)}
+        latency = name.split("@")[0].endswith("_ms")
+        entry: dict[str, Any] = {"samples": samples, "unit": "ms" if latency else "tok/s",
+                                 "higher_is_better": perf.higher_is_better(base), "clock": "client" if latency else timer}
         if clocks is not None:
             entry["rounds"] = clocks
         if name in flagged:
@@ -364,7 +384,7 @@ def gpu_prefill(client: Client, maker: PromptMaker, w: Workload,
     if not samples:  # nothing at the loaded clock: report the flagged rounds, gated as inconclusive below
         samples = [f.pop("value") for f in flagged]
         rounds, flagged = flagged, []
-    entry: dict[str, Any] = {"samples": samples, "unit": "tok/s", "higher_is_better": True,
+    entry: dict[str, Any] = {"samples": samples, "unit": "tok/s", "higher_is_better": True, "clock": "kernel",
                              "source": "GPU kernel time of one profiled prefill per round (torch profiler trace)"}
     if sampler.available:
         entry["rounds"] = rounds

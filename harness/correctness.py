@@ -10,8 +10,10 @@ Tolerances come from the workload file, per platform, each with the measurements
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import yaml
 
@@ -144,18 +146,37 @@ class Level2Result:
                    {k: Scored.from_json(v) for k, v in data["scored"].items()}, reference)
 
 
-def check_golden_data(data: object, where: str) -> dict:
-    """The golden's `data` has what level 2 needs; else one line naming the file and the fix."""
+def check_golden_data(data: object, where: str, prompts: Iterable[str] | None = None) -> dict:
+    """The golden's `data` has what level 2 needs; else one line naming the file and the fix.
+
+    Every stream and scoring is well formed (Stream / Scored.check_json: consistent lengths, finite numbers),
+    and there is one stream and one scoring per prompt (those of `prompts`, the workload's, when given): a
+    prompt without its scoring would have its teacher-forced checks skipped without a word."""
     try:
         if not isinstance(data, dict):
             raise TypeError("data is not a mapping")
         for key in ("streams", "scored", "perplexity"):
             if key not in data:
                 raise KeyError(key)
-        Level2Result.from_golden(data)
-        float(data["perplexity"]["value"])
         if PERPLEXITY not in data["scored"]:
             raise KeyError(f"scored.{PERPLEXITY}")
+        for section, check in (("streams", Stream.check_json), ("scored", Scored.check_json)):
+            for name, entry in data[section].items():
+                try:
+                    check(entry)
+                except ValueError as e:
+                    raise ValueError(f"{section}.{name}: {e}") from None
+        streamed, scored = set(data["streams"]), set(data["scored"]) - {PERPLEXITY}
+        wanted = set(prompts) if prompts is not None else streamed | scored
+        for section, have in (("streams", streamed), ("scored", scored)):
+            if have != wanted:
+                missing, extra = sorted(wanted - have), sorted(have - wanted)
+                raise ValueError(f"{section} must hold one entry per prompt of the workload ({', '.join(sorted(wanted))})"
+                                 + (f"; missing {', '.join(missing)}" if missing else "")
+                                 + (f"; not in the workload: {', '.join(extra)}" if extra else ""))
+        Level2Result.from_golden(data)
+        if not math.isfinite(float(data["perplexity"]["value"])):
+            raise ValueError(f"perplexity.value is {data['perplexity']['value']!r}")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise SuiteError(f"{where} is malformed ({type(e).__name__}: {e}); restore it from git or regenerate it with --force-regen") from None
     return data

@@ -47,6 +47,27 @@ class Tolerance:
         return 2 * self.max_abs
 
 
+# -- stored goldens --------------------------------------------------------------------------------
+# A golden read back from disk is checked before any rule sees it: a truncated list would crash a rule
+# with IndexError, and a NaN compares false with every tolerance, so it would pass any run.
+def _finite(x: object, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise ValueError(f"{what} is {x!r}, not a finite number")
+    return float(x)
+
+
+def _token_ids(xs: object, what: str) -> list[int]:
+    if not isinstance(xs, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in xs):
+        raise ValueError(f"{what} must be a list of token ids")
+    return xs
+
+
+def _list(xs: object, what: str) -> list:
+    if not isinstance(xs, list):
+        raise ValueError(f"{what} must be a list")
+    return xs
+
+
 # -- free-running greedy streams -------------------------------------------------------------------
 # A mean over fewer matched positions is one or two positions' noise, which max_abs already judges.
 # Measured on CPU (committed level 6 goldens, eager vs compiled decode): means 0.0021-0.0072 over 24 matched
@@ -71,6 +92,28 @@ class Stream:
     def from_json(cls, d: dict) -> "Stream":
         return cls(list(d["tokens"]), [float(x) for x in d["logprobs"]],
                    [{int(k): float(v) for k, v in t.items()} for t in d["top"]], d["text"], list(d.get("prompt") or []))
+
+    @staticmethod
+    def check_json(d: object) -> None:
+        """ValueError unless `d` is a well-formed stored stream: per generated token its id, a finite logprob
+        and its top-k (token id -> finite logprob); the prompt's ids; the text."""
+        if not isinstance(d, dict):
+            raise ValueError("a stream must be a mapping")
+        tokens = _token_ids(d.get("tokens"), "tokens")
+        logprobs = [_finite(x, f"logprobs[{i}]") for i, x in enumerate(_list(d.get("logprobs"), "logprobs"))]
+        top = _list(d.get("top"), "top")
+        if not len(tokens) == len(logprobs) == len(top):
+            raise ValueError(f"{len(tokens)} tokens, {len(logprobs)} logprobs and {len(top)} top-k entries: "
+                             "every position needs all three")
+        for i, t in enumerate(top):
+            if not isinstance(t, dict):
+                raise ValueError(f"top[{i}] must map token ids to logprobs")
+            for k, v in t.items():
+                int(k)
+                _finite(v, f"top[{i}][{k}]")
+        _token_ids(d.get("prompt") or [], "prompt")
+        if not isinstance(d.get("text"), str):
+            raise ValueError("text must be a string")
 
     @classmethod
     def from_completion(cls, completion: dict, prompt: list[int] | None = None) -> "Stream":
@@ -162,6 +205,30 @@ class Scored:
     @classmethod
     def from_json(cls, d: dict) -> "Scored":
         return cls(list(d["ids"]), list(d["actual"]), [{int(k): float(v) for k, v in t} for t in d["top"]])
+
+    @staticmethod
+    def check_json(d: object) -> None:
+        """ValueError unless `d` is a well-formed stored scoring: per id a finite logprob and a non-empty top-k
+        of [token id, finite logprob] pairs, except at position 0 (no context: None and an empty top-k), where
+        the rules skip; anywhere else such a gap would silently skip that position's checks."""
+        if not isinstance(d, dict):
+            raise ValueError("a scoring must be a mapping")
+        ids = _token_ids(d.get("ids"), "ids")
+        actual, top = _list(d.get("actual"), "actual"), _list(d.get("top"), "top")
+        if not len(ids) == len(actual) == len(top):
+            raise ValueError(f"{len(ids)} ids, {len(actual)} actual logprobs and {len(top)} top-k entries: every "
+                             "position needs all three")
+        for i, (a, t) in enumerate(zip(actual, top)):
+            if i == 0 and a is None:
+                continue
+            _finite(a, f"actual[{i}]")
+            if not isinstance(t, list) or not t:
+                raise ValueError(f"top[{i}] must be a non-empty list of [token id, logprob] pairs")
+            for pair in t:
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise ValueError(f"top[{i}] must be a non-empty list of [token id, logprob] pairs")
+                _token_ids([pair[0]], f"top[{i}] token")
+                _finite(pair[1], f"top[{i}][{pair[0]}]")
 
     @classmethod
     def from_prompt_logprobs(cls, ids: list[int], prompt_logprobs: list, k: int) -> "Scored":

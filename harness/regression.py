@@ -12,7 +12,8 @@ the good direction and significant -> "improved" (record a new baseline). "pass"
 significant change": the CI must also rule out a change as large as the gate (for a throughput, its lower
 end must stay above 1 - threshold); when it does not, the metric could not resolve the gate and the verdict
 is "inconclusive" with the CI, never "pass". Samples the benchmark marked `unresolved` (too many rounds
-ran below the GPU's loaded clock) are inconclusive too, whatever their change.
+ran below the GPU's loaded clock) are inconclusive too, whatever their change, and so is a metric measured
+with another clock than the baseline's (engine vs client: `metric_clock`).
 
 Memory (one number per run, from vLLM's own accounting, harness.memory): used memory (weights + peak
 activation + non-torch + CUDA graph on GPUs; process-group RSS at boot on CPU) fails when it grows by more
@@ -31,7 +32,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import yaml
 
-from harness import stats
+from harness import perf, stats
 from harness.baselines import platform_key, regen_command
 from harness.errors import SuiteError
 
@@ -90,7 +91,10 @@ class Thresholds:
 
 def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thresholds:
     """Thresholds from YAML: `defaults:` plus optional `platforms: {selector: overrides}` applied in file
-    order for every selector (`cpu`, `sm_121`, `sm_12x`, `>=sm_90`) that matches `platform`."""
+    order for every selector (`cpu`, `sm_121`, `sm_12x`, `>=sm_90`) that matches `platform`.
+
+    Every section is checked whatever `platform` is (its selector, and its values over the defaults): CI runs
+    on CPU, and a typo such as `sm121:` would otherwise silently drop the nightly's strict settings."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
@@ -104,9 +108,15 @@ def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thr
     overrides = data.get("platforms") or {}
     if not isinstance(overrides, Mapping):
         raise SuiteError(f"thresholds file {path}: 'platforms' must map a platform selector to overrides")
-    if platform is not None:
-        from harness.platform import platform_matches
+    from harness.platform import is_valid_selector, platform_matches
 
+    defaults = thresholds
+    for selector, values in overrides.items():
+        if not is_valid_selector(str(selector)):
+            raise SuiteError(f"{path}: platforms: '{selector}' is not a platform selector (cpu, sm_90, sm_121, "
+                             "sm_12x, >=sm_90); fix its name")
+        _with(defaults, values or {}, f"{path}: platforms.{selector}")
+    if platform is not None:
         for selector, values in overrides.items():
             if platform_matches(str(selector), platform):
                 thresholds = _with(thresholds, values or {}, f"{path}: platforms.{selector}")
@@ -337,6 +347,35 @@ def advisory_reason(platform: str | None) -> str:
             "run-to-run noise of shared CPU runners exceeds the gate); memory verdicts stay strict")
 
 
+def metric_clock(side: Mapping, name: str, entry: Mapping) -> str | None:
+    """The clock a metric was measured with: its entry's `clock`; in files written before metrics carried one,
+    the run's `workload.pp_tg_clock` for pp / tg (e.g. "engine", or "client + engine" when its workloads
+    mixed them), "client" for latencies and "kernel" for ppN_gpu. None when the file cannot say."""
+    if entry.get("clock"):
+        return str(entry["clock"])
+    try:
+        base, _ = perf.parse_metric_name(name)
+    except SuiteError:
+        return None
+    if base.endswith("_gpu"):
+        return "kernel"
+    if not base.startswith(("pp", "tg")):
+        return "client"
+    workload = side.get("workload")
+    clock = workload.get("pp_tg_clock") if isinstance(workload, Mapping) else None
+    return str(clock) if clock else None
+
+
+def _clock_mismatch(name: str, b: Mapping, c: Mapping, b_clock: str, c_clock: str, config: str) -> Verdict:
+    base_med, cur_med = stats.median(b["samples"]), stats.median(c["samples"])
+    message = (f"INCONCLUSIVE {name}: the baseline measured it with the {b_clock} clock, this run with the {c_clock} "
+               f"clock ({stats.fmt(base_med)} -> {stats.fmt(cur_med)} {b.get('unit') or ''}); they differ by tens of "
+               f"percent on an unchanged server, so not judged: rerun (vLLM's /metrics must answer throughout) or "
+               f"re-record with: {regen_command(config)}")
+    return Verdict(name, "inconclusive", math.nan, cur_med - base_med, base_med, cur_med, str(b.get("unit") or ""),
+                   bool(b["higher_is_better"]), None, None, None, None, message)
+
+
 def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> list[Verdict]:
     """Verdicts for every metric both sides have (baseline order), then used memory and KV capacity.
 
@@ -367,6 +406,10 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
             raise SuiteError(f"{name}: baseline ({b.get('unit')}, higher_is_better={b.get('higher_is_better')}) and "
                              f"results ({c.get('unit')}, higher_is_better={c.get('higher_is_better')}) measure "
                              f"different things; re-record with: {regen_command(config)}")
+        b_clock, c_clock = metric_clock(baseline, name, b), metric_clock(current, name, c)
+        if b_clock and c_clock and b_clock != c_clock:  # never pass nor fail samples of two different clocks
+            verdicts.append(_clock_mismatch(name, b, c, b_clock, c_clock, config))
+            continue
         unresolved = "; ".join(f"{side}: {e['unresolved']}" for side, e in (("baseline", b), ("current", c))
                                if e.get("unresolved")) or None
         verdicts.append(compare_metric(name, b["samples"], c["samples"], bool(b["higher_is_better"]),

@@ -7,9 +7,11 @@ engine's own numbers for exactly those requests (nothing else runs on the suite'
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from harness.client import Client
+from harness.errors import SuiteError
 
 NEEDED = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
           "vllm:request_prefill_kv_computed_tokens", "vllm:request_generation_tokens")
@@ -42,16 +44,43 @@ def metric_value(base_url: str, name: str) -> float:
     return values[name]
 
 
+# One slow or failed answer must not end the engine clock for a whole workload (its rounds would then mix
+# clocks, which differ by ~30% on an unchanged H200): a failed read is retried, each try bounded.
+SCRAPE_ATTEMPTS = 3
+SCRAPE_TIMEOUT_S = 10.0
+SCRAPE_PAUSE_S = 0.5
+NO_METRICS = (404, 501)  # no /metrics at all (SGLang without --enable-metrics; llama.cpp without --metrics)
+
+
+class ScrapeFailed(SuiteError):
+    """/metrics could not be read in SCRAPE_ATTEMPTS tries (as opposed to a server that has no engine timings)."""
+
+
 def scrape(client: Client) -> dict[str, float] | None:
-    """The server's metrics summed over labels; None if it lacks the engine timings this module needs."""
-    try:
-        r = client.get("/metrics", timeout_s=30)
-    except Exception:
-        return None
-    if r.status_code != 200:
-        return None
-    out = parse_prometheus(r.text)
-    return out if all(f"{n}_sum" in out for n in NEEDED) else None
+    """The server's metrics summed over labels; None if it lacks the engine timings this module needs (no
+    /metrics, or one without vLLM's histograms). A failed read (exception, timeout, another status) is tried
+    again up to SCRAPE_ATTEMPTS times; ScrapeFailed when none succeeded."""
+    from harness.server import ServerDied  # late: harness.server is heavier than this module needs
+
+    why = ""
+    for attempt in range(SCRAPE_ATTEMPTS):
+        if attempt:
+            time.sleep(SCRAPE_PAUSE_S)
+        try:
+            r = client.get("/metrics", timeout_s=SCRAPE_TIMEOUT_S)
+        except ServerDied:
+            raise  # a dead server is not a transient failure
+        except Exception as e:
+            why = " ".join(str(e).split())[:160] or type(e).__name__
+            continue
+        if r.status_code in NO_METRICS:
+            return None
+        if r.status_code != 200:
+            why = f"HTTP {r.status_code}"
+            continue
+        out = parse_prometheus(r.text)
+        return out if all(f"{n}_sum" in out for n in NEEDED) else None
+    raise ScrapeFailed(f"GET /metrics failed {SCRAPE_ATTEMPTS} times ({why})")
 
 
 @dataclass

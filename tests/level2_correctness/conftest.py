@@ -1,4 +1,6 @@
 """Level 2 plumbing: the workload, its tolerance on this platform, and the config's golden."""
+from functools import partial
+
 import pytest
 
 from harness.correctness import check_golden_data, load_workload
@@ -15,6 +17,7 @@ def tolerance(workload, suite):
 
 
 @pytest.fixture(scope="session")
-def level2_golden(goldens):
-    """The stored level 2 golden (validated), or None under --force-regen (the run scores its own sequences)."""
-    return goldens.load("level2", "level2", check_golden_data)
+def level2_golden(goldens, workload):
+    """The stored level 2 golden (validated: one stream and one scoring per workload prompt), or None under
+    --force-regen (the run scores its own sequences)."""
+    return goldens.load("level2", "level2", partial(check_golden_data, prompts=workload.prompts))

@@ -259,13 +259,18 @@ def test_repo_thresholds_file():
     ("defaults: {alpha: 2}\n", "alpha"),
     ("defaults: [1, 2\n", "not valid YAML"),
     ("limits: {}\n", "mapping with 'defaults'"),
+    ("defaults: {}\nplatforms:\n  sm121: {inconclusive_is_failure: true}\n", "'sm121' is not a platform selector"),
+    ("defaults: {}\nplatforms:\n  sm_90: {boot_spread: {tg32@c2: 8%}}\n", "platforms.sm_90"),
+    ("defaults: {}\nplatforms:\n  sm_90: {boot_spread: [pp512]}\n", "platforms.sm_90"),
+    ("defaults: {}\nplatforms:\n  cpu: {advisory: null}\n", "platforms.cpu"),
 ])
 def test_bad_thresholds_file(tmp_path, text, needle):
     p = tmp_path / "thresholds.yaml"
     p.write_text(text)
-    with pytest.raises(SuiteError, match=needle) as e:
-        regression.load_thresholds(p)
-    assert "\n" not in str(e.value)
+    for platform in (None, "cpu", "sm_90", "sm_121"):  # every section is checked, whichever platform runs
+        with pytest.raises(SuiteError, match=needle) as e:
+            regression.load_thresholds(p, platform)
+        assert "\n" not in str(e.value)
 
 
 def test_cpu_gate_is_advisory_and_gpus_are_strict():
@@ -409,3 +414,46 @@ def test_sm_90_thresholds_cover_every_measured_a_a_boot():
         if t.spread_of(name) and t.spread_of(name) < spread:
             problems.append(f"{name} moved {spread:.1%} between A/A boots; boot_spread says {t.spread_of(name):.0%}")
     assert not problems, "\n".join(problems)
+
+
+def test_a_metric_measured_with_another_clock_than_the_baseline_is_never_judged():
+    """ppN / tgN from vLLM's engine clock and from the client's differ by ~30% on an unchanged server (H200,
+    pp2048: engine 99,136 vs client 68,898 tok/s): across clocks, neither a fail nor a pass means anything."""
+    base = run()
+    base["metrics"]["tg32"]["clock"] = "engine"
+    for factor in (0.7, 1.0):
+        cur = run(tg_factor=factor)
+        cur["metrics"]["tg32"]["clock"] = "client"
+        v = {v.name: v for v in regression.compare_run(base, cur, T)}["tg32"]
+        assert v.status == "inconclusive", v.message
+        assert "engine clock" in v.message and "client clock" in v.message and "\n" not in v.message
+        assert regression.gate_failures([v], Thresholds(inconclusive_is_failure=True)) == [v]  # the strict nightly
+    same = run(tg_factor=0.7)
+    same["metrics"]["tg32"]["clock"] = "engine"
+    assert {v.name: v.status for v in regression.compare_run(base, same, T)}["tg32"] == "fail"
+
+
+def test_baselines_without_a_per_metric_clock_use_the_workloads_pp_tg_clock():
+    """Committed baselines record the clock once per run (workload.pp_tg_clock); latencies are always the client's."""
+    base = run()
+    base["workload"] = {"pp_tg_clock": "engine"}
+    cur = run(tg_factor=0.7)
+    cur["metrics"]["tg32"]["clock"] = "client"
+    cur["metrics"]["ttft_ms"]["clock"] = "client"
+    verdicts = {v.name: v for v in regression.compare_run(base, cur, T)}
+    assert verdicts["tg32"].status == "inconclusive" and "engine clock" in verdicts["tg32"].message
+    assert verdicts["ttft_ms"].status == "pass"
+    cur["metrics"]["tg32"]["clock"] = "engine"
+    assert {v.name: v.status for v in regression.compare_run(base, cur, T)}["tg32"] == "fail"
+    # a baseline whose run mixed clocks cannot say which metric used which: not judged either
+    base["workload"]["pp_tg_clock"] = "client + engine"
+    assert {v.name: v.status for v in regression.compare_run(base, cur, T)}["tg32"] == "inconclusive"
+
+
+def test_every_committed_baseline_names_the_clock_of_each_metric():
+    from harness.baselines import load_baseline
+
+    for path in sorted((REPO / "baselines").glob("*/*/*.yaml")):
+        b = load_baseline(path)
+        for name, entry in b["metrics"].items():
+            assert regression.metric_clock(b, name, entry) in ("engine", "client", "kernel"), (path, name)

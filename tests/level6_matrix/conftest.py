@@ -155,7 +155,11 @@ class Runner:
         """A combination's stored level 6 golden (validated); None when absent or under --force-regen."""
         if self.force_regen or not self.store(name).path("level6").is_file():
             return None
-        return self.store(name).load("level6", "level6", check_golden_data)
+        return self.store(name).load("level6", "level6", self.check_golden)
+
+    def check_golden(self, data: object, where: str) -> dict:
+        """check_golden_data with this workload's prompts: one stream and one scoring per prompt."""
+        return check_golden_data(data, where, prompts=self.workload.prompts)
 
     def store(self, name: str):
         from harness.goldens import GoldenStore
@@ -172,7 +176,7 @@ class Runner:
             return f"its kernel path failed ({kp['problems'][0]})"
         target = self.suite.target(self.plan.combo(name).config)
         if kp["excused"] and not target.spec.kernels.allow_excused:
-            return f"required kernels were only excused by logged fallbacks ({'; '.join(kp['excused'])})"
+            return f"its kernel path passed only by logged fallbacks' excuses ({'; '.join(kp['excused'])})"
         return None
 
     def _level2(self, client, name: str) -> dict:

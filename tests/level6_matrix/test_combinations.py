@@ -7,7 +7,7 @@ conftest.py. Goldens: goldens/<model>/<platform>/<combination>/level6.json (--fo
 import pytest
 
 from harness.client import all_finite
-from harness.correctness import Level2Result, check_golden_data, judge
+from harness.correctness import Level2Result, judge
 from harness.logprobs import Scored, Stream
 from harness.traces import KernelSummary, PathVerdict
 
@@ -73,7 +73,7 @@ def test_combination_matches_its_golden(runner, combo):
         fresh = {"streams": data["streams"], "scored": data["scored"],
                  "perplexity": {"value": _result(ev).perplexity, "tokens": _result(ev).perplexity_tokens}}
         runner.store(combo).save("level6", fresh, {"vllm": ev.get("vllm", "unknown")})
-    gold = runner.store(combo).load("level6", "level6", check_golden_data)
+    gold = runner.store(combo).load("level6", "level6", runner.check_golden)
     verdict = judge(_result(ev), gold, runner.workload.tolerance(runner.suite.platform.name))
     for n in verdict.notes:
         print(f"\n  [{combo}] {n}")

@@ -107,6 +107,12 @@ GOOD = {"version": 1, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "h
     ({**GOOD, "metrics": {"tg32": {"samples": "31.5", "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
     ({**GOOD, "metrics": {"tg32": {"samples": [], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
     ({**GOOD, "metrics": {"tg32": {"samples": [1, "x"], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
+    # every ratio the gate takes divides by the baseline: a rate or latency of 0 is a broken recording
+    ({**GOOD, "metrics": {"tg32": {"samples": [0, 31.6], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
+    ({**GOOD, "metrics": {"itl_ms": {"samples": [4.1, 0.0], "unit": "ms", "higher_is_better": False}}}, "itl_ms.samples"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [-1.0], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": True, "unresolved": True}}},
+     "tg32 is unresolved"),
     ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": "yes"}}}, "higher_is_better"),
     ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "higher_is_better": True}}}, "tg32.unit"),
     ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": False}}}, "better when higher"),
@@ -127,6 +133,15 @@ def test_good_minimal_schema_loads(path):
     assert baselines.load_baseline(path)["memory_peak_gb"] is None
 
 
+def test_memory_numbers_of_zero_still_load(path):
+    """Only rates and latencies must be > 0: a memory reading of 0 (nothing measured above the baseline) is valid."""
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump({**GOOD, "version": 2, "memory_peak_gb": 0.0, "memory_used_gib": 0.0,
+                                    "kv_capacity_tokens": None}))
+    b = baselines.load_baseline(path)
+    assert (b["memory_peak_gb"], b["memory_used_gib"]) == (0.0, 0.0)
+
+
 def test_schema_1_baselines_still_load_and_schema_2_carries_used_memory(path):
     """Old baselines stay loadable (their memory verdicts say how to re-record); new ones record the gated numbers."""
     path.parent.mkdir(parents=True)
@@ -142,6 +157,16 @@ def test_schema_1_baselines_still_load_and_schema_2_carries_used_memory(path):
 def test_save_refuses_invalid_results(path, over, needle):
     with pytest.raises(SuiteError, match=needle) as e:
         baselines.save_baseline(path, results(**over))
+    assert "\n" not in str(e.value)
+    assert not path.exists()
+
+
+def test_save_refuses_results_with_an_unresolved_metric(path):
+    """A baseline metric that is unresolved would make every later verdict on it inconclusive: never recorded."""
+    r = results()
+    r["metrics"]["tg32"]["unresolved"] = "only 7 of 16 rounds ran at the loaded clock (power cap)"
+    with pytest.raises(SuiteError, match=r"tg32 is unresolved \(only 7 of 16 rounds.*quiet machine.*more rounds") as e:
+        baselines.save_baseline(path, r)
     assert "\n" not in str(e.value)
     assert not path.exists()
 

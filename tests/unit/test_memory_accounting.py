@@ -348,7 +348,7 @@ def test_gpu_prefill_is_tokens_per_second_of_kernel_time_with_clocks_per_round()
     # round 1 ran below the loaded clock: set aside (kept under flagged) and measured again
     assert e["samples"] == [64 / 2e-3, 64 / 5e-4, 64 / 8e-4]
     assert len(e["rounds"]) == 3 and len(e["flagged"]) == 1 and "unresolved" not in e
-    assert e["higher_is_better"] is True and e["unit"] == "tok/s"
+    assert e["higher_is_better"] is True and e["unit"] == "tok/s" and e["clock"] == "kernel"
     assert perf.higher_is_better("pp2048_gpu") and perf.parse_metric_name("pp2048_gpu") == ("pp2048_gpu", 0)
 
 
@@ -365,3 +365,61 @@ def test_gpu_prefill_with_every_round_below_the_loaded_clock_is_unresolved_and_c
     e = bench.gpu_prefill(c, bench.PromptMaker(c), w, _profiler([1000.0, 2000.0, 3000.0], c), FlagFirst(100))
     assert e["samples"] == [64 / 1e-3, 64 / 2e-3] and len(e["rounds"]) == 2 and "flagged" not in e
     assert e["unresolved"] == "only 0 of 2 profiled rounds ran at the loaded clock"
+
+
+class FlakyMetrics(FakeEngineClient):
+    """/metrics fails (timeout, or `status`) on the scrapes numbered in `fail` (1-based); the rest answer."""
+
+    def __init__(self, prefill_s, fail, status=None):
+        super().__init__(prefill_s)
+        self.fail, self.status, self.scrapes = fail, status, 0
+
+    def get(self, path, timeout_s=30):
+        self.scrapes += 1
+        if self.scrapes in self.fail:
+            self.calls.append(("scrape failed",))
+            if self.status is None:
+                raise SuiteError(f"GET {path} failed: ReadTimeout: read timed out (timeout={timeout_s})")
+            return SimpleNamespace(status_code=self.status, text="busy")
+        return super().get(path, timeout_s)
+
+
+@pytest.fixture
+def no_scrape_pause(monkeypatch):
+    from harness import server_metrics
+
+    monkeypatch.setattr(server_metrics, "SCRAPE_PAUSE_S", 0.0)
+
+
+@pytest.mark.parametrize("status", [None, 503])
+def test_one_failed_metrics_scrape_is_retried_and_the_engine_clock_kept(no_scrape_pause, status):
+    """A single slow or failed /metrics answer mid-workload must not switch ppN to the client clock."""
+    c = FlakyMetrics([0.05], fail={5}, status=status)  # the third round's first scrape
+    w = bench.Workload("prefill", 64, 2, 0, 1, runs=4, warmup=0)
+    m = bench.run_workload(c, bench.PromptMaker(c), w, None, bench.RoundPolicy())
+    assert m.engine is not None and len(m.engine) == 4
+    assert ("scrape failed",) in c.calls
+    e = bench.metrics_for(w, m)["pp64"]
+    assert e["clock"] == "engine" and e["samples"] == pytest.approx([64 / 0.05] * 4)
+
+
+def test_metrics_failing_for_good_after_the_engine_clock_was_used_fails_the_workload(no_scrape_pause):
+    """Once a workload measured with the engine clock, /metrics failing for good is an error, not a silent
+    switch to the client clock in the middle of the workload's samples."""
+    c = FlakyMetrics([0.05], fail=set(range(5, 100)))
+    w = bench.Workload("prefill", 64, 2, 0, 1, runs=4, warmup=0)
+    with pytest.raises(SuiteError, match=r"prefill pp64/tg2.*engine clock") as err:
+        bench.run_workload(c, bench.PromptMaker(c), w, None, bench.RoundPolicy())
+    assert "\n" not in str(err.value) and "ReadTimeout" in str(err.value)
+    assert 1 < c.scrapes - 4 <= 5, "retried a bounded number of times"
+
+
+def test_a_server_without_engine_metrics_uses_the_client_clock_and_every_metric_says_which():
+    c = FlakyMetrics([0.05], fail=set(range(1, 100)), status=404)  # llama.cpp / SGLang without metrics
+    w = bench.Workload("concurrent", 64, 4, 0, 2, runs=2, warmup=0)
+    m = bench.run_workload(c, bench.PromptMaker(c), w, None, bench.RoundPolicy())
+    assert m.engine is None
+    metrics = bench.metrics_for(w, m)
+    assert {n: e["clock"] for n, e in metrics.items()} == {"pp64@c2": "client", "tg4@c2": "client"}
+    lat = bench.metrics_for(bench.Workload("latency", 64, 4, 0, 1, runs=2, warmup=0), m)
+    assert {e["clock"] for e in lat.values()} == {"client"}  # latencies are always what the client waits for

@@ -1,4 +1,5 @@
 """Level 2 teacher-forced comparison and golden validation (no vLLM)."""
+import json
 import math
 
 import pytest
@@ -111,14 +112,57 @@ def test_judge_combines_every_rule():
     lambda g: g["scored"].pop("perplexity_text"),
     lambda g: g["streams"]["p"].pop("tokens"),
     lambda g: g.__setitem__("perplexity", "high"),
+    # lengths: every position has its token, logprob and top-k
+    lambda g: g["scored"]["p"]["actual"].pop(),
+    lambda g: g["scored"]["p"]["top"].pop(),
+    lambda g: g["streams"]["p"]["logprobs"].pop(),
+    lambda g: g["streams"]["p"]["top"].pop(),
+    # types and finite numbers (a NaN compares false with every tolerance, so it would pass anything)
+    lambda g: g["scored"]["p"]["actual"].__setitem__(1, "x"),
+    lambda g: g["scored"]["p"]["ids"].__setitem__(1, "10"),
+    lambda g: g["scored"]["p"]["actual"].__setitem__(2, float("nan")),
+    lambda g: g["scored"]["p"]["top"][1].__setitem__(0, [50, float("-inf")]),
+    lambda g: g["streams"]["p"]["logprobs"].__setitem__(0, float("nan")),
+    lambda g: g["streams"]["p"]["top"][0].__setitem__("10", float("nan")),
+    lambda g: g["streams"]["p"].__setitem__("text", None),
+    lambda g: g["perplexity"].__setitem__("value", float("nan")),
+    # None only where the format has no context (position 0); a top-k everywhere else
+    lambda g: g["scored"]["p"]["actual"].__setitem__(2, None),
+    lambda g: g["streams"]["p"]["logprobs"].__setitem__(1, None),
+    lambda g: g["scored"]["p"]["top"].__setitem__(2, []),
+    # one stream and one scoring per prompt: else teacher forcing of that prompt is silently skipped
+    lambda g: g["scored"].pop("p"),
+    lambda g: g["streams"].pop("p"),
 ])
 def test_a_malformed_golden_is_one_line_naming_the_file(broken):
-    gold = _golden()
+    gold = json.loads(json.dumps(_golden()))  # entries share no lists: break exactly one
     broken(gold)
     with pytest.raises(SuiteError) as e:
         check_golden_data(gold, "golden goldens/m/cpu/c/level2.json")
     msg = str(e.value)
     assert "goldens/m/cpu/c/level2.json is malformed" in msg and "--force-regen" in msg and "\n" not in msg
+
+
+def test_a_golden_needs_one_stream_and_one_scoring_per_workload_prompt():
+    gold = _golden()
+    assert check_golden_data(gold, "golden g.json", prompts={"p": "text"}) is gold
+    for prompts in ({"p": "text", "q": "a prompt the golden never saw"}, {}):
+        with pytest.raises(SuiteError, match=r"g.json is malformed.*--force-regen") as e:
+            check_golden_data(gold, "golden g.json", prompts=prompts)
+        assert "\n" not in str(e.value)
+
+
+def test_every_committed_golden_passes_the_checks():
+    from pathlib import Path
+
+    from harness.correctness import PROMPTS_FILE, load_workload
+
+    tests = Path(PROMPTS_FILE).parents[1]
+    prompts = {"level2": load_workload().prompts, "level6": load_workload(tests / "level6_matrix" / "workload.yaml").prompts}
+    files = sorted((tests.parent / "goldens").glob("*/*/*/level[26].json"))
+    assert files
+    for path in files:
+        check_golden_data(json.loads(path.read_text())["data"], f"golden {path}", prompts=prompts[path.stem])
 
 
 def test_every_committed_workload_loads_and_level6_judges_with_level2s_tolerances():
