@@ -287,6 +287,7 @@ __device__ __forceinline__ float row_up(uint32_t amax) { return __uint_as_float(
 __device__ __forceinline__ float row_down(uint32_t amax) { return __uint_as_float((uint32_t)(row_log2(amax) + 127) << 23); }
 
 constexpr int PREP_BATCH = 4;  // 16-byte x loads in flight per thread when x is not preloaded
+constexpr int H_BATCH = 6;     // MoE down: 16-byte h loads in flight per thread while staging a token's slots
 
 // This thread's 16-byte pieces q0 + u * THREADS + tid (u < PREP_BATCH) of x [M, K] (K / 8 = k8 pieces
 // per row, n8 in all), all loads issued before any is used; pieces past the end read as zero.
@@ -606,7 +607,22 @@ __global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
         __syncthreads();
         const uint4* src = reinterpret_cast<const uint4*>(a.hfrag + (long long)tok * a.top_k * a.kc * 32);
         uint4* dst = reinterpret_cast<uint4*>(xs);
-        for (int q = threadIdx.x; q < a.top_k * a.kc * 8; q += THREADS) dst[q] = __ldcg(src + q);
+        // All of a batch's loads before any store: one L2 round trip per batch (top-4 x K 2880 is 1,440
+        // pieces, one batch), where the loop the compiler unrolled by 4 took two or three.
+        const int n16 = a.top_k * a.kc * 8;
+        for (int q0 = 0; q0 < n16; q0 += H_BATCH * THREADS) {
+          uint4 v[H_BATCH];
+#pragma unroll
+          for (int u = 0; u < H_BATCH; ++u) {
+            const int q = q0 + u * THREADS + threadIdx.x;
+            if (q < n16) v[u] = __ldcg(src + q);
+          }
+#pragma unroll
+          for (int u = 0; u < H_BATCH; ++u) {
+            const int q = q0 + u * THREADS + threadIdx.x;
+            if (q < n16) dst[q] = v[u];
+          }
+        }
         __syncthreads();
         staged_tok = tok;
       }
