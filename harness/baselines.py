@@ -118,6 +118,12 @@ def check_metrics(metrics: object, where: str, positive: bool = False) -> None:
                              f"baseline (every gate ratio divides by it)")
         if "clock" in entry and not isinstance(entry["clock"], str):
             raise SuiteError(f"{at}.clock must name the clock it was measured with (engine, client, kernel)")
+        for key in ("rounds", "flagged"):  # the GPU clocks of each round, read by the report and the gate
+            rounds = entry.get(key)
+            if rounds is not None and (not isinstance(rounds, list) or not all(isinstance(r, Mapping) for r in rounds)):
+                raise SuiteError(f"{at}.{key} must be a list of one mapping of clocks per round (got {_one_line(rounds)[:60]})")
+        if isinstance(entry.get("rounds"), list) and len(entry["rounds"]) != len(samples):
+            raise SuiteError(f"{at}.rounds has {len(entry['rounds'])} entries for {len(samples)} samples: one per sample")
         if not isinstance(entry.get("higher_is_better"), bool):
             raise SuiteError(f"{at}.higher_is_better must be true or false")
         if not isinstance(entry.get("unit"), str):

@@ -113,6 +113,13 @@ GOOD = {"version": 1, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "h
     ({**GOOD, "metrics": {"tg32": {"samples": [-1.0], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
     ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": True, "unresolved": True}}},
      "tg32 is unresolved"),
+    # the report and the gate read one mapping of GPU clocks per round
+    ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": True, "rounds": "zzz"}}},
+     "tg32.rounds"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [1.0, 2.0], "unit": "tok/s", "higher_is_better": True,
+                                   "rounds": [{"sm_mhz": 1980}]}}}, "one per sample"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": True, "flagged": [3.0]}}},
+     "tg32.flagged"),
     ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": "yes"}}}, "higher_is_better"),
     ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "higher_is_better": True}}}, "tg32.unit"),
     ({**GOOD, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "higher_is_better": False}}}, "better when higher"),
@@ -182,6 +189,7 @@ def test_save_overwrites_an_existing_baseline(path):
     baselines.save_baseline(path, results())
     r = results()
     r["metrics"]["tg32"]["samples"] = [40.0, 40.5]
+    r["metrics"]["tg32"]["rounds"] = r["metrics"]["tg32"]["rounds"][:2]
     baselines.save_baseline(path, r)
     assert baselines.load_baseline(path)["metrics"]["tg32"]["samples"] == [40.0, 40.5]
 
