@@ -112,14 +112,13 @@ def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thr
 
     defaults = thresholds
     for selector, values in overrides.items():
+        where = f"{path}: platforms.{selector}"
         if not is_valid_selector(str(selector)):
             raise SuiteError(f"{path}: platforms: '{selector}' is not a platform selector (cpu, sm_90, sm_121, "
                              "sm_12x, >=sm_90); fix its name")
-        _with(defaults, values or {}, f"{path}: platforms.{selector}")
-    if platform is not None:
-        for selector, values in overrides.items():
-            if platform_matches(str(selector), platform):
-                thresholds = _with(thresholds, values or {}, f"{path}: platforms.{selector}")
+        _with(defaults, values or {}, where)  # checked whether or not it applies here
+        if platform is not None and platform_matches(str(selector), platform):
+            thresholds = _with(thresholds, values or {}, where)
     return thresholds
 
 
