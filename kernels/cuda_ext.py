@@ -281,7 +281,7 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     v1 = int(cfg.get("gate_up_variant", 5))
     nt, rw, rt, pf = VARIANTS[v1]
     items1 = slots * -(-gu.n_tiles // (rw * rt))
-    grid1 = max(1, min(items1, sms * int(cfg.get("ctas_per_sm", 2))))
+    grid1 = max(1, min(items1, sms * int(cfg.get("gate_up_ctas_per_sm", cfg.get("ctas_per_sm", 2)))))
     smem1 = _smem(m, gu.k_chunks, rt, nt)
     wst_e = gu.words[0].numel() // 4 if gu.words.dim() == 5 else 0
     sst_e = gu.scales[0].numel() // 4 if gu.scales.dim() == 5 else 0

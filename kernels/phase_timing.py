@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.synchronize()
     r = rec.cpu()
     for mode in (1, 2):
-        grid = sms * int(mcfg.get("ctas_per_sm", 2))
+        per_sm = mcfg.get("gate_up_ctas_per_sm", mcfg.get("ctas_per_sm", 2)) if mode == 1 else mcfg.get("ctas_per_sm", 2)
+        grid = sms * int(per_sm)
         res = {"case": f"moe {MODES[mode]} M=1", "us_per_call_both": round(us, 2), "grid": grid, **summarize(r, mode, grid)}
         results["cases"].append(res)
         print(json.dumps(res), flush=True)

@@ -423,8 +423,15 @@ struct Args {
   float alpha, limit;
 };
 
+// MoE gate_up is built for 3 CTAs per SM (<= 80 registers, no spills for RW 2 PF 4): H200, same-process
+// A/B, MoE layer M=1 experts only, gate_up variant 4 at 3 CTAs per SM vs variant 5 at 2: 25.3 / 25.5 /
+// 25.5 vs 26.4 / 26.4 / 26.3 us. The dense kernels at 3 or 4 CTAs per SM were slower (qkv M=1 8.1 ->
+// 8.3-10.0 us), and down spills at 80 registers: they keep 2.
+template <int MODE>
+constexpr int min_ctas_per_sm() { return MODE == MODE_GATEUP ? 3 : 2; }
+
 template <int MODE, int NT, int RW, int RT, int PF>
-__global__ void __launch_bounds__(THREADS, 2) mxfp4_kernel(const Args a) {
+__global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel(const Args a) {
   extern __shared__ __align__(16) uint32_t smem[];
 #ifdef MXFP4_PHASES
   PHASE_SET(0, gtimer());
