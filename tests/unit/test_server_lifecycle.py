@@ -2,6 +2,7 @@
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,11 @@ FAKE = textwrap.dedent('''
         print("RuntimeError: engine core failed to start", flush=True); sys.exit(3)
     if mode == "hang":
         time.sleep(600)
+    # what vLLM leaves in the temporary folder and never removes: its rendezvous file and a ZMQ IPC socket
+    import socket, tempfile
+    with open(os.path.join(tempfile.gettempdir(), "vllm_dist_0123"), "w") as f:
+        f.write(os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""))
+    socket.socket(socket.AF_UNIX).bind(os.path.join(tempfile.gettempdir(), "0123-ipc"))
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
@@ -45,6 +51,28 @@ def test_boot_then_teardown_leaves_no_process_of_the_group(tmp_path):
     assert s.alive() and len(group_pids(pgid)) == 2  # the server and its SIGTERM-ignoring child
     s.stop(grace_s=2)
     assert group_pids(pgid) == []
+
+
+def test_a_server_leaves_no_temporary_file_behind(tmp_path):
+    """vLLM's rendezvous file and IPC sockets land in the server's own temporary folder, which teardown
+    removes; torch inductor's compile cache stays where it was (boots keep reusing it)."""
+    import getpass
+    import tempfile
+
+    s = make(tmp_path, "serve").start()
+    own = s.tmpdir
+    try:
+        deadline = time.monotonic() + 10
+        while not (own / "0123-ipc").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert own.parent == Path(tempfile.gettempdir()) and own.name.startswith("suite-vllm-")
+        assert (own / "0123-ipc").exists() and not (Path(tempfile.gettempdir()) / "vllm_dist_0123").exists()
+        inductor = (own / "vllm_dist_0123").read_text()
+        assert inductor == str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+    finally:
+        s.stop(grace_s=2)
+    assert not own.exists(), f"teardown left the server's temporary folder {own}"
+    assert s.tmpdir is None
 
 
 def test_a_process_that_exits_during_boot_fails_fast_with_its_log_tail(tmp_path):
@@ -85,7 +113,7 @@ STOPPED_RUNNER = textwrap.dedent('''
     from pathlib import Path
     from test_server_lifecycle import make
     s = make(Path(sys.argv[3]), "serve").start()
-    print(s.proc.pid, flush=True)
+    print(s.proc.pid, s.tmpdir, flush=True)
     time.sleep(600)  # stopped from outside, like pytest under a CI timeout
 ''')
 
@@ -103,7 +131,8 @@ def test_a_stopped_test_process_takes_its_servers_down(tmp_path, how):
     runner = subprocess.Popen([sys.executable, "-c", STOPPED_RUNNER, str(repo), str(Path(__file__).parent), str(tmp_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        pgid = int(runner.stdout.readline())
+        pid, own = runner.stdout.readline().split()
+        pgid = int(pid)
         assert len(group_pids(pgid)) == 2, "the stand-in server and its SIGTERM-ignoring child should be up"
         runner.send_signal(getattr(signal, how))
         runner.wait(timeout=20)
@@ -112,6 +141,7 @@ def test_a_stopped_test_process_takes_its_servers_down(tmp_path, how):
             time.sleep(0.1)
         assert group_pids(pgid) == [], f"{how} to the test process left server processes {group_pids(pgid)}"
         assert "killed vLLM server group" in runner.stderr.read()
+        assert not Path(own).exists(), f"{how} to the test process left the server's temporary folder {own}"
     finally:
         runner.kill()
         if "pgid" in locals():
