@@ -67,6 +67,12 @@ class Thresholds:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise SuiteError(f"threshold {name} must be a positive number (got {value!r})")
+        # Relative gates are fractions: `latency_rise: 5` meant as 5% is a 500% gate that passes any slowdown.
+        # (sensitivity_fail is a slowdown of the step time, which may exceed 1: CPU's is 1.0, twice as slow.)
+        for name in ("throughput_drop", "latency_rise", "max_cv", "kv_capacity_drop", "loaded_clock_floor"):
+            value = getattr(self, name)
+            if value > 1 or (value == 1 and name != "loaded_clock_floor"):
+                raise SuiteError(f"threshold {name} is a fraction (0.03 means 3%), below 1; got {value!r}")
         if isinstance(self.sensitivity_pass, bool) or not isinstance(self.sensitivity_pass, (int, float)) \
                 or not 0 <= self.sensitivity_pass < self.sensitivity_fail:
             raise SuiteError(f"threshold sensitivity_pass must be >= 0 and below sensitivity_fail "
@@ -79,8 +85,10 @@ class Thresholds:
             if not isinstance(getattr(self, name), bool):
                 raise SuiteError(f"threshold {name} must be true or false")
         for glob, spread in self.boot_spread:
-            if not isinstance(glob, str) or isinstance(spread, bool) or not isinstance(spread, (int, float)) or spread < 0:
-                raise SuiteError(f"threshold boot_spread must map metric globs to fractions >= 0 (got {glob!r}: {spread!r})")
+            if not isinstance(glob, str) or isinstance(spread, bool) or not isinstance(spread, (int, float)) \
+                    or not 0 <= spread < 1:
+                raise SuiteError(f"threshold boot_spread must map metric globs to fractions in [0, 1) (0.03 means 3%; "
+                                 f"got {glob!r}: {spread!r})")
 
     def spread_of(self, metric: str) -> float:
         """The largest measured boot-to-boot spread among the globs matching `metric` (0 when none)."""

@@ -263,6 +263,11 @@ def test_repo_thresholds_file():
     ("defaults: {}\nplatforms:\n  sm_90: {boot_spread: {tg32@c2: 8%}}\n", "platforms.sm_90"),
     ("defaults: {}\nplatforms:\n  sm_90: {boot_spread: [pp512]}\n", "platforms.sm_90"),
     ("defaults: {}\nplatforms:\n  cpu: {advisory: null}\n", "platforms.cpu"),
+    # percent written where a fraction belongs: a 500% latency gate would pass any slowdown
+    ("defaults: {}\nplatforms:\n  sm_121: {latency_rise: 5}\n", "platforms.sm_121: threshold latency_rise is a fraction"),
+    ("defaults: {throughput_drop: 3}\n", "throughput_drop is a fraction"),
+    ("defaults: {kv_capacity_drop: 1}\n", "kv_capacity_drop is a fraction"),
+    ("defaults: {}\nplatforms:\n  sm_90: {boot_spread: {pp512: 8}}\n", "platforms.sm_90: threshold boot_spread .*fractions in \\[0, 1\\)"),
 ])
 def test_bad_thresholds_file(tmp_path, text, needle):
     p = tmp_path / "thresholds.yaml"
