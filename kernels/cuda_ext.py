@@ -142,6 +142,15 @@ def pick_variant(m: int, n_tiles: int, kc: int, cfg: dict, sms: int, moe: bool =
     return VARIANTS.index((nt, rw, rt, pf))
 
 
+def _resident_ctas(per_sm: int, smem: int, device: torch.device) -> int:
+    """CTAs per SM for a persistent grid: the configured count, or fewer where that many CTAs' shared memory
+    does not fit on an SM (MoE gate_up at M = 16 holds 96 KB of activation rows per CTA: 3 of them do not
+    fit an H200's 228 KB, and the CTAs beyond the resident ones would run as a second wave). 1 KB per CTA
+    is reserved by the hardware."""
+    per_sm_smem = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
+    return max(1, min(per_sm, per_sm_smem // (smem + 1024)))
+
+
 def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
     # activation fragment rows, 16 spare words, xdown[16] xzero[8] amax[16], the K-split reduction buffer
     return m_rows * kc * 128 + 56 * 4 + WARPS * rt * nt * 4 * 32 * 4
@@ -281,8 +290,9 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     v1 = int(cfg.get("gate_up_variant", 5))
     nt, rw, rt, pf = VARIANTS[v1]
     items1 = slots * -(-gu.n_tiles // (rw * rt))
-    grid1 = max(1, min(items1, sms * int(cfg.get("gate_up_ctas_per_sm", cfg.get("ctas_per_sm", 2)))))
     smem1 = _smem(m, gu.k_chunks, rt, nt)
+    per_sm1 = _resident_ctas(int(cfg.get("gate_up_ctas_per_sm", cfg.get("ctas_per_sm", 2))), smem1, dev)
+    grid1 = max(1, min(items1, sms * per_sm1))
     wst_e = gu.words[0].numel() // 4 if gu.words.dim() == 5 else 0
     sst_e = gu.scales[0].numel() // 4 if gu.scales.dim() == 5 else 0
     ids32 = ids.to(torch.int32).contiguous()
@@ -305,8 +315,8 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
         raise ValueError(f"the CUDA MoE down kernel handles top_k <= {WARPS}, got {top_k}")
     ksp = WARPS // top_k
     items2 = m * -(-dn.n_tiles // rt)
-    grid2 = max(1, min(items2, sms * int(cfg.get("ctas_per_sm", 2))))
     smem2 = _smem(top_k, dn.k_chunks, rt, nt)  # the token's h slots are staged in shared memory
+    grid2 = max(1, min(items2, sms * _resident_ctas(int(cfg.get("ctas_per_sm", 2)), smem2, dev)))
     wst2 = dn.words[0].numel() // 4
     sst2 = dn.scales[0].numel() // 4
     err = lib.mxfp4_launch(MODE_DOWN, v2, None, 0, dn.words.data_ptr(), dn.scales.data_ptr(), wst2, sst2,
