@@ -145,8 +145,9 @@ def pick_variant(m: int, n_tiles: int, kc: int, cfg: dict, sms: int, moe: bool =
 def _resident_ctas(per_sm: int, smem: int, device: torch.device) -> int:
     """CTAs per SM for a persistent grid: the configured count, or fewer where that many CTAs' shared memory
     does not fit on an SM (MoE gate_up at M = 16 holds 96 KB of activation rows per CTA: 3 of them do not
-    fit an H200's 228 KB, and the CTAs beyond the resident ones would run as a second wave). 1 KB per CTA
-    is reserved by the hardware."""
+    fit an H200's 228 KB, and the CTAs beyond the resident ones would run as a second wave; sm_12x parts
+    have ~100 KB per SM, so the dense GEMV's M = 16 rows fit one CTA per SM there). 1 KB per CTA is
+    reserved by the hardware."""
     per_sm_smem = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
     return max(1, min(per_sm, per_sm_smem // (smem + 1024)))
 
@@ -177,9 +178,10 @@ def _launch_pdl(launch, pdl: int, device: torch.device) -> tuple[int, int]:
 def gemv_tiling(m: int, p, cfg: dict, sms: int) -> tuple[int, int, int]:
     """(variant, work items, grid) of the tensor-core GEMV for M tokens on packed weights `p`."""
     v = pick_variant(m, p.n_tiles, p.k_chunks, cfg, sms)
-    _, rw, rt, _ = VARIANTS[v]
+    nt, rw, rt, _ = VARIANTS[v]
     items = -(-p.n_tiles // (rw * rt))
-    return v, items, max(1, min(items, sms * int(cfg.get("ctas_per_sm", 2))))
+    per_sm = _resident_ctas(int(cfg.get("ctas_per_sm", 2)), _smem(m, p.k_chunks, rt, nt), p.words.device)
+    return v, items, max(1, min(items, sms * per_sm))
 
 
 def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict) -> torch.Tensor:
