@@ -142,15 +142,18 @@ GEMV_VARIANTS = {  # name -> overrides; "auto" is what mxfp4_linear runs on pack
 
 
 MOE_CUDA_SRC: dict[str, str] = {}  # MoE impl name -> CUDA source of an earlier version (--cuda-src-before)
+MOE_CFG: dict[str, dict] = {}  # MoE impl name -> overrides of tuning.yaml's moe.packed (--moe-variants)
 
 
 def _packed_moe_cfg(impl: str) -> dict | None:
-    """Config of a packed-MoE impl: None (tuning.yaml) for "packed", its CUDA source for an earlier version."""
-    if impl not in MOE_CUDA_SRC:
+    """Config of a packed-MoE impl: None (tuning.yaml) for "packed", its CUDA source for an earlier version,
+    tuning.yaml's moe.packed with the impl's overrides for a --moe-variants one."""
+    if impl not in MOE_CUDA_SRC and impl not in MOE_CFG:
         return None
     from .tuning import get_config
 
-    return {**get_config("moe").get("packed", {}), "cuda_src": MOE_CUDA_SRC[impl]}
+    over = {"cuda_src": MOE_CUDA_SRC[impl]} if impl in MOE_CUDA_SRC else MOE_CFG[impl]
+    return {**get_config("moe").get("packed", {}), **over}
 
 
 def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: float, reps: int,
@@ -236,7 +239,7 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     res = {"experts": e, "top_k": k, "hidden": h, "inter": inter, "floor_bytes": floor_bytes,
            "floor_us": round(floor_us, 2)}
     for impl in impls:
-        if impl == "packed" or impl in MOE_CUDA_SRC:
+        if impl == "packed" or impl in MOE_CUDA_SRC or impl in MOE_CFG:
             cfg = _packed_moe_cfg(impl)
             calls = [lambda r=r, cfg=cfg: mxfp4_moe_packed(x, r, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg)
                      for r in routes32]
@@ -265,7 +268,7 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     except Exception as ex:  # noqa: BLE001
         print(f"  moe with router (packed): FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr)
         res["us_layer_with_router"] = float("nan")
-    for impl in MOE_CUDA_SRC:
+    for impl in [*MOE_CUDA_SRC, *MOE_CFG]:
         cfg = _packed_moe_cfg(impl)
         calls = [lambda xx=xx, cfg=cfg: moe_forward_packed(xx, router_w, router_b, gu_q, gu_b, d_q, d_b, k, out=out,
                                                            config=cfg) for xx in xs]
@@ -432,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-src-before", metavar="PATH",
                     help="also time the CUDA kernels compiled from this earlier mxfp4_mma.cu, same run "
                          "(GEMV impl packed_cuda_before, MoE impl packed_before)")
+    ap.add_argument("--moe-variants", metavar="NAME=JSON;...",
+                    help='also time the packed MoE with these overrides of tuning.yaml moe.packed, same run, e.g. '
+                         '\'two_launch={"fused": 0};f1={"fused_variant": 1}\'')
+    ap.add_argument("--only", choices=["linear", "moe"], help="time only the GEMV shapes or only the MoE layer")
     ap.add_argument("--sweep", type=float, default=0.0, metavar="SECONDS",
                     help="also sweep tile configs for lm_head M=1 and the MoE layer for about this long")
     args = ap.parse_args(argv)
@@ -456,6 +463,14 @@ def main(argv: list[str] | None = None) -> int:
         MOE_CUDA_SRC["packed_before"] = args.cuda_src_before
         gemv_impls.append("packed_cuda_before")
         moe_impls.append("packed_before")
+    for spec in (args.moe_variants or "").split(";"):
+        if spec.strip():
+            name, _, js = spec.partition("=")
+            try:
+                MOE_CFG[name.strip()] = json.loads(js)
+            except json.JSONDecodeError as ex:
+                ap.error(f"--moe-variants: {name.strip()!r} is not NAME=JSON ({ex})")
+            moe_impls.append(name.strip())
     meta = {
         "device": torch.cuda.get_device_name(0), "arch": current_arch(), "sm_count": props.multi_processor_count,
         "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
@@ -493,11 +508,11 @@ def main(argv: list[str] | None = None) -> int:
             errors.append(f"{what}: {type(ex).__name__}: {str(ex)[:300]}")
             return default
 
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in SHAPES.items() if args.only != "moe" else ():
         rows += guarded(name, lambda n=n, k=k, name=name: bench_linear(name, n, k, ms, l2, copy_gbps, reps, gemv_impls), [])
     result["linear"] = rows
-    result["moe"] = guarded("moe", lambda: bench_moe(l2, copy_gbps, reps, moe_impls), {})
-    result["quant"] = guarded("quant", lambda: bench_quant(reps), [])
+    result["moe"] = guarded("moe", lambda: bench_moe(l2, copy_gbps, reps, moe_impls), {}) if args.only != "linear" else {}
+    result["quant"] = guarded("quant", lambda: bench_quant(reps), []) if not args.only else []
     result["errors"] = errors
     meta["nvidia_smi_after"] = _nvidia_smi()
 
@@ -521,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{i} {mo[f'us_{i}']:.1f} us ({mo[f'pct_floor_{i}']:.0f}% of floor)" for i in moe_impls)
             + f"; floor {mo['floor_us']:.1f} us ({mo['floor_bytes'] / 1e6:.1f} MB); with router: packed "
             f"{mo.get('us_layer_with_router', float('nan')):.1f} us, old {mo.get('us_layer_with_router_old', float('nan')):.1f} us"
-            + "".join(f", {i} {mo.get(f'us_layer_with_router_{i}', float('nan')):.1f} us" for i in MOE_CUDA_SRC)
+            + "".join(f", {i} {mo.get(f'us_layer_with_router_{i}', float('nan')):.1f} us" for i in [*MOE_CUDA_SRC, *MOE_CFG])
             + f", vLLM triton {mo.get('vllm_triton', {}).get('us_with_router', float('nan')):.1f} us")
     print("quant bf16->mxfp8: " + ", ".join(f"[{q['M']}x{q['K']}] {q['us']:.1f} us" for q in result["quant"]))
     for e in errors:

@@ -973,6 +973,442 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
   if (threadIdx.x == 0) *counter = 0;
 }
 
+// ---- Fused MoE decode (M = 1): gate_up + SwiGLU, then down + combine, in one persistent launch ----
+//
+// Why: with two launches the down kernel's CTAs can only start where gate_up's have left (gate_up holds
+// the register file at 3 CTAs per SM), so down streamed its 17.7 MB (gpt-oss-120b, top-4) after gate_up
+// ended: ~8 of the layer's ~25 us on an H200 (kernels/NOTES.md). Here every CTA first asks the copy
+// engine for the down weights of its down items (cp.async.bulk into shared memory: they arrive while
+// gate_up streams through registers), then runs its gate_up items, then its down items from shared
+// memory once the h rows they need are complete.
+//
+// Items: gate_up (slot, group of RW row tiles), as mxfp4_kernel<MODE_GATEUP>; down (slot, row tile),
+// 8 warps splitting K, weighted by the slot's routing weight into partial[slot]; the CTA that
+// completes a row tile's last slot (atomic ticket) sums the slots in slot order: deterministic.
+//
+// Cross-CTA waits (a down item waits for its slot's gate_up items) need every CTA of the grid resident
+// at once: the host sizes the grid from the occupancy API, and this kernel never triggers dependent
+// launches early (a dependent kernel's CTAs waiting in griddepcontrol.wait could otherwise hold the
+// slots of CTAs that were not yet resident). A wait that does not end traps after ~2**25 polls instead
+// of hanging. The counters are reset by the last CTA, so each launch starts from zero.
+constexpr int FUSED_MAX_DN = 8;  // down items per CTA held in shared memory (mbarriers)
+constexpr int SYNC_DONE = 0, SYNC_EXIT = 8, SYNC_TICKETS = 16;  // int offsets in FusedArgs::sync
+
+struct FusedArgs {
+  const __nv_bfloat16* x;  // [1, H]
+  const uint4* gu_words;
+  const uint32_t* gu_scales;
+  long long gu_wst, gu_sst;  // per expert, uint4 / u32 units
+  const void* gu_bias;
+  int gu_bias_kind;
+  long long gu_bst;
+  const uint4* dn_words;
+  const uint32_t* dn_scales;
+  long long dn_wst, dn_sst;
+  const void* dn_bias;
+  int dn_bias_kind;
+  long long dn_bst;
+  const int* ids;  // [top_k]
+  const float* wts;  // [top_k]
+  uint32_t* hfrag;  // [top_k][dn_kc][32] u32: h as f16 * 2**8 fragments (padding stays zero)
+  float* partial;  // [top_k][dn_tiles * 16]
+  int* sync;  // zeroed once: done[8] per slot, CTAs finished, tickets[dn_tiles] (reset by the kernel)
+  __nv_bfloat16* out;  // [1, H]
+  int H, gu_n, gu_tiles, gu_kc, dn_n, dn_tiles, dn_kc, top_k, dn_per_cta;
+  float alpha, limit;
+  int dn_issue;  // when the down weights are requested (see issue_down)
+};
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+
+// After a CTA barrier, one thread: the CTA's earlier writes are released before the count moves (CUTLASS's
+// semaphore, cutlass/barrier.h red_release).
+__device__ __forceinline__ void red_release(int* p, int v) {
+  asm volatile("fence.acq_rel.gpu;\n red.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// Wait until *p >= target (another CTA's release). One thread polls; ~2**25 polls (seconds) trap.
+__device__ __forceinline__ void wait_count(const int* p, int target) {
+  uint32_t polls = 0;
+  while (ld_acquire(p) < target) {
+    __nanosleep(64);
+    if (++polls == (1u << 25)) __trap();
+  }
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+#endif
+}
+
+// A copy that never completes traps after ~2**26 polls instead of hanging the process.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done, polls = 0;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+    if (!done && ++polls == (1u << 26)) __trap();
+  } while (!done);
+#endif
+}
+
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+      ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol) : "memory");
+#endif
+}
+
+// Shared memory of the fused kernel, in bytes (the host computes the same in cuda_ext.fused_smem).
+__host__ __device__ constexpr int fused_dn_item_bytes(int dn_kc) { return dn_kc * (512 + 32); }
+
+template <int RW, int PF, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) moe_fused_kernel(const FusedArgs a) {
+  extern __shared__ __align__(128) uint8_t fsm[];
+#ifdef MXFP4_PHASES
+  constexpr int MODE = 3;  // phase records of the fused kernel: globaltimer (one clock for all SMs) at each event
+  PHASE_SET(0, gtimer());
+  PHASE_SET(2, smid());
+#endif
+  constexpr int KS = WARPS / RW;  // gate_up: warps splitting K of one row tile
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int G = gridDim.x, b = blockIdx.x;
+  const int item_bytes = fused_dn_item_bytes(a.dn_kc);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(fsm);  // [FUSED_MAX_DN]
+  int* flag = reinterpret_cast<int*>(fsm + 8 * FUSED_MAX_DN);
+  uint8_t* dnbuf = fsm + 128;  // [dn_per_cta][codes dn_kc x 512 B | scales dn_kc x 32 B]
+  uint32_t* xs = reinterpret_cast<uint32_t*>(dnbuf + a.dn_per_cta * item_bytes);  // x fragments [gu_kc][32]
+  uint32_t* hs = xs + a.gu_kc * 32;  // two slots' h fragments [2][dn_kc][32]
+  float* red = reinterpret_cast<float*>(hs + 2 * a.dn_kc * 32);  // [WARPS][4][32]
+  float* xdown = red + WARPS * 4 * 32;  // [16]
+  uint32_t* xzero = reinterpret_cast<uint32_t*>(xdown + 16);  // [8]
+  uint32_t* amax_bits = xzero + 8;  // [16]
+  int* done = a.sync + SYNC_DONE;
+  int* tickets = a.sync + SYNC_TICKETS;
+
+  const int n_groups = (a.gu_tiles + RW - 1) / RW;  // gate_up items per slot
+  const int n_gu = a.top_k * n_groups;
+  const int n_dn = a.top_k * a.dn_tiles;
+  // This CTA's j-th down item: CTAs with fewer gate_up items (the high indices) get theirs first.
+  auto dn_item = [&](int j) { return j * G + (G - 1 - b); };
+
+  if (threadIdx.x < 8) xzero[threadIdx.x] = 0u;
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < a.dn_per_cta; ++j) mbar_init(&bars[j], 1);
+    mbar_init_fence();
+  }
+  const uint64_t pol = policy_evict_first();
+  pdl_wait();  // expert ids (and x) come from the kernels before this one
+
+  // Down weights of this CTA's down items: two bulk copies each (codes, scales), one mbarrier each. When
+  // (a.dn_issue): 0 = first (they cost no registers, but x's loads then wait behind ~17 MB of them), 1 = after
+  // the gate_up prefetch is issued, 2 = after the CTA's first gate_up item.
+  auto issue_down = [&]() {
+    if (threadIdx.x != 0) return;
+    for (int j = 0; j < a.dn_per_cta; ++j) {
+      const int d = dn_item(j);
+      if (d >= n_dn) break;
+      const int slot = d / a.dn_tiles, tile = d - slot * a.dn_tiles;
+      const int e = a.ids[slot];
+      if (e < 0) continue;
+      uint8_t* dst = dnbuf + j * item_bytes;
+      mbar_arrive_expect(&bars[j], (uint32_t)item_bytes);
+      bulk_load(dst, a.dn_words + (long long)e * a.dn_wst + (long long)tile * a.dn_kc * 32, a.dn_kc * 512, &bars[j], pol);
+      bulk_load(dst + a.dn_kc * 512, a.dn_scales + (long long)e * a.dn_sst + (long long)tile * a.dn_kc * 8, a.dn_kc * 32,
+                &bars[j], pol);
+    }
+  };
+  if (a.dn_issue == 0) issue_down();
+#ifdef MXFP4_PHASES
+  PHASE_SET(4, gtimer());  // down copies issued
+#endif
+  // x prepared before the gate_up weight stream is issued, as mxfp4_kernel<MODE_GATEUP> does: its loads are not
+  // queued behind the stream, and its registers are free again when the prefetch slots fill (both live at once
+  // spilled at 80 registers)
+  {
+    XPre pre;
+    x_preload(a.x, a.H, 1, a.H, pre);
+    prep_x(a.x, a.H, 1, a.H, a.gu_kc, xs, xdown, amax_bits, pre, false);  // ends with a barrier
+  }
+#ifdef MXFP4_PHASES
+  PHASE_SET(5, gtimer());  // x prepared
+#endif
+
+  // gate_up: K split, prefetch cursor across this CTA's items (as mxfp4_kernel)
+  const int kslot = warp % KS, rw = warp / KS;
+  const int nck = (a.gu_kc - kslot + KS - 1) / KS;
+  const int nck_max = (a.gu_kc + KS - 1) / KS;
+  const int np = ((nck_max + PF - 1) / PF) * PF;
+  uint4 wb[PF];
+  uint32_t sb[PF];
+  int lit = b, lci = 0;
+  bool lok = false;
+  const uint4* lw = a.gu_words;
+  const uint32_t* ls = a.gu_scales;
+  auto set_item = [&](int it) {
+    int e = -1, grp = 0;
+    if (it < n_gu) {
+      const int slot = it / n_groups;
+      grp = it - slot * n_groups;
+      e = a.ids[slot];
+    }
+    lok = e >= 0;
+    const long long tc = (long long)min(grp * RW + rw, a.gu_tiles - 1) * a.gu_kc + kslot;
+    lw = a.gu_words + (long long)max(e, 0) * a.gu_wst + tc * 32 + lane;
+    ls = a.gu_scales + (long long)max(e, 0) * a.gu_sst + tc * 8 + g;
+  };
+  auto issue = [&](uint4& w, uint32_t& s) {
+    const bool ok = lok && lci < nck;
+    ld_stream_v4_if(w, lw, pol, ok);
+    ld_stream_u32_if(s, ls, pol, ok);
+    lw += KS * 32;
+    ls += KS * 8;
+    if (++lci == np) {
+      lci = 0;
+      lit += G;
+      set_item(lit);
+    }
+  };
+#pragma unroll
+  for (int p = 0; p < PF; ++p) {
+    wb[p] = make_uint4(0u, 0u, 0u, 0u);
+    sb[p] = 0u;
+  }
+  set_item(lit);
+#pragma unroll
+  for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
+  if (a.dn_issue == 1) issue_down();
+
+  uint32_t xb[1][8];
+  const uint32_t* xl[1] = {g == 0 ? xs + t * 8 : xzero};
+  const int xstep[1] = {g == 0 ? 32 : 0};
+  for (int it = b; it < n_gu; it += G) {
+    const int slot = it / n_groups, grp = it - slot * n_groups;
+    const int e = a.ids[slot];
+    const bool active = e >= 0;
+    const int tl = grp * RW + rw;
+    float pb0 = 0.f, pb1 = 0.f;
+    {
+      const int i = tl * 8 + g;
+      const bool ok = a.gu_bias_kind && active && kslot == 0 && t == 0 && tl < a.gu_tiles && i < a.gu_n / 2;
+      const long long eb = ok ? (long long)e : 0;
+      pb0 = ld_param_early(a.gu_bias, a.gu_bias_kind, eb * a.gu_bst + 2 * i, ok);
+      pb1 = ld_param_early(a.gu_bias, a.gu_bias_kind, eb * a.gu_bst + 2 * i + 1, ok);
+    }
+    float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+    for (int i0 = 0; i0 < np; i0 += PF) {
+#pragma unroll
+      for (int p = 0; p < PF; ++p) {
+        const int ci = i0 + p;
+        if (ci < nck && active) {
+          load_xb<1>(xl, xstep, kslot + ci * KS, xb);
+          chunk_mma<1>(wb[p], sb[p], xb, acc);
+        }
+        issue(wb[p], sb[p]);
+      }
+    }
+    if (kslot > 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[(warp * 4 + i) * 32 + lane] = acc[0][i];
+    }
+    __syncthreads();
+    if (kslot == 0) {
+      for (int ks = 1; ks < KS; ++ks) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][i] += red[((warp + ks) * 4 + i) * 32 + lane];
+      }
+      const int i = tl * 8 + g;  // pair index = h column
+      if (active && t == 0 && tl < a.gu_tiles && i < a.gu_n / 2) {
+        float gate = fmaf(acc[0][0], xdown[0], pb0), up = fmaf(acc[0][2], xdown[0], pb1);
+        gate = fminf(gate, a.limit);
+        up = fminf(fmaxf(up, -a.limit), a.limit);
+        const float glu = gate / (1.f + expf(-gate * a.alpha));
+        const float h = (up + 1.f) * glu;
+        __half* hp = reinterpret_cast<__half*>(a.hfrag + (long long)slot * a.dn_kc * 32 + frag_index(i >> 1));
+        hp[i & 1] = __float2half_rn(h * 256.f);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) red_release(done + slot, 1);  // the CTA's h writes, then the count
+    if (a.dn_issue == 2 && it == b) issue_down();
+  }
+  if (a.dn_issue == 2 && b >= n_gu) issue_down();  // no gate_up item here
+
+#ifdef MXFP4_PHASES
+  PHASE_SET(6, gtimer());  // this CTA's gate_up items done
+#endif
+  // down items from shared memory, two at a time: their waits, h staging, partial sums and tickets share one
+  // chain of L2 round trips (one item after the other took two: phase timing, H200, ~4.5 us per item after h)
+  for (int j0 = 0; j0 < a.dn_per_cta; j0 += 2) {
+    int slot[2], tile[2], e[2];
+    bool has[2], active[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int d = dn_item(j0 + q);
+      has[q] = j0 + q < a.dn_per_cta && d < n_dn;
+      slot[q] = has[q] ? d / a.dn_tiles : 0;
+      tile[q] = has[q] ? d - slot[q] * a.dn_tiles : 0;
+      e[q] = has[q] ? a.ids[slot[q]] : -1;
+      active[q] = e[q] >= 0;
+    }
+    if (!has[0]) break;
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        if (active[q]) wait_count(done + slot[q], n_groups);
+    }
+#ifdef MXFP4_PHASES
+    if (j0 == 0) PHASE_SET(7, gtimer());  // the first down items' h complete
+#endif
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+      if (active[q]) mbar_wait(&bars[j0 + q], 0);
+#ifdef MXFP4_PHASES
+    if (j0 == 0) PHASE_SET(8, gtimer());  // and their weights in shared memory
+#endif
+    __syncthreads();  // (thread 0's acquire, then the barrier: h is visible to the CTA)
+    {  // h of both items' slots: global (other CTAs wrote it) -> shared, all loads before any store
+      const int n16 = a.dn_kc * 8;
+      for (int q0 = 0; q0 < 2 * n16; q0 += H_BATCH * THREADS) {
+        uint4 v[H_BATCH];
+#pragma unroll
+        for (int u = 0; u < H_BATCH; ++u) {
+          const int q = q0 + u * THREADS + threadIdx.x;
+          const bool second = q >= n16;  // (selects, not a run-time array index: that put the arrays on the stack)
+          if (q < 2 * n16 && (second ? active[1] : active[0]))
+            v[u] = __ldcg(reinterpret_cast<const uint4*>(a.hfrag + (long long)(second ? slot[1] : slot[0]) * a.dn_kc * 32) +
+                          (second ? q - n16 : q));
+        }
+#pragma unroll
+        for (int u = 0; u < H_BATCH; ++u) {
+          const int q = q0 + u * THREADS + threadIdx.x;
+          if (q < 2 * n16 && (q >= n16 ? active[1] : active[0])) reinterpret_cast<uint4*>(hs)[q] = v[u];
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+      if (q ? active[1] : active[0]) {
+        const uint4* dw = reinterpret_cast<const uint4*>(dnbuf + (j0 + q) * item_bytes);
+        const uint32_t* ds = reinterpret_cast<const uint32_t*>(dnbuf + (j0 + q) * item_bytes + a.dn_kc * 512);
+        const uint32_t* hl[1] = {g == 0 ? hs + q * a.dn_kc * 32 + t * 8 : xzero};
+        for (int c = warp; c < a.dn_kc; c += WARPS) {
+          load_xb<1>(hl, xstep, c, xb);
+          chunk_mma<1>(dw[c * 32 + lane], ds[c * 8 + g], xb, acc);
+        }
+      }
+      red[((warp * 2 + q) * 2 + 0) * 32 + lane] = acc[0][0];
+      red[((warp * 2 + q) * 2 + 1) * 32 + lane] = acc[0][2];
+    }
+    __syncthreads();
+#ifdef MXFP4_PHASES
+    if (j0 == 0) PHASE_SET(9, gtimer());  // the first down items computed
+#endif
+    if (warp < 2 && (warp ? has[1] : has[0])) {  // warp q: item q's fixed-order sum over the K slices, times its weight
+      const int q = warp;
+      const int sq = q ? slot[1] : slot[0], tq = q ? tile[1] : tile[0], eq = q ? e[1] : e[0];
+      const bool aq = q ? active[1] : active[0];
+      float s0 = 0.f, s2 = 0.f;
+      for (int w = 0; w < WARPS; ++w) {
+        s0 += red[((w * 2 + q) * 2 + 0) * 32 + lane];
+        s2 += red[((w * 2 + q) * 2 + 1) * 32 + lane];
+      }
+      if (t == 0) {
+        const int r0 = tq * 16 + g, r1 = r0 + 8;
+        float v0 = 0.f, v2 = 0.f;
+        if (aq) {
+          const float wt = a.wts[sq];
+          const long long eb = (long long)eq * a.dn_bst;
+          const float b0 = (a.dn_bias_kind && r0 < a.dn_n) ? load_param(a.dn_bias, a.dn_bias_kind, eb + r0) : 0.f;
+          const float b1 = (a.dn_bias_kind && r1 < a.dn_n) ? load_param(a.dn_bias, a.dn_bias_kind, eb + r1) : 0.f;
+          v0 = fmaf(s0, wt * 64.f, wt * b0);  // h stored * 2**8, decode * 2**-14: products are * 2**-6
+          v2 = fmaf(s2, wt * 64.f, wt * b1);
+        }
+        float* pp = a.partial + (long long)sq * a.dn_tiles * 16 + tq * 16;
+        pp[g] = v0;
+        pp[g + 8] = v2;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the partial sums, then the tickets (release); the last slot of a tile acquires
+      fence_acq_rel();
+#pragma unroll
+      for (int q = 0; q < 2; ++q) flag[q] = has[q] && atomicAdd(tickets + tile[q], 1) == a.top_k - 1;
+      fence_acq_rel();
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // this CTA completed a row tile's last slot: sum the slots in slot order
+      const int q = threadIdx.x >> 4, tq = q ? tile[1] : tile[0], r = tq * 16 + (threadIdx.x & 15);
+      if (flag[q]) {
+        float s = 0.f;
+        for (int k = 0; k < a.top_k; ++k) s += __ldcg(a.partial + (long long)k * a.dn_tiles * 16 + r);
+        if (r < a.dn_n) a.out[r] = __float2bfloat16_rn(s);
+        if ((threadIdx.x & 15) == 0) tickets[tq] = 0;
+      }
+    }
+    __syncthreads();  // red, hs and flag are reused by the next pair
+  }
+
+#ifdef MXFP4_PHASES
+  PHASE_SET(1, gtimer());
+#endif
+  // The last CTA resets the per-slot counters: every other CTA is past its waits.
+  if (threadIdx.x == 0 && atomicAdd(a.sync + SYNC_EXIT, 1) == G - 1) {
+    for (int s = 0; s < 8; ++s) done[s] = 0;
+    a.sync[SYNC_EXIT] = 0;
+  }
+}
+
+template <int RW, int PF, int MINB>
+cudaError_t launch_fused(const FusedArgs& a, int grid, size_t smem, cudaStream_t stream, int pdl) {
+  auto kern = moe_fused_kernel<RW, PF, MINB>;
+  cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kern, a);
+}
+
+template <int RW, int PF, int MINB>
+int occupancy_fused(size_t smem) {
+  auto kern = moe_fused_kernel<RW, PF, MINB>;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) return 0;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, THREADS, smem) != cudaSuccess) return 0;
+  return n;
+}
+
 template <int MODE, int NT, int RW, int RT, int PF>
 cudaError_t launch(const Args& a, int grid, size_t smem, cudaStream_t stream, int pdl) {
   auto kern = mxfp4_kernel<MODE, NT, RW, RT, PF>;
@@ -1070,6 +1506,53 @@ int mxfp4_topk(const void* logits, int l_kind, long long sl, int* ids, float* wt
     return (int)cudaErrorInvalidValue;
   topk_kernel<<<1, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(logits, l_kind, sl, ids, wts, M, E, top_k);
   return (int)cudaGetLastError();
+}
+
+// Fused MoE decode for one token (moe_fused_kernel): variant = index into the table below, (RW, PF, CTAs per SM).
+typedef cudaError_t (*fused_fn)(const FusedArgs&, int, size_t, cudaStream_t, int);
+typedef int (*fused_occ_fn)(size_t);
+#define FUSED_TABLE(F) F<2, 4, 3>, F<1, 6, 3>, F<2, 4, 2>, F<1, 6, 2>, F<1, 8, 2>, F<2, 6, 2>
+static const fused_fn fused_launch[] = {FUSED_TABLE(launch_fused)};
+static const fused_occ_fn fused_occ[] = {FUSED_TABLE(occupancy_fused)};
+constexpr int FUSED_VARIANTS = sizeof(fused_launch) / sizeof(fused_launch[0]);
+
+int mxfp4_fused_num_variants() { return FUSED_VARIANTS; }
+
+int mxfp4_fused_max_dn() { return FUSED_MAX_DN; }
+
+// CTAs of fused variant `variant` that fit on one SM with `smem` bytes of dynamic shared memory (0: none).
+int mxfp4_fused_occupancy(int variant, long long smem) {
+  if (variant < 0 || variant >= FUSED_VARIANTS) return 0;
+  return fused_occ[variant]((size_t)smem);
+}
+
+int mxfp4_moe_fused(int variant, const __nv_bfloat16* x, const void* gu_words, const void* gu_scales, long long gu_wst,
+                    long long gu_sst, const void* gu_bias, int gu_bias_kind, long long gu_bst, const void* dn_words,
+                    const void* dn_scales, long long dn_wst, long long dn_sst, const void* dn_bias, int dn_bias_kind,
+                    long long dn_bst, const int* ids, const float* wts, void* hfrag, float* partial, int* sync,
+                    __nv_bfloat16* out, int H, int gu_n, int gu_tiles, int gu_kc, int dn_n, int dn_tiles, int dn_kc,
+                    int top_k, int dn_per_cta, float alpha, float limit, int grid, long long smem, void* stream, int pdl,
+                    int dn_issue) {
+  if (variant < 0 || variant >= FUSED_VARIANTS || top_k < 1 || top_k > 8 || dn_per_cta < 1 || dn_issue < 0 || dn_issue > 2 ||
+      dn_per_cta > FUSED_MAX_DN || (long long)dn_per_cta * grid < (long long)top_k * dn_tiles)
+    return (int)cudaErrorInvalidValue;
+  FusedArgs a;
+  a.x = x;
+  a.gu_words = reinterpret_cast<const uint4*>(gu_words);
+  a.gu_scales = reinterpret_cast<const uint32_t*>(gu_scales);
+  a.gu_wst = gu_wst; a.gu_sst = gu_sst;
+  a.gu_bias = gu_bias; a.gu_bias_kind = gu_bias_kind; a.gu_bst = gu_bst;
+  a.dn_words = reinterpret_cast<const uint4*>(dn_words);
+  a.dn_scales = reinterpret_cast<const uint32_t*>(dn_scales);
+  a.dn_wst = dn_wst; a.dn_sst = dn_sst;
+  a.dn_bias = dn_bias; a.dn_bias_kind = dn_bias_kind; a.dn_bst = dn_bst;
+  a.ids = ids; a.wts = wts;
+  a.hfrag = reinterpret_cast<uint32_t*>(hfrag);
+  a.partial = partial; a.sync = sync; a.out = out;
+  a.H = H; a.gu_n = gu_n; a.gu_tiles = gu_tiles; a.gu_kc = gu_kc;
+  a.dn_n = dn_n; a.dn_tiles = dn_tiles; a.dn_kc = dn_kc; a.top_k = top_k; a.dn_per_cta = dn_per_cta;
+  a.alpha = alpha; a.limit = limit; a.dn_issue = dn_issue;
+  return (int)fused_launch[variant](a, grid, (size_t)smem, reinterpret_cast<cudaStream_t>(stream), pdl);
 }
 
 #ifdef MXFP4_PHASES

@@ -294,6 +294,109 @@ def test_moe_packed_cuda_every_variant(gate_up_variant, down_variant):
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"gate_up variant {gate_up_variant}, down variant {down_variant}")
 
 
+# --- one token in one launch (cuda_ext.moe's fused path) ------------------------------------------------
+FUSED_CASES = [
+    (128, 2880, 2880, 4, 1.0, False),  # gpt-oss-120b decode
+    (6, 64, 96, 3, 40.0, True),  # clamps, I not a multiple of 64 (padded chunk), k = 3, a skipped slot
+    (4, 32, 32, 2, 1.0, False),  # one scale block, fewer items than CTAs
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("variant", range(6))  # kernels.cuda_ext.FUSED_VARIANTS
+@pytest.mark.parametrize("e,h,inter,k,x_scale,skip", FUSED_CASES)
+def test_moe_fused_decode(variant, e, h, inter, k, x_scale, skip):
+    """Every fused variant against the reference, three calls launched back to back on different tokens and
+    routes before any is checked: a down item that read h before its slot's gate_up items were all counted
+    would read the previous call's h (the scratch is reused), and a counter a launch left non-zero would let
+    the next one read h too early or wait forever (a trap: the call fails). A repeat is bitwise equal (the
+    slot sums have a fixed order), and the profiler shows the fused kernel ran, not the two-launch path."""
+    _need_cuda_ext()
+    from kernels import cuda_ext
+    from kernels.moe import mxfp4_moe_packed, pack_moe_experts
+    from kernels.testing import cuda_kernel_names
+
+    assert len(cuda_ext.FUSED_VARIANTS) == 6
+    seed = fresh_seed()
+    g = generator(seed, "cuda")
+    p = _random_experts(g, e, h, inter)
+    gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
+    # when the down weights are requested (0 first, 1 after the gate_up prefetch, 2 after the first gate_up item)
+    # cycles with the variant, so each of the three points runs in two variants
+    cfg = {**get_config("moe").get("packed", {}), "fused": 1, "fused_variant": variant, "fused_down_issue": variant % 3}
+    calls = []
+    for c in range(3):
+        ids, wts = _routing(g, 1, e, k)
+        if skip:
+            ids[0, c % k] = -1
+        x = (torch.randn(1, h, generator=g, device="cuda") * x_scale).to(torch.bfloat16)
+        calls.append((x, ids.to(torch.int32), wts, poisoned((1, h), torch.bfloat16, "cuda")))
+    for x, ids, wts, out in calls:
+        mxfp4_moe_packed(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
+    for c, (x, ids, wts, out) in enumerate(calls):
+        keep = ids >= 0
+        ref = reference.moe_experts_ref(x, torch.where(keep, ids, 0).long(), wts * keep, **p)
+        assert_close_nmse(out, ref, MOE_NMSE, seed, f"fused variant {variant} (down issue {variant % 3}), E={e} I={inter} k={k}, call {c}")
+    x, ids, wts, first = calls[0]
+    again = poisoned((1, h), torch.bfloat16, "cuda")
+    names = cuda_kernel_names(
+        lambda: mxfp4_moe_packed(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=again, config=cfg))
+    assert torch.equal(again, first), f"fused variant {variant}: a repeat differs (seed={seed})"
+    assert any("moe_fused_kernel" in n for n in names) and not any("mxfp4_kernel<" in n for n in names), names
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("e,h,inter,k,x_scale,skip", FUSED_CASES[:2])
+def test_moe_two_launch_decode(e, h, inter, k, x_scale, skip):
+    """One token on the two-launch path (what runs where the fused kernel's down items do not fit in shared
+    memory, e.g. a GB10's ~100 KB per SM): the reference's result, and the profiler shows gate_up and down."""
+    _need_cuda_ext()
+    from kernels.moe import mxfp4_moe_packed
+    from kernels.testing import cuda_kernel_names
+
+    seed = fresh_seed()
+    x, ids, wts, gu, dn, p, ref = _packed_case(1, e, h, inter, k, seed, x_scale, skip, dev="cuda")
+    cfg = {**get_config("moe").get("packed", {}), "fused": 0}
+    out = poisoned((1, h), torch.bfloat16, "cuda")
+    names = cuda_kernel_names(
+        lambda: mxfp4_moe_packed(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg))
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"two-launch M=1 E={e} I={inter} k={k}")
+    assert any("mxfp4_kernel<1," in n for n in names) and any("mxfp4_kernel<2," in n for n in names), names
+    assert not any("moe_fused_kernel" in n for n in names), names
+
+
+class _FakeFusedLib:
+    """Occupancy as the CUDA API computes it from shared memory alone (1 KB reserved per CTA)."""
+
+    def __init__(self, smem_per_sm: int, built_for: int):
+        self.smem_per_sm, self.built_for = smem_per_sm, built_for
+
+    def mxfp4_fused_max_dn(self) -> int:
+        return 8
+
+    def mxfp4_fused_occupancy(self, variant: int, smem: int) -> int:
+        return min(self.built_for, self.smem_per_sm // (smem + 1024))
+
+
+def test_fused_plan_keeps_every_cta_resident_and_its_down_items_in_shared_memory():
+    """The fused kernel's grid never exceeds what is resident at once (its down items wait on other CTAs'
+    gate_up items: a CTA that is not resident would never run) and each CTA's down items fit its shared
+    memory; where that is impossible the plan is None and the two-launch path runs. gpt-oss-120b, top-4."""
+    from kernels.cuda_ext import fused_plan, fused_smem
+
+    h100 = _FakeFusedLib(233472, 3)  # sm_90: 228 KB per SM
+    grid, d, smem = fused_plan(h100, 0, 4, 360, 180, 45, 45, 132, 3)
+    assert (grid, d) == (396, 2) and smem == fused_smem(2, 45, 45)
+    assert grid * d >= 4 * 180 and 3 * (smem + 1024) <= 233472
+    # GB10-like: 48 SMs, ~100 KB per SM: 720 down items need >= 15 per CTA at one CTA per SM: no plan
+    assert fused_plan(_FakeFusedLib(101376, 3), 0, 4, 360, 180, 45, 45, 48, 3) is None
+    # a tiny layer: no more CTAs than items
+    grid, d, _ = fused_plan(h100, 0, 2, 4, 2, 1, 1, 132, 3)
+    assert grid == 4 and d == 1
+
+
 @pytest.mark.gpu
 def test_moe_forward_packed_gpt_oss_shapes():
     _need_cuda_ext()
