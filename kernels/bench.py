@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(GEMV impl packed_cuda_before, MoE impl packed_before)")
     ap.add_argument("--moe-variants", metavar="NAME=JSON;...",
                     help='also time the packed MoE with these overrides of tuning.yaml moe.packed, same run, e.g. '
-                         '\'two_launch={"fused": 0};f1={"fused_variant": 1}\'')
+                         '\'gu5={"gate_up_variant": 5};pf6={"down_variant": 6}\'')
     ap.add_argument("--only", choices=["linear", "moe"], help="time only the GEMV shapes or only the MoE layer")
     ap.add_argument("--sweep", type=float, default=0.0, metavar="SECONDS",
                     help="also sweep tile configs for lm_head M=1 and the MoE layer for about this long")

@@ -86,14 +86,6 @@ def _load(src: str = "") -> ctypes.CDLL:
     if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
         lib.mxfp4_topk.restype = I
         lib.mxfp4_topk.argtypes = [P, I, LL, P, P, I, I, I, P]
-    if hasattr(lib, "mxfp4_moe_fused"):  # absent from sources older than the fused MoE (A/B runs load those)
-        lib.mxfp4_moe_fused.restype = I
-        lib.mxfp4_moe_fused.argtypes = [I, P, P, P, LL, LL, P, I, LL, P, P, LL, LL, P, I, LL, P, P, P, P, P, P,
-                                        I, I, I, I, I, I, I, I, I, F, F, I, LL, P, I, I]
-        lib.mxfp4_fused_occupancy.restype = I
-        lib.mxfp4_fused_occupancy.argtypes = [I, LL]
-        lib.mxfp4_fused_max_dn.restype = I
-        lib.mxfp4_fused_max_dn.argtypes = []
     lib.mxfp4_error_string.restype = ctypes.c_char_p
     lib.mxfp4_error_string.argtypes = [I]
     lib.mxfp4_max_smem_optin.restype = I
@@ -279,41 +271,9 @@ def topk_from_logits(logits: torch.Tensor, top_k: int, src: str = ""):
     return ids, wts
 
 
-# Fused MoE decode variants, same order as FUSED_TABLE in the .cu: (gate_up row tiles per item RW, prefetch depth
-# PF, CTAs per SM the kernel is built for). gate_up's K is split over 8 / RW warps.
-FUSED_VARIANTS = [(2, 4, 3), (1, 6, 3), (2, 4, 2), (1, 6, 2), (1, 8, 2), (2, 6, 2)]
-
-
-def fused_smem(dn_per_cta: int, gu_kc: int, dn_kc: int) -> int:
-    """Dynamic shared memory of moe_fused_kernel: mbarriers + flags (128 B), the down items' codes and scales,
-    x fragments, two slots' h fragments, the K-split reduction area, xdown / xzero / amax."""
-    return 128 + dn_per_cta * dn_kc * (512 + 32) + gu_kc * 128 + 2 * dn_kc * 128 + WARPS * 4 * 32 * 4 + 40 * 4
-
-
-def fused_plan(lib, variant: int, top_k: int, gu_tiles: int, dn_tiles: int, gu_kc: int, dn_kc: int, sms: int,
-               per_sm: int) -> tuple[int, int, int] | None:
-    """(grid, down items per CTA, shared memory) of the fused MoE kernel, or None where it cannot run: every
-    CTA must be resident at once (its down items wait for gate_up items of other CTAs), so the grid is at most
-    what the occupancy API says fits, and each CTA's down items must fit in its shared memory."""
-    rw = FUSED_VARIANTS[variant][0]
-    n_gu = top_k * -(-gu_tiles // rw)
-    n_dn = top_k * dn_tiles
-    for ps in range(per_sm, 0, -1):
-        grid = max(1, min(sms * ps, max(n_gu, n_dn)))
-        d = -(-n_dn // grid)
-        if d > lib.mxfp4_fused_max_dn():
-            continue
-        smem = fused_smem(d, gu_kc, dn_kc)
-        if grid <= sms * lib.mxfp4_fused_occupancy(variant, smem):
-            return grid, d, smem
-    return None
-
-
 def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, dn_bias, out: torch.Tensor,
         cfg: dict, alpha: float, limit: float) -> torch.Tensor:
-    """Experts of the MoE block. One token (decode at batch 1): one fused launch where it fits (gate_up + SwiGLU,
-    then down + combine from down weights copied into shared memory meanwhile); otherwise gate_up + SwiGLU
-    (one launch) and down + weighted combine (one launch).
+    """Experts of the MoE block: gate_up + SwiGLU (one launch), down + weighted combine (one launch).
     gu / dn: PackedMXFP4 stacked over experts (gu packed with paired=True). ids int32 [M, k]."""
     lib = _load(cfg.get("cuda_src", ""))
     m, hdim = x.shape
@@ -328,36 +288,6 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     pdl = int(cfg.get("pdl", 1)) if _pdl_works(dev) else 0
     gbk, gb = _param_kind(gu_bias)
     dbk, db = _param_kind(dn_bias)
-    if m == 1 and int(cfg.get("fused", 1)) and hasattr(lib, "mxfp4_moe_fused"):
-        variant = int(cfg.get("fused_variant", 0))
-        if not 0 <= variant < len(FUSED_VARIANTS):
-            raise ValueError(f"moe.packed.fused_variant must be 0..{len(FUSED_VARIANTS) - 1} (kernels/tuning.yaml), "
-                             f"got {variant}")
-        per_sm = int(cfg.get("fused_ctas_per_sm", FUSED_VARIANTS[variant][2]))
-        dn_issue = int(cfg.get("fused_down_issue", 1))
-        if dn_issue not in (0, 1, 2):
-            raise ValueError(f"moe.packed.fused_down_issue must be 0, 1 or 2 (kernels/tuning.yaml), got {dn_issue}")
-        plan = fused_plan(lib, variant, top_k, gu.n_tiles, dn.n_tiles, gu.k_chunks, kc_h, sms, per_sm)
-        if plan is not None:
-            grid, d, smem = plan
-            partial = _cached_zeros(("partial", dev, top_k, dn.n_tiles), (top_k, dn.n_tiles * 16), torch.float32, dev)
-            sync = _cached_zeros(("fused_sync", dev, dn.n_tiles), (16 + dn.n_tiles,), torch.int32, dev)
-            ids32 = ids.to(torch.int32).contiguous()
-            wts32 = wts.to(torch.float32).contiguous()
-
-            def launch_fused(p):
-                return lib.mxfp4_moe_fused(
-                    variant, x.data_ptr(), gu.words.data_ptr(), gu.scales.data_ptr(), gu.words[0].numel() // 4,
-                    gu.scales[0].numel() // 4, gb.data_ptr() if gb is not None else None, gbk,
-                    gb.stride(0) if gb is not None else 0, dn.words.data_ptr(), dn.scales.data_ptr(),
-                    dn.words[0].numel() // 4, dn.scales[0].numel() // 4, db.data_ptr() if db is not None else None, dbk,
-                    db.stride(0) if db is not None else 0, ids32.data_ptr(), wts32.data_ptr(), hfrag.data_ptr(),
-                    partial.data_ptr(), sync.data_ptr(), out.data_ptr(), hdim, gu.n, gu.n_tiles, gu.k_chunks, dn.n,
-                    dn.n_tiles, kc_h, top_k, d, alpha, limit, grid, smem, stream, p, dn_issue)
-
-            err, _ = _launch_pdl(launch_fused, pdl, dev)
-            _check(err, "mxfp4 fused moe launch")
-            return out
     # gate_up: items = slots x row-tile groups, K split per cfg
     v1 = int(cfg.get("gate_up_variant", 5))
     nt, rw, rt, pf = VARIANTS[v1]

@@ -32,7 +32,7 @@ import torch
 
 EVENTS = ["start", "issue", "prep", "first", "loop", "second", "end"]
 SLOTS = 16
-MODES = {0: "dense", 1: "gate_up", 2: "down", 3: "fused"}
+MODES = {0: "dense", 1: "gate_up", 2: "down"}
 XPREP = ["cta", "kernel"]  # gemv.packed.xprep: activation prepared per CTA, or once per call by its own kernel
 
 
@@ -48,7 +48,7 @@ def phase_source(src: str = "") -> str:
 
 def summarize(rec: torch.Tensor, mode: int, grid: int) -> dict:
     """Records of one kernel (mode) -> medians per interval in ns, span and start skew."""
-    r = rec.view(len(MODES), 2048, SLOTS)[mode, :grid].tolist()
+    r = rec.view(3, 2048, SLOTS)[mode, :grid].tolist()
     r = [row for row in r if row[0] and row[1]]
     if not r:
         return {"error": "no records (kernel did not run with the phase build?)"}
@@ -70,29 +70,11 @@ def summarize(rec: torch.Tensor, mode: int, grid: int) -> dict:
     }
 
 
-FUSED_EVENTS = {"issued": 4, "x_ready": 5, "gate_up_done": 6, "h_ready": 7, "dn_weights": 8, "dn_first": 9, "end": 1}
-
-
-def fused_timeline(rec: torch.Tensor) -> dict:
-    """Records of the fused MoE kernel -> per event, ns from the first CTA start: min / median / max over CTAs."""
-    r = [row for row in rec.view(len(MODES), 2048, SLOTS)[3].tolist() if row[0] and row[1]]
-    if not r:
-        return {"error": "no records (kernel did not run with the phase build?)"}
-    t0 = min(row[0] for row in r)
-    out: dict = {"ctas": len(r), "sms": len({row[2] for row in r}), "last_start": max(row[0] for row in r) - t0}
-    for name, i in FUSED_EVENTS.items():
-        v = sorted(row[i] - t0 for row in r if row[i])
-        if v:
-            out[name] = [v[0], v[len(v) // 2], v[-1]]
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.phase_timing", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--src", default="", help="kernel source (default csrc/mxfp4_mma.cu)")
     ap.add_argument("--ms", default="1,8", help="token counts of the dense cases")
-    ap.add_argument("--moe-only", action="store_true", help="only the MoE layer (two launches and fused)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels.phase_timing needs CUDA: torch.cuda.is_available() is False")
@@ -109,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     lib = cuda_ext._load(src)
     lib.mxfp4_set_phase_buffer.restype = ctypes.c_int
     lib.mxfp4_set_phase_buffer.argtypes = [ctypes.c_void_p]
-    rec = torch.zeros(len(MODES) * 2048 * SLOTS, dtype=torch.int64, device="cuda")
+    rec = torch.zeros(3 * 2048 * SLOTS, dtype=torch.int64, device="cuda")
     assert lib.mxfp4_set_phase_buffer(rec.data_ptr()) == 0
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -127,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     g = generator(5, "cuda")
     gcfg = {**get_config("gemv"), **get_config("gemv").get("packed", {}), "impl": "cuda", "cuda_src": src}
-    for name in ("qkv", "o_proj", "expert_gate_up", "expert_down", "lm_head") if not args.moe_only else ():
+    for name in ("qkv", "o_proj", "expert_gate_up", "expert_down", "lm_head"):
         n, k = SHAPES[name]
         nq = n_buffers(n * k // 2 + n * k // 32, l2)
         packed = [pack_mxfp4(*random_mxfp4((n, k), g)) for _ in range(nq)]
@@ -159,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     routes = [torch.randperm(e, generator=g, device="cuda")[:tk].view(1, tk).to(torch.int32) for _ in range(16)]
     w4 = torch.softmax(torch.randn(1, tk, generator=g, device="cuda"), -1)
     out = torch.empty(1, h, dtype=torch.bfloat16, device="cuda")
-    mcfg = {**get_config("moe").get("packed", {}), "cuda_src": src, "fused": 0}
+    mcfg = {**get_config("moe").get("packed", {}), "cuda_src": src}
     rec.zero_()
     us = time_calls([lambda r=r: mxfp4_moe_packed(x, r, w4, gu, gb, dn, db, out=out, config=mcfg) for r in routes],
                     reps, 32)
@@ -172,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         results["cases"].append(res)
         print(json.dumps(res), flush=True)
     # gate_up -> down handoff: down CTAs start (PDL) before gate_up ends; how long do they wait?
-    rr = r.view(len(MODES), 2048, SLOTS)
+    rr = r.view(3, 2048, SLOTS)
     gu_end = max(v for v in rr[1, :, 1].tolist() if v)
     dn_start = min(v for v in rr[2, :, 0].tolist() if v)
     dn_end = max(v for v in rr[2, :, 1].tolist() if v)
@@ -180,14 +162,6 @@ def main(argv: list[str] | None = None) -> int:
     results["moe_timeline_ns"] = {"gate_up_start": 0, "gate_up_end": gu_end - gu_start,
                                   "down_start": dn_start - gu_start, "down_end": dn_end - gu_start}
     print("moe timeline (ns from gate_up start):", results["moe_timeline_ns"], flush=True)
-    # The fused kernel (one launch): globaltimer at each event, percentiles over CTAs from the first start.
-    fcfg = {**mcfg, "fused": 1}
-    rec.zero_()
-    us = time_calls([lambda r=r: mxfp4_moe_packed(x, r, w4, gu, gb, dn, db, out=out, config=fcfg) for r in routes],
-                    reps, 32)
-    torch.cuda.synchronize()
-    results["fused"] = {"us_per_call": round(us, 2), **fused_timeline(rec.cpu())}
-    print("fused moe:", json.dumps(results["fused"]), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 0

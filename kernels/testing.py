@@ -68,14 +68,3 @@ def random_mxfp4(
     packed = torch.randint(0, 256, (*lead, k // 2), generator=gen, device=dev, dtype=torch.uint8)
     scales = torch.randint(scale_lo, scale_hi, (*lead, k // 32), generator=gen, device=dev, dtype=torch.uint8)
     return packed, scales
-
-
-def cuda_kernel_names(fn) -> list[str]:
-    """Names of the CUDA kernels `fn()` launched (torch profiler; GPU only): which path a dispatcher took."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
