@@ -178,13 +178,16 @@ __device__ __forceinline__ void chunk_mma(const uint4 wv, uint32_t sv, const uin
 
 // Activation fragments: layout [row m][chunk c][lane t][8] u32, the 8 = (k-step j, half h) with
 // h = 0: pair (k0+2t, k0+2t+1), h = 1: pair (k0+2t+8, k0+2t+9) -- the two B registers of one
-// mma are adjacent (kernels.packed.prepare_activation). `xl` points at this lane's row m, t.
+// mma are adjacent (kernels.packed.prepare_activation). `xl` points at this lane's row m, t. Lanes whose
+// B column is past the last token read a real row too: column n of the MMA's result depends on column n
+// of B alone, and those columns are never stored. With one step for every lane (no zero block read with
+// step 0) the compiler folds the address of a chunk into the load's offset: the per-chunk address
+// arithmetic (~10 instructions per 512-byte chunk, SASS of the K-split kernels) goes.
 template <int NT>
-__device__ __forceinline__ void load_xb(const uint32_t* const (&xl)[NT], const int (&xstep)[NT], int c,
-                                        uint32_t (&xb)[NT][8]) {
+__device__ __forceinline__ void load_xb(const uint32_t* const (&xl)[NT], int c, uint32_t (&xb)[NT][8]) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {  // rows >= M read a 32-byte zero block (xstep 0)
-    const uint4* p = reinterpret_cast<const uint4*>(xl[nt] + c * xstep[nt]);
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint4* p = reinterpret_cast<const uint4*>(xl[nt] + c * 32);
     const uint4 u0 = p[0], u1 = p[1];
     xb[nt][0] = u0.x; xb[nt][1] = u0.y; xb[nt][2] = u0.z; xb[nt][3] = u0.w;
     xb[nt][4] = u1.x; xb[nt][5] = u1.y; xb[nt][6] = u1.z; xb[nt][7] = u1.w;
@@ -476,7 +479,9 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     kslot = warp % kstride;
     rw = 0;
   } else {
-    kstride = a.ksplit;
+    // WARPS / RW, as the host passes it, but known at compile time: the weight pointers then advance by a
+    // constant (a run-time stride cost a 64-bit multiply and shifts per chunk)
+    kstride = WARPS / RW;
     kslot = warp % kstride;
     rw = warp / kstride;
   }
@@ -498,14 +503,13 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
   auto next_item = [&](int it) { return MODE == MODE_DOWN ? it + 1 : it + (int)gridDim.x; };
 
   // Shared memory: activation fragments (dense / gate_up: the M token rows; down: the top_k h slots
-  // of one token), then xdown[16], xzero[8], amax[16], red (after 16 spare words).
+  // of one token), then xdown[16], 8 spare words (kept so the host's size is unchanged), amax[16], red (after
+  // 16 spare words).
   const int xs_rows = (MODE == MODE_DOWN) ? a.top_k : a.M;
   uint32_t* xs = smem;
   float* xdown = reinterpret_cast<float*>(smem + (long long)xs_rows * a.kc * 32) + 16;
-  uint32_t* xzero = reinterpret_cast<uint32_t*>(xdown + 16);  // 8 zero words (B columns >= M)
-  uint32_t* amax_bits = xzero + 8;
+  uint32_t* amax_bits = reinterpret_cast<uint32_t*>(xdown + 16) + 8;
   float* red = reinterpret_cast<float*>(amax_bits + 16);  // [WARPS][RT][NT][4][32]
-  if (threadIdx.x < 8) xzero[threadIdx.x] = 0u;
 
   const uint64_t pol = policy_evict_first();
 
@@ -689,18 +693,15 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       }
     }
     if (MODE == MODE_DOWN && active) pw = a.wts[slot];
-    // this lane's activation rows (B column g of n-tile nt)
+    // this lane's activation rows (B column g of n-tile nt; columns past the tokens read a real row, see load_xb)
     const uint32_t* xl[NT];
-    int xstep[NT];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       if (MODE == MODE_DENSE) {
-        const int m = nt * 8 + g;
-        xl[nt] = m < a.M ? xs + ((long long)m * a.kc * 4 + t) * 8 : xzero;
-        xstep[nt] = m < a.M ? 32 : 0;
+        const int m = min(nt * 8 + g, a.M - 1);
+        xl[nt] = xs + ((long long)m * a.kc * 4 + t) * 8;
       } else {  // one token column: gate_up the slot's token row, down the slot's staged h row
-        xl[nt] = g == 0 ? xs + ((long long)brow * a.kc * 4 + t) * 8 : xzero;
-        xstep[nt] = g == 0 ? 32 : 0;
+        xl[nt] = xs + ((long long)brow * a.kc * 4 + t) * 8;
       }
     }
     float acc[RT][NT][4];
@@ -716,7 +717,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       for (int p = 0; p < PF; ++p) {
         const int ci = i0 + p;
         if (ci < nck && active) {
-          load_xb<NT>(xl, xstep, kslot + ci * kstride, xb);
+          load_xb<NT>(xl, kslot + ci * kstride, xb);
 #pragma unroll
           for (int rt = 0; rt < RT; ++rt) chunk_mma<NT>(wb[p][rt], sb[p][rt], xb, acc[rt]);
 #ifdef MXFP4_PHASES
