@@ -562,19 +562,29 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       ls[rt] = a.scales + sbase + tc * 8 + g;
     }
   };
-  auto issue = [&](uint4 (&w)[RT], uint32_t (&s)[RT]) {
-    const bool ok = lok && lci < nck;
+  // Slot p of a group of PF: lci is the group's first iteration (np is a multiple of PF, so a group never
+  // straddles two items), p a compile-time constant after unrolling. The pointers and the item cursor move once
+  // per group and each load's address is the group's pointer plus a constant: per chunk that removed a 64-bit
+  // pointer step per array and the item-end test (SASS of the K-split kernels).
+  auto issue = [&](uint4 (&w)[RT], uint32_t (&s)[RT], int p) {
+    const bool ok = lok && lci + p < nck;
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
-      ld_stream_v4_if(w[rt], lw[rt], pol, ok);
-      ld_stream_u32_if(s[rt], ls[rt], pol, ok);
-      lw[rt] += kstride * 32;
-      ls[rt] += kstride * 8;
+      ld_stream_v4_if(w[rt], lw[rt] + p * kstride * 32, pol, ok);
+      ld_stream_u32_if(s[rt], ls[rt] + p * kstride * 8, pol, ok);
     }
-    if (++lci == np) {
-      lci = 0;
-      lit = next_item(lit);
-      set_item(lit);
+    if (p == PF - 1) {
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        lw[rt] += PF * kstride * 32;
+        ls[rt] += PF * kstride * 8;
+      }
+      lci += PF;
+      if (lci == np) {
+        lci = 0;
+        lit = next_item(lit);
+        set_item(lit);
+      }
     }
   };
 #pragma unroll
@@ -589,7 +599,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     // Weights and ids do not depend on the previous kernel (gate_up): prefetch, then wait for h.
     set_item(lit);
 #pragma unroll
-    for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
+    for (int p = 0; p < PF; ++p) issue(wb[p], sb[p], p);
     PHASE_CLK(1);
     pdl_wait();
     PHASE_CLK(2);  // gate_up done (its h is visible)
@@ -611,7 +621,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     if (MODE == MODE_DENSE) {
       set_item(lit);
 #pragma unroll
-      for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
+      for (int p = 0; p < PF; ++p) issue(wb[p], sb[p], p);
     }
     PHASE_CLK(1);  // x loads and (dense) the weight prefetch issued
     if (copy_x) {
@@ -626,7 +636,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       pdl_trigger();
       set_item(lit);
 #pragma unroll
-      for (int p = 0; p < PF; ++p) issue(wb[p], sb[p]);
+      for (int p = 0; p < PF; ++p) issue(wb[p], sb[p], p);
     }
   }
 
@@ -727,7 +737,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
           }
 #endif
         }
-        issue(wb[p], sb[p]);  // slot p is free again: load iteration ci + PF (maybe of the next item)
+        issue(wb[p], sb[p], p);  // slot p is free again: load iteration ci + PF (maybe of the next item)
       }
     }
 
