@@ -8,7 +8,8 @@ the records of the last call. Per case it prints:
 * us/call of the graph replay, and of an empty launch (the floor a graph node costs here);
 * span: first CTA start to last CTA end (globaltimer), and how late the last CTA started;
 * per CTA, median over CTAs of the clock64 intervals between events, in ns:
-  issue  = start -> x loads and the weight prefetch issued
+  issue  = start -> x loads issued (and the weight prefetch, where x comes from xprep_kernel;
+           dense M=1 issues its prefetch after the prep, gate_up after the route kernel)
   prep   = -> activation fragments in shared memory (prep_x, or the copy of xprep_kernel's output;
            down: -> gate_up's h visible)
   first  = -> the first chunk's MMA done (the first weights arrived)
