@@ -283,6 +283,12 @@ class Flavour:
                                          "or record again (scripts/record_kernels.py --accept)")
                     if not isinstance(rec, dict) or set(rec) - VERIFIED_FILE_KEYS or "verified" not in rec:
                         raise SuiteError(f"{at}: expected keys {', '.join(sorted(VERIFIED_FILE_KEYS))}")
+                    # YAML reads `verified: no` (the flavours' word for unverified) as false, which str() made the
+                    # status "verified: False", and the nightly's preflight took that for a real trace
+                    if not isinstance(rec["verified"], str) or not rec["verified"].strip() or rec["verified"] == "no":
+                        raise SuiteError(f"{at}: verified is {rec['verified']!r}; a recorded verification names the trace "
+                                         "'<device, vLLM, date>' (scripts/record_kernels.py --accept writes it); to "
+                                         "unverify, delete the entry")
                     patterns = [str(p) for p in rec.get("patterns") or []]
                     if patterns != [str(p) for p in entry.get("must") or []]:
                         entry["stale"] = (f"the verification recorded in {_rel(file)} ({rec['verified']}) was for the patterns "
@@ -507,6 +513,10 @@ def _str_list(raw: Any, where: str) -> list[str]:
 _VALUE_KEYS = {"env", "args", "platforms", "logs", "kernels", "requires", "why", "requires_model", "rejected"}
 _KERNEL_KEYS = {"must", "must_not", "excuses", "allow_excused", "seen", "verified", "also_runs"}
 _KERNEL_LISTS = ("must", "must_not", "also_runs", "seen")  # kernel-name globs or names, each a list of strings
+# Lines every vLLM startup log has (and the empty string): a fallback excuse must match none of them.
+_BENIGN_LOG_LINES = ("", "INFO 11-25 19:00:00 [api_server.py:1887] vLLM API server version 0.26.0",
+                     "INFO 11-25 19:00:01 [model_runner.py:1200] Model loading took 61.4 GiB and 3.1 seconds",
+                     "WARNING 11-25 19:00:02 [config.py:480] Default sampling parameters have been overridden")
 
 
 def _check_value_spec(spec: dict, where: str) -> None:
@@ -531,6 +541,13 @@ def _check_value_spec(spec: dict, where: str) -> None:
             if pat not in (exp.get("must") or []):
                 raise SuiteError(f"{at}.excuses: '{pat}' is not one of this entry's `must` patterns; an excuse belongs to one required pattern")
             try:
-                re.compile(exp["excuses"][pat])
+                rx = re.compile(exp["excuses"][pat])
             except re.error as e:
                 raise SuiteError(f"{at}.excuses['{pat}']: not a valid regex ({e})") from None
+            # An excuse is proof from the server log that a documented fallback happened; one that matches an
+            # ordinary log line (".*", "falling back|") would excuse a missing kernel in every run.
+            benign = next((line for line in _BENIGN_LOG_LINES if rx.search(line)), None)
+            if benign is not None:
+                raise SuiteError(f"{at}.excuses['{pat}']: the regex {exp['excuses'][pat]!r} matches an ordinary log line "
+                                 f"({benign!r}), so it would excuse a missing kernel in any run; make it match only the "
+                                 "fallback's own log message")

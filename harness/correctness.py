@@ -151,7 +151,8 @@ def check_golden_data(data: object, where: str, prompts: Iterable[str] | None = 
 
     Every stream and scoring is well formed (Stream / Scored.check_json: consistent lengths, finite numbers),
     and there is one stream and one scoring per prompt (those of `prompts`, the workload's, when given): a
-    prompt without its scoring would have its teacher-forced checks skipped without a word."""
+    prompt without its scoring would have its teacher-forced checks skipped without a word. Each scoring covers
+    what the golden recorded (a prompt's ids + continuation; every token of the perplexity text it counts)."""
     try:
         if not isinstance(data, dict):
             raise TypeError("data is not a mapping")
@@ -174,6 +175,18 @@ def check_golden_data(data: object, where: str, prompts: Iterable[str] | None = 
                 raise ValueError(f"{section} must hold one entry per prompt of the workload ({', '.join(sorted(wanted))})"
                                  + (f"; missing {', '.join(missing)}" if missing else "")
                                  + (f"; not in the workload: {', '.join(extra)}" if extra else ""))
+        # A golden scores what it recorded (to_golden): each prompt's ids + its greedy continuation, and the held-out
+        # text whose token count it states. A consistently truncated scoring (ids: [first id]) passed the checks
+        # above and left teacher forcing nothing to judge.
+        for name in streamed:
+            stream = data["streams"][name]
+            if data["scored"][name]["ids"] != list(stream.get("prompt") or []) + stream["tokens"]:
+                raise ValueError(f"scored.{name}.ids ({len(data['scored'][name]['ids'])} ids) are not the stream's prompt "
+                                 f"+ continuation ({len(stream.get('prompt') or []) + len(stream['tokens'])} ids)")
+        ppl_ids = len(data["scored"][PERPLEXITY]["ids"])
+        if ppl_ids < 2 or data["perplexity"].get("tokens") != ppl_ids - 1:
+            raise ValueError(f"scored.{PERPLEXITY} holds {ppl_ids} ids for perplexity.tokens "
+                             f"{data['perplexity'].get('tokens')!r} (one scored position per token after the first)")
         Level2Result.from_golden(data)
         if not math.isfinite(float(data["perplexity"]["value"])):
             raise ValueError(f"perplexity.value is {data['perplexity']['value']!r}")

@@ -239,6 +239,9 @@ class Scored:
         top: list[dict[int, float]] = []
         for i, entry in enumerate(prompt_logprobs):
             if entry is None:
+                if i > 0:  # compare_scored skips a position without a logprob: a scoring of nulls would judge nothing
+                    raise SuiteError(f"prompt_logprobs at position {i} is null (only position 0 has no context); the "
+                                     "server scored no distribution there, so teacher forcing cannot judge it")
                 actual.append(None)
                 top.append({})
                 continue

@@ -230,10 +230,18 @@ def compare_metric(
               f"; gate {threshold * 100:.1f}%; p={p:.3g}; {round((1 - thresholds.alpha) * 100)}% CI of ratio "
               f"[{lo:.3f}, {hi:.3f}]; CV {_pct(cv_b)} / {_pct(cv_c)})").replace("  ", " ")
     within_spread = False  # inconclusive only because of the recorded boot spread (not noise, not clocks)
+    few = min(len(baseline_samples), len(current_samples))
     if unresolved:
         status = "inconclusive"
         message = (f"INCONCLUSIVE {name}: {unresolved}; not judged (median change {delta * 100:+.1f}%, p={p:.3g}, "
                    f"CI [{lo:.3f}, {hi:.3f}]); rerun on an idle GPU at its loaded clock")
+    elif few < 2:
+        # One sample gives a CI of zero width and can never be significant: a pass would be a guess and a fail
+        # impossible (a workloads file with runs: 1)
+        status = "inconclusive"
+        message = (f"INCONCLUSIVE {name}: {len(baseline_samples)} baseline / {len(current_samples)} current sample(s); "
+                   f"one sample cannot resolve a {threshold * 100:.1f}% change (median change {delta * 100:+.1f}%); "
+                   f"run at least 2 rounds (workloads `runs`)")
     elif worse > threshold and significant and ci_worse:
         status = "fail"
         message = f"FAIL {change}; investigate, or if intended re-record with: {regen_command(config)}"
@@ -319,7 +327,8 @@ def compare_kv_capacity(baseline_tokens: int, current_tokens: int, thresholds: T
 def compare_memory_section(baseline: Mapping, current: Mapping, thresholds: Thresholds,
                            config: str = "NAME") -> list[Verdict]:
     """Used memory and KV capacity, when the current side measured them. A baseline from before they were
-    recorded (schema 1) gets an inconclusive verdict naming the re-record command."""
+    recorded (schema 1) gets an inconclusive verdict naming the re-record command; results lacking a number the
+    baseline gates are an error (SuiteError)."""
     out = []
 
     def used_source(side: Mapping) -> str | None:
@@ -329,8 +338,16 @@ def compare_memory_section(baseline: Mapping, current: Mapping, thresholds: Thre
     for key, unit, fn in ((USED_MEMORY, "GiB", lambda b, c: compare_used_memory(b, c, thresholds, config, source)),
                           (KV_CAPACITY, "tokens", lambda b, c: compare_kv_capacity(b, c, thresholds, config))):
         b, c = baseline.get(key), current.get(key)
+        if c is None and b is not None:
+            # A booted server always has a log to read it from (an external one never reaches the gate: its results
+            # are invalid), so a gated number the results lack is a parse that failed, e.g. a new vLLM log format;
+            # skipping it would pass the memory gate, strict everywhere, on timing alone.
+            why = (current.get("memory") or {}).get("why_not") if isinstance(current.get("memory"), Mapping) else None
+            raise SuiteError(f"results for {config} lack {key} (the baseline has {b}): "
+                             f"{why or 'vLLM startup log lines not found (harness/memory.py parse_engine_memory)'}; "
+                             f"fix the measurement, or if it cannot be measured here re-record with: {regen_command(config)}")
         if c is None:
-            continue  # not measurable here (an external server): nothing to judge
+            continue  # measured on neither side: nothing to judge
         if b is None:
             why = ("the baseline predates used-memory / KV-capacity accounting (schema 1)"
                    if key not in baseline else "the baseline did not measure it")
@@ -383,11 +400,25 @@ def _clock_mismatch(name: str, b: Mapping, c: Mapping, b_clock: str, c_clock: st
                    bool(b["higher_is_better"]), None, None, None, None, message)
 
 
+def _not_measured(name: str, b: Mapping, current: Mapping, config: str) -> Verdict:
+    base_med = stats.median(b["samples"])
+    workload = current.get("workload")
+    dropped = workload.get("dropped") if isinstance(workload, Mapping) else None
+    message = (f"INCONCLUSIVE {name}: in the baseline ({stats.fmt(base_med)} {b.get('unit') or ''} median) but not "
+               f"measured by this run" + (f" (workloads dropped here: {'; '.join(map(str, dropped[:3]))}"
+                                              + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "") + ")"
+                                              if dropped else "")
+               + f", so its gate did not run; run the baseline's workloads, or re-record with: {regen_command(config)}")
+    return Verdict(name, "inconclusive", math.nan, math.nan, base_med, math.nan, str(b.get("unit") or ""),
+                   bool(b.get("higher_is_better")), None, None, None, None, message)
+
+
 def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> list[Verdict]:
-    """Verdicts for every metric both sides have (baseline order), then used memory and KV capacity.
+    """Verdicts for every metric of the baseline (baseline order), then used memory and KV capacity.
 
     `baseline` is a loaded baseline (harness.baselines), `current` a results dict (harness.reports).
-    Metrics only one side has are not judged; see `unshared_metrics`.
+    A baseline metric the results lack is inconclusive (its gate did not run); metrics only the results have
+    are not judged (see `unshared_metrics`).
     """
     config = str(current.get("config") or baseline.get("config") or "NAME")
     if current.get("valid") is False:
@@ -400,19 +431,28 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
             raise SuiteError(f"baseline is from {b_key} but results are from {c_key}; compare against "
                              f"baselines/{c_key}/ (record it with: {regen_command(config)})")
     b_fp, c_fp = baseline.get("model_fingerprint"), current.get("model_fingerprint")
-    if b_fp and c_fp and b_fp != c_fp:  # another embedded model is another workload, not a regression
-        raise SuiteError(f"baseline was recorded with other weights of {baseline.get('model')} (fingerprint {b_fp}, "
-                         f"this run: {c_fp}); re-record it with: {regen_command(config)}")
+    # another embedded model is another workload, not a regression; a baseline that did not record the weights
+    # cannot say it is the same model (goldens are refused alike)
+    if c_fp and b_fp != c_fp:
+        raise SuiteError(f"baseline was recorded with other weights of {baseline.get('model')} (fingerprint "
+                         f"{b_fp or 'not recorded'}, this run: {c_fp}); re-record it with: {regen_command(config)}")
     verdicts = []
     b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
     for name, b in b_metrics.items():
-        if name not in c_metrics:
+        if name not in c_metrics:  # never pass a gate that was not run: inconclusive (a failure on a strict gate)
+            verdicts.append(_not_measured(name, b, current, config))
             continue
         c = c_metrics[name]
         if b.get("higher_is_better") != c.get("higher_is_better") or b.get("unit") != c.get("unit"):
             raise SuiteError(f"{name}: baseline ({b.get('unit')}, higher_is_better={b.get('higher_is_better')}) and "
                              f"results ({c.get('unit')}, higher_is_better={c.get('higher_is_better')}) measure "
                              f"different things; re-record with: {regen_command(config)}")
+        samples = c.get("samples")
+        if (not isinstance(samples, list) or not samples
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                           for v in samples)):
+            raise SuiteError(f"results for {config}: {name} samples {samples!r} are not positive finite numbers (a "
+                             "broken measurement); rerun level 4 to write new results")
         b_clock, c_clock = metric_clock(baseline, name, b), metric_clock(current, name, c)
         if b_clock and c_clock and b_clock != c_clock:  # never pass nor fail samples of two different clocks
             verdicts.append(_clock_mismatch(name, b, c, b_clock, c_clock, config))

@@ -120,7 +120,8 @@ def test_compare_run_judges_shared_metrics_used_memory_and_kv_capacity():
     cur = run(tg_factor=0.95, used=63.5, kv=940_000)
     cur["metrics"]["ttft_ms"]["samples"] = samples(555.0, seed=5)
     verdicts = {v.name: v for v in regression.compare_run(base, cur, T)}
-    assert set(verdicts) == {"tg32", "ttft_ms", "memory_used_gib", "kv_capacity_tokens"}
+    assert set(verdicts) == {"pp2048", "tg32", "ttft_ms", "memory_used_gib", "kv_capacity_tokens"}
+    assert verdicts["pp2048"].status == "inconclusive"  # in the baseline only: its gate did not run
     assert verdicts["tg32"].status == "fail"
     assert verdicts["ttft_ms"].status == "pass"
     assert verdicts["memory_used_gib"].status == "fail" and verdicts["memory_used_gib"].kind == "memory"
@@ -135,8 +136,10 @@ def test_peak_memory_is_informational_now():
 
 
 def test_compare_run_skips_memory_when_not_measured():
-    verdicts = regression.compare_run(run(), run(used=None, kv=None), T)
+    verdicts = regression.compare_run(run(used=None, kv=None), run(used=None, kv=None), T)
     assert [v.name for v in verdicts] == ["tg32", "ttft_ms"]
+    with pytest.raises(SuiteError, match="lack memory_used_gib"):  # gated by the baseline: an error, not a skip
+        regression.compare_run(run(), run(used=None, kv=None), T)
 
 
 @pytest.mark.parametrize("growth_gib,status", [

@@ -48,9 +48,11 @@ def test_memory_gate_fails_a_held_allocation(hooked, baseline_file, thresholds, 
     print(f"\n[suite_testhooks ack] {json.dumps(ack['hold'])}")
     baseline = _baseline_with_memory(baseline_file, suite, hooked.running.target.name)
     mem = memory.server_memory(hooked.running, suite.platform.is_cuda)
-    current = {"memory_used_gib": mem["used_gib"], "memory": mem,
-               # KV capacity is comparable only at the same memory fraction: the shared server, or CPU (explicit size)
-               "kv_capacity_tokens": mem["kv_capacity_tokens"] if hooked.shared or not suite.platform.is_cuda else None}
+    current = {"memory_used_gib": mem["used_gib"], "memory": mem, "kv_capacity_tokens": mem["kv_capacity_tokens"]}
+    if suite.platform.is_cuda and not hooked.shared:
+        # KV capacity is comparable only at the same memory fraction: the shared server, or CPU (explicit size);
+        # left out on both sides (results lacking a number the baseline gates are an error)
+        baseline, current["kv_capacity_tokens"] = {**baseline, "kv_capacity_tokens": None}, None
     verdicts = {v.name: v for v in compare_memory_section(baseline, current, thresholds, hooked.running.target.name)}
     _keep(suite, "held", hooked.running.target.name, list(verdicts.values()), ack["hold"])
     for v in verdicts.values():
