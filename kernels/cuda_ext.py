@@ -153,7 +153,7 @@ def _resident_ctas(per_sm: int, smem: int, device: torch.device) -> int:
 
 
 def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
-    # activation fragment rows, 16 spare words, xdown[16] xzero[8] amax[16], the K-split reduction buffer
+    # activation fragment rows, 16 spare words, xdown[16], 8 spare words, amax[16], the K-split reduction buffer
     return m_rows * kc * 128 + 56 * 4 + WARPS * rt * nt * 4 * 32 * 4
 
 
