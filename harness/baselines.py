@@ -94,7 +94,8 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def _is_number(x: object) -> bool:
+def is_finite_number(x: object) -> bool:
+    """A real int or float (not a bool), finite: what a sample or a memory number must be."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -111,7 +112,7 @@ def check_metrics(metrics: object, where: str, positive: bool = False) -> None:
         if not isinstance(name, str) or not isinstance(entry, Mapping):
             raise SuiteError(f"{at} must be a mapping with samples, unit and higher_is_better")
         samples = entry.get("samples")
-        if not isinstance(samples, list) or not samples or not all(_is_number(s) for s in samples):
+        if not isinstance(samples, list) or not samples or not all(is_finite_number(s) for s in samples):
             raise SuiteError(f"{at}.samples must be a non-empty list of finite numbers (got {_one_line(samples)[:60]})")
         if positive and not all(s > 0 for s in samples):
             raise SuiteError(f"{at}.samples must all be > 0: a rate or latency of {min(samples):g} cannot be a "
@@ -141,7 +142,7 @@ def _check_memory(data: Mapping, where: str) -> None:
     if "memory_peak_gb" not in data:
         raise SuiteError(f"{where}: missing 'memory_peak_gb' (a number in GB, or null if not measurable)")
     mem = data["memory_peak_gb"]
-    if mem is not None and not (_is_number(mem) and mem >= 0):
+    if mem is not None and not (is_finite_number(mem) and mem >= 0):
         raise SuiteError(f"{where}: 'memory_peak_gb' must be a non-negative number or null (got {_one_line(mem)[:40]})")
 
 
@@ -164,7 +165,7 @@ def check_baseline(data: object, where: str) -> None:
                              "with more rounds (max_runs in tests/level4_perf/workloads.yaml)")
     _check_memory(data, where)
     if version >= 2:
-        for key, ok in (("memory_used_gib", lambda v: _is_number(v) and v >= 0),
+        for key, ok in (("memory_used_gib", lambda v: is_finite_number(v) and v >= 0),
                         ("kv_capacity_tokens", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0)):
             if key not in data:
                 raise SuiteError(f"{where}: missing '{key}' (schema {version}; null if not measurable)")

@@ -33,7 +33,7 @@ import numpy as np
 import yaml
 
 from harness import perf, stats
-from harness.baselines import platform_key, regen_command
+from harness.baselines import is_finite_number, platform_key, regen_command
 from harness.errors import SuiteError
 
 STATUSES = ("pass", "fail", "inconclusive", "improved")
@@ -448,9 +448,7 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
                              f"results ({c.get('unit')}, higher_is_better={c.get('higher_is_better')}) measure "
                              f"different things; re-record with: {regen_command(config)}")
         samples = c.get("samples")
-        if (not isinstance(samples, list) or not samples
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-                           for v in samples)):
+        if not isinstance(samples, list) or not samples or not all(is_finite_number(v) and v > 0 for v in samples):
             raise SuiteError(f"results for {config}: {name} samples {samples!r} are not positive finite numbers (a "
                              "broken measurement); rerun level 4 to write new results")
         b_clock, c_clock = metric_clock(baseline, name, b), metric_clock(current, name, c)
