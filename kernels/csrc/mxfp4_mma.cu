@@ -590,6 +590,12 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       }
     }
   };
+  // The first PF loads of this CTA's first item (where that happens depends on what the weights wait for).
+  auto start_stream = [&]() {
+    set_item(lit);
+#pragma unroll
+    for (int p = 0; p < PF; ++p) issue(wb[p], sb[p], p);
+  };
 #pragma unroll
   for (int p = 0; p < PF; ++p)
 #pragma unroll
@@ -600,9 +606,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
 
   if (MODE == MODE_DOWN) {
     // Weights and ids do not depend on the previous kernel (gate_up): prefetch, then wait for h.
-    set_item(lit);
-#pragma unroll
-    for (int p = 0; p < PF; ++p) issue(wb[p], sb[p], p);
+    start_stream();
     PHASE_CLK(1);
     pdl_wait();
     PHASE_CLK(2);  // gate_up done (its h is visible)
@@ -622,9 +626,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       x_preload(a.x, a.sx, a.M, a.K, pre);
     }
     if (MODE == MODE_DENSE && copy_x) {
-      set_item(lit);
-#pragma unroll
-      for (int p = 0; p < PF; ++p) issue(wb[p], sb[p], p);
+      start_stream();
     }
     PHASE_CLK(1);  // x loads and (dense with xprep_kernel's fragments) the weight prefetch issued
     if (copy_x) {
@@ -640,16 +642,12 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     // expert gate_up shape 6.8 -> 6.6, down shape 5.4 -> 5.3, lm_head 75.6 -> 74.7; it had cost lm_head ~3% on
     // the earlier loop, kernels/NOTES.md).
     if (MODE == MODE_DENSE && !copy_x) {
-      set_item(lit);
-#pragma unroll
-      for (int p = 0; p < PF; ++p) issue(wb[p], sb[p], p);
+      start_stream();
     }
     if (MODE == MODE_GATEUP) {
       pdl_wait();  // expert ids come from the route kernel
       pdl_trigger();
-      set_item(lit);
-#pragma unroll
-      for (int p = 0; p < PF; ++p) issue(wb[p], sb[p], p);
+      start_stream();
     }
   }
 
