@@ -81,9 +81,6 @@ def _load(src: str = "") -> ctypes.CDLL:
         lib.mxfp4_launch2.argtypes = lib.mxfp4_launch.argtypes + [P, P]
         lib.mxfp4_xprep.restype = I
         lib.mxfp4_xprep.argtypes = [P, LL, I, I, I, P, P, P]
-    if hasattr(lib, "mxfp4_launch3"):  # absent from sources older than the MoE's L2 prefetch
-        lib.mxfp4_launch3.restype = I
-        lib.mxfp4_launch3.argtypes = lib.mxfp4_launch.argtypes + [P, P, P, P, LL, LL, I, I]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
     if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
@@ -303,24 +300,12 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     ids32 = ids.to(torch.int32).contiguous()
     wts32 = wts.to(torch.float32).contiguous()
 
-    gu_args = (MODE_GATEUP, v1, x.data_ptr(), x.stride(0), gu.words.data_ptr(), gu.scales.data_ptr(),
-               wst_e, sst_e, gb.data_ptr() if gb is not None else None, gbk,
-               gb.stride(0) if gb is not None else 0, None, 0, hfrag.data_ptr(), kc_h, slots,
-               ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles, gu.k_chunks, top_k,
-               WARPS // rw, alpha, limit, grid1, smem1, stream)
-    pf_mode = int(cfg.get("l2_prefetch", 0))
-    if pf_mode and hasattr(lib, "mxfp4_launch3"):
-        # gate_up asks the L2 for down's weights of the first pf_slots slots (as many as fit the budget) and / or
-        # for its own items, by the copy engine (kernels/NOTES.md "L2 prefetch")
-        dn_wb, dn_sb = (t[0].numel() * t.element_size() for t in (dn.words, dn.scales))
-        pf_slots = min(slots, int(float(cfg.get("l2_prefetch_mb", 24)) * 2**20 // (dn_wb + dn_sb)))
-
-        def launch_gu(p):
-            return lib.mxfp4_launch3(*gu_args, p, None, None, dn.words.data_ptr(), dn.scales.data_ptr(), dn_wb, dn_sb,
-                                     pf_slots, pf_mode)
-    else:
-        def launch_gu(p):
-            return lib.mxfp4_launch(*gu_args, p)
+    def launch_gu(p):
+        return lib.mxfp4_launch(MODE_GATEUP, v1, x.data_ptr(), x.stride(0), gu.words.data_ptr(), gu.scales.data_ptr(),
+                                wst_e, sst_e, gb.data_ptr() if gb is not None else None, gbk,
+                                gb.stride(0) if gb is not None else 0, None, 0, hfrag.data_ptr(), kc_h, slots,
+                                ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles, gu.k_chunks, top_k,
+                                WARPS // rw, alpha, limit, grid1, smem1, stream, p)
 
     err, pdl = _launch_pdl(launch_gu, pdl, dev)  # down follows gate_up's choice
     _check(err, "mxfp4 moe gate_up launch")

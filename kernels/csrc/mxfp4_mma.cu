@@ -452,45 +452,7 @@ struct Args {
   const float* wts;  // [M * top_k]
   int M, N, K, n_tiles, kc, top_k, ksplit;
   float alpha, limit;
-  // MoE gate_up only: L2 prefetch (cp.async.bulk.prefetch.L2) of the down weights of the first pf_slots slots
-  // (pf_words / pf_scales: down's stacked arrays, pf_wbytes / pf_sbytes per expert) and of this CTA's own items.
-  // pf_mode bits: PF_DOWN_START, PF_DOWN_AFTER_FIRST, PF_OWN_LATER, PF_OWN_FIRST (0: none).
-  const void* pf_words;
-  const void* pf_scales;
-  long long pf_wbytes, pf_sbytes;
-  int pf_slots, pf_mode;
 };
-
-constexpr int PF_DOWN_START = 1, PF_DOWN_AFTER_FIRST = 2, PF_OWN_LATER = 4, PF_OWN_FIRST = 8;
-
-// Asks the L2 for [p, p + bytes) (16-byte aligned, multiple of 16) without touching registers or shared memory:
-// one instruction per 32 KB, executed by the copy engine. sm_90+; elsewhere nothing.
-__device__ __forceinline__ void l2_prefetch(const void* p, long long bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const char* c = reinterpret_cast<const char*>(p);
-  for (long long o = 0; o < bytes; o += 32768) {
-    const uint32_t n = (uint32_t)min(bytes - o, 32768LL);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(c + o), "r"(n) : "memory");
-  }
-#endif
-}
-
-// This CTA's share of the down weights of slots [0, a.pf_slots): the grid splits each slot's words and scales
-// into P contiguous pieces (P = grid / slots), so every CTA issues at most a few copy-engine requests.
-__device__ void l2_prefetch_down_share(const Args& a) {
-  const int S = a.pf_slots;
-  if (S <= 0) return;
-  const int P = max(1, (int)gridDim.x / S);
-  for (int u = blockIdx.x; u < S * P; u += gridDim.x) {
-    const int s = u / P, j = u - s * P;
-    const int e = a.ids[s];
-    if (e < 0) continue;
-    const long long w16 = a.pf_wbytes / 16, s16 = a.pf_sbytes / 16;
-    const long long w0 = w16 * j / P, w1 = w16 * (j + 1) / P, s0 = s16 * j / P, s1 = s16 * (j + 1) / P;
-    l2_prefetch(reinterpret_cast<const char*>(a.pf_words) + e * a.pf_wbytes + w0 * 16, (w1 - w0) * 16);
-    l2_prefetch(reinterpret_cast<const char*>(a.pf_scales) + e * a.pf_sbytes + s0 * 16, (s1 - s0) * 16);
-  }
-}
 
 // MoE gate_up is built for 3 CTAs per SM (<= 80 registers, no spills for RW 2 PF 4): H200, same-process
 // A/B, MoE layer M=1 experts only, gate_up variant 4 at 3 CTAs per SM vs variant 5 at 2: 25.3 / 25.5 /
@@ -686,18 +648,6 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       pdl_wait();  // expert ids come from the route kernel
       pdl_trigger();
       start_stream();
-      if ((a.pf_mode & (PF_OWN_LATER | PF_OWN_FIRST)) && threadIdx.x == 0) {
-        // this CTA's items, whole, into L2: the DRAM queue is filled by the copy engine, not by the warps' loads
-        for (int it = (a.pf_mode & PF_OWN_FIRST) ? first_item : next_item(first_item); it < end_item; it = next_item(it)) {
-          long long wbase, sbase;
-          int grp, brow, slot;
-          if (!item_info(it, wbase, sbase, grp, brow, slot)) continue;
-          const int t0 = grp * RW * RT, t1 = min(t0 + RW * RT, a.n_tiles);
-          l2_prefetch(a.words + wbase + (long long)t0 * a.kc * 32, (long long)(t1 - t0) * a.kc * 512);
-          l2_prefetch(a.scales + sbase + (long long)t0 * a.kc * 8, (long long)(t1 - t0) * a.kc * 32);
-        }
-      }
-      if ((a.pf_mode & PF_DOWN_START) && threadIdx.x == 0) l2_prefetch_down_share(a);
     }
   }
 
@@ -802,8 +752,6 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       }
     }
 
-    if (MODE == MODE_GATEUP && (a.pf_mode & PF_DOWN_AFTER_FIRST) && it == first_item && threadIdx.x == 0)
-      l2_prefetch_down_share(a);
 #ifdef MXFP4_PHASES
     if (ph_items == 0) {
       PHASE_DEP(acc[0][0][0]);
@@ -1085,13 +1033,12 @@ int mxfp4_num_variants() { return 16; }
 
 const char* mxfp4_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
 
-// mxfp4_launch3 = mxfp4_launch2 + the MoE gate_up's L2 prefetch (see Args.pf_mode; pf_mode 0: none).
-int mxfp4_launch3(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
+// mxfp4_launch2 = mxfp4_launch + the prepared activation (xfrag, xdown_g: null = prepared per CTA).
+int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
                   long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
                   __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts,
                   int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
-                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g, const void* pf_words,
-                  const void* pf_scales, long long pf_wbytes, long long pf_sbytes, int pf_slots, int pf_mode) {
+                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
   static const launch_fn dense[16] = {NT1(MODE_DENSE), NT2(MODE_DENSE)};
   static const launch_fn gateup[16] = {NT1(MODE_GATEUP)};  // MoE: one token column (NT = 1)
   static const launch_fn down[16] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
@@ -1109,25 +1056,9 @@ int mxfp4_launch3(int mode, int variant, const __nv_bfloat16* x, long long sx, c
   a.M = M; a.N = N; a.K = K; a.n_tiles = n_tiles; a.kc = kc; a.top_k = top_k; a.ksplit = ksplit;
   a.alpha = alpha; a.limit = limit;
   a.xfrag = reinterpret_cast<const uint4*>(xfrag); a.xdown_g = xdown_g;
-  const bool pf_ok = mode == MODE_GATEUP && pf_words && pf_scales && pf_wbytes % 16 == 0 && pf_sbytes % 16 == 0 &&
-                     ((reinterpret_cast<uintptr_t>(pf_words) | reinterpret_cast<uintptr_t>(pf_scales)) & 15) == 0;
-  a.pf_words = pf_words; a.pf_scales = pf_scales; a.pf_wbytes = pf_wbytes; a.pf_sbytes = pf_sbytes;
-  a.pf_slots = pf_ok ? pf_slots : 0;
-  a.pf_mode = mode == MODE_GATEUP ? (pf_ok ? pf_mode : pf_mode & (PF_OWN_LATER | PF_OWN_FIRST)) : 0;
   const launch_fn* table = mode == 0 ? dense : (mode == 1 ? gateup : down);
   if (!table[variant]) return (int)cudaErrorInvalidValue;
   return (int)table[variant](a, grid, (size_t)smem, reinterpret_cast<cudaStream_t>(stream), pdl);
-}
-
-// mxfp4_launch2 = mxfp4_launch + the prepared activation (xfrag, xdown_g: null = prepared per CTA).
-int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
-                  long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
-                  __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts,
-                  int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
-                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
-  return mxfp4_launch3(mode, variant, x, sx, words, scales, wstride_e, sstride_e, bias, bias_kind, bstride_e, out, so,
-                       hfrag, kc_h, zero_row, ids, wts, M, N, K, n_tiles, kc, top_k, ksplit, alpha, limit, grid, smem,
-                       stream, pdl, xfrag, xdown_g, nullptr, nullptr, 0, 0, 0, 0);
 }
 
 int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
