@@ -81,9 +81,6 @@ def _load(src: str = "") -> ctypes.CDLL:
         lib.mxfp4_launch2.argtypes = lib.mxfp4_launch.argtypes + [P, P]
         lib.mxfp4_xprep.restype = I
         lib.mxfp4_xprep.argtypes = [P, LL, I, I, I, P, P, P]
-    if hasattr(lib, "mxfp4_launch3"):  # absent from sources older than the MoE gate_up's use of xprep_kernel
-        lib.mxfp4_launch3.restype = I
-        lib.mxfp4_launch3.argtypes = lib.mxfp4_launch2.argtypes + [I, P, P]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
     if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
@@ -303,61 +300,31 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     ids32 = ids.to(torch.int32).contiguous()
     wts32 = wts.to(torch.float32).contiguous()
 
-    gu_args = (MODE_GATEUP, v1, x.data_ptr(), x.stride(0), gu.words.data_ptr(), gu.scales.data_ptr(),
-               wst_e, sst_e, gb.data_ptr() if gb is not None else None, gbk,
-               gb.stride(0) if gb is not None else 0, None, 0, hfrag.data_ptr(), kc_h, slots,
-               ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles, gu.k_chunks, top_k,
-               WARPS // rw, alpha, limit, grid1, smem1, stream)
-    xprep = cfg.get("xprep", "kernel")
-    if xprep not in ("kernel", "cta"):
-        raise ValueError(f"moe.packed.xprep must be kernel or cta (kernels/tuning.yaml), got {xprep!r}")
-    if xprep == "kernel" and hasattr(lib, "mxfp4_launch3") and pdl:
-        # x prepared once (xprep_kernel, a plain launch: everything before it, the ids included, is complete when it
-        # starts) instead of in each of gate_up's ~400 CTAs; gate_up, its PDL secondary, reads the ids and issues
-        # its weight stream before waiting for the fragments.
-        frag = torch.empty((m, gu.k_chunks * 32), dtype=torch.int32, device=dev)
-        xdown = torch.empty(m, dtype=torch.float32, device=dev)
-        _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, hdim, gu.k_chunks, frag.data_ptr(), xdown.data_ptr(),
-                               stream), "mxfp4 activation prep launch")
-
-        def launch_gu(p):
-            return lib.mxfp4_launch3(*gu_args, p, frag.data_ptr(), xdown.data_ptr(), 1, None, None)
-    else:
-        def launch_gu(p):
-            return lib.mxfp4_launch(*gu_args, p)
+    def launch_gu(p):
+        return lib.mxfp4_launch(MODE_GATEUP, v1, x.data_ptr(), x.stride(0), gu.words.data_ptr(), gu.scales.data_ptr(),
+                                wst_e, sst_e, gb.data_ptr() if gb is not None else None, gbk,
+                                gb.stride(0) if gb is not None else 0, None, 0, hfrag.data_ptr(), kc_h, slots,
+                                ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles, gu.k_chunks, top_k,
+                                WARPS // rw, alpha, limit, grid1, smem1, stream, p)
 
     err, pdl = _launch_pdl(launch_gu, pdl, dev)  # down follows gate_up's choice
     _check(err, "mxfp4 moe gate_up launch")
-    v2 = int(cfg.get("down_variant", 6))
+    v2 = int(cfg.get("down_variant", 7))
     nt, rw, rt, pf = VARIANTS[v2]
+    if rw != 1 or nt != 1:
+        raise ValueError(f"down_variant {v2} must be an RW=1, NT=1 variant (6 or 7)")
     if top_k > WARPS:
         raise ValueError(f"the CUDA MoE down kernel handles top_k <= {WARPS}, got {top_k}")
+    ksp = WARPS // top_k
+    items2 = m * -(-dn.n_tiles // rt)
     smem2 = _smem(top_k, dn.k_chunks, rt, nt)  # the token's h slots are staged in shared memory
+    grid2 = max(1, min(items2, sms * _resident_ctas(int(cfg.get("ctas_per_sm", 2)), smem2, dev)))
     wst2 = dn.words[0].numel() // 4
     sst2 = dn.scales[0].numel() // 4
-    dn_args = (MODE_DOWN, v2, None, 0, dn.words.data_ptr(), dn.scales.data_ptr(), wst2, sst2,
-               db.data_ptr() if db is not None else None, dbk, db.stride(0) if db is not None else 0,
-               out.data_ptr(), out.stride(0), hfrag.data_ptr(), kc_h, slots, ids32.data_ptr(),
-               wts32.data_ptr(), m, dn.n, inter, dn.n_tiles, dn.k_chunks, top_k)
-    ctas2 = sms * _resident_ctas(int(cfg.get("ctas_per_sm", 2)), smem2, dev)
-    if hasattr(lib, "mxfp4_launch3"):
-        # item = one slot of one tile group (slot fastest), a contiguous run per CTA; each slot's weighted share
-        # goes to `part`, and the CTA that completes a group sums the shares in slot order (tickets in `counter`)
-        if v2 not in (4, 5, 6, 7):
-            raise ValueError(f"down_variant {v2} must be an NT=1, RW<=2, RT=1 variant (4, 5, 6 or 7)")
-        groups2 = -(-dn.n_tiles // (rw * rt))
-        items2 = m * top_k * groups2
-        per_cta = -(-items2 // ctas2)
-        grid2 = -(-items2 // per_cta)  # no CTA without an item
-        part = _cached_zeros(("dn_part", dev, slots, dn.n), (slots, dn.n), torch.float32, dev)
-        counter = _cached_zeros(("dn_counter", dev, m, groups2), (m * groups2,), torch.int32, dev)
-        err = lib.mxfp4_launch3(*dn_args, 0, alpha, limit, grid2, smem2, stream, pdl, None, None, 0,
-                                part.data_ptr(), counter.data_ptr())
-    else:  # sources older than the slot-split down: item = (token, tile), warps = slot x K slice
-        if rw != 1 or nt != 1:
-            raise ValueError(f"down_variant {v2} must be an RW=1, NT=1 variant (6 or 7)")
-        items2 = m * -(-dn.n_tiles // rt)
-        grid2 = max(1, min(items2, ctas2))
-        err = lib.mxfp4_launch(*dn_args, WARPS // top_k, alpha, limit, grid2, smem2, stream, pdl)
+    err = lib.mxfp4_launch(MODE_DOWN, v2, None, 0, dn.words.data_ptr(), dn.scales.data_ptr(), wst2, sst2,
+                           db.data_ptr() if db is not None else None, dbk, db.stride(0) if db is not None else 0,
+                           out.data_ptr(), out.stride(0), hfrag.data_ptr(), kc_h, slots, ids32.data_ptr(),
+                           wts32.data_ptr(), m, dn.n, inter, dn.n_tiles, dn.k_chunks, top_k, ksp, alpha, limit,
+                           grid2, smem2, stream, pdl)
     _check(err, "mxfp4 moe down launch")
     return out

@@ -446,54 +446,13 @@ struct Args {
   uint32_t* hfrag;  // gate_up writes, down reads: [slots][kc_h][4][8] u32 (f16 pairs)
   int kc_h;  // chunks of the h rows (down's K)
   int zero_row;  // unused since down stages h in shared memory; kept so older sources share the C API (A/B)
-  const uint4* xfrag;  // dense / gate_up: activation fragments [M][kc][32] u32 from xprep_kernel (null: prepared per CTA)
+  const uint4* xfrag;  // dense: activation fragments [M][kc][32] u32 from xprep_kernel (null: prepared per CTA)
   const float* xdown_g;  // and their 2**L per row
-  int ids_early;  // gate_up with xfrag: ids were complete before xprep_kernel started, so read them before pdl_wait
-  float* part;  // down: [M * top_k][N] fp32, each slot's weighted share of the output
-  int* counter;  // down: [M][tile groups], zero between calls: slots written so far (the last writer sums them)
   const int* ids;  // [M * top_k]
   const float* wts;  // [M * top_k]
   int M, N, K, n_tiles, kc, top_k, ksplit;
   float alpha, limit;
 };
-
-// MoE down, after a CTA's items: one ticket per item on its (token, tile group); the CTA that writes the last slot
-// of a group sums the slots' partials in slot order (deterministic whichever CTA it is) and writes the output rows.
-// The tickets of all the CTA's items are taken at once, after its loop, so the round trips to the atomics do not
-// stall the weight stream (the split over CTAs is what balances down's work over the SMs: an item is one slot of
-// one tile group, not all the token's slots).
-template <int RW, int RT>
-__device__ void down_combine(const Args& a, int first_item, int end_item, int groups, int warp, int lane) {
-  __threadfence();  // this thread's partial stores, before the tickets below
-  __syncthreads();
-  if (warp != 0) return;
-  __threadfence();
-  const int per_tok = a.top_k * groups, rows = RW * RT * 16;
-  for (int i0 = first_item; i0 < end_item; i0 += 32) {
-    const int it = i0 + lane;
-    bool last = false;
-    if (it < end_item) {
-      const int tok = it / per_tok, grp = (it - tok * per_tok) / a.top_k;
-      last = atomicAdd(a.counter + tok * groups + grp, 1) == a.top_k - 1;
-    }
-    unsigned mask = __ballot_sync(0xffffffffu, last);
-    if (mask) __threadfence();  // the other slots' partials, after their writers' tickets
-    while (mask) {
-      const int b = __ffs(mask) - 1;
-      mask &= mask - 1;
-      const int itb = i0 + b, tok = itb / per_tok, grp = (itb - tok * per_tok) / a.top_k;
-      for (int q = lane; q < rows; q += 32) {
-        const int row = grp * rows + q;
-        if (row < a.N) {
-          float sum = 0.f;
-          for (int j = 0; j < a.top_k; ++j) sum += __ldcg(a.part + (long long)(tok * a.top_k + j) * a.N + row);
-          a.out[tok * a.so + row] = __float2bfloat16_rn(sum);
-        }
-      }
-      if (lane == 0) a.counter[tok * groups + grp] = 0;  // every slot has counted: ready for the next call
-    }
-  }
-}
 
 // MoE gate_up is built for 3 CTAs per SM (<= 80 registers, no spills for RW 2 PF 4): H200, same-process
 // A/B, MoE layer M=1 experts only, gate_up variant 4 at 3 CTAs per SM vs variant 5 at 2: 25.3 / 25.5 /
@@ -512,19 +471,30 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
   int ph_items = 0;
 #endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // K split: warps with the same rw share rows; kslot picks chunks kslot, kslot + kstride, ... WARPS / RW, as the
-  // host passes it, but known at compile time: the weight pointers then advance by a constant (a run-time stride
-  // cost a 64-bit multiply and shifts per chunk).
-  const int kstride = WARPS / RW;
-  const int kslot = warp % kstride, rw = warp / kstride;
-  const int nck = (a.kc - kslot + kstride - 1) / kstride;  // this warp's chunks
+  // K split: warps with the same rw share rows; kslot picks chunks kslot, kslot + kstride, ...
+  int kslot, kstride, rw, slot_j = 0;
+  if (MODE == MODE_DOWN) {
+    kstride = a.ksplit;  // K slices per slot
+    slot_j = warp / kstride;
+    kslot = warp % kstride;
+    rw = 0;
+  } else {
+    // WARPS / RW, as the host passes it, but known at compile time: the weight pointers then advance by a
+    // constant (a run-time stride cost a 64-bit multiply and shifts per chunk)
+    kstride = WARPS / RW;
+    kslot = warp % kstride;
+    rw = warp / kstride;
+  }
+  const bool warp_active = (MODE != MODE_DOWN) || slot_j < a.top_k;
+  const int nck = warp_active ? (a.kc - kslot + kstride - 1) / kstride : 0;  // this warp's chunks
   const int nck_max = (a.kc + kstride - 1) / kstride;
   const int np = ((nck_max + PF - 1) / PF) * PF;  // iterations per item (multiple of PF)
   const int tiles_per_item = RW * RT;
   const int groups = (a.n_tiles + tiles_per_item - 1) / tiles_per_item;
   int n_items;
   if (MODE == MODE_DENSE) n_items = groups;
-  else n_items = a.M * a.top_k * groups;  // gate_up: slot-major; down: token, tile group, slot (slot fastest)
+  else if (MODE == MODE_GATEUP) n_items = a.M * a.top_k * groups;
+  else n_items = a.M * groups;
   // Item order: strided over the grid, except down, where a CTA takes a contiguous run of items so
   // that consecutive items mostly share a token (its h slots are staged in shared memory once).
   const int per_cta = (n_items + gridDim.x - 1) / gridDim.x;
@@ -557,14 +527,14 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       sbase = (long long)max(e, 0) * a.sstride_e;
       return e >= 0;
     } else {
-      const int per_tok = a.top_k * groups, tok = it / per_tok, r = it - tok * per_tok;
-      grp = r / a.top_k;
-      brow = r - grp * a.top_k;  // the slot's row among the token's staged h slots
-      slot = tok * a.top_k + brow;
+      const int tok = it / groups;
+      grp = it - tok * groups;
+      slot = tok * a.top_k + min(slot_j, a.top_k - 1);
+      brow = min(slot_j, a.top_k - 1);  // row of the staged h slots
       const int e = a.ids[slot];
       wbase = (long long)max(e, 0) * a.wstride_e;
       sbase = (long long)max(e, 0) * a.sstride_e;
-      return e >= 0;
+      return e >= 0 && slot_j < a.top_k;
     }
   };
   auto tile_of = [&](int grp, int rt) {
@@ -641,16 +611,13 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     pdl_wait();
     PHASE_CLK(2);  // gate_up done (its h is visible)
   } else {
-    // With a.xfrag: fragments from xprep_kernel; their copy is issued before the weight stream (dense), so it
-    // is not queued behind it, and it is a plain copy (no atomics, no conversion) in every CTA. The MoE gate_up
-    // with ids known before the launch (a.ids_early) issues its weights first, before waiting for xprep_kernel:
-    // they do not depend on it. Otherwise x is loaded into registers before the weight stream (see XPre) and
-    // prepared here.
-    const bool copy_x = a.xfrag != nullptr;
+    // Dense with a.xfrag: fragments from xprep_kernel; their copy is issued before the weight stream,
+    // so it is not queued behind it, and it is a plain copy (no atomics, no conversion) in every CTA.
+    // Otherwise x is loaded into registers before the weight stream (see XPre) and prepared here.
+    const bool copy_x = MODE == MODE_DENSE && a.xfrag != nullptr;
     XPre pre;
     if (copy_x) {
       pre.on = false;
-      if (MODE == MODE_GATEUP && a.ids_early) start_stream();
       pdl_wait();
       const int n16 = a.M * a.kc * 8;
       for (int q = threadIdx.x; q < n16; q += THREADS) cp_async16(reinterpret_cast<uint4*>(xs) + q, a.xfrag + q);
@@ -678,9 +645,9 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       start_stream();
     }
     if (MODE == MODE_GATEUP) {
-      pdl_wait();  // expert ids come from the route kernel (or were read early, see a.ids_early)
+      pdl_wait();  // expert ids come from the route kernel
       pdl_trigger();
-      if (!(copy_x && a.ids_early)) start_stream();
+      start_stream();
     }
   }
 
@@ -695,7 +662,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     int grp, brow, slot;
     const bool active = item_info(it, wbase, sbase, grp, brow, slot);
     if (MODE == MODE_DOWN) {
-      const int tok = it / (a.top_k * groups);
+      const int tok = it / groups;
       if (tok != staged_tok) {  // h of this token's slots: global (written by gate_up) -> shared
         __syncthreads();
         const uint4* src = reinterpret_cast<const uint4*>(a.hfrag + (long long)tok * a.top_k * a.kc * 32);
@@ -793,6 +760,37 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     ++ph_items;
 #endif
     // ---- epilogue ----
+    if (MODE == MODE_DOWN) {
+      // weight the slot, add its bias, fixed-order sum over the 8 warps
+      const float wt = pw * 64.f;  // h stored * 2**8, decode * 2**-14: products are * 2**-6
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        // pb is 0 where there is no bias, for K slices other than 0 and for inactive slots
+        const float v0 = fmaf(acc[rt][0][0], wt, pw * pb[rt][0]), v2 = fmaf(acc[rt][0][2], wt, pw * pb[rt][1]);
+        red[((warp * RT + rt) * 2 + 0) * 32 + lane] = v0;
+        red[((warp * RT + rt) * 2 + 1) * 32 + lane] = v2;
+      }
+      __syncthreads();
+      if (warp == 0) {
+        const int tok = it / groups;
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+          float s0 = 0.f, s2 = 0.f;
+          for (int w = 0; w < WARPS; ++w) {
+            s0 += red[((w * RT + rt) * 2 + 0) * 32 + lane];
+            s2 += red[((w * RT + rt) * 2 + 1) * 32 + lane];
+          }
+          const int tl = (grp * RW + 0) * RT + rt;
+          if (t == 0 && tl < a.n_tiles) {
+            const int r0 = tl * 16 + g, r1 = r0 + 8;
+            if (r0 < a.N) a.out[tok * a.so + r0] = __float2bfloat16_rn(s0);
+            if (r1 < a.N) a.out[tok * a.so + r1] = __float2bfloat16_rn(s2);
+          }
+        }
+      }
+      __syncthreads();
+      continue;
+    }
 
     if (kstride > 1) {
       if (kslot > 0) {
@@ -836,7 +834,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
               if (r1 < a.N) a.out[m1 * a.so + r1] = __float2bfloat16_rn(fmaf(acc[rt][nt][3], xdown[m1], b1));
             }
           }
-        } else if (MODE == MODE_GATEUP) {  // token column 0 (lanes t == 0): c0 = gate_i (row g), c2 = up_i (row g+8)
+        } else {  // GATEUP: token column 0 (lanes t == 0): c0 = gate_i (row g), c2 = up_i (row g+8)
           const int i = tl * 8 + g;  // pair index = h column
           if (t == 0 && i < a.N / 2) {
             float gate = fmaf(acc[rt][0][0], xdown[brow], pb[rt][0]), up = fmaf(acc[rt][0][2], xdown[brow], pb[rt][1]);
@@ -850,21 +848,8 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
         }
       }
     }
-    if (MODE == MODE_DOWN && kslot == 0 && t == 0) {
-      // this slot's share of the output rows, weighted, bias added (0 for an inactive slot): summed over the
-      // slots in slot order once all of them are written (the ticket below)
-      const float wt = pw * 64.f;  // h stored * 2**8, decode * 2**-14: products are * 2**-6
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        const int tl = (grp * RW + rw) * RT + rt, r0 = tl * 16 + g, r1 = r0 + 8;
-        if (tl >= a.n_tiles) continue;
-        if (r0 < a.N) a.part[(long long)slot * a.N + r0] = active ? fmaf(acc[rt][0][0], wt, pw * pb[rt][0]) : 0.f;
-        if (r1 < a.N) a.part[(long long)slot * a.N + r1] = active ? fmaf(acc[rt][0][2], wt, pw * pb[rt][1]) : 0.f;
-      }
-    }
     if (kstride > 1) __syncthreads();
   }
-  if (MODE == MODE_DOWN) down_combine<RW, RT>(a, first_item, end_item, groups, warp, lane);
 #ifdef MXFP4_PHASES
   PHASE_CLK(6);
   PHASE_SET(1, gtimer());
@@ -1048,20 +1033,16 @@ int mxfp4_num_variants() { return 16; }
 
 const char* mxfp4_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
 
-// mxfp4_launch3 = mxfp4_launch + the prepared activation (xfrag, xdown_g: null = prepared per CTA), for the MoE
-// gate_up ids_early (the ids were complete before xprep_kernel, its PDL primary, started), for the MoE down its
-// slot partials and tickets (part [M * top_k][N] fp32, counter [M][tile groups] int32 zeroed once).
-int mxfp4_launch3(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
+// mxfp4_launch2 = mxfp4_launch + the prepared activation (xfrag, xdown_g: null = prepared per CTA).
+int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
                   long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
                   __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts,
                   int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
-                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g, int ids_early,
-                  float* part, int* counter) {
+                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
   static const launch_fn dense[16] = {NT1(MODE_DENSE), NT2(MODE_DENSE)};
   static const launch_fn gateup[16] = {NT1(MODE_GATEUP)};  // MoE: one token column (NT = 1)
-  static const launch_fn down[16] = {nullptr, nullptr, nullptr, nullptr, launch<MODE_DOWN, 1, 2, 1, 4>,
-                                     launch<MODE_DOWN, 1, 2, 1, 6>, launch<MODE_DOWN, 1, 1, 1, 6>,
-                                     launch<MODE_DOWN, 1, 1, 1, 8>};
+  static const launch_fn down[16] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                     launch<MODE_DOWN, 1, 1, 1, 6>, launch<MODE_DOWN, 1, 1, 1, 8>};
   if (variant < 0 || variant >= 16 || mode < 0 || mode > 2) return (int)cudaErrorInvalidValue;
   Args a;
   a.x = x; a.sx = sx;
@@ -1074,23 +1055,10 @@ int mxfp4_launch3(int mode, int variant, const __nv_bfloat16* x, long long sx, c
   a.ids = ids; a.wts = wts;
   a.M = M; a.N = N; a.K = K; a.n_tiles = n_tiles; a.kc = kc; a.top_k = top_k; a.ksplit = ksplit;
   a.alpha = alpha; a.limit = limit;
-  a.xfrag = mode == MODE_DOWN ? nullptr : reinterpret_cast<const uint4*>(xfrag); a.xdown_g = xdown_g;
-  a.ids_early = ids_early;
-  a.part = part; a.counter = counter;
-  if (mode == MODE_DOWN && (!part || !counter)) return (int)cudaErrorInvalidValue;
+  a.xfrag = reinterpret_cast<const uint4*>(xfrag); a.xdown_g = xdown_g;
   const launch_fn* table = mode == 0 ? dense : (mode == 1 ? gateup : down);
   if (!table[variant]) return (int)cudaErrorInvalidValue;
   return (int)table[variant](a, grid, (size_t)smem, reinterpret_cast<cudaStream_t>(stream), pdl);
-}
-
-int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
-                  long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
-                  __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts,
-                  int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
-                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
-  return mxfp4_launch3(mode, variant, x, sx, words, scales, wstride_e, sstride_e, bias, bias_kind, bstride_e, out, so,
-                       hfrag, kc_h, zero_row, ids, wts, M, N, K, n_tiles, kc, top_k, ksplit, alpha, limit, grid, smem,
-                       stream, pdl, xfrag, xdown_g, 0, nullptr, nullptr);
 }
 
 int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,

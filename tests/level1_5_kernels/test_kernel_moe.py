@@ -277,56 +277,21 @@ def test_topk_gives_valid_distinct_ids_for_non_finite_logits(m, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("xprep", ["kernel", "cta"])
-@pytest.mark.parametrize("down_variant", [4, 5, 6, 7])
+@pytest.mark.parametrize("down_variant", [6, 7])
 @pytest.mark.parametrize("gate_up_variant", range(8))
-def test_moe_packed_cuda_every_variant(gate_up_variant, down_variant, xprep):
-    """Every gate_up tiling (rows per CTA, K split, prefetch depth) with every down tiling, x prepared once per
-    call or in each gate_up CTA, on a ragged case (I not a multiple of 64, k = 3 not dividing the 8 warps,
-    skipped slots, clamps)."""
+def test_moe_packed_cuda_every_variant(gate_up_variant, down_variant):
+    """Every gate_up tiling (rows per CTA, K split, prefetch depth) with both down variants, on a
+    ragged case (I not a multiple of 64, k = 3 not dividing the 8 warps, skipped slots, clamps)."""
     _need_cuda_ext()
     from kernels.moe import mxfp4_moe_packed
     from kernels.tuning import get_config
 
     seed = fresh_seed()
     x, ids, wts, gu, dn, p, ref = _packed_case(3, 6, 128, 160, 3, seed, 40.0, True, dev="cuda")
-    cfg = {**get_config("moe").get("packed", {}), "gate_up_variant": gate_up_variant, "down_variant": down_variant,
-           "xprep": xprep}
+    cfg = {**get_config("moe").get("packed", {}), "gate_up_variant": gate_up_variant, "down_variant": down_variant}
     out = poisoned((3, 128), torch.bfloat16, "cuda")
     mxfp4_moe_packed(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
-    assert_close_nmse(out, ref, MOE_NMSE, seed,
-                      f"gate_up variant {gate_up_variant}, down variant {down_variant}, xprep {xprep}")
-
-
-@pytest.mark.gpu
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("xprep", ["kernel", "cta"])
-def test_moe_packed_cuda_repeats_are_bitwise_equal_and_routes_follow_back_to_back(xprep):
-    """The down kernel splits a token's slots over CTAs; whichever CTA completes a tile group last (a ticket per
-    group) sums the slots' shares. The sum must be in slot order whoever does it (repeats bitwise equal), and every
-    ticket must be back at zero for the next call: other routes right after must still match the reference."""
-    _need_cuda_ext()
-    from kernels.moe import mxfp4_moe_packed
-    from kernels.tuning import get_config
-
-    seed = fresh_seed()
-    cfg = {**get_config("moe").get("packed", {}), "xprep": xprep}
-    x, ids, wts, gu, dn, p, ref = _packed_case(1, 128, 2880, 2880, 4, seed, 1.0, False, dev="cuda")
-    outs = []
-    for _ in range(3):
-        out = poisoned((1, 2880), torch.bfloat16, "cuda")
-        mxfp4_moe_packed(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
-        outs.append(out)
-    assert_close_nmse(outs[0], ref, MOE_NMSE, seed, f"moe packed cuda 120b, xprep {xprep}")
-    for i in (1, 2):
-        assert torch.equal(outs[i], outs[0]), f"seed {seed}: repeat {i} differs from the first call (xprep {xprep})"
-    g = generator(seed + 1, "cuda")
-    for r in range(2):
-        ids2 = torch.randperm(128, generator=g, device="cuda")[:4].view(1, 4)
-        out = poisoned((1, 2880), torch.bfloat16, "cuda")
-        mxfp4_moe_packed(x, ids2.to(torch.int32), wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
-        assert_close_nmse(out, reference.moe_experts_ref(x, ids2, wts, **p), MOE_NMSE, seed,
-                          f"route {r} right after the repeats, xprep {xprep}")
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"gate_up variant {gate_up_variant}, down variant {down_variant}")
 
 
 @pytest.mark.gpu
