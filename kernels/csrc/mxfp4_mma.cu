@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
   int ph_items = 0;
 #endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // K split: warps with the same rw share rows; kslot picks chunks kslot, kslot + kstride, ...
+  // K split: warps with the same rw share rows; kslot picks the run of chunks kslot * nck_max, ... (below)
   int kslot, kstride, rw, slot_j = 0;
   if (MODE == MODE_DOWN) {
     kstride = a.ksplit;  // K slices per slot
@@ -486,8 +486,15 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     rw = warp / kstride;
   }
   const bool warp_active = (MODE != MODE_DOWN) || slot_j < a.top_k;
-  const int nck = warp_active ? (a.kc - kslot + kstride - 1) / kstride : 0;  // this warp's chunks
+  // K slice of a warp: chunks kfirst + i * kstep. MoE down: a contiguous run (kfirst = kslot * nck_max, step 1), so
+  // its pointers step by a constant although its K split (8 / top_k) is a run-time value. Dense and gate_up keep
+  // interleaved slices (kfirst = kslot, step kstride), their warps walking a row tile together. H200, same process,
+  // MoE layer M=1 experts only (three repeats): down contiguous 22.3 / 22.3 / 22.4 us, interleaved 23.3 / 23.3 /
+  // 23.4; gate_up contiguous as well 22.4 / 22.4 / 22.6, gate_up alone 24.0 / 24.3 / 24.2 (kernels/NOTES.md).
+  constexpr bool kcontig = MODE == MODE_DOWN;
   const int nck_max = (a.kc + kstride - 1) / kstride;
+  const int kfirst = kcontig ? kslot * nck_max : kslot, kstep = kcontig ? 1 : kstride;
+  const int nck = !warp_active ? 0 : kcontig ? max(0, min(nck_max, a.kc - kfirst)) : (a.kc - kslot + kstride - 1) / kstride;
   const int np = ((nck_max + PF - 1) / PF) * PF;  // iterations per item (multiple of PF)
   const int tiles_per_item = RW * RT;
   const int groups = (a.n_tiles + tiles_per_item - 1) / tiles_per_item;
@@ -557,7 +564,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     lok = it < end_item && item_info(it, wbase, sbase, grp, brow, slot);
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
-      const long long tc = (long long)tile_of(grp, rt) * a.kc + kslot;
+      const long long tc = (long long)tile_of(grp, rt) * a.kc + kfirst;
       lw[rt] = a.words + wbase + tc * 32 + lane;
       ls[rt] = a.scales + sbase + tc * 8 + g;
     }
@@ -573,14 +580,14 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     const bool ok = lok && lci < nck_p[p];
 #pragma unroll
     for (int rt = 0; rt < RT; ++rt) {
-      ld_stream_v4_if(w[rt], lw[rt] + p * kstride * 32, pol, ok);
-      ld_stream_u32_if(s[rt], ls[rt] + p * kstride * 8, pol, ok);
+      ld_stream_v4_if(w[rt], lw[rt] + p * kstep * 32, pol, ok);
+      ld_stream_u32_if(s[rt], ls[rt] + p * kstep * 8, pol, ok);
     }
     if (p == PF - 1) {
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
-        lw[rt] += PF * kstride * 32;
-        ls[rt] += PF * kstride * 8;
+        lw[rt] += PF * kstep * 32;
+        ls[rt] += PF * kstep * 8;
       }
       lci += PF;
       if (lci == np) {
@@ -738,7 +745,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       for (int p = 0; p < PF; ++p) {
         const int ci = i0 + p;
         if (i0 < nck_p[p] && active) {
-          load_xb<NT>(xl, kslot + ci * kstride, xb);
+          load_xb<NT>(xl, kfirst + ci * kstep, xb);
 #pragma unroll
           for (int rt = 0; rt < RT; ++rt) chunk_mma<NT>(wb[p][rt], sb[p][rt], xb, acc[rt]);
 #ifdef MXFP4_PHASES
