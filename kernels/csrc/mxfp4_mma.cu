@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
   int ph_items = 0;
 #endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // K split: warps with the same rw share rows; kslot picks the run of chunks kslot * nck_max, ... (below)
+  // K split: warps with the same rw share rows; kslot picks the warp's K slice (kfirst, kstep below)
   int kslot, kstride, rw, slot_j = 0;
   if (MODE == MODE_DOWN) {
     kstride = a.ksplit;  // K slices per slot
