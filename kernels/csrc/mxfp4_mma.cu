@@ -494,7 +494,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
   constexpr bool kcontig = MODE == MODE_DOWN;
   const int nck_max = (a.kc + kstride - 1) / kstride;
   const int kfirst = kcontig ? kslot * nck_max : kslot, kstep = kcontig ? 1 : kstride;
-  const int nck = !warp_active ? 0 : kcontig ? max(0, min(nck_max, a.kc - kfirst)) : (a.kc - kslot + kstride - 1) / kstride;
+  const int nck = warp_active ? max(0, min(nck_max, (a.kc - kfirst + kstep - 1) / kstep)) : 0;  // this warp's chunks
   const int np = ((nck_max + PF - 1) / PF) * PF;  // iterations per item (multiple of PF)
   const int tiles_per_item = RW * RT;
   const int groups = (a.n_tiles + tiles_per_item - 1) / tiles_per_item;
