@@ -31,24 +31,6 @@ VARIANTS = [(nt, rw, rt, pf) for nt in (1, 2) for (rw, rt, pf) in
             ((8, 2, 4), (8, 2, 5), (8, 1, 6), (4, 1, 6), (2, 1, 4), (2, 1, 6), (1, 1, 6), (1, 1, 8))]
 WARPS = 8
 MODE_DENSE, MODE_GATEUP, MODE_DOWN = 0, 1, 2
-# MoE variants from 8: each warp streams its weights through a ring of NS stages of PF chunks in shared memory, filled
-# by bulk copies (same list as the gateup / down tables in the .cu): index -> (NT, RW, RT, PF, NS).
-MOE_BULK_VARIANTS = {
-    MODE_GATEUP: {8: (1, 2, 1, 6, 2), 9: (1, 2, 1, 4, 3), 10: (1, 1, 1, 6, 2), 11: (1, 2, 1, 3, 4),
-                  12: (1, 4, 1, 8, 2), 13: (1, 2, 1, 6, 3)},
-    MODE_DOWN: {8: (1, 1, 1, 8, 2), 9: (1, 1, 1, 6, 3), 10: (1, 1, 1, 4, 4), 11: (1, 1, 1, 12, 1)},
-}
-STAGE_BYTES_PER_CHUNK = 512 + 32  # one chunk of a row tile: its words and its scales
-
-
-def moe_variant(mode: int, v: int) -> tuple[int, int, int, int, int]:
-    """(NT, RW, RT, PF, NS) of MoE variant v for mode (NS = 0: register prefetch, VARIANTS)."""
-    if v < 8:
-        return (*VARIANTS[v], 0)
-    if v not in MOE_BULK_VARIANTS[mode]:
-        raise ValueError(f"no MoE {'gate_up' if mode == MODE_GATEUP else 'down'} variant {v} "
-                         f"(kernels/tuning.yaml: 0-7, or {sorted(MOE_BULK_VARIANTS[mode])})")
-    return MOE_BULK_VARIANTS[mode][v]
 
 
 def _nvcc() -> str | None:
@@ -170,10 +152,9 @@ def _resident_ctas(per_sm: int, smem: int, device: torch.device) -> int:
     return max(1, min(per_sm, per_sm_smem // (smem + 1024)))
 
 
-def _smem(m_rows: int, kc: int, rt: int, nt: int, pf: int = 0, ns: int = 0) -> int:
-    # activation fragment rows, 16 spare words, xdown[16], 8 spare words, amax[16], the K-split reduction buffer,
-    # then (bulk streaming) each warp's ring of ns stages of pf chunks and one 8-byte mbarrier per stage
-    return m_rows * kc * 128 + 56 * 4 + WARPS * rt * nt * 4 * 32 * 4 + WARPS * ns * (pf * STAGE_BYTES_PER_CHUNK + 8)
+def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
+    # activation fragment rows, 16 spare words, xdown[16], 8 spare words, amax[16], the K-split reduction buffer
+    return m_rows * kc * 128 + 56 * 4 + WARPS * rt * nt * 4 * 32 * 4
 
 
 _pdl_ok: dict[int, bool] = {}  # device -> programmatic dependent launch works (learned from a failed launch)
@@ -309,9 +290,9 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     dbk, db = _param_kind(dn_bias)
     # gate_up: items = slots x row-tile groups, K split per cfg
     v1 = int(cfg.get("gate_up_variant", 5))
-    nt, rw, rt, pf, ns = moe_variant(MODE_GATEUP, v1)
+    nt, rw, rt, pf = VARIANTS[v1]
     items1 = slots * -(-gu.n_tiles // (rw * rt))
-    smem1 = _smem(m, gu.k_chunks, rt, nt, pf, ns)
+    smem1 = _smem(m, gu.k_chunks, rt, nt)
     per_sm1 = _resident_ctas(int(cfg.get("gate_up_ctas_per_sm", cfg.get("ctas_per_sm", 2))), smem1, dev)
     grid1 = max(1, min(items1, sms * per_sm1))
     wst_e = gu.words[0].numel() // 4 if gu.words.dim() == 5 else 0
@@ -329,14 +310,14 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     err, pdl = _launch_pdl(launch_gu, pdl, dev)  # down follows gate_up's choice
     _check(err, "mxfp4 moe gate_up launch")
     v2 = int(cfg.get("down_variant", 7))
-    nt, rw, rt, pf, ns = moe_variant(MODE_DOWN, v2)
+    nt, rw, rt, pf = VARIANTS[v2]
     if rw != 1 or nt != 1:
-        raise ValueError(f"down_variant {v2} must be an RW=1, NT=1 variant (6, 7 or {sorted(MOE_BULK_VARIANTS[MODE_DOWN])})")
+        raise ValueError(f"down_variant {v2} must be an RW=1, NT=1 variant (6 or 7)")
     if top_k > WARPS:
         raise ValueError(f"the CUDA MoE down kernel handles top_k <= {WARPS}, got {top_k}")
     ksp = WARPS // top_k
     items2 = m * -(-dn.n_tiles // rt)
-    smem2 = _smem(top_k, dn.k_chunks, rt, nt, pf, ns)  # the token's h slots are staged in shared memory
+    smem2 = _smem(top_k, dn.k_chunks, rt, nt)  # the token's h slots are staged in shared memory
     grid2 = max(1, min(items2, sms * _resident_ctas(int(cfg.get("ctas_per_sm", 2)), smem2, dev)))
     wst2 = dn.words[0].numel() // 4
     sst2 = dn.scales[0].numel() // 4

@@ -432,41 +432,6 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Bulk copies (the copy engine: one instruction per contiguous run, no registers held while in flight) into
-// shared memory, completion counted in bytes on an mbarrier (sm_90+; sm_120 / sm_121 have them too).
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void bulk_to_smem(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
-          smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
-      : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred p;\n MBAR_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @p bra MBAR_DONE;\n"
-      " bra MBAR_WAIT;\n MBAR_DONE:\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-#endif
-}
-
 struct Args {
   const __nv_bfloat16* x;  // dense / gate_up input [M, K]
   long long sx;
@@ -496,11 +461,8 @@ struct Args {
 template <int MODE>
 constexpr int min_ctas_per_sm() { return MODE == MODE_GATEUP ? 3 : 2; }
 
-// NS = 0: each warp prefetches PF chunks ahead into registers (wb). NS > 0: each warp streams its chunks through a
-// ring of NS stages of PF chunks in shared memory, filled by bulk copies (see "Bulk streaming" below).
-template <int MODE, int NT, int RW, int RT, int PF, int NS>
+template <int MODE, int NT, int RW, int RT, int PF>
 __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel(const Args a) {
-  static_assert(NS == 0 || RT == 1, "bulk streaming stages one row tile per warp");
   extern __shared__ __align__(16) uint32_t smem[];
 #ifdef MXFP4_PHASES
   PHASE_SET(0, gtimer());
@@ -529,7 +491,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
   // interleaved slices (kfirst = kslot, step kstride), their warps walking a row tile together. H200, same process,
   // MoE layer M=1 experts only (three repeats): down contiguous 22.3 / 22.3 / 22.4 us, interleaved 23.3 / 23.3 /
   // 23.4; gate_up contiguous as well 22.4 / 22.4 / 22.6, gate_up alone 24.0 / 24.3 / 24.2 (kernels/NOTES.md).
-  constexpr bool kcontig = MODE == MODE_DOWN || NS > 0;  // a bulk copy needs the slice contiguous
+  constexpr bool kcontig = MODE == MODE_DOWN;
   const int nck_max = (a.kc + kstride - 1) / kstride;
   const int kfirst = kcontig ? kslot * nck_max : kslot, kstep = kcontig ? 1 : kstride;
   const int nck = warp_active ? max(0, min(nck_max, (a.kc - kfirst + kstep - 1) / kstep)) : 0;  // this warp's chunks
@@ -555,12 +517,6 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
   float* xdown = reinterpret_cast<float*>(smem + (long long)xs_rows * a.kc * 32) + 16;
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(xdown + 16) + 8;
   float* red = reinterpret_cast<float*>(amax_bits + 16);  // [WARPS][RT][NT][4][32]
-  // Bulk streaming (NS > 0), after red: each warp's ring of NS stages (PF chunks of words, then their scales),
-  // then one mbarrier per stage per warp. Byte offsets: red ends at a multiple of 16 (the host's _smem).
-  constexpr int STAGE_BYTES = PF * (512 + 32);
-  unsigned char* ring_all = reinterpret_cast<unsigned char*>(red + WARPS * RT * NT * 4 * 32);
-  unsigned char* ring = ring_all + (size_t)warp * NS * STAGE_BYTES;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(ring_all + (size_t)WARPS * NS * STAGE_BYTES) + warp * NS;
 
   const uint64_t pol = policy_evict_first();
 
@@ -641,43 +597,8 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       }
     }
   };
-  // Bulk streaming: piece lpc of item lit = chunks [lpc * PF, lpc * PF + PF) of the warp's contiguous slice (fewer at
-  // its end, none for a skipped slot): one copy of its words and one of its scales into stage st, issued by lane 0 (the
-  // slice's first chunk is lw[0] / ls[0] there, g = 0), counted in bytes on the stage's mbarrier. A warp refills a
-  // stage right after its own lanes have read it, so the ring needs no barrier across warps; bytes in flight are
-  // NS * PF * 544 per warp whatever the register count.
-  const int npc = (nck_max + PF - 1) / PF;  // pieces per item
-  int lpc = 0;
-  auto issue_piece = [&](int st) {
-    const int n = lok ? max(0, min(PF, nck - lpc * PF)) : 0;
-    if (lane == 0) {
-      mbar_expect_tx(bars + st, (uint32_t)n * 544u);
-      if (n > 0) {
-        unsigned char* dst = ring + st * STAGE_BYTES;
-        bulk_to_smem(dst, lw[0] + lpc * PF * 32, (uint32_t)n * 512u, bars + st, pol);
-        bulk_to_smem(dst + PF * 512, ls[0] + lpc * PF * 8, (uint32_t)n * 32u, bars + st, pol);
-      }
-    }
-    if (++lpc == npc) {
-      lpc = 0;
-      lit = next_item(lit);
-      set_item(lit);
-    }
-  };
-  // The first PF loads (NS stages) of this CTA's first item (where that happens depends on what the weights wait for).
+  // The first PF loads of this CTA's first item (where that happens depends on what the weights wait for).
   auto start_stream = [&]() {
-    if (NS > 0) {
-      if (lane == 0) {
-#pragma unroll
-        for (int st = 0; st < NS; ++st) mbar_init(bars + st);
-        mbar_init_fence();
-      }
-      __syncwarp();
-      set_item(lit);
-#pragma unroll
-      for (int st = 0; st < NS; ++st) issue_piece(st);
-      return;
-    }
     set_item(lit);
 #pragma unroll
     for (int p = 0; p < PF; ++p) issue(wb[p], sb[p], p);
@@ -714,13 +635,6 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     if (MODE == MODE_DENSE && copy_x) {
       start_stream();
     }
-    if (MODE == MODE_GATEUP && NS > 0) {
-      // A bulk stream costs two instructions per stage to issue, so it goes out before the x prep (whose barriers
-      // would otherwise hold it back) as soon as the expert ids are there.
-      pdl_wait();
-      pdl_trigger();
-      start_stream();
-    }
     PHASE_CLK(1);  // x loads and (dense with xprep_kernel's fragments) the weight prefetch issued
     if (copy_x) {
       cp_async_wait_all();
@@ -737,7 +651,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     if (MODE == MODE_DENSE && !copy_x) {
       start_stream();
     }
-    if (MODE == MODE_GATEUP && NS == 0) {
+    if (MODE == MODE_GATEUP) {
       pdl_wait();  // expert ids come from the route kernel
       pdl_trigger();
       start_stream();
@@ -746,8 +660,6 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
 
   uint32_t xb[NT][8];
   int staged_tok = -1;  // down: token whose h slots are in xs
-  int cst = 0;  // bulk: stage the warp reads next, and its mbarrier phase parity
-  uint32_t cpar = 0u;
 
   for (int it = first_item; it < end_item; it = next_item(it)) {
 #ifdef MXFP4_PHASES
@@ -828,36 +740,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.f;
 
-    if (NS > 0) {
-      for (int pc = 0; pc < npc; ++pc) {
-        mbar_wait(bars + cst, cpar);
-        const uint4* wq = reinterpret_cast<const uint4*>(ring + cst * STAGE_BYTES);
-        const uint32_t* sq = reinterpret_cast<const uint32_t*>(ring + cst * STAGE_BYTES + PF * 512);
-        const int n = nck - pc * PF;  // chunks of this piece (<= 0: none)
-        if (active) {
-#pragma unroll
-          for (int c = 0; c < PF; ++c) {
-            if (c < n) {
-              load_xb<NT>(xl, kfirst + pc * PF + c, xb);
-              chunk_mma<NT>(wq[c * 32 + lane], sq[c * 8 + g], xb, acc[0]);
-            }
-          }
-        }
-#ifdef MXFP4_PHASES
-        if (ph_items == 0 && pc == 0) {  // the first weights have arrived and been used
-          PHASE_DEP(acc[0][0][0]);
-          PHASE_CLK(3);
-        }
-#endif
-        __syncwarp();  // every lane has read the stage: refill it
-        issue_piece(cst);
-        if (++cst == NS) {
-          cst = 0;
-          cpar ^= 1u;
-        }
-      }
-    }
-    for (int i0 = 0; i0 < (NS > 0 ? 0 : np); i0 += PF) {
+    for (int i0 = 0; i0 < np; i0 += PF) {
 #pragma unroll
       for (int p = 0; p < PF; ++p) {
         const int ci = i0 + p;
@@ -1119,9 +1002,9 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
   if (threadIdx.x == 0) *counter = 0;
 }
 
-template <int MODE, int NT, int RW, int RT, int PF, int NS = 0>
+template <int MODE, int NT, int RW, int RT, int PF>
 cudaError_t launch(const Args& a, int grid, size_t smem, cudaStream_t stream, int pdl) {
-  auto kern = mxfp4_kernel<MODE, NT, RW, RT, PF, NS>;
+  auto kern = mxfp4_kernel<MODE, NT, RW, RT, PF>;
   cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
@@ -1164,16 +1047,9 @@ int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, c
                   int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
                   long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
   static const launch_fn dense[16] = {NT1(MODE_DENSE), NT2(MODE_DENSE)};
-  // MoE: one token column (NT = 1). Variants 8.. stream through shared memory (bulk copies): (RW, RT, PF = chunks per
-  // stage, NS = stages), the same list as cuda_ext.MOE_BULK_VARIANTS.
-  static const launch_fn gateup[16] = {NT1(MODE_GATEUP),
-                                       launch<MODE_GATEUP, 1, 2, 1, 6, 2>, launch<MODE_GATEUP, 1, 2, 1, 4, 3>,
-                                       launch<MODE_GATEUP, 1, 1, 1, 6, 2>, launch<MODE_GATEUP, 1, 2, 1, 3, 4>,
-                                       launch<MODE_GATEUP, 1, 4, 1, 8, 2>, launch<MODE_GATEUP, 1, 2, 1, 6, 3>};
+  static const launch_fn gateup[16] = {NT1(MODE_GATEUP)};  // MoE: one token column (NT = 1)
   static const launch_fn down[16] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                     launch<MODE_DOWN, 1, 1, 1, 6>, launch<MODE_DOWN, 1, 1, 1, 8>,
-                                     launch<MODE_DOWN, 1, 1, 1, 8, 2>, launch<MODE_DOWN, 1, 1, 1, 6, 3>,
-                                     launch<MODE_DOWN, 1, 1, 1, 4, 4>, launch<MODE_DOWN, 1, 1, 1, 12, 1>};
+                                     launch<MODE_DOWN, 1, 1, 1, 6>, launch<MODE_DOWN, 1, 1, 1, 8>};
   if (variant < 0 || variant >= 16 || mode < 0 || mode > 2) return (int)cudaErrorInvalidValue;
   Args a;
   a.x = x; a.sx = sx;

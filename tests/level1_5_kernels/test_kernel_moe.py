@@ -277,12 +277,11 @@ def test_topk_gives_valid_distinct_ids_for_non_finite_logits(m, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("down_variant", [6, 7, 8, 9, 10, 11])
-@pytest.mark.parametrize("gate_up_variant", range(14))
+@pytest.mark.parametrize("down_variant", [6, 7])
+@pytest.mark.parametrize("gate_up_variant", range(8))
 def test_moe_packed_cuda_every_variant(gate_up_variant, down_variant):
-    """Every gate_up tiling (rows per CTA, K split, register prefetch depth, or shared-memory ring of bulk copies:
-    cuda_ext.MOE_BULK_VARIANTS) with every down variant, on a ragged case (I not a multiple of 64, k = 3 not dividing
-    the 8 warps, slices shorter than a stage or empty, skipped slots, clamps)."""
+    """Every gate_up tiling (rows per CTA, K split, prefetch depth) with both down variants, on a
+    ragged case (I not a multiple of 64, k = 3 not dividing the 8 warps, skipped slots, clamps)."""
     _need_cuda_ext()
     from kernels.moe import mxfp4_moe_packed
     from kernels.tuning import get_config
