@@ -12,7 +12,8 @@ Method (why each step):
 * Baseline: torch.matmul (F.linear) with BF16 weights, same M, same rotation, same run.
 * MoE layer (M=1, top-4 of 128 experts, hidden 2880, intermediate 2880): each call routes to a
   different random set of 4 experts; floor = bytes of those 4 experts' packed weights + scales
-  at the measured copy bandwidth.
+  at the measured copy bandwidth. Beside it, a plain read of the same bytes (kernels/read_floor.py) in one
+  launch and in two dependent launches (gate_up's bytes, then down's): what a read that short achieves here.
 """
 
 from __future__ import annotations
@@ -256,6 +257,18 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
         res[f"us_{impl}"] = round(us, 2)
         res[f"pct_floor_{impl}"] = round(100 * floor_us / us, 1)
         print(f"  moe M=1 {impl}: {us:.1f} us, floor {floor_us:.1f} us ({100 * floor_us / us:.0f}%)", flush=True)
+    # The layer's bytes read by a plain read kernel: gate_up's then down's in two dependent launches (the layer's
+    # structure), and all in one launch. The floor above (copy rate) is not reachable by a 53 MB read (read_floor.py).
+    gu_bytes = k * 2 * inter * (h // 2 + h // 32)
+    try:
+        from .read_floor import plain_read_us
+
+        res["plain_read_us_two_passes"] = round(plain_read_us([gu_bytes, floor_bytes - gu_bytes], l2, reps), 2)
+        res["plain_read_us_one_pass"] = round(plain_read_us([floor_bytes], l2, reps), 2)
+        print(f"  plain read of the layer's bytes: two dependent launches {res['plain_read_us_two_passes']:.1f} us, "
+              f"one launch {res['plain_read_us_one_pass']:.1f} us", flush=True)
+    except Exception as ex:  # noqa: BLE001 - a reference, not the measurement
+        print(f"  plain read reference: FAILED {type(ex).__name__}: {str(ex)[:300]}", file=sys.stderr, flush=True)
     if not with_router:
         return res
     # Whole block incl. routing (routing varies with x: rotate x). Router weights bf16, as stored.
@@ -537,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
             + f"; floor {mo['floor_us']:.1f} us ({mo['floor_bytes'] / 1e6:.1f} MB); with router: packed "
             f"{mo.get('us_layer_with_router', float('nan')):.1f} us, old {mo.get('us_layer_with_router_old', float('nan')):.1f} us"
             + "".join(f", {i} {mo.get(f'us_layer_with_router_{i}', float('nan')):.1f} us" for i in [*MOE_CUDA_SRC, *MOE_CFG])
-            + f", vLLM triton {mo.get('vllm_triton', {}).get('us_with_router', float('nan')):.1f} us")
+            + f", vLLM triton {mo.get('vllm_triton', {}).get('us_with_router', float('nan')):.1f} us"
+            + f"; plain read of the same bytes: two dependent launches {mo.get('plain_read_us_two_passes', float('nan')):.1f}"
+            f" us, one launch {mo.get('plain_read_us_one_pass', float('nan')):.1f} us")
     print("quant bf16->mxfp8: " + ", ".join(f"[{q['M']}x{q['K']}] {q['us']:.1f} us" for q in result["quant"]))
     for e in errors:
         print(f"ERROR {e}")

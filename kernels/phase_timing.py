@@ -71,12 +71,47 @@ def summarize(rec: torch.Tensor, mode: int, grid: int) -> dict:
     }
 
 
+def moe_timeline(rec: torch.Tensor) -> dict:
+    """The gate_up -> down handoff of one MoE call, ns from the first gate_up CTA's start: when gate_up's CTAs end
+    (median and last), when down's CTAs start (they launch early, programmatic dependent launch), when they see h
+    (their wait for gate_up returns: event "prep"), and when the last one ends."""
+    rr = rec.view(3, 2048, SLOTS)
+    gu_rows = [row for row in rr[1].tolist() if row[0] and row[1]]
+    dn_rows = [row for row in rr[2].tolist() if row[0] and row[1]]
+    if not gu_rows or not dn_rows:
+        return {"error": "no gate_up or down records (kernel did not run with the phase build?)"}
+    t0 = min(row[0] for row in gu_rows)
+    ghz = summarize(rec, 2, 2048)["clock_ghz"]
+
+    def median(v: list) -> int:
+        return round(sorted(v)[len(v) // 2])
+
+    h_seen = [row[0] + (row[4 + 2] - row[4]) / ghz - t0 for row in dn_rows if row[4 + 2]]
+    return {"gate_up_end_median": median([row[1] - t0 for row in gu_rows]),
+            "gate_up_end": max(row[1] for row in gu_rows) - t0,
+            "down_start": min(row[0] for row in dn_rows) - t0,
+            "down_start_median": median([row[0] - t0 for row in dn_rows]),
+            "down_h_seen_first": round(min(h_seen)) if h_seen else None,
+            "down_h_seen_median": median(h_seen) if h_seen else None,
+            "down_end": max(row[1] for row in dn_rows) - t0}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.phase_timing", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--src", default="", help="kernel source (default csrc/mxfp4_mma.cu)")
     ap.add_argument("--ms", default="1,8", help="token counts of the dense cases")
+    ap.add_argument("--only-moe", action="store_true", help="skip the dense cases")
+    ap.add_argument("--moe-variants", metavar="NAME=JSON;...", default="",
+                    help="MoE configs to time besides tuning.yaml's (overrides of moe.packed, as in kernels.bench)")
     args = ap.parse_args(argv)
+    moe_variants = {"tuning": {}}
+    for spec in filter(None, (v.strip() for v in args.moe_variants.split(";"))):
+        name, _, js = spec.partition("=")
+        try:
+            moe_variants[name.strip()] = json.loads(js)
+        except json.JSONDecodeError as ex:
+            ap.error(f"--moe-variants: {spec!r} is not NAME=JSON ({ex})")
     if not torch.cuda.is_available():
         print("kernels.phase_timing needs CUDA: torch.cuda.is_available() is False")
         return 2
@@ -110,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     g = generator(5, "cuda")
     gcfg = {**get_config("gemv"), **get_config("gemv").get("packed", {}), "impl": "cuda", "cuda_src": src}
-    for name in ("qkv", "o_proj", "expert_gate_up", "expert_down", "lm_head"):
+    for name in ("qkv", "o_proj", "expert_gate_up", "expert_down", "lm_head") if not args.only_moe else ():
         n, k = SHAPES[name]
         nq = n_buffers(n * k // 2 + n * k // 32, l2)
         packed = [pack_mxfp4(*random_mxfp4((n, k), g)) for _ in range(nq)]
@@ -142,27 +177,23 @@ def main(argv: list[str] | None = None) -> int:
     routes = [torch.randperm(e, generator=g, device="cuda")[:tk].view(1, tk).to(torch.int32) for _ in range(16)]
     w4 = torch.softmax(torch.randn(1, tk, generator=g, device="cuda"), -1)
     out = torch.empty(1, h, dtype=torch.bfloat16, device="cuda")
-    mcfg = {**get_config("moe").get("packed", {}), "cuda_src": src}
-    rec.zero_()
-    us = time_calls([lambda r=r: mxfp4_moe_packed(x, r, w4, gu, gb, dn, db, out=out, config=mcfg) for r in routes],
-                    reps, 32)
-    torch.cuda.synchronize()
-    r = rec.cpu()
-    for mode in (1, 2):
-        per_sm = mcfg.get("gate_up_ctas_per_sm", mcfg.get("ctas_per_sm", 2)) if mode == 1 else mcfg.get("ctas_per_sm", 2)
-        grid = sms * int(per_sm)
-        res = {"case": f"moe {MODES[mode]} M=1", "us_per_call_both": round(us, 2), "grid": grid, **summarize(r, mode, grid)}
-        results["cases"].append(res)
-        print(json.dumps(res), flush=True)
-    # gate_up -> down handoff: down CTAs start (PDL) before gate_up ends; how long do they wait?
-    rr = r.view(3, 2048, SLOTS)
-    gu_end = max(v for v in rr[1, :, 1].tolist() if v)
-    dn_start = min(v for v in rr[2, :, 0].tolist() if v)
-    dn_end = max(v for v in rr[2, :, 1].tolist() if v)
-    gu_start = min(v for v in rr[1, :, 0].tolist() if v)
-    results["moe_timeline_ns"] = {"gate_up_start": 0, "gate_up_end": gu_end - gu_start,
-                                  "down_start": dn_start - gu_start, "down_end": dn_end - gu_start}
-    print("moe timeline (ns from gate_up start):", results["moe_timeline_ns"], flush=True)
+    for vname, over in moe_variants.items():
+        mcfg = {**get_config("moe").get("packed", {}), **over, "cuda_src": src}
+        rec.zero_()
+        us = time_calls([lambda r=r: mxfp4_moe_packed(x, r, w4, gu, gb, dn, db, out=out, config=mcfg) for r in routes],
+                        reps, 32)
+        torch.cuda.synchronize()
+        r = rec.cpu()
+        for mode in (1, 2):
+            per_sm = mcfg.get("gate_up_ctas_per_sm", mcfg.get("ctas_per_sm", 2)) if mode == 1 else mcfg.get("ctas_per_sm", 2)
+            grid = sms * int(per_sm)
+            res = {"case": f"moe {vname} {MODES[mode]} M=1", "us_per_call_both": round(us, 2), "grid": grid,
+                   **summarize(r, mode, grid)}
+            results["cases"].append(res)
+            print(json.dumps(res), flush=True)
+        timeline = moe_timeline(r)
+        results[f"moe_timeline_ns_{vname}"] = timeline
+        print(f"moe {vname} timeline (ns from gate_up start):", timeline, flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 0
