@@ -14,8 +14,8 @@ import torch
 
 from ._triton import tl, triton
 
-# (int32 elements per load step, steps per program, warps): an H200 sweep of 12 tilings put these among the
-# fastest for 35 MB and 18 MB reads (52.9 MB in one pass: 14.2-16.4 us; the slowest tilings took 2x that).
+# (int32 elements per load step, steps per program, warps): an H200 sweep of 11 tilings put these among the
+# fastest for 35 MB and 18 MB reads (52.9 MB in one pass: 14.2-17.2 us; the slowest tilings took 2x that).
 TILINGS = ((1024, 8, 4), (1024, 16, 4), (2048, 16, 8), (2048, 4, 4))
 
 
