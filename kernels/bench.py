@@ -146,6 +146,22 @@ MOE_CUDA_SRC: dict[str, str] = {}  # MoE impl name -> CUDA source of an earlier 
 MOE_CFG: dict[str, dict] = {}  # MoE impl name -> overrides of tuning.yaml's moe.packed (--moe-variants)
 
 
+def parse_moe_variants(text: str | None) -> dict[str, dict]:
+    """--moe-variants 'NAME=JSON;...' -> {name: overrides of tuning.yaml's moe.packed} (also kernels.phase_timing's).
+    ValueError names the entry that is not NAME=<JSON object>."""
+    out: dict[str, dict] = {}
+    for spec in filter(None, (v.strip() for v in (text or "").split(";"))):
+        name, _, js = spec.partition("=")
+        try:
+            over = json.loads(js)
+        except json.JSONDecodeError as ex:
+            raise ValueError(f"--moe-variants: {name.strip()!r} is not NAME=JSON ({ex})") from None
+        if not isinstance(over, dict) or not name.strip():
+            raise ValueError(f"--moe-variants: {spec!r} is not NAME=<JSON object>")
+        out[name.strip()] = over
+    return out
+
+
 def _packed_moe_cfg(impl: str) -> dict | None:
     """Config of a packed-MoE impl: None (tuning.yaml) for "packed", its CUDA source for an earlier version,
     tuning.yaml's moe.packed with the impl's overrides for a --moe-variants one."""
@@ -476,14 +492,11 @@ def main(argv: list[str] | None = None) -> int:
         MOE_CUDA_SRC["packed_before"] = args.cuda_src_before
         gemv_impls.append("packed_cuda_before")
         moe_impls.append("packed_before")
-    for spec in (args.moe_variants or "").split(";"):
-        if spec.strip():
-            name, _, js = spec.partition("=")
-            try:
-                MOE_CFG[name.strip()] = json.loads(js)
-            except json.JSONDecodeError as ex:
-                ap.error(f"--moe-variants: {name.strip()!r} is not NAME=JSON ({ex})")
-            moe_impls.append(name.strip())
+    try:
+        MOE_CFG.update(parse_moe_variants(args.moe_variants))
+    except ValueError as ex:
+        ap.error(str(ex))
+    moe_impls.extend(MOE_CFG)
     meta = {
         "device": torch.cuda.get_device_name(0), "arch": current_arch(), "sm_count": props.multi_processor_count,
         "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,

@@ -105,13 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moe-variants", metavar="NAME=JSON;...", default="",
                     help="MoE configs to time besides tuning.yaml's (overrides of moe.packed, as in kernels.bench)")
     args = ap.parse_args(argv)
-    moe_variants = {"tuning": {}}
-    for spec in filter(None, (v.strip() for v in args.moe_variants.split(";"))):
-        name, _, js = spec.partition("=")
-        try:
-            moe_variants[name.strip()] = json.loads(js)
-        except json.JSONDecodeError as ex:
-            ap.error(f"--moe-variants: {spec!r} is not NAME=JSON ({ex})")
+    from .bench import parse_moe_variants
+
+    try:
+        moe_variants = {"tuning": {}, **parse_moe_variants(args.moe_variants)}
+    except ValueError as ex:
+        ap.error(str(ex))
     if not torch.cuda.is_available():
         print("kernels.phase_timing needs CUDA: torch.cuda.is_available() is False")
         return 2

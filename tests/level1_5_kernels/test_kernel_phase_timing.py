@@ -56,3 +56,15 @@ def test_moe_timeline_places_down_after_the_last_gate_up_cta():
 def test_moe_timeline_without_down_records_says_so():
     gu = [{"start": 1_000, "events": [0, 10, 20, 30, 40, 0, 4_000], "items": 1}]
     assert "error" in moe_timeline(_records(gu, mode=1))
+
+
+def test_moe_variants_option_parses_configs_and_names_a_bad_entry():
+    from kernels.bench import parse_moe_variants
+
+    assert parse_moe_variants('g4={"gate_up_variant": 4}; c2={"gate_up_ctas_per_sm": 2};') == {
+        "g4": {"gate_up_variant": 4}, "c2": {"gate_up_ctas_per_sm": 2}}
+    assert parse_moe_variants(None) == {}
+    for bad, named in (('g4={"gate_up_variant": 4', "'g4'"), ("g5=5", "g5=5"), ('={"pdl": 0}', '{"pdl": 0}')):
+        with pytest.raises(ValueError, match="--moe-variants") as ex:
+            parse_moe_variants(bad)
+        assert named in str(ex.value)
