@@ -14,16 +14,19 @@ import torch
 
 from ._triton import tl, triton
 
-# (int32 elements per load step, steps per program, warps): an H200 sweep of 11 tilings put these among the
-# fastest for 35 MB and 18 MB reads (52.9 MB in one pass: 14.2-17.2 us; the slowest tilings took 2x that).
-TILINGS = ((1024, 8, 4), (1024, 16, 4), (2048, 16, 8), (2048, 4, 4))
+# (int32 elements per load step, steps per program, warps). H200 sweeps of these kernels (a loop, then the steps
+# unrolled so that all of a program's loads are issued before the first is used) put these among the fastest for
+# the MoE's byte counts: 52.9 MB in one launch 13.8-14.3 us, 35.3 + 17.6 MB in two 15.5-16.7 us. On 1 GiB they read
+# 3.4-3.7 TB/s, below the ~4.1 TB/s the lm_head GEMV streams at (308 MB in 75 us), so they may overstate what a
+# short read costs by up to ~10%: a reference for the MoE layer, not a floor.
+TILINGS = ((512, 16, 4), (1024, 16, 8), (1024, 16, 4), (1024, 8, 4))
 
 
 @triton.jit
 def _read_kernel(src, out, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     pid = tl.program_id(0)
     acc = tl.zeros([BLOCK], dtype=tl.int32)
-    for i in range(ITERS):
+    for i in tl.static_range(ITERS):  # unrolled: every load of the program in flight at once
         offs = (pid * ITERS + i) * BLOCK + tl.arange(0, BLOCK)
         acc ^= tl.load(src + offs, mask=offs < n, other=0, eviction_policy="evict_first")
     tl.store(out + pid * BLOCK + tl.arange(0, BLOCK), acc)
