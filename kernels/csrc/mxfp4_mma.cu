@@ -670,27 +670,31 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     const bool active = item_info(it, wbase, sbase, grp, brow, slot);
     if (MODE == MODE_DOWN) {
       const int tok = it / groups;
-      if (tok != staged_tok) {  // h of this token's slots: global (written by gate_up) -> shared
-        __syncthreads();
-        const uint4* src = reinterpret_cast<const uint4*>(a.hfrag + (long long)tok * a.top_k * a.kc * 32);
-        uint4* dst = reinterpret_cast<uint4*>(xs);
-        // All of a batch's loads before any store: one L2 round trip per batch (top-4 x K 2880 is 1,440
-        // pieces, one batch), where the loop the compiler unrolled by 4 took two or three.
-        const int n16 = a.top_k * a.kc * 8;
-        for (int q0 = 0; q0 < n16; q0 += H_BATCH * THREADS) {
-          uint4 v[H_BATCH];
+      if (tok != staged_tok) {
+        // This warp's part of the token's h (its slot's row, its K slice: all it reads) from global memory (written by
+        // gate_up) to shared memory. Per warp, so no barrier across the CTA: a warp starts once its own part is in.
+        // All of a batch's loads before any store: one L2 round trip per batch (K slice of 23 chunks: 184 pieces, 6 per lane).
+        __syncwarp();
+        if (warp_active) {
+          const long long base = ((long long)slot_j * a.kc + kfirst) * 8;  // in 16-byte pieces
+          const uint4* src = reinterpret_cast<const uint4*>(a.hfrag + (long long)tok * a.top_k * a.kc * 32) + base;
+          uint4* dst = reinterpret_cast<uint4*>(xs) + base;
+          const int n16 = nck * 8;
+          for (int q0 = 0; q0 < n16; q0 += H_BATCH * 32) {
+            uint4 v[H_BATCH];
 #pragma unroll
-          for (int u = 0; u < H_BATCH; ++u) {
-            const int q = q0 + u * THREADS + threadIdx.x;
-            if (q < n16) v[u] = __ldcg(src + q);
-          }
+            for (int u = 0; u < H_BATCH; ++u) {
+              const int q = q0 + u * 32 + lane;
+              if (q < n16) v[u] = __ldcg(src + q);
+            }
 #pragma unroll
-          for (int u = 0; u < H_BATCH; ++u) {
-            const int q = q0 + u * THREADS + threadIdx.x;
-            if (q < n16) dst[q] = v[u];
+            for (int u = 0; u < H_BATCH; ++u) {
+              const int q = q0 + u * 32 + lane;
+              if (q < n16) dst[q] = v[u];
+            }
           }
         }
-        __syncthreads();
+        __syncwarp();
         staged_tok = tok;
       }
     }
