@@ -243,7 +243,8 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     gu_b = torch.randn(e, 2 * inter, generator=g, device="cuda") * 0.1
     d_b = torch.randn(e, h, generator=g, device="cuda") * 0.1
     gu_q, d_q = pack_moe_experts(gu_p, gu_s, d_p, d_s)
-    per_expert = 2 * inter * (h // 2 + h // 32) + h * (inter // 2 + inter // 32)
+    gu_per_expert = 2 * inter * (h // 2 + h // 32)  # packed codes + scales of gate_up's rows
+    per_expert = gu_per_expert + h * (inter // 2 + inter // 32)
     floor_bytes = k * per_expert
     floor_us = floor_bytes / (copy_gbps * 1e9) * 1e6
     x = torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16)
@@ -275,7 +276,7 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
         print(f"  moe M=1 {impl}: {us:.1f} us, floor {floor_us:.1f} us ({100 * floor_us / us:.0f}%)", flush=True)
     # The layer's bytes read by a plain read kernel: gate_up's then down's in two dependent launches (the layer's
     # structure), and all in one launch. The floor above (copy rate) is not reachable by a 53 MB read (read_floor.py).
-    gu_bytes = k * 2 * inter * (h // 2 + h // 32)
+    gu_bytes = k * gu_per_expert
     try:
         from .read_floor import plain_read_us
 

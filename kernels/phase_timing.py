@@ -84,7 +84,7 @@ def moe_timeline(rec: torch.Tensor) -> dict:
     ghz = summarize(rec, 2, 2048)["clock_ghz"]
 
     def median(v: list) -> int:
-        return round(sorted(v)[len(v) // 2])
+        return round(statistics.median_high(v))
 
     h_seen = [row[0] + (row[4 + 2] - row[4]) / ghz - t0 for row in dn_rows if row[4 + 2]]
     return {"gate_up_end_median": median([row[1] - t0 for row in gu_rows]),
