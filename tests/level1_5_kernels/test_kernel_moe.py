@@ -201,6 +201,32 @@ def test_moe_packed_cuda(m, e, h, inter, k, x_scale, skip):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3])
+def test_moe_packed_cuda_back_to_back_routes(m):
+    """Down launches before gate_up has finished (programmatic dependent launch) and must wait for its h. Calls with
+    different routes, launched back to back with no host sync in between: a down kernel that read h before gate_up
+    had written it would read the previous call's h for that slot, so that call's output would match neither its
+    reference nor any other. (The calls above repeat one route, where the previous call's h is the same.)"""
+    _need_cuda_ext()
+    from kernels.moe import mxfp4_moe_packed, pack_moe_experts
+
+    seed = fresh_seed()
+    e, h, inter, k = 128, 2880, 2880, 4
+    g = generator(seed, "cuda")
+    p = _random_experts(g, e, h, inter)
+    gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
+    x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
+    routes = [_routing(g, m, e, k) for _ in range(6)]
+    outs = [poisoned((m, h), torch.bfloat16, "cuda") for _ in routes]
+    for (ids, wts), out in zip(routes, outs):
+        mxfp4_moe_packed(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out)
+    torch.cuda.synchronize()
+    for i, ((ids, wts), out) in enumerate(zip(routes, outs)):
+        ref = reference.moe_experts_ref(x, ids, wts, **p)
+        assert_close_nmse(out, ref, MOE_NMSE, seed, f"back-to-back call {i} of {len(routes)}, M={m}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("router_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_route_kernel_matches_reference(m, router_dtype):
