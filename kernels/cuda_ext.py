@@ -81,9 +81,6 @@ def _load(src: str = "") -> ctypes.CDLL:
         lib.mxfp4_launch2.argtypes = lib.mxfp4_launch.argtypes + [P, P]
         lib.mxfp4_xprep.restype = I
         lib.mxfp4_xprep.argtypes = [P, LL, I, I, I, P, P, P]
-    if hasattr(lib, "mxfp4_launch3"):  # absent from sources older than the MoE's per-slot counters
-        lib.mxfp4_launch3.restype = I
-        lib.mxfp4_launch3.argtypes = lib.mxfp4_launch2.argtypes + [P, I]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
     if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
@@ -277,11 +274,7 @@ def topk_from_logits(logits: torch.Tensor, top_k: int, src: str = ""):
 def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, dn_bias, out: torch.Tensor,
         cfg: dict, alpha: float, limit: float) -> torch.Tensor:
     """Experts of the MoE block: gate_up + SwiGLU (one launch), down + weighted combine (one launch).
-    gu / dn: PackedMXFP4 stacked over experts (gu packed with paired=True). ids int32 [M, k].
-
-    Down waits for gate_up slot by slot: gate_up counts its finished items per slot in a small int buffer (one per
-    device, stream and slot count, zeroed once; down's last CTA resets it), so down computes the slots that are done
-    while gate_up's last items run. Calls on one stream run one after another, so they never share the counts."""
+    gu / dn: PackedMXFP4 stacked over experts (gu packed with paired=True). ids int32 [M, k]."""
     lib = _load(cfg.get("cuda_src", ""))
     m, hdim = x.shape
     top_k = ids.shape[1]
@@ -298,8 +291,7 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     # gate_up: items = slots x row-tile groups, K split per cfg
     v1 = int(cfg.get("gate_up_variant", 5))
     nt, rw, rt, pf = VARIANTS[v1]
-    groups1 = -(-gu.n_tiles // (rw * rt))
-    items1 = slots * groups1
+    items1 = slots * -(-gu.n_tiles // (rw * rt))
     smem1 = _smem(m, gu.k_chunks, rt, nt)
     per_sm1 = _resident_ctas(int(cfg.get("gate_up_ctas_per_sm", cfg.get("ctas_per_sm", 2))), smem1, dev)
     grid1 = max(1, min(items1, sms * per_sm1))
@@ -307,22 +299,13 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     sst_e = gu.scales[0].numel() // 4 if gu.scales.dim() == 5 else 0
     ids32 = ids.to(torch.int32).contiguous()
     wts32 = wts.to(torch.float32).contiguous()
-    if hasattr(lib, "mxfp4_launch3"):
-        sync = _cached_zeros(("moe_sync", dev, stream, slots), (slots + 1,), torch.int32, dev)
-
-        sp = sync.data_ptr() if int(cfg.get("slot_wait", 1)) else None
-
-        def launch(*a):
-            return lib.mxfp4_launch3(*a, None, None, sp, groups1)
-    else:  # an older source (same-run A/B): down waits for the whole gate_up grid
-        launch = lib.mxfp4_launch
 
     def launch_gu(p):
-        return launch(MODE_GATEUP, v1, x.data_ptr(), x.stride(0), gu.words.data_ptr(), gu.scales.data_ptr(),
-                      wst_e, sst_e, gb.data_ptr() if gb is not None else None, gbk,
-                      gb.stride(0) if gb is not None else 0, None, 0, hfrag.data_ptr(), kc_h, slots,
-                      ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles, gu.k_chunks, top_k,
-                      WARPS // rw, alpha, limit, grid1, smem1, stream, p)
+        return lib.mxfp4_launch(MODE_GATEUP, v1, x.data_ptr(), x.stride(0), gu.words.data_ptr(), gu.scales.data_ptr(),
+                                wst_e, sst_e, gb.data_ptr() if gb is not None else None, gbk,
+                                gb.stride(0) if gb is not None else 0, None, 0, hfrag.data_ptr(), kc_h, slots,
+                                ids32.data_ptr(), wts32.data_ptr(), m, gu.n, hdim, gu.n_tiles, gu.k_chunks, top_k,
+                                WARPS // rw, alpha, limit, grid1, smem1, stream, p)
 
     err, pdl = _launch_pdl(launch_gu, pdl, dev)  # down follows gate_up's choice
     _check(err, "mxfp4 moe gate_up launch")
@@ -338,10 +321,10 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     grid2 = max(1, min(items2, sms * _resident_ctas(int(cfg.get("ctas_per_sm", 2)), smem2, dev)))
     wst2 = dn.words[0].numel() // 4
     sst2 = dn.scales[0].numel() // 4
-    err = launch(MODE_DOWN, v2, None, 0, dn.words.data_ptr(), dn.scales.data_ptr(), wst2, sst2,
-                 db.data_ptr() if db is not None else None, dbk, db.stride(0) if db is not None else 0,
-                 out.data_ptr(), out.stride(0), hfrag.data_ptr(), kc_h, slots, ids32.data_ptr(),
-                 wts32.data_ptr(), m, dn.n, inter, dn.n_tiles, dn.k_chunks, top_k, ksp, alpha, limit,
-                 grid2, smem2, stream, pdl)
+    err = lib.mxfp4_launch(MODE_DOWN, v2, None, 0, dn.words.data_ptr(), dn.scales.data_ptr(), wst2, sst2,
+                           db.data_ptr() if db is not None else None, dbk, db.stride(0) if db is not None else 0,
+                           out.data_ptr(), out.stride(0), hfrag.data_ptr(), kc_h, slots, ids32.data_ptr(),
+                           wts32.data_ptr(), m, dn.n, inter, dn.n_tiles, dn.k_chunks, top_k, ksp, alpha, limit,
+                           grid2, smem2, stream, pdl)
     _check(err, "mxfp4 moe down launch")
     return out

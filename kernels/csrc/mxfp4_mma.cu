@@ -20,15 +20,12 @@
 //   MODE_GATEUP : MoE gate_up for slot s (token s / top_k, expert ids[s]); rows packed "paired"
 //                 (tile row g = gate_i, g+8 = up_i), SwiGLU in the epilogue, h written as f16 * 2**8
 //                 in the activation-fragment layout the down kernel reads.
-//   MODE_DOWN   : MoE down + weighted combine: item = (token, RT row tiles of H, slot); a CTA takes a
-//                 tile's top_k slots in order, its 8 warps splitting K of each; each warp sums its
-//                 slots' weighted shares, then a fixed-order reduction over the 8 warps.
+//   MODE_DOWN   : MoE down + weighted combine: item = (token, RT row tiles of H); warp w handles
+//                 slot w / ksp, K slice w % ksp; fixed-order reduction over the 8 warps.
 //   route       : router GEMV in the stored dtype + top-k + softmax, int32 ids; the last CTA to
 //                 finish (atomic ticket) does top-k, so it is one launch.
 // MoE launches use programmatic dependent launch where available: the down kernel prefetches
-// its weights before waiting for gate_up's h, and waits slot by slot (per-slot counters that
-// gate_up's items release), so it computes the slots gate_up finished first while gate_up's
-// last items still run.
+// its weights before waiting for gate_up's h.
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -141,18 +138,6 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-}
-
-// Per-slot counters between the MoE gate_up and down kernels (CUTLASS's semaphore, cutlass/barrier.h): after a CTA
-// barrier, one thread releases the CTA's writes and moves the count; the waiting warp acquires it.
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void red_release(int* p, int v) {
-  asm volatile("fence.acq_rel.gpu;\n red.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ float bf16f(const __nv_bfloat16* p) { return __bfloat162float(*p); }
@@ -305,6 +290,7 @@ __device__ __forceinline__ float row_up(uint32_t amax) { return __uint_as_float(
 __device__ __forceinline__ float row_down(uint32_t amax) { return __uint_as_float((uint32_t)(row_log2(amax) + 127) << 23); }
 
 constexpr int PREP_BATCH = 4;  // 16-byte x loads in flight per thread when x is not preloaded
+constexpr int H_BATCH = 6;     // MoE down: 16-byte h loads in flight per thread while staging a token's slots
 
 // This thread's 16-byte pieces q0 + u * THREADS + tid (u < PREP_BATCH) of x [M, K] (K / 8 = k8 pieces
 // per row, n8 in all), all loads issued before any is used; pieces past the end read as zero.
@@ -466,10 +452,6 @@ struct Args {
   const float* wts;  // [M * top_k]
   int M, N, K, n_tiles, kc, top_k, ksplit;
   float alpha, limit;
-  // MoE: per-slot counts of finished gate_up items [M * top_k], then down's exit ticket; zero before the call and
-  // reset by down's last CTA. Null: down waits for the whole gate_up grid instead (griddepcontrol.wait).
-  int* sync;
-  int sync_target;  // gate_up items per slot
 };
 
 // MoE gate_up is built for 3 CTAs per SM (<= 80 registers, no spills for RW 2 PF 4): H200, same-process
@@ -489,26 +471,40 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
   int ph_items = 0;
 #endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // K split: warps with the same rw share rows; kslot picks the warp's K slice (kfirst, kstep below).
-  // WARPS / RW, as the host passes it, but known at compile time: the weight pointers then advance by a
-  // constant (a run-time stride cost a 64-bit multiply and shifts per chunk). MoE down (RW = 1): all 8 warps split
-  // K of one slot at a time.
-  const int kstride = WARPS / RW, kslot = warp % kstride, rw = warp / kstride;
-  // K slice of a warp: chunks kslot + i * kstride, the warps walking a row tile together.
+  // K split: warps with the same rw share rows; kslot picks the warp's K slice (kfirst, kstep below)
+  int kslot, kstride, rw, slot_j = 0;
+  if (MODE == MODE_DOWN) {
+    kstride = a.ksplit;  // K slices per slot
+    slot_j = warp / kstride;
+    kslot = warp % kstride;
+    rw = 0;
+  } else {
+    // WARPS / RW, as the host passes it, but known at compile time: the weight pointers then advance by a
+    // constant (a run-time stride cost a 64-bit multiply and shifts per chunk)
+    kstride = WARPS / RW;
+    kslot = warp % kstride;
+    rw = warp / kstride;
+  }
+  const bool warp_active = (MODE != MODE_DOWN) || slot_j < a.top_k;
+  // K slice of a warp: chunks kfirst + i * kstep. MoE down: a contiguous run (kfirst = kslot * nck_max, step 1), so
+  // its pointers step by a constant although its K split (8 / top_k) is a run-time value. Dense and gate_up keep
+  // interleaved slices (kfirst = kslot, step kstride), their warps walking a row tile together. H200, same process,
+  // MoE layer M=1 experts only (three repeats): down contiguous 22.3 / 22.3 / 22.4 us, interleaved 23.3 / 23.3 /
+  // 23.4; gate_up contiguous as well 22.4 / 22.4 / 22.6, gate_up alone 24.0 / 24.3 / 24.2 (kernels/NOTES.md).
+  constexpr bool kcontig = MODE == MODE_DOWN;
   const int nck_max = (a.kc + kstride - 1) / kstride;
-  const int kfirst = kslot, kstep = kstride;
-  const int nck = max(0, min(nck_max, (a.kc - kfirst + kstep - 1) / kstep));  // this warp's chunks
+  const int kfirst = kcontig ? kslot * nck_max : kslot, kstep = kcontig ? 1 : kstride;
+  const int nck = warp_active ? max(0, min(nck_max, (a.kc - kfirst + kstep - 1) / kstep)) : 0;  // this warp's chunks
   const int np = ((nck_max + PF - 1) / PF) * PF;  // iterations per item (multiple of PF)
   const int tiles_per_item = RW * RT;
   const int groups = (a.n_tiles + tiles_per_item - 1) / tiles_per_item;
   int n_items;
   if (MODE == MODE_DENSE) n_items = groups;
   else if (MODE == MODE_GATEUP) n_items = a.M * a.top_k * groups;
-  else n_items = a.M * groups * a.top_k;
-  // Item order: strided over the grid, except down, where a CTA takes a contiguous run of whole tiles (all top_k
-  // slots of each: its warps sum them before the CTA's reduction) and consecutive tiles mostly share a token.
-  const int per_cta = MODE == MODE_DOWN ? (a.M * groups + gridDim.x - 1) / gridDim.x * a.top_k
-                                        : (n_items + gridDim.x - 1) / gridDim.x;
+  else n_items = a.M * groups;
+  // Item order: strided over the grid, except down, where a CTA takes a contiguous run of items so
+  // that consecutive items mostly share a token (its h slots are staged in shared memory once).
+  const int per_cta = (n_items + gridDim.x - 1) / gridDim.x;
   const int first_item = MODE == MODE_DOWN ? blockIdx.x * per_cta : blockIdx.x;
   const int end_item = MODE == MODE_DOWN ? min(n_items, first_item + per_cta) : n_items;
   auto next_item = [&](int it) { return MODE == MODE_DOWN ? it + 1 : it + (int)gridDim.x; };
@@ -538,14 +534,14 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       sbase = (long long)max(e, 0) * a.sstride_e;
       return e >= 0;
     } else {
-      const int rest = it / a.top_k, tok = rest / groups;
-      brow = it - rest * a.top_k;  // slot of the token = row of the staged h slots
-      grp = rest - tok * groups;
-      slot = tok * a.top_k + brow;
+      const int tok = it / groups;
+      grp = it - tok * groups;
+      slot = tok * a.top_k + min(slot_j, a.top_k - 1);
+      brow = min(slot_j, a.top_k - 1);  // row of the staged h slots
       const int e = a.ids[slot];
       wbase = (long long)max(e, 0) * a.wstride_e;
       sbase = (long long)max(e, 0) * a.sstride_e;
-      return e >= 0;
+      return e >= 0 && slot_j < a.top_k;
     }
   };
   auto tile_of = [&](int grp, int rt) {
@@ -616,10 +612,11 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     }
 
   if (MODE == MODE_DOWN) {
-    // Weights and ids do not depend on the previous kernel (gate_up): prefetch, then wait for h (per slot, below).
+    // Weights and ids do not depend on the previous kernel (gate_up): prefetch, then wait for h.
     start_stream();
     PHASE_CLK(1);
-    if (!a.sync) pdl_wait();  // no per-slot counters: all of gate_up's h
+    pdl_wait();
+    PHASE_CLK(2);  // gate_up done (its h is visible)
   } else {
     // Dense with a.xfrag: fragments from xprep_kernel; their copy is issued before the weight stream,
     // so it is not queued behind it, and it is a plain copy (no atomics, no conversion) in every CTA.
@@ -663,10 +660,6 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
 
   uint32_t xb[NT][8];
   int staged_tok = -1;  // down: token whose h slots are in xs
-  uint32_t staged = 0;  // down: bit s = this warp's part of slot s of staged_tok is in xs
-  float tot[RT][2];     // down: this warp's weighted sum over the slots of the current tile
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) tot[rt][0] = tot[rt][1] = 0.f;
 
   for (int it = first_item; it < end_item; it = next_item(it)) {
 #ifdef MXFP4_PHASES
@@ -676,48 +669,33 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
     int grp, brow, slot;
     const bool active = item_info(it, wbase, sbase, grp, brow, slot);
     if (MODE == MODE_DOWN) {
-      const int tok = (it / a.top_k) / groups;
+      const int tok = it / groups;
       if (tok != staged_tok) {
-        staged = 0u;
-        staged_tok = tok;
-      }
-      if (active && !((staged >> brow) & 1u)) {
-        // This warp's part of h (its K slice: all it reads) for slot brow of the token, and for every later slot of
-        // the token that gate_up has also finished, from global memory (written by gate_up) to shared memory. Per
-        // warp, so no barrier across the CTA. With counters, lane l polls slot brow + l (acquire); the warp barrier
-        // then orders every lane's reads after those acquires. cp.async: all of a batch in flight, no registers.
-        const int slot0 = tok * a.top_k;
-        uint32_t ready;
-        if (a.sync) {
-          uint32_t polls = 0;
-          for (;;) {
-            const bool mine = lane < a.top_k - brow;
-            const int n = mine ? ld_acquire(a.sync + slot0 + brow + lane) : 0;
-            ready = __ballot_sync(0xffffffffu, mine && n >= a.sync_target) << brow;
-            if ((ready >> brow) & 1u) break;
-            __nanosleep(100);
-            if (++polls == (1u << 24)) __trap();  // gate_up never finished the slot (seconds): fail, do not hang
-          }
-          __syncwarp();
-        } else {
-          ready = ((1u << a.top_k) - 1u) & ~((1u << brow) - 1u);  // gate_up has finished: the rest of the token
-        }
-        ready &= ~staged;
-        const uint4* src = reinterpret_cast<const uint4*>(a.hfrag + (long long)slot0 * a.kc * 32);
-        uint4* dst = reinterpret_cast<uint4*>(xs);
-        for (int s2 = brow; s2 < a.top_k; ++s2) {
-          if (!((ready >> s2) & 1u)) continue;
-          for (int q = lane; q < nck * 8; q += 32) {  // 16-byte pieces: 8 per chunk
-            const long long off = ((long long)s2 * a.kc + kfirst + (q >> 3) * kstep) * 8 + (q & 7);
-            cp_async16(dst + off, src + off);
-          }
-        }
-        cp_async_wait_all();
+        // This warp's part of the token's h (its slot's row, its K slice: all it reads) from global memory (written by
+        // gate_up) to shared memory. Per warp, so no barrier across the CTA: a warp starts once its own part is in.
+        // All of a batch's loads before any store: one L2 round trip per batch (K slice of 23 chunks: 184 pieces, 6 per lane).
         __syncwarp();
-        staged |= ready;
-#ifdef MXFP4_PHASES
-        if (ph_items == 0) PHASE_CLK(2);  // the first slot's h is visible and staged
-#endif
+        if (warp_active) {
+          const long long base = ((long long)slot_j * a.kc + kfirst) * 8;  // in 16-byte pieces
+          const uint4* src = reinterpret_cast<const uint4*>(a.hfrag + (long long)tok * a.top_k * a.kc * 32) + base;
+          uint4* dst = reinterpret_cast<uint4*>(xs) + base;
+          const int n16 = nck * 8;
+          for (int q0 = 0; q0 < n16; q0 += H_BATCH * 32) {
+            uint4 v[H_BATCH];
+#pragma unroll
+            for (int u = 0; u < H_BATCH; ++u) {
+              const int q = q0 + u * 32 + lane;
+              if (q < n16) v[u] = __ldcg(src + q);
+            }
+#pragma unroll
+            for (int u = 0; u < H_BATCH; ++u) {
+              const int q = q0 + u * 32 + lane;
+              if (q < n16) dst[q] = v[u];
+            }
+          }
+        }
+        __syncwarp();
+        staged_tok = tok;
       }
     }
     // Epilogue parameters, loaded now so their latency hides behind the weight stream.
@@ -746,7 +724,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
         pb[rt][1] = ld_param_early(a.bias, a.bias_kind, e * a.bstride_e + r1, ok && r1 < a.N);
       }
     }
-    if (MODE == MODE_DOWN && active) pw = a.wts[slot];  // 0 for a skipped slot: its share is 0
+    if (MODE == MODE_DOWN && active) pw = a.wts[slot];
     // this lane's activation rows (B column g of n-tile nt; columns past the tokens read a real row, see load_xb)
     const uint32_t* xl[NT];
 #pragma unroll
@@ -794,23 +772,18 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
 #endif
     // ---- epilogue ----
     if (MODE == MODE_DOWN) {
-      // weight the slot, add its bias (pb is 0 for K slices other than 0, and pw for skipped slots), add it to the
-      // warp's sum over the slots; after the tile's last slot, a fixed-order sum over the 8 warps
+      // weight the slot, add its bias, fixed-order sum over the 8 warps
       const float wt = pw * 64.f;  // h stored * 2**8, decode * 2**-14: products are * 2**-6
 #pragma unroll
       for (int rt = 0; rt < RT; ++rt) {
-        tot[rt][0] += fmaf(acc[rt][0][0], wt, pw * pb[rt][0]);
-        tot[rt][1] += fmaf(acc[rt][0][2], wt, pw * pb[rt][1]);
-      }
-      if (brow != a.top_k - 1) continue;
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        red[((warp * RT + rt) * 2 + 0) * 32 + lane] = tot[rt][0];
-        red[((warp * RT + rt) * 2 + 1) * 32 + lane] = tot[rt][1];
-        tot[rt][0] = tot[rt][1] = 0.f;
+        // pb is 0 where there is no bias, for K slices other than 0 and for inactive slots
+        const float v0 = fmaf(acc[rt][0][0], wt, pw * pb[rt][0]), v2 = fmaf(acc[rt][0][2], wt, pw * pb[rt][1]);
+        red[((warp * RT + rt) * 2 + 0) * 32 + lane] = v0;
+        red[((warp * RT + rt) * 2 + 1) * 32 + lane] = v2;
       }
       __syncthreads();
       if (warp == 0) {
+        const int tok = it / groups;
 #pragma unroll
         for (int rt = 0; rt < RT; ++rt) {
           float s0 = 0.f, s2 = 0.f;
@@ -821,8 +794,8 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
           const int tl = (grp * RW + 0) * RT + rt;
           if (t == 0 && tl < a.n_tiles) {
             const int r0 = tl * 16 + g, r1 = r0 + 8;
-            if (r0 < a.N) a.out[staged_tok * a.so + r0] = __float2bfloat16_rn(s0);
-            if (r1 < a.N) a.out[staged_tok * a.so + r1] = __float2bfloat16_rn(s2);
+            if (r0 < a.N) a.out[tok * a.so + r0] = __float2bfloat16_rn(s0);
+            if (r1 < a.N) a.out[tok * a.so + r1] = __float2bfloat16_rn(s2);
           }
         }
       }
@@ -887,24 +860,6 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
       }
     }
     if (kstride > 1) __syncthreads();
-    if (MODE == MODE_GATEUP && a.sync) {  // this item's h is written: count it for its slot
-      if (kstride == 1) __syncthreads();
-      if (threadIdx.x == 0) red_release(a.sync + slot, 1);
-    }
-  }
-  if (MODE == MODE_DOWN && a.sync) {
-    // The last CTA to get here resets the counters for the next call: every CTA is past its waits, and gate_up has
-    // counted all of its items (each slot's count reached its target). The wait on the gate_up grid returns at once
-    // (all of its items are done); it keeps this grid's completion after gate_up's.
-    pdl_wait();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int slots = a.M * a.top_k;
-      if (atomicAdd(a.sync + slots, 1) == (int)gridDim.x - 1) {
-        for (int q = 0; q < slots; ++q) a.sync[q] = 0;
-        a.sync[slots] = 0;
-      }
-    }
   }
 #ifdef MXFP4_PHASES
   PHASE_CLK(6);
@@ -1089,15 +1044,12 @@ int mxfp4_num_variants() { return 16; }
 
 const char* mxfp4_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
 
-// mxfp4_launch3 = mxfp4_launch + the prepared activation (xfrag, xdown_g: null = prepared per CTA) + the MoE's
-// per-slot counters (sync: M * top_k + 1 ints, zero before the first call, reset by the down kernel; null = down waits
-// for the whole gate_up grid) and gate_up's items per slot (sync_target). Both MoE launches of a call get the same sync.
-int mxfp4_launch3(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
+// mxfp4_launch2 = mxfp4_launch + the prepared activation (xfrag, xdown_g: null = prepared per CTA).
+int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
                   long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
                   __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts,
                   int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
-                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g, int* sync,
-                  int sync_target) {
+                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
   static const launch_fn dense[16] = {NT1(MODE_DENSE), NT2(MODE_DENSE)};
   static const launch_fn gateup[16] = {NT1(MODE_GATEUP)};  // MoE: one token column (NT = 1)
   static const launch_fn down[16] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
@@ -1115,20 +1067,9 @@ int mxfp4_launch3(int mode, int variant, const __nv_bfloat16* x, long long sx, c
   a.M = M; a.N = N; a.K = K; a.n_tiles = n_tiles; a.kc = kc; a.top_k = top_k; a.ksplit = ksplit;
   a.alpha = alpha; a.limit = limit;
   a.xfrag = reinterpret_cast<const uint4*>(xfrag); a.xdown_g = xdown_g;
-  a.sync = sync; a.sync_target = sync_target;
   const launch_fn* table = mode == 0 ? dense : (mode == 1 ? gateup : down);
   if (!table[variant]) return (int)cudaErrorInvalidValue;
   return (int)table[variant](a, grid, (size_t)smem, reinterpret_cast<cudaStream_t>(stream), pdl);
-}
-
-int mxfp4_launch2(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
-                  long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
-                  __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts,
-                  int M, int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
-                  long long smem, void* stream, int pdl, const void* xfrag, const float* xdown_g) {
-  return mxfp4_launch3(mode, variant, x, sx, words, scales, wstride_e, sstride_e, bias, bias_kind, bstride_e, out, so, hfrag,
-                       kc_h, zero_row, ids, wts, M, N, K, n_tiles, kc, top_k, ksplit, alpha, limit, grid, smem, stream, pdl,
-                       xfrag, xdown_g, nullptr, 0);
 }
 
 int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, const void* words, const void* scales,
@@ -1136,9 +1077,9 @@ int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, co
                  __nv_bfloat16* out, long long so, void* hfrag, int kc_h, int zero_row, const int* ids, const float* wts, int M,
                  int N, int K, int n_tiles, int kc, int top_k, int ksplit, float alpha, float limit, int grid,
                  long long smem, void* stream, int pdl) {
-  return mxfp4_launch3(mode, variant, x, sx, words, scales, wstride_e, sstride_e, bias, bias_kind, bstride_e, out, so, hfrag,
+  return mxfp4_launch2(mode, variant, x, sx, words, scales, wstride_e, sstride_e, bias, bias_kind, bstride_e, out, so, hfrag,
                        kc_h, zero_row, ids, wts, M, N, K, n_tiles, kc, top_k, ksplit, alpha, limit, grid, smem, stream, pdl,
-                       nullptr, nullptr, nullptr, 0);
+                       nullptr, nullptr);
 }
 
 // x [M, K] bf16 (M <= 16) -> xfrag [M][kc * 32] u32 and xdown [M] for mxfp4_launch2 (one CTA per row).
