@@ -19,6 +19,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -28,7 +29,7 @@ import torch
 SRC = Path(__file__).resolve().parent / "csrc" / "mxfp4_mma.cu"
 # Same order as NT1/NT2 in the .cu: (NT, RW, RT, PF); KSPLIT = 8 // RW.
 VARIANTS = [(nt, rw, rt, pf) for nt in (1, 2) for (rw, rt, pf) in
-            ((8, 2, 4), (8, 2, 5), (8, 1, 6), (4, 1, 6), (2, 1, 4), (2, 1, 6), (1, 1, 6), (1, 1, 8))]
+            ((8, 2, 4), (8, 2, 5), (4, 1, 4), (4, 1, 6), (2, 1, 4), (2, 1, 6), (1, 1, 6), (1, 1, 8))]
 WARPS = 8
 MODE_DENSE, MODE_GATEUP, MODE_DOWN = 0, 1, 2
 
@@ -46,10 +47,24 @@ def _arch() -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def source_variants(text: str) -> list[tuple[int, int, int, int]]:
+    """The (NT, RW, RT, PF) table a kernel source compiles: the launch<MODE, NT, RW, RT, PF> entries of its
+    NT1 / NT2 macros, in order."""
+    return [tuple(int(v) for v in m.groups())
+            for m in re.finditer(r"launch<MODE, (\d+), (\d+), (\d+), (\d+)>", text)]
+
+
 def _load(src: str = "") -> ctypes.CDLL:
     """The compiled library of `src` (default: csrc/mxfp4_mma.cu). Another source with the same C API
     (e.g. the previous version, `bench --cuda-src-before`) can be loaded beside it for a same-run A/B."""
     src_path = Path(src) if src else SRC
+    # The host sizes items, K split and shared memory from VARIANTS[v]; a source whose table differs (an
+    # older version) would run another tiling than the one sized for, and an A/B against it would time
+    # a wrong computation without a word.
+    table = source_variants(src_path.read_text())
+    if table != VARIANTS:
+        raise RuntimeError(f"{src_path}: its variant table {table} is not cuda_ext.VARIANTS {VARIANTS}; "
+                           "compare against a source with the same table (edit its NT1/NT2 macros to match)")
     if os.environ.get("KERNELS_DISABLE_CUDA_EXT"):
         raise RuntimeError("disabled by KERNELS_DISABLE_CUDA_EXT")
     if not torch.cuda.is_available():

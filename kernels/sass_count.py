@@ -133,7 +133,8 @@ CUDA_VARIANTS = {  # mangled template args <MODE, NT, RW, RT, PF> -> (descriptio
     "ILi0ELi1ELi1ELi1ELi6E": ("dense NT=1 KSPLIT=8 PF=6 (expert down shape, M<=8)", 1),
     "ILi0ELi2ELi8ELi2ELi4E": ("dense NT=2 RT=2 PF=4 (lm_head, M<=16)", 2),
     "ILi0ELi2ELi1ELi1ELi6E": ("dense NT=2 KSPLIT=8 PF=6 (M<=16)", 2),
-    "ILi1ELi1ELi2ELi1ELi4E": ("moe gate_up NT=1 KSPLIT=4 PF=4 (default)", 1),
+    "ILi1ELi1ELi4ELi1ELi4E": ("moe gate_up NT=1 KSPLIT=2 PF=4 (default)", 1),
+    "ILi1ELi1ELi2ELi1ELi4E": ("moe gate_up NT=1 KSPLIT=4 PF=4 (default until 2026-11-26)", 1),
     "ILi2ELi1ELi1ELi1ELi8E": ("moe down NT=1 PF=8 (default)", 1),
 }
 

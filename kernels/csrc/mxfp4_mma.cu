@@ -454,7 +454,7 @@ struct Args {
   float alpha, limit;
 };
 
-// MoE gate_up is built for 3 CTAs per SM (<= 80 registers, no spills for RW 2 PF 4): H200, same-process
+// MoE gate_up is built for 3 CTAs per SM (<= 80 registers; no spills for RW 2 PF 4 (80) or RW 4 PF 4 (72)): H200, same-process
 // A/B, MoE layer M=1 experts only, gate_up variant 4 at 3 CTAs per SM vs variant 5 at 2: 25.3 / 25.5 /
 // 25.5 vs 26.4 / 26.4 / 26.3 us. The dense kernels at 3 or 4 CTAs per SM were slower (qkv M=1 8.1 ->
 // 8.3-10.0 us), and down spills at 80 registers: they keep 2.
@@ -1030,10 +1030,10 @@ cudaError_t launch(const Args& a, int grid, size_t smem, cudaStream_t stream, in
 // variant: index into the tables below (kernels/cuda_ext.py keeps the same list):
 //   (NT, RW, RT, PF), KSPLIT = 8 / RW; NT = 1 serves M <= 8, NT = 2 M <= 16.
 #define NT1(MODE)                                                                                            \
-  launch<MODE, 1, 8, 2, 4>, launch<MODE, 1, 8, 2, 5>, launch<MODE, 1, 8, 1, 6>, launch<MODE, 1, 4, 1, 6>, \
+  launch<MODE, 1, 8, 2, 4>, launch<MODE, 1, 8, 2, 5>, launch<MODE, 1, 4, 1, 4>, launch<MODE, 1, 4, 1, 6>, \
       launch<MODE, 1, 2, 1, 4>, launch<MODE, 1, 2, 1, 6>, launch<MODE, 1, 1, 1, 6>, launch<MODE, 1, 1, 1, 8>
 #define NT2(MODE)                                                                                            \
-  launch<MODE, 2, 8, 2, 4>, launch<MODE, 2, 8, 2, 5>, launch<MODE, 2, 8, 1, 6>, launch<MODE, 2, 4, 1, 6>, \
+  launch<MODE, 2, 8, 2, 4>, launch<MODE, 2, 8, 2, 5>, launch<MODE, 2, 4, 1, 4>, launch<MODE, 2, 4, 1, 6>, \
       launch<MODE, 2, 2, 1, 4>, launch<MODE, 2, 2, 1, 6>, launch<MODE, 2, 1, 1, 6>, launch<MODE, 2, 1, 1, 8>
 
 typedef cudaError_t (*launch_fn)(const Args&, int, size_t, cudaStream_t, int);

@@ -370,6 +370,25 @@ def test_cuda_variant_choice_keeps_small_layers_to_one_wave(name, sms):
     assert VARIANTS[pick_variant(9, n_tiles, kc, cfg, sms)][0] == 2, "M > 8 needs the two-n-tile variant"
 
 
+def test_cuda_variant_table_matches_the_kernel_source():
+    """CPU: the host sizes items, K split and shared memory from cuda_ext.VARIANTS[v]; the .cu's NT1 / NT2
+    macros must compile the same (NT, RW, RT, PF) tilings in the same order."""
+    from kernels.cuda_ext import SRC, VARIANTS, source_variants
+
+    assert source_variants(SRC.read_text()) == VARIANTS
+
+
+def test_cuda_ext_refuses_a_source_with_another_variant_table(tmp_path):
+    """CPU: an A/B source (bench --cuda-src-before) whose table differs would run tilings the host did not size
+    for (measured: an older source timed 23.9 us where its own tiling runs 22.0); loading it fails and names the fix."""
+    from kernels import cuda_ext
+
+    older = tmp_path / "older.cu"
+    older.write_text(cuda_ext.SRC.read_text().replace("launch<MODE, 1, 4, 1, 4>", "launch<MODE, 1, 8, 1, 6>"))
+    with pytest.raises(RuntimeError, match=r"variant table .* NT1/NT2 macros"):
+        cuda_ext._load(str(older))
+
+
 def test_cuda_path_rejects_an_unknown_activation_prep_mode():
     """A typo in gemv.packed.xprep must not silently pick a path (CPU: the check runs before any launch)."""
     from kernels import cuda_ext
