@@ -46,7 +46,6 @@ def _arch() -> str:
     return f"{major}{minor}"
 
 
-@functools.lru_cache(maxsize=None)
 def source_variants(text: str) -> list[tuple[int, int, int, int]]:
     """The (NT, RW, RT, PF) table a kernel source compiles: the launch<MODE, NT, RW, RT, PF> entries of its
     NT1 / NT2 macros, in order."""
@@ -54,6 +53,7 @@ def source_variants(text: str) -> list[tuple[int, int, int, int]]:
             for m in re.finditer(r"launch<MODE, (\d+), (\d+), (\d+), (\d+)>", text)]
 
 
+@functools.lru_cache(maxsize=None)
 def _load(src: str = "") -> ctypes.CDLL:
     """The compiled library of `src` (default: csrc/mxfp4_mma.cu). Another source with the same C API
     (e.g. the previous version, `bench --cuda-src-before`) can be loaded beside it for a same-run A/B."""

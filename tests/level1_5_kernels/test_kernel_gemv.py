@@ -389,6 +389,14 @@ def test_cuda_ext_refuses_a_source_with_another_variant_table(tmp_path):
         cuda_ext._load(str(older))
 
 
+def test_cuda_library_load_is_cached_per_source():
+    """CPU: the kernels call cuda_ext._load on every launch, and a load runs `nvcc --version`, hashes the source
+    and opens the library; it must be cached per source (a misplaced decorator once left it uncached)."""
+    from kernels import cuda_ext
+
+    assert callable(getattr(cuda_ext._load, "cache_info", None)), "cuda_ext._load is not cached"
+
+
 def test_cuda_path_rejects_an_unknown_activation_prep_mode():
     """A typo in gemv.packed.xprep must not silently pick a path (CPU: the check runs before any launch)."""
     from kernels import cuda_ext
