@@ -61,7 +61,8 @@ def _load(src: str = "") -> ctypes.CDLL:
     # The host sizes items, K split and shared memory from VARIANTS[v]; a source whose table differs (an
     # older version) would run another tiling than the one sized for, and an A/B against it would time
     # a wrong computation without a word.
-    table = source_variants(src_path.read_text())
+    src_bytes = src_path.read_bytes()  # read once: the table checked is the one hashed into the cache key
+    table = source_variants(src_bytes.decode())
     if table != VARIANTS:
         raise RuntimeError(f"{src_path}: its variant table {table} is not cuda_ext.VARIANTS {VARIANTS}; "
                            "compare against a source with the same table (edit its NT1/NT2 macros to match)")
@@ -74,7 +75,7 @@ def _load(src: str = "") -> ctypes.CDLL:
         raise RuntimeError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
     arch = _arch()
     ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(src_path.read_bytes() + arch.encode() + ver.encode()).hexdigest()[:16]
+    key = hashlib.sha256(src_bytes + arch.encode() + ver.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "kernels_mxfp4"))
     cache.mkdir(parents=True, exist_ok=True)
     so = cache / f"mxfp4_mma_sm{arch}_{key}.so"
