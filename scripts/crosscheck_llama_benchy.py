@@ -33,9 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness import bench, perf, stats  # noqa: E402
-from harness.client import Client  # noqa: E402
-from harness.errors import SuiteError  # noqa: E402
+from harness.perf import bench, metrics as perf
+
+from harness.core import stats  # noqa: E402
+from harness.engine.client import Client  # noqa: E402
+from harness.core.errors import SuiteError  # noqa: E402
 
 TOLERANCE = 0.02
 CORPUS_FILES = ("README.md", "docs/DESIGN.md", "models/tiny-gpt-oss/MODEL_CARD.md", "models/tiny-gpt-oss/heldout.txt",
@@ -158,7 +160,7 @@ def main() -> int:
             if not tokenizer:
                 fail("--server-url needs --tokenizer (the server's tokenizer dir or tokenizer.json)")
         else:
-            from harness.suite import Suite
+            from harness.session.suite import Suite
 
             suite = Suite.create(a.config, a.model, None, None, str(out / "suite-run"), a.boot_timeout)
             target = suite.targets()[0]

@@ -3,7 +3,7 @@
 
 Boots the first config as the reference (its own greedy streams and scorings, as a golden would hold),
 then each further config (the first again = the same config across boots; other backends computing the
-same math) and each mutated checkpoint (harness/mutations.py), scores the reference's sequences on each,
+same math) and each mutated checkpoint (harness/engine/mutations.py), scores the reference's sequences on each,
 and prints per run: max and mean |delta logprob| (teacher-forced, every position), the perplexity change,
 whether the greedy streams are identical, and the verdict under the current tolerances. The tolerances in
 tests/level2_correctness/prompts.yaml are chosen from these numbers (docs/evidence/level2-tolerances.md).
@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.correctness import Level2Result, judge, load_workload, run_level2  # noqa: E402
-from harness.logprobs import compare_scored, compare_streams  # noqa: E402
-from harness.mutations import LEVEL2, mutated_copy, sinks_raised  # noqa: E402
-from harness.suite import Suite  # noqa: E402
+from harness.correctness.level2 import Level2Result, judge, load_workload, run_level2  # noqa: E402
+from harness.correctness.logprobs import compare_scored, compare_streams  # noqa: E402
+from harness.engine.mutations import LEVEL2, mutated_copy, sinks_raised  # noqa: E402
+from harness.session.suite import Suite  # noqa: E402
 
 
 def compare(ref: dict, result: Level2Result, tol) -> dict:
@@ -40,7 +40,7 @@ def compare(ref: dict, result: Level2Result, tol) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", required=True, help="comma separated; the first is the reference (repeat it for an A/A)")
-    ap.add_argument("--mutations", default="", help="'all' or comma separated names from harness/mutations.py LEVEL2")
+    ap.add_argument("--mutations", default="", help="'all' or comma separated names from harness/engine/mutations.py LEVEL2")
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", default="runs/level2-tolerances")
     ap.add_argument("--resume", action="store_true", help="reuse OUT/reference.json instead of booting the reference again")

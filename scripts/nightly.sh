@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The nightly job, step by step; .github/workflows/nightly-gb10.yml runs exactly these commands, and
 # tests/unit/test_nightly.py runs them on CPU with the CPU config set. The config sets are data:
-# configs/nightly.yaml (python -m harness.nightly does the work; this script is the plumbing).
+# configs/nightly.yaml (python -m harness.plugin.nightly does the work; this script is the plumbing).
 #
 #   bash scripts/nightly.sh plan     # the set's config groups as JSON (-> $GITHUB_OUTPUT groups=...)
 #   bash scripts/nightly.sh setup    # check the vLLM to test: the users' image ($SUITE_VLLM_IMAGE) or the installed one
@@ -57,22 +57,22 @@ run_group() {  # run_group GROUP [pytest args...]
   local py rc out="$dir/$group"
   py=$(python_cmd) || { echo "nightly: no usable python/vLLM (see the setup step)" >&2; return 1; }
   mkdir -p "$out"
-  in_env "$py" -m harness.nightly preflight --group "$group" || {
+  in_env "$py" -m harness.plugin.nightly preflight --group "$group" || {
     echo "## ${SUITE_SET}/${group}: NOT RUN (preflight failed; see the job log)" | summary; return 1; }
   local args=()
-  mapfile -t args < <(in_env "$py" -m harness.nightly pytest-args --group "$group" --dir "$out" --workers "$(gpus)") || return 1
+  mapfile -t args < <(in_env "$py" -m harness.plugin.nightly pytest-args --group "$group" --dir "$out" --workers "$(gpus)") || return 1
   echo "nightly: $py -m pytest ${args[*]} $*" >&2
   in_env "$py" -m pytest "${args[@]}" "$@"
   rc=$?
   [ "$rc" -eq 5 ] && echo "nightly: pytest collected no test for group $group" >&2
-  in_env "$py" -m harness.nightly summary --dir "$out" --title "${SUITE_SET}/${group}" | summary
+  in_env "$py" -m harness.plugin.nightly summary --dir "$out" --title "${SUITE_SET}/${group}" | summary
   return "$rc"
 }
 
 case "$cmd" in
   plan)
     py=$(python_cmd) || exit 1
-    groups=$(in_env "$py" -m harness.nightly plan) || exit 1
+    groups=$(in_env "$py" -m harness.plugin.nightly plan) || exit 1
     echo "$groups"
     [ -n "${GITHUB_OUTPUT:-}" ] && echo "groups=$groups" >> "$GITHUB_OUTPUT"
     exit 0 ;;
@@ -93,16 +93,16 @@ case "$cmd" in
   merge)
     py=$(python_cmd) || exit 1
     mkdir -p "$dir"
-    in_env "$py" -m harness.nightly merge --dir "$dir" | summary
+    in_env "$py" -m harness.plugin.nightly merge --dir "$dir" | summary
     exit "${PIPESTATUS[0]}" ;;
   all)
     py=$(python_cmd) || exit 1
-    groups=$(in_env "$py" -m harness.nightly plan) || exit 1
+    groups=$(in_env "$py" -m harness.plugin.nightly plan) || exit 1
     rc=0
     for g in $(echo "$groups" | tr -d '[]",'); do
       run_group "$g" "$@" || rc=1
     done
-    in_env "$py" -m harness.nightly merge --dir "$dir" | summary
+    in_env "$py" -m harness.plugin.nightly merge --dir "$dir" | summary
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
     exit "$rc" ;;
   *)

@@ -25,9 +25,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness import bench, stats  # noqa: E402
-from harness.errors import SuiteError  # noqa: E402
-from harness.suite import Suite  # noqa: E402
+from harness.perf import bench
+
+from harness.core import stats  # noqa: E402
+from harness.core.errors import SuiteError  # noqa: E402
+from harness.session.suite import Suite  # noqa: E402
 
 WORKLOADS = (
     bench.Workload("decode", 16, 32, runs=8, warmup=3),
@@ -74,7 +76,7 @@ def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
                                    "n": len(entry["samples"])}
         breakdown = None
         if running.trace_dir is not None:  # the prefill of the 16-token prompt is included (one step)
-            from harness.traces import profile
+            from harness.kernelpath.traces import profile
 
             w = bench.Workload("decode", 16, BREAKDOWN_TOKENS, runs=1, warmup=0)
             summary = profile(running.url, running.trace_dir, lambda: bench.run_workload(client, maker, w), "kernel")

@@ -4,7 +4,7 @@
     python scripts/record_kernels.py --config NAME [--model M] [--flavour F] [--sibling NAME] [--accept]
 
 Boots the config's server the way the suite does, profiles it exactly like level 1.5 (the same prefill +
-decode workload, harness.kernel_path), stops it, and (with --sibling) does the same for a sibling config.
+decode workload, harness.kernelpath.check), stops it, and (with --sibling) does the same for a sibling config.
 Writes runs/record-<config>-<time>/recording.md (and the kernel summaries) and prints it: the observed
 kernel families with their share of time, the declared expectation against the trace, the diff (declared
 patterns that matched nothing; observed families no pattern covers; with --sibling the families that
@@ -28,12 +28,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness.errors import SuiteError  # noqa: E402
+from harness.core.errors import SuiteError  # noqa: E402
 
 
 def _profile(suite, config, tag: str) -> dict:
     """Boot, profile like level 1.5, stop: the kernel summary, vLLM version and server log."""
-    from harness.kernel_path import profile_kernel_path
+    from harness.kernelpath.check import profile_kernel_path
 
     target = suite.target(config)
     if not target.runnable:
@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from harness import recorder
-    from harness.suite import Suite
-    from harness.traces import KernelSummary
+    from harness.kernelpath import recorder
+    from harness.session.suite import Suite
+    from harness.kernelpath.traces import KernelSummary
 
     run_dir = args.run_dir or str(REPO / "runs" / f"record-{args.config}-{time.strftime('%Y%m%d-%H%M%S')}")
     names = ",".join(n for n in (args.config, args.sibling) if n)

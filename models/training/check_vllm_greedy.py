@@ -3,7 +3,7 @@
 check it against transformers and against its chat tasks.
 
 Boots ``python -m vllm.entrypoints.openai.api_server`` on the materialized checkpoint
-(``harness.models.resolve_model``) with the gpt-oss chat flags::
+(``harness.engine.models.resolve_model``) with the gpt-oss chat flags::
 
     --dtype bfloat16 --max-model-len 4096 --reasoning-parser openai_gptoss
     --tool-call-parser openai --enable-auto-tool-choice
@@ -49,7 +49,7 @@ for p in (str(REPO), str(HERE)):
 
 import chat_data  # noqa: E402
 
-from harness.server import free_port  # noqa: E402
+from harness.engine.server import free_port  # noqa: E402
 
 PROMPTS = [
     "def fibonacci(n):\n    ",
@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     ap.add_argument("--extra", default="", help="extra server args, space separated")
     args = ap.parse_args(argv)
 
-    from harness import models as hm
-    from harness.configs import Catalog
+    from harness.engine import models as hm
+    from harness.config.catalog import Catalog
 
     catalog = Catalog()
     spec = catalog.flavour("cpu").resolve(catalog.default_for("cpu"), "cpu")  # the suite's own CPU server

@@ -16,7 +16,7 @@ expert biases ``*_bias`` bf16, embed_tokens, lm_head) stays BF16, as in openai/g
 
 Stored compactly: ``model.experts-mxfp4.safetensors`` holds only the blocks and scales; the
 BF16 tensors are the BF16 sibling's (``compact.json`` lists both files, with the sha256 of the
-BF16 files it was made from). ``harness/models.py`` materializes the full checkpoint: the BF16
+BF16 files it was made from). ``harness/engine/models.py`` materializes the full checkpoint: the BF16
 tensors minus the two BF16 expert weights per layer, plus blocks and scales, embed/lm_head expanded
 to 201088 rows -- the openai/gpt-oss-20b layout.
 
@@ -51,7 +51,7 @@ for p in (str(REPO), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from harness.models import file_sha256 as sha256  # noqa: E402
+from harness.engine.models import file_sha256 as sha256  # noqa: E402
 
 MODULES_TO_NOT_CONVERT = [
     "model.layers.*.self_attn",
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
     import chat_data
-    from harness import models as hm
+    from harness.engine import models as hm
     from kernels.mxfp4 import dequantize_gpt_oss_experts, quantize_gpt_oss_experts
 
     torch.set_num_threads(args.threads)
@@ -265,7 +265,7 @@ MXFP4 MoE does not run on this CPU (it needs AMX), so the CPU flavour serves the
   round-to-nearest-even, saturating at +-6); biases `*_proj_bias` bf16 [{E}, {2*I}] / [{E}, {H}].
 - stored compactly: `{EXPERTS_FILE}` holds only the blocks and scales; every BF16 tensor
   (attention incl. sinks, router, norms, expert biases, the compact embed_tokens/lm_head) is the BF16
-  sibling's `{src_man['weights'][0]}`, listed in `{hm.MANIFEST}` with its sha256. `harness/models.py`
+  sibling's `{src_man['weights'][0]}`, listed in `{hm.MANIFEST}` with its sha256. `harness/engine/models.py`
   materializes the openai/gpt-oss-20b layout: BF16 tensors minus the BF16 expert weights, plus blocks and
   scales, embed/lm_head expanded to {cfg['vocab_size']} rows, the o200k_harmony tokenizer.
 - `quantization_config` = `{json.dumps(qcfg['quantization_config'])}` (as openai/gpt-oss-20b);

@@ -5,7 +5,7 @@ The model lives in the o200k_harmony id space of real gpt-oss (vocab_size 201088
 renders gpt-oss chat prompts and parses the generated ids with openai_harmony. A 201088-row
 embedding + lm_head would be ~206 MB, so the committed checkpoint is *compact*:
 ``model.embed_tokens.weight`` / ``lm_head.weight`` hold C rows (``compact_vocab.json``: row -> o200k
-id), and one extra row, "other", stands for every o200k id not in the map. ``harness/models.py``
+id), and one extra row, "other", stands for every o200k id not in the map. ``harness/engine/models.py``
 expands ("materializes") it into a full HF checkpoint: every unused id's embedding and lm_head row
 is the "other" row.
 
@@ -720,7 +720,7 @@ def main(argv=None) -> int:
 
 
 def write_manifest(out: Path) -> None:
-    """compact.json: how harness/models.py materializes this folder."""
+    """compact.json: how harness/engine/models.py materializes this folder."""
     m = {"format": "compact-gpt-oss/1", "vocab_map": VOCAB_MAP, "weights": [WEIGHTS]}
     (out / "compact.json").write_text(json.dumps(m, indent=2) + "\n")
 
@@ -810,7 +810,7 @@ Python-stdlib-looking code for `/v1/completions`, and answers `/v1/chat/completi
 ## Compact storage, expanded for serving
 `{WEIGHTS}` stores `model.embed_tokens.weight` and `lm_head.weight` with **{s['compact_rows']} rows**:
 row r < {s['compact_rows'] - 1} is o200k id `ids[r]` of `{VOCAB_MAP}`, row {s['compact_rows'] - 1} ("other")
-stands for the {s['other_stands_for']:,} unused ids. `harness/models.py` materializes a full HF checkpoint
+stands for the {s['other_stands_for']:,} unused ids. `harness/engine/models.py` materializes a full HF checkpoint
 (201088-row embedding and lm_head, every unused id a copy of the "other" rows; tokenizer from
 `models/tokenizer/build.py`) into `models/.materialized/` ({s['params_expanded']:,} parameters expanded,
 {s['params_compact']:,} stored). Trained with the "other" logit + log({s['other_stands_for']}), so the expanded

@@ -21,7 +21,14 @@ import torch
 from kernels import reference
 from kernels._triton import INTERPRET
 from kernels.gemv import mxfp4_gemv, mxfp4_linear
-from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
+from kernels.testing import (
+    DEV,
+    assert_close_nmse,
+    fresh_seed,
+    generator,
+    poisoned,
+    random_mxfp4,
+)
 from kernels.tuning import get_config
 
 pytestmark = pytest.mark.level1_5

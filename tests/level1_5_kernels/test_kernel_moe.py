@@ -16,7 +16,14 @@ import torch
 from kernels import mxfp4, reference
 from kernels._triton import INTERPRET
 from kernels.moe import moe_forward, mxfp4_moe
-from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
+from kernels.testing import (
+    DEV,
+    assert_close_nmse,
+    fresh_seed,
+    generator,
+    poisoned,
+    random_mxfp4,
+)
 from kernels.tuning import get_config
 
 pytestmark = pytest.mark.level1_5

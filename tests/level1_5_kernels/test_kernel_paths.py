@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.configs import SIBLING_AXES, KernelExpectation
-from harness.correctness import load_workload, score
-from harness.mutations import mutated_copy, sinks_raised
-from harness.traces import check_decode, check_path, cpu_attention_sinks
+from harness.config.catalog import SIBLING_AXES, KernelExpectation
+from harness.correctness.level2 import load_workload, score
+from harness.engine.mutations import mutated_copy, sinks_raised
+from harness.kernelpath.traces import check_decode, check_path, cpu_attention_sinks
 
 pytestmark = [pytest.mark.level1_5, pytest.mark.server]
 

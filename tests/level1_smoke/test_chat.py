@@ -7,7 +7,7 @@ never be a 5xx.
 """
 import pytest
 
-from harness.chat import ask, load_chat_workload, structure_problems
+from harness.correctness.chat import ask, load_chat_workload, structure_problems
 
 pytestmark = [pytest.mark.level1, pytest.mark.server]
 

@@ -1,7 +1,7 @@
 """Level 1: the embedded tiny gpt-oss checkpoints are intact and are what the suite claims.
 
 No server: reads models/tiny-gpt-oss (BF16, compact vocabulary), models/tiny-gpt-oss-mxfp4 (MXFP4
-experts) and models/tokenizer from disk, and the full checkpoints harness/models.py materializes
+experts) and models/tokenizer from disk, and the full checkpoints harness/engine/models.py materializes
 from them (models/.materialized/, built once). Checks checksums, the real gpt-oss architecture and
 o200k_harmony ids in config + weights, the compact map, the MXFP4 layout and rounding bound, that
 expansion copies the right rows, and the tokenizer's harmony special ids. How they were made:
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import models as hm
+from harness.engine import models as hm
 
 pytestmark = pytest.mark.level1
 
@@ -388,7 +388,7 @@ def test_every_flavour_serves_chat_the_way_the_model_was_trained() -> None:
     must hold the vocabulary openai-harmony would otherwise download."""
     import ast
 
-    from harness.configs import Catalog
+    from harness.config.catalog import Catalog
 
     tree = ast.parse((REPO / "models" / "training" / "chat_data.py").read_text())
     start_date = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from harness.client import all_finite, token_logprobs
+from harness.engine.client import all_finite, token_logprobs
 
 pytestmark = [pytest.mark.level1, pytest.mark.server]
 

@@ -3,7 +3,7 @@ from functools import partial
 
 import pytest
 
-from harness.correctness import check_golden_data, load_workload
+from harness.correctness.level2 import check_golden_data, load_workload
 
 
 @pytest.fixture(scope="session")

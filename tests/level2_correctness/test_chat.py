@@ -2,16 +2,26 @@
 zero harmony parse errors, and task accuracy against a stored floor.
 
 Goldens: goldens/<model>/<platform>/<config>/chat.json and tasks.json (--force-regen). The stream rule is
-level 2's (harness/logprobs.py); when a stream matches its golden token for token, the parsed fields must
+level 2's (harness/correctness/logprobs.py); when a stream matches its golden token for token, the parsed fields must
 match exactly too. Task accuracy: the embedded model's trained task, or any JSONL task set for real
-weights (harness/chat.py `load_tasks`); a harmony parse error counts as a wrong answer.
+weights (harness/correctness/chat.py `load_tasks`); a harmony parse error counts as a wrong answer.
 """
 import hashlib
 
 import pytest
 
-from harness.chat import (accuracy_floor, ask, chat_golden_data, chat_problems, check_chat_golden, check_tasks_golden,
-                          load_chat_workload, load_tasks, run_tasks, structure_problems)
+from harness.correctness.chat import (
+    accuracy_floor,
+    ask,
+    chat_golden_data,
+    chat_problems,
+    check_chat_golden,
+    check_tasks_golden,
+    load_chat_workload,
+    load_tasks,
+    run_tasks,
+    structure_problems,
+)
 
 pytestmark = [pytest.mark.level2, pytest.mark.server]
 
@@ -36,9 +46,7 @@ def test_chat_answers_parse_as_harmony_with_the_expected_structure(chat_answers,
 
 
 def test_chat_streams_and_fields_match_golden(chat_answers, goldens, tolerance):
-    golden = goldens.load("chat", "level2", check_chat_golden)
-    if golden is None:
-        goldens.save("chat", chat_golden_data(chat_answers))
+    golden = goldens.settle("chat", goldens.load("chat", "level2", check_chat_golden), chat_golden_data(chat_answers))
     problems, notes = chat_problems(chat_answers, golden, tolerance)
     for n in notes:
         print("\n  ", n)
@@ -53,9 +61,8 @@ def test_task_accuracy_stays_above_its_recorded_floor(server, suite, chat_worklo
           + "".join(f"\n    wrong: {w}" for w in result.wrong))
     task_file = chat_workload.tasks_for(suite.model.alias)
     digest = hashlib.sha256(task_file.read_bytes()).hexdigest()[:16]
-    stored = goldens.load("tasks", "level2", check_tasks_golden)
-    if stored is None:
-        goldens.save("tasks", {**result.to_json(), "task_file": task_file.name, "task_sha256": digest})
+    stored = goldens.settle("tasks", goldens.load("tasks", "level2", check_tasks_golden),
+                            {**result.to_json(), "task_file": task_file.name, "task_sha256": digest})
     assert stored.get("task_sha256") == digest, (f"the stored accuracy is of another task set ({stored.get('task_file')}, "
                                                  f"sha {stored.get('task_sha256')}) than {task_file.name} ({digest}); "
                                                  "regenerate the tasks golden with --force-regen")

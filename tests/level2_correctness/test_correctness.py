@@ -1,7 +1,7 @@
 """Level 2 (the users' plan): output matches the reference, no NaN/Inf, token by token on fixed prompts.
 
 Goldens: goldens/<model>/<platform>/<config>/level2.json (regenerate with --force-regen). Three views,
-rules and their reasons in harness/logprobs.py, tolerances (with the measurements behind them) in
+rules and their reasons in harness/correctness/logprobs.py, tolerances (with the measurements behind them) in
 tests/level2_correctness/prompts.yaml:
 - free-running greedy streams (a swap is accepted only as a near tie on both sides);
 - teacher forcing: every position of the golden's sequences scored by this run, distributions compared;
@@ -14,9 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.correctness import (Level2Result, greedy_stream, ppl_problem, run_level2, scored_problems, stream_problems,
-                                 tolerance_line)
-from harness.logprobs import compare_streams
+from harness.correctness.level2 import (
+    Level2Result,
+    greedy_stream,
+    ppl_problem,
+    run_level2,
+    scored_problems,
+    stream_problems,
+    tolerance_line,
+)
+from harness.correctness.logprobs import compare_streams
 
 pytestmark = [pytest.mark.level2, pytest.mark.server]
 
@@ -31,9 +38,7 @@ def level2(server, suite, workload, level2_golden):
 @pytest.fixture(scope="session")
 def reference(level2, level2_golden, goldens) -> Level2Result:
     """The golden to compare with; under --force-regen the fresh run is written and the test fails."""
-    if level2_golden is None:
-        goldens.save("level2", level2.to_golden())
-    return Level2Result.from_golden(level2_golden)
+    return Level2Result.from_golden(goldens.settle("level2", level2_golden, level2.to_golden()))
 
 
 def test_greedy_streams_match_golden(level2, reference, tolerance):

@@ -1,6 +1,6 @@
 """Level 2 must catch real breakage: mutated checkpoints must FAIL the level 2 checks.
 
-Each mutation (harness/mutations.py) copies the model, changes one tensor family, boots it beside the
+Each mutation (harness/engine/mutations.py) copies the model, changes one tensor family, boots it beside the
 config's server and runs the level 2 workload against the original model's golden, by every rule
 (streams, teacher-forced distributions, perplexity). A mutation that passes means level 2 is blind to
 that kind of bug. The small ones (one layer's expert scales, a 2% logit scale, MXFP4-sized rounding)
@@ -13,10 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from harness.chat import (accuracy_floor, ask, chat_problems, check_chat_golden, check_tasks_golden, load_chat_workload,
-                          load_tasks, run_tasks)
-from harness.correctness import judge, load_workload, run_level2
-from harness.mutations import LEVEL2, mutated_copy
+from harness.correctness.chat import (
+    accuracy_floor,
+    ask,
+    chat_problems,
+    check_chat_golden,
+    check_tasks_golden,
+    load_chat_workload,
+    load_tasks,
+    run_tasks,
+)
+from harness.correctness.level2 import judge, load_workload, run_level2
+from harness.engine.mutations import LEVEL2, mutated_copy
 
 # Gross faults must also break what a chat user sees: the chat goldens and the task accuracy.
 CHAT_MUTATIONS = ("router-biased-to-expert-0",)

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from harness.server_metrics import metric_value
+from harness.engine.server_metrics import metric_value
 
 pytestmark = [pytest.mark.level3, pytest.mark.server]
 

@@ -1,7 +1,7 @@
 """Level 3 (the users' plan): concurrent requests (2, 4, and more than --max-num-seqs, so some must queue).
 
 Every concurrent greedy output must equal the sequential one: bitwise where the platform is
-deterministic (CPU, measured), else within the level 2 stream rule (harness/logprobs.py compare_streams,
+deterministic (CPU, measured), else within the level 2 stream rule (harness/correctness/logprobs.py compare_streams,
 with the level 2 tolerance of this platform).
 """
 import threading
@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness.correctness import load_workload
-from harness.logprobs import Stream, compare_streams
+from harness.correctness.level2 import load_workload
+from harness.correctness.logprobs import Stream, compare_streams
 
 pytestmark = [pytest.mark.level3, pytest.mark.server]
 

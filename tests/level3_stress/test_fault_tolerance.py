@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 
-from harness.errors import SuiteError
-from harness.server import ServerDied, group_pids
+from harness.core.errors import SuiteError
+from harness.engine.server import ServerDied, group_pids
 
 pytestmark = [pytest.mark.level3, pytest.mark.server]
 

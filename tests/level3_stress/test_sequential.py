@@ -6,7 +6,7 @@ first and last deciles are directly comparable.
 """
 import pytest
 
-from harness.memory import GIB
+from harness.engine.process_memory import GIB
 
 pytestmark = [pytest.mark.level3, pytest.mark.server]
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from harness import stats
+from harness.core import stats
 
 pytestmark = [pytest.mark.level4, pytest.mark.server]
 

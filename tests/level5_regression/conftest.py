@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import hooks
-from harness.baselines import baseline_path, platform_key
-from harness.regression import load_thresholds
-from harness.suite import RunningServer, Suite
+from harness.engine import hooks
+from harness.core.store import Store
+from harness.perf.baselines import BaselineStore, baseline_path, platform_key
+from harness.perf.regression import load_thresholds
+from harness.session.suite import RunningServer, Suite
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINES = REPO / "baselines"
@@ -26,6 +27,14 @@ def thresholds(suite):
 def baseline_file(suite, target):
     platform = suite.keyed_platform()
     return baseline_path(BASELINES, platform_key(platform.name, platform.device), suite.model.alias, target.name)
+
+
+@pytest.fixture(scope="session")
+def baselines(request: pytest.FixtureRequest, suite: Suite, server: RunningServer, baseline_file) -> BaselineStore:
+    """This config's baseline through the record/compare store: --force-regen records it (only from a run whose
+    kernel path is known good, the rule goldens follow), every run keeps its would-be baseline in the run dir."""
+    regen = bool(request.config.getoption("force_regen"))
+    return BaselineStore(baseline_file, Store(suite.run_dir, regen, lambda: suite.record_refusal(server, request)))
 
 
 @dataclass

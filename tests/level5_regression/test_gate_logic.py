@@ -5,9 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import perf, regression
-from harness.errors import SuiteError
-from harness.regression import Thresholds, compare_metric
+from harness.core.errors import SuiteError
+from harness.perf import metrics as perf
+from harness.perf import regression
+from harness.perf.regression import Thresholds, compare_metric
 
 pytestmark = pytest.mark.level5
 
@@ -285,7 +286,7 @@ def test_cpu_gate_is_advisory_and_gpus_are_strict():
     """The committed thresholds: CPU runs shift by up to ~50% between runs (measured), GPUs do not."""
     from pathlib import Path
 
-    from harness.regression import load_thresholds
+    from harness.perf.regression import load_thresholds
 
     path = Path(__file__).resolve().parents[2] / "baselines" / "thresholds.yaml"
     assert load_thresholds(path, "cpu").advisory is True
@@ -311,7 +312,7 @@ def test_a_metric_whose_boots_spread_beyond_the_gate_is_never_passed_nor_failed_
 
 
 def test_boot_spread_comes_from_the_thresholds_file(tmp_path):
-    from harness.regression import load_thresholds
+    from harness.perf.regression import load_thresholds
 
     p = tmp_path / "t.yaml"
     p.write_text("defaults: {}\nplatforms:\n  sm_90:\n    boot_spread: {'pp*': 0.2, '*@c2': 0.07}\n")
@@ -364,8 +365,8 @@ def test_a_strict_nightly_fails_noise_but_not_a_metric_within_its_recorded_boot_
 def test_the_gpu_curve_gates_prefill_by_kernel_time_with_the_delay_planned_from_it(monkeypatch, tmp_path):
     """The sensitivity curve on a GPU: prefill is pp2048_gpu, the spin delay is planned from the kernel time
     (51 ms, not the engine's 75 ms), and 2% / 5% of it pass / fail at the H200's measured 0.1% CV."""
-    from harness import hooks, sensitivity
-
+    from harness.engine import hooks
+    from harness.perf import sensitivity
     state = {"delay": hooks.Delay(0.0, 0.0)}
     rng = np.random.default_rng(5)
     monkeypatch.setattr(hooks, "set_slowdown", lambda d, delay, alive=None: state.update(delay=delay) or {"slowdown": {}})
@@ -459,7 +460,7 @@ def test_baselines_without_a_per_metric_clock_use_the_workloads_pp_tg_clock():
 
 
 def test_every_committed_baseline_names_the_clock_of_each_metric():
-    from harness.baselines import load_baseline
+    from harness.perf.baselines import load_baseline
 
     for path in sorted((REPO / "baselines").glob("*/*/*.yaml")):
         b = load_baseline(path)

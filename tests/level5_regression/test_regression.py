@@ -1,6 +1,6 @@
 """Level 5 (the users' plan): compare against the stored baseline; flag >3% throughput or latency
 regressions when statistically significant, and >1 GB growth of used memory or a drop of KV-cache
-capacity (thresholds in baselines/thresholds.yaml, gate logic in harness/regression.py).
+capacity (thresholds in baselines/thresholds.yaml, gate logic in harness/perf/regression.py).
 
 Timing verdicts are advisory where thresholds.yaml says so (CPU); memory verdicts are strict everywhere.
 Baselines: baselines/<platform-key>/<model>/<config>.yaml; record with --force-regen.
@@ -13,12 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import bench, hooks, sensitivity, stats
-from harness.baselines import load_baseline, save_baseline
-from harness.clocks import ClockSampler
-from harness.errors import SuiteError
-from harness.goldens import Regenerated
-from harness.regression import advisory_failures, compare_metric, compare_run, gate_failures, unshared_metrics
+from harness.core import stats
+from harness.engine import hooks
+from harness.perf import bench, sensitivity
+from harness.perf.clocks import ClockSampler
+from harness.perf.regression import (
+    advisory_failures,
+    compare_metric,
+    compare_run,
+    gate_failures,
+    unshared_metrics,
+)
 
 pytestmark = [pytest.mark.level5, pytest.mark.server]
 
@@ -27,21 +32,15 @@ SLOWDOWNS = Path(__file__).with_name("slowdowns.yaml")
 # fixtures `thresholds`, `baseline_file` and `hooked`: conftest.py
 
 
-def test_no_regression_against_baseline(perf_results, baseline_file, thresholds, suite, server, request):
+def test_no_regression_against_baseline(perf_results, baselines, baseline_file, thresholds, suite):
     if any(hooks.hooks_requested().values()):
         pytest.skip("SUITE_HOOK_* is set: the shared server is slowed or holds memory on purpose "
                     "(tests/level5_regression/test_sensitivity.py judges that run)")
-    if request.config.getoption("force_regen", False):
-        why = suite.record_refusal(server, request)  # the same rule as goldens: a known-good kernel path only
-        if why:
-            raise SuiteError(f"--force-regen refused for {server.target.name}: {why}")
-        save_baseline(baseline_file, perf_results)
-        raise Regenerated(f"--force-regen: recorded {baseline_file.relative_to(REPO)}; re-run without it to gate against it")
-    baseline = load_baseline(baseline_file)
+    baseline = baselines.settle(perf_results)
     verdicts = compare_run(baseline, perf_results, thresholds)
     only_base, only_new = unshared_metrics(baseline, perf_results)
     verdict_file = suite.artifact("verdicts", f"{suite.model.alias}__{perf_results['config']}.json")
-    verdict_file.write_text(json.dumps([v.__dict__ for v in verdicts], indent=1, default=str))
+    verdict_file.write_text(json.dumps([v.to_json() for v in verdicts], indent=1, default=str))
     print(f"\n[{perf_results['config']} on {perf_results['platform']} vs {baseline_file.relative_to(REPO)}]")
     for v in verdicts:
         print(f"  {v.status:12s} {v.message}")
@@ -63,7 +62,7 @@ def test_injected_slowdown_is_caught(thresholds, suite, server):
     """A test of the gate: a deliberately slowed server (slowdowns.yaml) must fail it on decode throughput.
 
     The normal and the slowed server are up together and measured in alternating rounds (ABBA,
-    harness.sensitivity.measure_interleaved), so the check measures the gate, not the machine's drift
+    harness.perf.sensitivity.measure_interleaved), so the check measures the gate, not the machine's drift
     between two runs: a shared CI runner's speed moves by 26-50% with nothing changed (thresholds.yaml),
     more than the slowdown itself; this test failed in a CI run that compared the slowed server with a
     level 4 run which was itself 22-40% below its baseline."""
@@ -89,7 +88,7 @@ def test_injected_slowdown_is_caught(thresholds, suite, server):
         if sampler is not None:
             sampler.close()
     v = compare_metric(f"tg{workload.tg}", normal, slowed, True, thresholds, unit="tok/s", config=server.target.name)
-    v = replace(v, message=v.message.split("; investigate, or")[0])  # the reference is the live server, not a baseline
+    v = replace(v, fix=None)  # the reference is the live server, not a baseline: no re-record advice
     print(f"\n  [{slowdown['why']}] measured ratio {stats.median(slowed) / stats.median(normal):.3f} "
           f"({rounds} interleaved rounds per side): {v.status}: {v.message}")
     # Flagged = a fail, or (where runs are too noisy for a verdict, as on 2 shared CPU cores) a

@@ -18,28 +18,30 @@ import json
 
 import pytest
 
-from harness import hooks, memory, sensitivity
-from harness.baselines import load_baseline
-from harness.benchmark_run import kernel_time_probe
-from harness.clocks import ClockSampler
-from harness.regression import compare_memory_section, regen_command
+from harness.engine import hooks
+from harness.perf import memory, sensitivity
+from harness.perf.baselines import load_baseline
+from harness.perf.benchmark import kernel_time_probe
+from harness.perf.clocks import ClockSampler
+from harness.core.store import regen_command
+from harness.perf.regression import compare_memory_section
 
 pytestmark = [pytest.mark.level5, pytest.mark.server]
 
 
 def _baseline_with_memory(baseline_file, suite, config):
     if not baseline_file.is_file():
-        pytest.skip(f"no baseline at {baseline_file}; record one with: {regen_command(config, suite.model.alias)}")
+        pytest.skip(f"no baseline at {baseline_file}; record one with: {regen_command('level5', config, suite.model.alias)}")
     baseline = load_baseline(baseline_file)
     if baseline.get("memory_used_gib") is None:
         pytest.skip(f"{baseline_file.name} predates used-memory accounting (schema 1); re-record with: "
-                    f"{regen_command(config, suite.model.alias)}")
+                    f"{regen_command('level5', config, suite.model.alias)}")
     return baseline
 
 
 def _keep(suite, what, config, verdicts, hold) -> None:
     path = suite.artifact("memory_gate", f"{suite.model.alias}__{config}__{what}.json")
-    path.write_text(json.dumps({"check": what, "hold": hold, "verdicts": [v.__dict__ for v in verdicts]},
+    path.write_text(json.dumps({"check": what, "hold": hold, "verdicts": [v.to_json() for v in verdicts]},
                                indent=1, default=str))
 
 

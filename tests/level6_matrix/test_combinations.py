@@ -6,11 +6,10 @@ conftest.py. Goldens: goldens/<model>/<platform>/<combination>/level6.json (--fo
 """
 import pytest
 
-from harness.client import all_finite
-from harness.correctness import Level2Result, judge
-from harness.logprobs import Scored, Stream
-from harness.traces import KernelSummary, PathVerdict
-
+from harness.correctness.level2 import Level2Result, judge
+from harness.correctness.logprobs import Scored, Stream
+from harness.engine.client import all_finite
+from harness.kernelpath.traces import KernelSummary, PathVerdict
 
 pytestmark = [pytest.mark.level6, pytest.mark.server]
 
@@ -68,12 +67,12 @@ def _result(ev: dict, scored_key: str = "scored") -> Level2Result:
 def test_combination_matches_its_golden(runner, combo):
     _need_level2(runner)
     ev = runner.stage(combo, "level2")
-    if runner.force_regen:
-        data = ev["level2"]
-        fresh = {"streams": data["streams"], "scored": data["scored"],
-                 "perplexity": {"value": _result(ev).perplexity, "tokens": _result(ev).perplexity_tokens}}
-        runner.store(combo).save("level6", fresh, {"vllm": ev.get("vllm", "unknown")})
-    gold = runner.store(combo).load("level6", "level6", runner.check_golden)
+    data = ev["level2"]
+    fresh = {"streams": data["streams"], "scored": data["scored"],
+             "perplexity": {"value": _result(ev).perplexity, "tokens": _result(ev).perplexity_tokens}}
+    store = runner.store(combo)
+    gold = store.settle("level6", store.load("level6", "level6", runner.check_golden), fresh,
+                        {"vllm": ev.get("vllm", "unknown")})
     verdict = judge(_result(ev), gold, runner.workload.tolerance(runner.suite.platform.name))
     for n in verdict.notes:
         print(f"\n  [{combo}] {n}")

@@ -2,14 +2,14 @@
 
 For every two combinations that differ in exactly one axis, the kernels (CPU ops) that ran on one
 side only must be the ones the flavour declares for that axis's values, and the kernels the other
-axes declare must run as often on both sides. The rule and its thresholds: harness/matrix.py and
+axes declare must run as often on both sides. The rule and its thresholds: harness/matrix/combinations.py and
 tests/level6_matrix/matrix.yaml; every diff is appended to <run_dir>/level6/orthogonality.md.
 """
 import pytest
 
-from harness.configs import KernelExpectation
-from harness.matrix import load_matrix, orthogonality_diff
-from harness.traces import KernelSummary
+from harness.config.catalog import KernelExpectation
+from harness.kernelpath.traces import KernelSummary
+from harness.matrix.combinations import load_matrix, orthogonality_diff
 
 pytestmark = [pytest.mark.level6, pytest.mark.server]
 

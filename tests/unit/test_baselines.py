@@ -1,10 +1,10 @@
-"""harness.baselines: layout, platform keys, schema errors, refusal to record invalid results."""
+"""harness.perf.baselines: layout, platform keys, schema errors, refusal to record invalid results."""
 import numpy as np
 import pytest
 import yaml
 
-from harness import baselines
-from harness.errors import SuiteError
+from harness.core.errors import SuiteError
+from harness.perf import baselines
 
 REGEN = "pytest -m level5 --config=cutlass --force-regen"
 
@@ -196,7 +196,7 @@ def test_save_overwrites_an_existing_baseline(path):
 
 def test_a_baseline_of_other_embedded_weights_is_refused_by_name(path):
     """Re-training the embedded model changes its speed: that must read as 're-record', not as a regression."""
-    from harness.regression import Thresholds, compare_run
+    from harness.perf.regression import Thresholds, compare_run
 
     baselines.save_baseline(path, results(model_fingerprint="aaaaaaaaaaaa"))
     base = baselines.load_baseline(path)

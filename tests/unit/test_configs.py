@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.configs import CONFIG_DIR, Catalog, args_to_argv
-from harness.errors import SuiteError
+from harness.config.catalog import CONFIG_DIR, Catalog, args_to_argv
+from harness.core.errors import SuiteError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -150,7 +150,7 @@ def test_a_path_option_given_with_a_space_outside_the_repo_is_one_line(tmp_path)
     plugin (installed by scripts/setup.sh) says so in one line instead of an 'unrecognized arguments' usage dump."""
     from importlib.metadata import entry_points
 
-    if not any(ep.value == "harness.pytest_plugin" for ep in entry_points(group="pytest11")):
+    if not any(ep.value == "harness.plugin.options" for ep in entry_points(group="pytest11")):
         pytest.skip("the suite is not installed in this environment (scripts/setup.sh installs it): its options load "
                     "from conftest.py only, after pytest chose the rootdir")
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--run-dir", str(tmp_path), "-k", "nothing"],
@@ -174,8 +174,8 @@ def test_list_configs_shows_three_flavours():
 def test_server_args_come_after_the_configs_own_and_before_the_suites_perturbations(tmp_path, monkeypatch):
     """--server-arg reaches every boot, placed where vLLM's last-occurrence-wins makes it override the
     config/model value (e.g. the 120b shape's 0.92 memory fraction) but not a secondary server's fraction."""
-    import harness.suite as suite_mod
-    from harness.suite import Suite
+    import harness.session.suite as suite_mod
+    from harness.session.suite import Suite
 
     seen = {}
 

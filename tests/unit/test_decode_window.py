@@ -1,4 +1,4 @@
-"""The decode-only profile window of level 1.5 (harness/kernel_path.py), against a fake server.
+"""The decode-only profile window of level 1.5 (harness/kernelpath/check.py), against a fake server.
 
 The fake streams one token every few milliseconds and writes a trace at /stop_profile holding a kernel
 per step it saw while profiling, marked prefill for the first step and decode after it. What it proves is
@@ -18,14 +18,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import kernel_path
-from harness.configs import Catalog
-from harness.errors import SuiteError
-from harness.kernel_path import profile_decode_window
-from harness.models import Model
-from harness.platform import Platform
-from harness.suite import RunningServer, Suite, Target
-from harness.traces import KernelStat, KernelSummary
+from harness.config.catalog import Catalog
+from harness.core.errors import SuiteError
+from harness.core.platform import Platform
+from harness.engine.models import Model
+from harness.kernelpath import check as kernel_path
+from harness.kernelpath.check import profile_decode_window
+from harness.kernelpath.traces import KernelStat, KernelSummary
+from harness.session.suite import RunningServer, Suite, Target
 
 
 class FakeEngine:

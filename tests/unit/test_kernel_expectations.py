@@ -14,9 +14,14 @@ import itertools
 
 import pytest
 
-from harness.configs import SIBLING_AXES, Catalog, KernelExpectation
-from harness.platform import platform_matches
-from harness.traces import KernelStat, KernelSummary, check_decode, check_path
+from harness.config.catalog import SIBLING_AXES, Catalog, KernelExpectation
+from harness.core.platform import platform_matches
+from harness.kernelpath.traces import (
+    KernelStat,
+    KernelSummary,
+    check_decode,
+    check_path,
+)
 
 CATALOG = Catalog()
 PLATFORMS = {"cpu": ["cpu"], "upstream": ["sm_90", "sm_121"], "fork": ["sm_121"]}

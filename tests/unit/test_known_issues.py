@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import known_issues
-from harness.errors import SuiteError
-from harness.server import EngineCrashed
+from harness.core.errors import SuiteError
+from harness.engine.server import EngineCrashed
+from harness.plugin import known_issues
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,7 @@ def test_strict_xfail_semantics_as_the_suite_applies_them(tmp_path):
     test = tmp_path / "test_k.py"
     test.write_text(textwrap.dedent('''
         import pytest
-        from harness.server import EngineCrashed
+        from harness.engine.server import EngineCrashed
         mark = pytest.mark.xfail(strict=True, raises=EngineCrashed, reason="known engine issue X: remove 'X' from tests/known_engine_issues.yaml")
         @mark
         def test_crashes():

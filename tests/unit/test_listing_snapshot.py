@@ -9,11 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.configs import Catalog
-from harness.errors import SuiteError
-from harness.listing import list_configs
-from harness.platform import Platform
-from harness.suite import Suite
+from harness.config.catalog import Catalog
+from harness.core.errors import SuiteError
+from harness.core.platform import Platform
+from harness.report.listing import list_configs
+from harness.session.suite import Suite
 
 
 def test_list_configs_output_is_reviewed(snapshot):

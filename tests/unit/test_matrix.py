@@ -4,14 +4,18 @@ import time
 
 import pytest
 
-from harness.configs import Catalog, KernelExpectation
-from harness.errors import SuiteError
-from harness.filelock import FileLock
-from harness.matrix import (
-    OrthogonalityRules, PlatformMatrix, device_for_worker, load_matrix, make_plan,
-    orthogonality_diff, worker_index,
+from harness.config.catalog import Catalog, KernelExpectation
+from harness.core.errors import SuiteError
+from harness.core.filelock import FileLock
+from harness.engine.devices import device_for_worker, worker_index
+from harness.kernelpath.traces import KernelStat, KernelSummary
+from harness.matrix.combinations import (
+    OrthogonalityRules,
+    PlatformMatrix,
+    load_matrix,
+    make_plan,
+    orthogonality_diff,
 )
-from harness.traces import KernelStat, KernelSummary
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""harness.memory / harness.clocks / harness.metadata without a GPU: vLLM's memory log lines (0.26 GPU and
+"""harness.perf.memory / harness.perf.clocks / harness.perf.metadata without a GPU: vLLM's memory log lines (0.26 GPU and
 0.32 CPU formats), the NVML fallback when it raises NOT_SUPPORTED (GB10 unified memory), per-round clocks
 and the flagging of rounds below the loaded clock, adaptive rounds, and the Phase 7 fields."""
 import os
@@ -6,9 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import bench, clocks, memory, metadata, perf
-from harness.server_metrics import EngineRound
-from harness.errors import SuiteError
+from harness.core.errors import SuiteError
+from harness.engine import process_memory
+from harness.engine.server_metrics import EngineRound
+from harness.perf import bench, clocks, memory, metadata
+from harness.perf import metrics as perf
 
 # vLLM 0.26 on an H200, gpt-oss-120b shape (the format strings of gpu_worker.py / gpu_model_runner.py /
 # kv_cache_utils.py, with the suite's numbers)
@@ -59,13 +61,13 @@ class FakeNVML:
         return "h0"
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
-        used = None if self.unified else int(self.per_proc * memory.GIB)
+        used = None if self.unified else int(self.per_proc * process_memory.GIB)
         return [SimpleNamespace(pid=p, usedGpuMemory=used) for p in self.pids]
 
     def nvmlDeviceGetMemoryInfo(self, h):
         if self.unified:
             raise NVMLError(3)
-        return SimpleNamespace(used=int(self.device * memory.GIB), total=int(141 * memory.GIB))
+        return SimpleNamespace(used=int(self.device * process_memory.GIB), total=int(141 * process_memory.GIB))
 
     def nvmlDeviceGetClockInfo(self, h, kind):
         if kind == clocks.NVML_CLOCK_MEM:
@@ -112,10 +114,10 @@ def test_cpu_log_explicit_and_auto_kv():
 
 def test_nvml_not_supported_falls_back_and_says_so():
     """GB10: nvmlDeviceGetMemoryInfo raises NOT_SUPPORTED and per-process memory is unavailable."""
-    r = memory.gpu_reading([os.getpid()], FakeNVML([os.getpid()], unified=True))
+    r = process_memory.gpu_reading([os.getpid()], FakeNVML([os.getpid()], unified=True))
     assert r.bytes is None and r.source == "unavailable"
     assert r.notes == ["nvmlDeviceGetMemoryInfo: NOT_SUPPORTED"]
-    snap = memory.process_snapshot([os.getpid()], FakeNVML([os.getpid()], unified=True))
+    snap = process_memory.process_snapshot([os.getpid()], FakeNVML([os.getpid()], unified=True))
     assert snap["gpu_gib"] is None and snap["rss_gib"] > 0
     out = memory.summarize(memory.parse_engine_memory(GPU_LOG), snap, snap, on_gpu=True)
     assert out["used_gib"] == pytest.approx(68.9)  # the engine's numbers stand alone
@@ -124,7 +126,7 @@ def test_nvml_not_supported_falls_back_and_says_so():
 
 
 def test_nvml_per_process_cross_checks_the_engine():
-    snap = memory.process_snapshot([7], FakeNVML([7], per_proc_gib=129.6))
+    snap = process_memory.process_snapshot([7], FakeNVML([7], per_proc_gib=129.6))
     assert (snap["gpu_gib"], snap["gpu_source"]) == (129.6, "nvml per-process")
     out = memory.summarize(memory.parse_engine_memory(GPU_LOG), snap, snap, on_gpu=True)
     assert out["used_source"].startswith("vLLM accounting") and out["kv_capacity_tokens"] == 1_758_208
@@ -136,14 +138,14 @@ def test_nvml_per_process_cross_checks_the_engine():
 
 def test_without_a_breakdown_used_memory_is_process_minus_kv():
     partial = "\n".join(l for l in GPU_LOG.splitlines() if "Actual usage" not in l)
-    snap = memory.process_snapshot([7], FakeNVML([7], per_proc_gib=129.6))
+    snap = process_memory.process_snapshot([7], FakeNVML([7], per_proc_gib=129.6))
     out = memory.summarize(memory.parse_engine_memory(partial), snap, snap, on_gpu=True)
     assert out["used_gib"] == pytest.approx(129.6 - 60.35) and "KV cache" in out["used_source"]
 
 
 def test_device_memory_when_nvml_lists_no_processes():
-    r = memory.gpu_reading([1], FakeNVML([], device_gib=70.0))
-    assert (r.bytes, r.source) == (int(70.0 * memory.GIB), "nvml device used")
+    r = process_memory.gpu_reading([1], FakeNVML([], device_gib=70.0))
+    assert (r.bytes, r.source) == (int(70.0 * process_memory.GIB), "nvml device used")
 
 
 def test_cpu_used_memory_is_the_boot_rss():
@@ -154,11 +156,11 @@ def test_cpu_used_memory_is_the_boot_rss():
 
 
 def test_memory_sampler_survives_not_supported(monkeypatch):
-    monkeypatch.setattr(memory, "_import_nvml", lambda: FakeNVML([os.getpid()], unified=True))
-    with memory.MemorySampler(lambda: [os.getpid()], interval_s=0.01) as s:
+    monkeypatch.setattr(process_memory, "load_nvml", lambda: FakeNVML([os.getpid()], unified=True))
+    with process_memory.MemorySampler(lambda: [os.getpid()], interval_s=0.01) as s:
         pass
     assert s.peak_gpu is None and s.peak_rss > 0 and s.gpu_source == "unavailable"
-    assert memory.gpu_bytes([os.getpid()]) is None
+    assert process_memory.gpu_bytes([os.getpid()]) is None
 
 
 def test_external_server_has_no_memory_to_read():
@@ -183,7 +185,7 @@ def test_rounds_below_the_loaded_clock_are_flagged():
 
 
 def test_no_nvml_means_no_clocks_and_nothing_flagged(monkeypatch):
-    monkeypatch.setattr(clocks, "_import_nvml", lambda: None)
+    monkeypatch.setattr(clocks, "load_nvml", lambda: None)
     s = clocks.ClockSampler()
     with s.round() as rc:
         pass
@@ -386,8 +388,7 @@ class FlakyMetrics(FakeEngineClient):
 
 @pytest.fixture
 def no_scrape_pause(monkeypatch):
-    from harness import server_metrics
-
+    from harness.engine import server_metrics
     monkeypatch.setattr(server_metrics, "SCRAPE_PAUSE_S", 0.0)
 
 

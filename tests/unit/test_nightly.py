@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import nightly
-from harness.errors import SuiteError
-from harness.platform import detect_platform
+from harness.core.errors import SuiteError
+from harness.core.platform import detect_platform
+from harness.plugin import nightly
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "nightly-gb10.yml"
@@ -36,7 +36,7 @@ def test_every_set_loads_and_names_valid_configs():
 
 
 def test_the_gb10_configs_run_on_sm_121_with_their_flavour():
-    from harness.configs import Catalog
+    from harness.config.catalog import Catalog
 
     cat = Catalog()
     for set_name in ("gb10", "gb10-upstream"):

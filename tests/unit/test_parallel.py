@@ -1,4 +1,4 @@
-"""Several GPUs at once (harness/parallel.py): grouping, pinning, slots and per-worker files, without vLLM."""
+"""Several GPUs at once (harness/plugin/parallel.py): grouping, pinning, slots and per-worker files, without vLLM."""
 import json
 import os
 import subprocess
@@ -10,45 +10,47 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import parallel
-from harness.errors import SuiteError
-from harness.listing import run_summary
+from harness.core.errors import SuiteError
+from harness.engine import devices
+from harness.plugin import parallel
+from harness.report.listing import run_summary
+from harness.session import suite as suite_mod
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_gpus_needed_is_the_product_of_the_parallel_sizes():
-    assert parallel.gpus_needed(["--max-num-seqs", "2", "--tensor-parallel-size", "1"]) == 1
-    assert parallel.gpus_needed(["--tensor-parallel-size", "2"]) == 2
-    assert parallel.gpus_needed(["--tensor-parallel-size=2", "--pipeline-parallel-size", "2"]) == 4
-    assert parallel.gpus_needed(["--data-parallel-size", "2", "--enforce-eager"]) == 2
-    assert parallel.gpus_needed([]) == 1
+    assert devices.gpus_needed(["--max-num-seqs", "2", "--tensor-parallel-size", "1"]) == 1
+    assert devices.gpus_needed(["--tensor-parallel-size", "2"]) == 2
+    assert devices.gpus_needed(["--tensor-parallel-size=2", "--pipeline-parallel-size", "2"]) == 4
+    assert devices.gpus_needed(["--data-parallel-size", "2", "--enforce-eager"]) == 2
+    assert devices.gpus_needed([]) == 1
 
 
 def test_a_flavour_with_tensor_parallel_declares_its_gpus_in_its_data():
     """The count comes from the resolved server flags, i.e. the flavour's (and model's) data."""
-    from harness.configs import Catalog
+    from harness.config.catalog import Catalog
 
     cat = Catalog()
     spec = cat.flavour("upstream").resolve(cat.parse("marlin-bf16"), "sm_90", {"--tensor-parallel-size": 2})
-    assert parallel.gpus_needed(spec.args) == 2
-    assert parallel.gpus_needed(cat.flavour("upstream").resolve(cat.parse("marlin-bf16"), "sm_90").args) == 1
+    assert devices.gpus_needed(spec.args) == 2
+    assert devices.gpus_needed(cat.flavour("upstream").resolve(cat.parse("marlin-bf16"), "sm_90").args) == 1
 
 
 def test_visible_gpus_honour_cuda_visible_devices():
-    assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": "4, 6"}) == ["4", "6"]
-    assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
-    assert parallel.visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
-    assert parallel.visible_gpus({}, count=2) == ["0", "1"]
-    assert parallel.visible_gpus({}, count=0) == []
+    assert devices.visible_gpus({"CUDA_VISIBLE_DEVICES": "4, 6"}) == ["4", "6"]
+    assert devices.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert devices.visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    assert devices.visible_gpus({}, count=2) == ["0", "1"]
+    assert devices.visible_gpus({}, count=0) == []
 
 
 def test_gpu_set_starts_with_the_workers_own_gpu_and_wraps():
-    assert parallel.gpu_set("1", ["0", "1"], 1) == ["1"]
-    assert parallel.gpu_set("1", ["0", "1"], 2) == ["1", "0"]
-    assert parallel.gpu_set("6", ["2", "4", "6", "7"], 3) == ["6", "7", "2"]
+    assert devices.gpu_set("1", ["0", "1"], 1) == ["1"]
+    assert devices.gpu_set("1", ["0", "1"], 2) == ["1", "0"]
+    assert devices.gpu_set("6", ["2", "4", "6", "7"], 3) == ["6", "7", "2"]
     with pytest.raises(ValueError):
-        parallel.gpu_set("0", ["0"], 2)
+        devices.gpu_set("0", ["0"], 2)
 
 
 def _fake_config(workerinput=None, run_dir=None):
@@ -132,16 +134,16 @@ def test_multi_gpu_slots_are_taken_in_one_order_so_they_cannot_deadlock(tmp_path
 
 
 def test_per_worker_boot_files_merge_into_boots_json(tmp_path):
-    parallel.write_worker_boots(tmp_path, "gw1", [{"config": "b", "ok": True, "boot_seconds": 50.0}])
-    parallel.write_worker_boots(tmp_path, "gw0", [{"config": "a", "ok": True, "boot_seconds": 40.0}])
-    merged = parallel.merge_boots(tmp_path)
+    suite_mod.write_worker_boots(tmp_path, "gw1", [{"config": "b", "ok": True, "boot_seconds": 50.0}])
+    suite_mod.write_worker_boots(tmp_path, "gw0", [{"config": "a", "ok": True, "boot_seconds": 40.0}])
+    merged = suite_mod.merge_boots(tmp_path)
     assert [(b["config"], b["worker"]) for b in merged] == [("a", "gw0"), ("b", "gw1")]
     assert json.loads((tmp_path / "boots.json").read_text()) == merged
 
 
 def test_summary_reads_configs_from_xdist_group_suffixed_ids():
-    from harness.configs import Catalog
-    from harness.platform import Platform
+    from harness.config.catalog import Catalog
+    from harness.core.platform import Platform
 
     suite = SimpleNamespace(catalog=Catalog(), platform=Platform("cpu", "test cpu", None), flavour=SimpleNamespace(name="cpu"),
                             model_or_error=SimpleNamespace(alias="tiny-gpt-oss"), boots=[{"config": "cpu-bf16", "boot_seconds": 42.0}],
@@ -157,8 +159,10 @@ _STANDIN_CONFTEST = """
 import json, os, sys
 sys.path.insert(0, {repo!r})
 import pytest
-from harness import parallel
-pytest_plugins = ["harness.parallel"]
+from harness.engine import devices
+from harness.plugin import parallel
+from harness.session import suite as suite_mod
+pytest_plugins = ["harness.plugin.parallel"]
 
 class T:
     def __init__(self, name): self.name = name

@@ -1,8 +1,8 @@
-"""harness.perf formulas on hand-computed requests."""
+"""harness.perf.metrics formulas on hand-computed requests."""
 import pytest
 
-from harness import perf
-from harness.errors import SuiteError
+from harness.core.errors import SuiteError
+from harness.perf import metrics as perf
 
 
 def request(t_last=11.5, completion=33, chunks=None, t_end=11.6, prompt=2048):

@@ -1,4 +1,4 @@
-"""The platform bring-up recorder (harness/recorder.py, scripts/record_kernels.py) without vLLM.
+"""The platform bring-up recorder (harness/kernelpath/recorder.py, scripts/record_kernels.py) without vLLM.
 
 The recorded-trace tests replay kernel summaries the recorder wrote from real runs
 (tests/unit/fixtures/recorded/<platform>/, each with a pair.yaml naming the config and its sibling): the
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import recorder
-from harness.configs import Catalog
-from harness.errors import SuiteError
-from harness.platform import detect_platform
-from harness.traces import KernelStat, KernelSummary, check_path
+from harness.config.catalog import Catalog
+from harness.core.errors import SuiteError
+from harness.core.platform import detect_platform
+from harness.kernelpath import recorder
+from harness.kernelpath.traces import KernelStat, KernelSummary, check_path
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = Path(__file__).parent / "fixtures" / "recorded"
@@ -74,7 +74,7 @@ def _summary(names, kind="cpu_op") -> KernelSummary:
 
 
 def _exp(must=(), must_not=()):
-    from harness.configs import KernelExpectation
+    from harness.config.catalog import KernelExpectation
 
     return KernelExpectation(must=list(must), must_not=list(must_not))
 
@@ -147,8 +147,8 @@ def test_accepting_records_verified_and_seen_in_a_data_file_the_catalog_merges(t
     # what the CLI shows
     from types import SimpleNamespace
 
-    from harness.listing import list_configs
-    from harness.platform import Platform
+    from harness.core.platform import Platform
+    from harness.report.listing import list_configs
 
     suite = SimpleNamespace(catalog=cat, platform=Platform("cpu", "Test CPU", None), flavour=cat.flavour("cpu"),
                             model_or_error=SimpleNamespace(alias="tiny-gpt-oss", path=None))

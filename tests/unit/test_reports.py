@@ -1,10 +1,10 @@
-"""harness.reports: the markdown matrix says where each number came from; the plots are real PNGs."""
+"""harness.report.run_report: the markdown matrix says where each number came from; the plots are real PNGs."""
 import numpy as np
 import pytest
 
-from harness import reports
-from harness.errors import SuiteError
-from harness.regression import Thresholds, compare_run
+from harness.core.errors import SuiteError
+from harness.perf.regression import Thresholds, compare_run
+from harness.report import run_report as reports
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

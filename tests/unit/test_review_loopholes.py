@@ -1,17 +1,19 @@
 """Loopholes found by an adversarial review of the verdict logic, each a synthetic input that the suite judged
 green (or crashed on) before its fix. No server: the harness functions are called directly."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from harness import regression
-from harness.correctness import Level2Result, check_golden_data
-from harness.errors import SuiteError
-from harness.logprobs import Scored, Stream
-from harness.regression import Thresholds
+from harness.core.errors import SuiteError
+from harness.correctness.level2 import Level2Result, check_golden_data
+from harness.correctness.logprobs import Scored, Stream
+from harness.perf import regression
+from harness.perf.regression import Thresholds
 
 STRICT = Thresholds(inconclusive_is_failure=True)  # the nightly GB10's gate (sm_121)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def samples(median, n=10, seed=0, cv=0.003):
@@ -95,7 +97,7 @@ def test_a_golden_scoring_that_does_not_cover_what_the_golden_recorded_is_malfor
 def test_verified_no_in_a_recorded_verification_does_not_count_as_verified(tmp_path):
     """`verified: no` (the flavours' own way to say unverified; YAML reads it as false) in configs/verified/ became
     the status 'verified: False', which the nightly's preflight accepts as verified."""
-    from harness.configs import Catalog
+    from harness.config.catalog import Catalog
 
     src = Catalog().flavours["upstream"].verified_file.read_text()
     assert "verified: NVIDIA H200" in src
@@ -110,7 +112,7 @@ def test_verified_no_in_a_recorded_verification_does_not_count_as_verified(tmp_p
 def test_a_fallback_excuse_matching_ordinary_log_lines_is_refused(excuse):
     """An excuse is the server log's proof that a documented fallback happened; `.*` (or an alternation with an
     empty branch) matched any log, so a missing `must` kernel was excused in every run and level 4 counted."""
-    from harness.configs import _check_value_spec
+    from harness.config.catalog import _check_value_spec
 
     spec = {"kernels": {"sm_121": {"verified": "no", "must": ["*gemv_mxfp4_moe_dp4a*"],
                                    "excuses": {"*gemv_mxfp4_moe_dp4a*": excuse}}}}
@@ -146,3 +148,24 @@ def test_a_broken_results_sample_is_one_line_not_a_traceback(bad):
     with pytest.raises(SuiteError, match="not positive finite numbers.*rerun level 4") as e:
         regression.compare_run(run(), run(metrics={"tg32": cur}), STRICT)
     assert "\n" not in str(e.value)
+
+
+def test_a_change_far_beyond_the_platforms_a_a_spread_is_a_stale_baseline_not_an_improvement():
+    """A CPU baseline recorded on a slower machine state read as tg32 +229.9% "improved" with nothing changed:
+    beyond out_of_family, either way, the verdict is inconclusive "baseline out of family: re-record it"."""
+    cpu = regression.load_thresholds(REPO / "baselines" / "thresholds.yaml", "cpu")
+    assert cpu.out_of_family == 1.0
+    base = run(metrics={"tg32": {"samples": [50.0, 51.0, 49.0, 50.5], "unit": "tok/s", "higher_is_better": True}},
+               model_fingerprint=None)
+
+    def tg(samples):
+        current = run(metrics={"tg32": {"samples": samples, "unit": "tok/s", "higher_is_better": True}},
+                      model_fingerprint=None)
+        return {v.name: v for v in regression.compare_run(base, current, cpu)}["tg32"]
+
+    stale = tg([149.0, 150.0, 148.0, 151.0])  # x3: the observed stale-baseline case
+    assert stale.status == "inconclusive" and stale.reason is regression.Reason.OUT_OF_FAMILY
+    assert "baseline out of family" in stale.message and "--force-regen" in stale.message
+    assert tg([20.0, 21.0, 19.0, 20.5]).reason is regression.Reason.OUT_OF_FAMILY  # x0.4: either way
+    assert tg([75.0, 76.0, 74.0, 75.5]).status == "improved"  # x1.5: within the A/A family, judged as before
+    assert tg([50.0, 50.5, 49.5, 50.2]).reason is not regression.Reason.OUT_OF_FAMILY  # A/A

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import SuiteError
-from harness.server import ServerDied, VllmServer, group_pids
+from harness.core.errors import SuiteError
+from harness.engine.server import ServerDied, VllmServer, group_pids
 
 FAKE = textwrap.dedent('''
     import http.server, os, signal, subprocess, sys, threading, time
@@ -108,7 +108,10 @@ def test_server_binds_loopback_only(tmp_path):
 
 
 STOPPED_RUNNER = textwrap.dedent('''
-    import sys, time
+    import signal, sys, time
+    # the disposition under test, whatever this test was started with: under `nohup` SIGHUP is ignored and the
+    # ignore is inherited, and the suite rightly leaves a non-default disposition alone (server.install_cleanup)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     sys.path[:0] = [sys.argv[1], sys.argv[2]]
     from pathlib import Path
     from test_server_lifecycle import make
@@ -154,7 +157,7 @@ def test_a_stopped_test_process_takes_its_servers_down(tmp_path, how):
 def test_a_boot_that_dies_names_the_root_cause_in_its_first_line(tmp_path):
     """vLLM's API server ends its log with a generic 'Engine core initialization failed': the first line of the
     error must carry the engine's own error instead (what a one-line report shows)."""
-    from harness.server import root_cause
+    from harness.engine.server import root_cause
 
     log = tmp_path / "server.log"
     log.write_text("(EngineCore_DP0 pid=7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 15.82 GiB.\n"

@@ -1,10 +1,10 @@
-"""harness.stats on hand-computed examples."""
+"""harness.core.stats on hand-computed examples."""
 import math
 
 import numpy as np
 import pytest
 
-from harness import stats
+from harness.core import stats
 
 
 def test_percentile_interpolates_linearly():

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from harness.correctness import Level2Result, check_golden_data, judge
-from harness.errors import SuiteError
-from harness.logprobs import Scored, Stream, Tolerance, compare_scored
+from harness.core.errors import SuiteError
+from harness.correctness.level2 import Level2Result, check_golden_data, judge
+from harness.correctness.logprobs import Scored, Stream, Tolerance, compare_scored
 
 TOL = Tolerance(max_abs=0.25, mean_abs=0.01, ppl_rel=0.002, margin=0.125, source="test")
 
@@ -155,7 +155,7 @@ def test_a_golden_needs_one_stream_and_one_scoring_per_workload_prompt():
 def test_every_committed_golden_passes_the_checks():
     from pathlib import Path
 
-    from harness.correctness import PROMPTS_FILE, load_workload
+    from harness.correctness.level2 import PROMPTS_FILE, load_workload
 
     tests = Path(PROMPTS_FILE).parents[1]
     prompts = {"level2": load_workload().prompts, "level6": load_workload(tests / "level6_matrix" / "workload.yaml").prompts}
@@ -168,7 +168,7 @@ def test_every_committed_golden_passes_the_checks():
 def test_every_committed_workload_loads_and_level6_judges_with_level2s_tolerances():
     from pathlib import Path
 
-    from harness.correctness import PROMPTS_FILE, load_workload
+    from harness.correctness.level2 import PROMPTS_FILE, load_workload
 
     level2 = load_workload()
     level6 = load_workload(Path(PROMPTS_FILE).parents[1] / "level6_matrix" / "workload.yaml")
@@ -177,7 +177,7 @@ def test_every_committed_workload_loads_and_level6_judges_with_level2s_tolerance
 
 
 def test_a_workload_whose_tolerances_name_itself_is_one_line(tmp_path):
-    from harness.correctness import load_workload
+    from harness.correctness.level2 import load_workload
 
     own = tmp_path / "w.yaml"
     own.write_text(f"max_tokens: 4\ntop_logprobs: 5\nprompts: {{a: x}}\nperplexity_text: y\ntolerances: {{same_as: {own}}}\n")

@@ -1,4 +1,4 @@
-"""The test-only vLLM plugin (plugins/site/suite_testhooks) and its harness side (harness.hooks), without vLLM:
+"""The test-only vLLM plugin (plugins/site/suite_testhooks) and its harness side (harness.engine.hooks), without vLLM:
 discovery through the hand-written dist-info, no-op registration, idempotence, the memory hold, the
 slowdown's a + b x tokens busy-wait driven by the control file, and the acknowledgements."""
 import json
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from harness import hooks
-from harness.errors import SuiteError
+from harness.core.errors import SuiteError
+from harness.engine import hooks
 
 SITE = str(hooks.PLUGIN_SITE)
 
@@ -103,7 +103,7 @@ def test_slowdown_follows_the_control_file_without_a_restart(tmp_path):
     code = f'''
         import json, time, torch, suite_testhooks
         from pathlib import Path
-        from harness import hooks
+        from harness.engine import hooks
         suite_testhooks.register()
         model = BaseModelLoader().load_model(vllm_config, model_config)
         def timed(n):

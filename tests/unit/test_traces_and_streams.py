@@ -4,13 +4,14 @@ import json
 
 import pytest
 
-from harness import bench, perf
-from harness.configs import KernelExpectation
-from harness.goldens import load_golden, save_golden
-from harness.logprobs import Stream, Tolerance, compare_streams
-from harness.errors import SuiteError
-from harness.server_metrics import EngineRound
-from harness.traces import check_path, cpu_attention_sinks, parse_trace
+from harness.config.catalog import KernelExpectation
+from harness.core.errors import SuiteError
+from harness.correctness.goldens import golden_text, load_golden
+from harness.correctness.logprobs import Stream, Tolerance, compare_streams
+from harness.engine.server_metrics import EngineRound
+from harness.kernelpath.traces import check_path, cpu_attention_sinks, parse_trace
+from harness.perf import bench
+from harness.perf import metrics as perf
 
 
 def _trace(tmp_path, events):
@@ -145,7 +146,7 @@ def test_golden_files_missing_or_corrupt_name_the_fix(tmp_path):
     with pytest.raises(SuiteError, match="corrupt"):
         load_golden(bad, "cmd")
     ok = tmp_path / "ok.json"
-    save_golden(ok, {"a": 1}, {"model": "m"})
+    ok.write_text(golden_text({"a": 1}, {"model": "m"}))
     assert load_golden(ok, "cmd")["data"] == {"a": 1}
     old = tmp_path / "old.json"
     old.write_text('{"schema": 1, "meta": {}, "data": {}}')
@@ -177,7 +178,7 @@ def test_workloads_over_the_context_are_dropped_and_listed():
 
 
 def test_prometheus_text_is_summed_over_label_sets():
-    from harness.server_metrics import parse_prometheus
+    from harness.engine.server_metrics import parse_prometheus
 
     text = ('# HELP vllm:x help\n# TYPE vllm:x histogram\n'
             'vllm:x_sum{engine="0",model_name="m"} 1.5\nvllm:x_sum{engine="1",model_name="m"} 2.0\n'
@@ -187,7 +188,8 @@ def test_prometheus_text_is_summed_over_label_sets():
 
 def test_a_golden_of_other_embedded_weights_is_refused_by_name(tmp_path):
     """A golden recorded with an older embedded model must not be judged as a regression of this one."""
-    from harness.goldens import GoldenStore, Regenerated
+    from harness.core.store import Regenerated
+    from harness.correctness.goldens import GoldenStore
 
     def store(fingerprint, regen=False):
         return GoldenStore("tiny", "cpu", "cfg", {"model": "tiny"}, regen, root=tmp_path, model_fingerprint=fingerprint)

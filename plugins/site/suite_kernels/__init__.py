@@ -2,7 +2,7 @@
 
 vLLM finds it through the `vllm.general_plugins` entry point of the hand-written
 `suite_kernels-0.0.0.dist-info` next to it, once `<repo>/plugins/site` is on the server's PYTHONPATH
-(`harness.hooks.server_env`, used by `Suite.boot`). No file of vLLM is edited: methods are wrapped at
+(`harness.engine.hooks.server_env`, used by `Suite.boot`). No file of vLLM is edited: methods are wrapped at
 class level (MoE) or a module's `quant_method` is replaced (dense). Off unless a configuration sets:
 
   SUITE_KERNELS=moe         gpt-oss MXFP4 experts (`GptOssMxfp4MoEMethod`): routing from vLLM's router

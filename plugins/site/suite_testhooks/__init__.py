@@ -2,7 +2,7 @@
 
 vLLM finds this package through the `vllm.general_plugins` entry point of the hand-written
 `suite_testhooks-0.0.0.dist-info` next to it, once `<repo>/plugins/site` is on the server's PYTHONPATH
-(`harness.hooks.server_env`, used by `Suite.boot`). vLLM calls `register()` in every process it starts
+(`harness.engine.hooks.server_env`, used by `Suite.boot`). vLLM calls `register()` in every process it starts
 (API server, EngineCore, workers), so it is idempotent, cheap and never touches CUDA. Every hook is a
 no-op unless its own variable is set:
 
@@ -61,7 +61,9 @@ def register() -> None:
     """vLLM general-plugin entry point: patch `BaseModelLoader.load_model` when a hook is wanted."""
     if hold_gib() <= 0 and not slowdown_wanted():
         return
-    from vllm.model_executor.model_loader.base_loader import BaseModelLoader  # no CUDA here
+    from vllm.model_executor.model_loader.base_loader import (
+        BaseModelLoader,  # no CUDA here
+    )
 
     if getattr(BaseModelLoader.load_model, _MARK, False):
         return

@@ -1,0 +1,26 @@
+"""Where the repository's data lives (one definition; every module takes its paths from here)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO / "configs"
+GOLDEN_ROOT = REPO / "goldens"
+BASELINE_ROOT = REPO / "baselines"
+MODELS_DIR = REPO / "models"
+TESTS_DIR = REPO / "tests"
+PLUGIN_SITE = REPO / "plugins" / "site"
+
+
+def shown(path: Path) -> Path:
+    """`path` relative to the repository when inside it (for messages), else as given."""
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
+def slug(text: str) -> str:
+    """A name safe as one path part: lower-case, trademark-free, dash-separated
+    ('Intel(R) Xeon(R) Gold 6430' -> 'intel-xeon-gold-6430', 'openai/gpt-oss-120b' -> 'openai-gpt-oss-120b')."""
+    text = re.sub(r"\((r|tm|c)\)", " ", text.lower())
+    text = re.sub(r"[^a-z0-9._]+", "-", text).strip("-.")
+    return text or "unknown"

@@ -1,0 +1,178 @@
+"""Client for any OpenAI-compatible server (vLLM, llama.cpp server, SGLang): completions and chat.
+
+Every call has a timeout; before each call (and after a connection error) the optional `alive`
+hook runs, so a dead server fails the test at once with its log tail instead of hanging.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import requests
+
+from harness.core.errors import SuiteError
+
+
+@dataclass
+class StreamResult:
+    """One streamed completion, timed on the client (time.perf_counter seconds)."""
+
+    text: str
+    chunk_times: list[float]  # arrival time of each chunk that carried tokens
+    chunk_tokens: int  # tokens counted chunk by chunk from each chunk's logprobs token list
+    usage: dict[str, int]
+    t_sent: float
+    t_end: float
+    finish_reason: str | None = None
+
+    @property
+    def t_first(self) -> float:
+        return self.chunk_times[0] if self.chunk_times else self.t_end
+
+    @property
+    def t_last(self) -> float:
+        return self.chunk_times[-1] if self.chunk_times else self.t_end
+
+
+@dataclass
+class Client:
+    base_url: str
+    model: str
+    timeout_s: float = 300.0
+    alive: Callable[[], None] | None = None  # raises when the server is dead
+    session: requests.Session = field(default_factory=requests.Session)
+
+    def _check(self) -> None:
+        if self.alive is not None:
+            self.alive()
+
+    def _post(self, path: str, body: dict[str, Any], stream: bool = False) -> requests.Response:
+        self._check()
+        try:
+            return self.session.post(self.base_url + path, json=body, timeout=self.timeout_s, stream=stream)
+        except requests.RequestException as e:
+            self._check()  # a dead server explains itself better than the socket error
+            raise SuiteError(f"POST {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
+
+    def get(self, path: str, timeout_s: float = 30.0) -> requests.Response:
+        self._check()
+        try:
+            return self.session.get(self.base_url + path, timeout=timeout_s)
+        except requests.RequestException as e:
+            self._check()
+            raise SuiteError(f"GET {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
+
+    def health(self) -> int:
+        return self.get("/health", timeout_s=10).status_code
+
+    def models(self) -> list[str]:
+        r = self.get("/v1/models")
+        _raise_for(r, "/v1/models")
+        return [m["id"] for m in r.json()["data"]]
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids as the server's own tokenizer sees them (vLLM's /tokenize)."""
+        r = self._post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
+        _raise_for(r, "/tokenize")
+        return list(r.json()["tokens"])
+
+    def version(self) -> str:
+        r = self.get("/version")
+        return r.json().get("version", "unknown") if r.status_code == 200 else "unknown"
+
+    def complete(self, prompt: str | list[int], max_tokens: int, **params: Any) -> dict:
+        """Non-streamed completion; greedy unless `temperature` is given."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **params}
+        return self._answer("/v1/completions", body)
+
+    def chat(self, messages: list[dict], max_tokens: int, **params: Any) -> dict:
+        """Non-streamed /v1/chat/completions; greedy unless `temperature` is given. gpt-oss chat goes through
+        vLLM's harmony renderer and parser, so this is the path every gpt-oss client takes."""
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, **params}
+        return self._answer("/v1/chat/completions", body)
+
+    def _answer(self, path: str, body: dict) -> dict:
+        r = self._post(path, body)
+        if r.status_code >= 500:
+            self._await_death()
+        _raise_for(r, path)
+        return r.json()
+
+    def _await_death(self, grace_s: float = 3.0) -> None:
+        """A crashed engine answers 500 just before the API process exits: give it a moment, so the
+        error is ServerDied with the log tail rather than a bare 500."""
+        if self.alive is None:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self._check()
+            time.sleep(0.1)
+
+    def raw_post(self, path: str, data: bytes | str, headers: dict | None = None) -> requests.Response:
+        """POST arbitrary bytes (abuse tests: malformed JSON)."""
+        self._check()
+        return self.session.post(self.base_url + path, data=data, headers=headers or {}, timeout=self.timeout_s)
+
+    def stream(self, prompt: str | list[int], max_tokens: int, ignore_eos: bool = True,
+               until: Callable[[int], bool] | None = None, **params: Any) -> StreamResult:
+        """Streamed completion with usage; token counts come from the server's `usage`.
+
+        `until(tokens_so_far)` runs after every chunk that carried tokens; when it returns True the stream is
+        closed there (vLLM aborts a request whose client disconnects), and the result has no `usage`."""
+        # logprobs=1 makes every chunk list its tokens: vLLM merges several tokens into one chunk
+        # when its API process lags the engine, so chunks cannot be counted as tokens.
+        body = {
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, "logprobs": 1, **params,
+        }
+        if ignore_eos:
+            body["ignore_eos"] = True  # vLLM / SGLang extension; llama.cpp ignores unknown fields
+        t_sent = time.perf_counter()
+        r = self._post("/v1/completions", body, stream=True)
+        _raise_for(r, "/v1/completions (stream)")
+        text, times, usage, finish, counted = [], [], {}, None, 0
+        for line in r.iter_lines(chunk_size=None):  # the default 512-byte reads would batch tokens
+            if not line or not line.startswith(b"data: "):
+                continue
+            payload = line[6:]
+            if payload == b"[DONE]":
+                break
+            event = json.loads(payload)
+            now = time.perf_counter()
+            counted_before = counted
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices") or []:
+                lp = choice.get("logprobs") or {}
+                n = len(lp.get("tokens") or []) if lp else int(bool(choice.get("text")))
+                if n:
+                    counted += n
+                    times.append(now)
+                text.append(choice.get("text") or "")
+                finish = choice.get("finish_reason") or finish
+            if until is not None and counted > counted_before and until(counted):
+                r.close()
+                return StreamResult("".join(text), times, counted, {}, t_sent, time.perf_counter(), "closed by client")
+        t_end = time.perf_counter()
+        if not usage:
+            raise SuiteError(
+                "the server's stream carried no `usage`; token counts are never taken from chunk counts "
+                "(use a server that honours stream_options.include_usage)"
+            )
+        return StreamResult("".join(text), times, counted, usage, t_sent, t_end, finish)
+
+
+def _raise_for(r: requests.Response, what: str) -> None:
+    if r.status_code != 200:
+        raise SuiteError(f"{what} answered HTTP {r.status_code}: {r.text[:300]}")
+
+
+def token_logprobs(completion: dict) -> list[float]:
+    return list(completion["choices"][0]["logprobs"]["token_logprobs"])
+
+
+def all_finite(values: list[float | None]) -> bool:
+    return all(v is not None and math.isfinite(v) for v in values)

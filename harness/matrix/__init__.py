@@ -1,0 +1,1 @@
+"""Level 6: configuration combinations (full or pairwise) and orthogonal gating."""

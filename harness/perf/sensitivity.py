@@ -1,0 +1,182 @@
+"""The gate's measured sensitivity curve: one server, slowed by known fractions through the suite_testhooks
+plugin (no reboot), each fraction measured interleaved with 0% and judged by the level 5 gate.
+
+Per fraction f: the delay a + b x tokens is planned from the step times measured at 0% (a decode step of
+1 token and a prefill of N tokens each get f of their own time, `harness.engine.hooks.plan_delay`); then rounds
+alternate 0% / f% in ABBA order (drift between them cancels), each round = one decode request and one
+prefill request, each right after its own warm-up request. The gate
+(`harness.perf.regression.compare_metric`, the platform's thresholds) then compares the f% samples with the 0%
+ones. Throughput at f is expected at 1 / (1 + f) of the 0% one; the measured ratio is reported beside it.
+
+Prefill is measured the way level 5 gates it on the platform: on CPU on the engine clock (`ppN`); on a GPU
+server the suite booted, by the GPU kernel time of one profiled prefill (`ppN_gpu`, `bench.gpu_prefill`),
+because the engine-clock prefill of the gpt-oss-120b shape moved up to 58% between H200 boots with nothing
+changed (host time) and is gated there only beyond its recorded boot spread. The plugin's spin is a GPU kernel, so
+it is inside the summed kernel time, and the delay is planned from that kernel time.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.core import stats
+from harness.core.errors import SuiteError
+from harness.engine import hooks
+from harness.engine.client import Client
+from harness.engine.server_metrics import EngineRound, scrape
+from harness.perf import bench
+from harness.perf.bench import PromptMaker, Workload
+from harness.perf.regression import Thresholds, Verdict, compare_metric
+
+
+@dataclass(frozen=True)
+class CurveSpec:
+    decode: Workload  # kind "decode": tg metric
+    prefill: Workload  # kind "prefill": pp metric
+    rounds: int  # rounds per side (0% and f%) per fraction
+    calibration_rounds: int = 5
+    # profiled prefill rounds per side (ppN_gpu): its round-to-round CV was ~0.1% on an H200, and each
+    # profiled round costs ~3 s of trace writing, so fewer rounds than decode resolve it
+    gpu_prefill_rounds: int = 8
+
+
+def spec_for(platform_name: str) -> CurveSpec:
+    """GPU: the 120b shape's headline shapes (tg128, pp2048); CPU: shapes the 2-core box runs in seconds."""
+    if platform_name == "cpu":
+        return CurveSpec(Workload("decode", 16, 64, runs=1, warmup=1), Workload("prefill", 512, 2, runs=1, warmup=1), 12)
+    return CurveSpec(Workload("decode", 16, 128, runs=1, warmup=2), Workload("prefill", 2048, 2, runs=1, warmup=2), 16)
+
+
+def _name(w: Workload, gpu: bool = False) -> str:
+    return f"tg{w.tg}" if w.kind == "decode" else f"pp{w.pp}_gpu" if gpu else f"pp{w.pp}"
+
+
+def measure_once(client: Client, maker: PromptMaker, w: Workload, sampler=None) -> tuple[float, dict]:
+    """One round on the engine clock: warm-up request, scrape, the measured request, scrape."""
+    sampler = sampler or bench._NoClocks()
+    prompt = maker.make(w.pp)
+    client.complete(maker.make(w.pp), 2, ignore_eos=True)  # warm-up right before: no idle gap
+    before = scrape(client)
+    with sampler.round() as rc:
+        bench._measure(client, w, prompt)
+    after = scrape(client)
+    if before is None or after is None:
+        raise SuiteError("the sensitivity curve needs vLLM's engine-clock metrics (/metrics request_*_time)")
+    r = EngineRound.between(before, after)
+    if r.requests != 1:
+        raise SuiteError(f"{r.requests} requests finished during one curve round; another client is using the server")
+    value = (r.generated_tokens - 1) / r.decode_s if w.kind == "decode" else r.computed_prompt_tokens / r.prefill_s
+    return value, rc.record()
+
+
+def measure_interleaved(base: Client, other: Client, w: Workload, rounds: int, sampler=None) -> tuple[list[float], list[float]]:
+    """`rounds` samples of `w` on each of two servers, alternating in ABBA order, so that drift of the
+    machine (other jobs, thermal state) hits both sides alike instead of reading as a difference."""
+    sides = [(base, PromptMaker(base, seed=7), []), (other, PromptMaker(other, seed=7), [])]
+    for client, maker, _ in sides:
+        for _ in range(w.warmup):
+            client.complete(maker.make(w.pp), w.tg, ignore_eos=True)
+    for i in range(rounds):
+        for client, maker, samples in (sides if i % 2 == 0 else sides[::-1]):
+            samples.append(measure_once(client, maker, w, sampler)[0])
+    return sides[0][2], sides[1][2]
+
+
+@dataclass
+class Point:
+    fraction: float
+    delay: hooks.Delay
+    base: dict[str, list[float]] = field(default_factory=dict)
+    slow: dict[str, list[float]] = field(default_factory=dict)
+    clocks: dict[str, list[dict]] = field(default_factory=dict)
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    acks: list[dict] = field(default_factory=list)
+
+    def ratio(self, name: str) -> float:
+        return stats.median(self.slow[name]) / stats.median(self.base[name])
+
+    def summary(self) -> dict[str, Any]:
+        return {"fraction": self.fraction, "delay": {"a_us": round(self.delay.a_us, 2),
+                                                     "b_us_per_token": round(self.delay.b_us_per_token, 5)},
+                "expected_ratio": round(1 / (1 + self.fraction), 4),
+                "measured_ratio": {n: round(self.ratio(n), 4) for n in self.base},
+                "status": {n: v.status for n, v in self.verdicts.items()},
+                "messages": {n: v.message for n, v in self.verdicts.items()},
+                "samples": {"base": self.base, "slow": self.slow}, "clocks": self.clocks}
+
+
+class Curve:
+    def __init__(self, client: Client, hook_dir: Path, spec: CurveSpec, sampler=None, alive=None,
+                 profile_one: Callable[[Callable[[], None]], float] | None = None) -> None:
+        self.client, self.hook_dir, self.spec, self.sampler, self.alive = client, Path(hook_dir), spec, sampler, alive
+        self.profile_one = profile_one  # given: prefill is ppN_gpu (GPU kernel time), else engine-clock ppN
+        gpu = profile_one is not None
+        self.decode_name, self.prefill_name = _name(spec.decode), _name(spec.prefill, gpu)
+        self.prefill_rounds = min(spec.rounds, spec.gpu_prefill_rounds) if gpu else spec.rounds
+        self.maker = PromptMaker(client, seed=7)
+        self.acks: list[dict] = []
+
+    def measure_prefill(self) -> tuple[float, dict]:
+        if self.profile_one is None:
+            return measure_once(self.client, self.maker, self.spec.prefill, self.sampler)
+        entry = bench.gpu_prefill(self.client, self.maker, replace(self.spec.prefill, runs=1), self.profile_one,
+                                  self.sampler)
+        rounds = entry.get("rounds") or entry.get("flagged") or [{}]
+        return entry["samples"][0], {**rounds[0], **({"unresolved": entry["unresolved"]} if "unresolved" in entry else {})}
+
+    def set(self, delay: hooks.Delay) -> dict:
+        ack = hooks.set_slowdown(self.hook_dir, delay, alive=self.alive)
+        self.acks.append(ack["slowdown"])
+        return ack
+
+    def calibrate(self) -> tuple[float, float]:
+        """(decode step seconds, prefill seconds for the spec's N tokens) at 0%, medians."""
+        self.set(hooks.Delay(0.0, 0.0))
+        for w in (self.spec.decode, self.spec.prefill):
+            for _ in range(w.warmup):
+                self.client.complete(self.maker.make(w.pp), w.tg, ignore_eos=True)
+        tg = [measure_once(self.client, self.maker, self.spec.decode, self.sampler)[0] for _ in range(self.spec.calibration_rounds)]
+        pp = [self.measure_prefill()[0] for _ in range(self.spec.calibration_rounds)]
+        self.decode_step_s = 1.0 / stats.median(tg)
+        self.prefill_s = self.spec.prefill.pp / stats.median(pp)
+        return self.decode_step_s, self.prefill_s
+
+    def point(self, fraction: float, thresholds: Thresholds) -> Point:
+        delay = hooks.plan_delay(fraction, self.decode_step_s, self.spec.prefill.pp, self.prefill_s)
+        p = Point(fraction, delay)
+        zero = hooks.Delay(0.0, 0.0)
+        decode, prefill = self.decode_name, self.prefill_name
+        for n in (decode, prefill):
+            p.base[n], p.slow[n], p.clocks[n] = [], [], []
+        for i in range(self.spec.rounds):
+            for slow in ((False, True) if i % 2 == 0 else (True, False)):  # ABBA: drift cancels
+                p.acks.append(self.set(delay if slow else zero)["slowdown"])
+                measured = [(decode, measure_once(self.client, self.maker, self.spec.decode, self.sampler))]
+                if i < self.prefill_rounds:
+                    measured.append((prefill, self.measure_prefill()))
+                for n, (value, rc) in measured:
+                    (p.slow if slow else p.base)[n].append(value)
+                    p.clocks[n].append({**rc, "slowed": slow})
+        self.set(zero)
+        for n in (decode, prefill):
+            v = compare_metric(n, p.base[n], p.slow[n], True, thresholds, unit="tok/s")
+            # the baseline here is this server at 0%: "re-record a baseline" advice does not apply
+            p.verdicts[n] = replace(v, fix=None)
+        return p
+
+
+def run_curve(client: Client, hook_dir: Path, spec: CurveSpec, fractions: list[float], thresholds: Thresholds,
+              sampler=None, alive=None, profile_one: Callable[[Callable[[], None]], float] | None = None) -> dict[str, Any]:
+    """`profile_one` (a GPU server the suite booted, `benchmark_run.kernel_time_probe`): prefill is ppN_gpu."""
+    started = time.time()
+    curve = Curve(client, hook_dir, spec, sampler, alive, profile_one)
+    t_d, t_p = curve.calibrate()
+    points = [curve.point(f, thresholds) for f in fractions]
+    return {"decode_step_ms": round(t_d * 1000, 4), "prefill_ms": round(t_p * 1000, 4),
+            "prefill_tokens": spec.prefill.pp, "rounds_per_side": spec.rounds,
+            "prefill_metric": curve.prefill_name, "prefill_rounds_per_side": curve.prefill_rounds,
+            "thresholds": {"throughput_drop": thresholds.throughput_drop, "max_cv": thresholds.max_cv,
+                           "alpha": thresholds.alpha},
+            "points": points, "seconds": round(time.time() - started, 1)}

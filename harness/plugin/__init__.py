@@ -1,0 +1,1 @@
+"""The pytest layer: command-line options, pytest-xdist wiring, known engine issues as strict xfails, the nightly's orchestration."""

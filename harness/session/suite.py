@@ -1,0 +1,311 @@
+"""What one pytest run is about: platform, flavour, model, selected configs, run directory, servers."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from harness.config.catalog import Catalog, Config, Flavour, ServerSpec
+from harness.core.errors import SuiteError
+from harness.core.paths import REPO, slug
+from harness.core.platform import Platform, detect_platform
+from harness.engine import hooks
+from harness.engine.client import Client
+from harness.engine.hub import check_hub_model
+from harness.engine.models import ALIASES, Model, default_alias, resolve_model
+from harness.engine.server import (
+    ServerDied,
+    VllmServer,
+    installed_engine,
+    profiler_args,
+)
+
+# GPU memory fraction of a server booted beside the shared one (0.70): level 3 runs two at once (the
+# crash-prone tests' server and the fault-injection one), and at 0.2 each the second found too little free
+# memory on an H200 and failed to boot. The tiny model needs a few GiB; KV-cache size does not matter there.
+SECONDARY_GPU_FRACTION = 0.12
+UNKNOWN_PLATFORM = "unknown"
+
+
+def _run_dir(option: str | None) -> Path:
+    path = Path(option) if option else REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):  # unique: xdist workers share the dir
+            pass
+    except OSError as e:
+        raise SuiteError(f"--run-dir {path}: cannot write there ({e.strerror}); pass a writable directory") from None
+    return path.resolve()
+
+
+def external_platform(name: str | None, device: str | None) -> Platform:
+    """What --platform / --device say about a server started elsewhere (UNKNOWN_PLATFORM without them)."""
+    if name is None:
+        return Platform(UNKNOWN_PLATFORM, device or "unknown device", None)
+    if name != "cpu" and not re.fullmatch(r"sm_\d{2,3}", name):
+        raise SuiteError(f"--platform {name}: expected cpu or a compute capability such as sm_90 or sm_121")
+    capability = None if name == "cpu" else (int(name[3:-1]), int(name[-1]))
+    return Platform(name, device or name, capability)
+
+
+def external_model(url: str, model_option: str | None) -> Model:
+    """The model an external server serves: --model's alias if given (it keys goldens), else its /v1/models id."""
+    probe = Client(url.rstrip("/"), "", timeout_s=10)
+    try:
+        names = probe.models()
+    except SuiteError as e:
+        raise SuiteError(f"--server-url {url}: cannot list models ({e}); is the server up?") from None
+    if not names:
+        raise SuiteError(f"--server-url {url}: /v1/models lists no model")
+    if model_option:
+        spec = ALIASES.get(model_option, {})
+        return Model(model_option if model_option in ALIASES else slug(model_option), names[0],
+                     weights="dummy" if "shape" in spec else "real")
+    return Model(slug(names[0]), names[0])
+
+
+@dataclass
+class Target:
+    """One configuration under test on this platform (runnable or with the reason it is not)."""
+
+    name: str
+    config: Config
+    spec: ServerSpec | None
+    runnable: bool
+    reason: str
+
+
+@dataclass
+class RunningServer:
+    """A booted (or external) server the tests talk to."""
+
+    url: str
+    served_name: str
+    target: Target
+    log_path: Path | None = None
+    process: VllmServer | None = None  # None with --server-url
+    boot_seconds: float | None = None
+    trace_dir: Path | None = None
+
+    @property
+    def external(self) -> bool:
+        return self.process is None
+
+    def ensure_alive(self) -> None:
+        if self.process is not None:
+            self.process.ensure_alive()
+
+    def client(self, timeout_s: float = 300.0) -> Client:
+        return Client(self.url, self.served_name, timeout_s=timeout_s, alive=self.ensure_alive)
+
+    def log_text(self) -> str:
+        if self.log_path is None:
+            return ""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+@dataclass
+class Suite:
+    catalog: Catalog
+    platform: Platform
+    flavour: Flavour
+    model_or_error: Model | SuiteError
+    run_dir: Path
+    config_option: str | None
+    server_url: str | None = None
+    boot_timeout_s: float = 900.0
+    boots: list[dict] = field(default_factory=list)
+    server_args: list[str] = field(default_factory=list)  # --server-arg: appended to every boot's arguments
+
+    @classmethod
+    def create(
+        cls, config_option: str | None, model_option: str | None, flavour_option: str | None,
+        server_url: str | None, run_dir: str | None, boot_timeout_s: float,
+        platform_option: str | None = None, device_option: str | None = None,
+        server_args: list[str] | None = None,
+    ) -> "Suite":
+        """Validate every option now (collection time, one line each) and describe the run."""
+        catalog = Catalog()
+        for arg in server_args or []:
+            if not arg.startswith("--"):
+                raise SuiteError(f"--server-arg {arg!r}: pass one vLLM option per flag, as --server-arg=--name=value "
+                                 "(e.g. --server-arg=--gpu-memory-utilization=0.93)")
+        if server_args and server_url:
+            raise SuiteError("--server-arg changes servers the suite boots; a --server-url server was started elsewhere")
+        if (platform_option or device_option) and not server_url:
+            raise SuiteError("--platform/--device describe a server started elsewhere: use them with --server-url "
+                             "(a server the suite boots runs on this machine's platform)")
+        platform = external_platform(platform_option, device_option) if server_url else detect_platform()
+        flavour = catalog.flavour(flavour_option) if flavour_option else catalog.default_flavour(platform.name)
+        rdir = _run_dir(run_dir)
+        if server_url:
+            model: Model | SuiteError = external_model(server_url, model_option)
+        else:
+            try:
+                model = resolve_model(model_option or default_alias(platform.name), rdir)
+            except SuiteError as e:
+                if model_option:  # an explicit bad --model fails the run at once
+                    raise
+                model = e  # the default model is only needed once a server boots (unit tests run without it)
+            if isinstance(model, Model) and model_option and not Path(model.path).exists():
+                check_hub_model(model.path)  # not cached and no hub: one line now, not a dead server later
+        suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s,
+                    server_args=list(server_args or []))
+        suite.selected()  # validate --config now, at collection time
+        return suite
+
+    @property
+    def model(self) -> Model:
+        if isinstance(self.model_or_error, SuiteError):
+            raise self.model_or_error
+        return self.model_or_error
+
+    def selected(self) -> list[Config]:
+        return self.catalog.select(self.config_option, self.platform.name)
+
+    def engine_version(self) -> tuple[str, str | None]:
+        """The engine and version under test: the external server's /version, else the installed vLLM."""
+        if self.server_url:
+            version = Client(self.server_url.rstrip("/"), "", timeout_s=10).version()
+            return "vllm", None if version == "unknown" else version
+        return installed_engine()
+
+    def keyed_platform(self) -> Platform:
+        """The platform goldens, baselines and tolerances are keyed by: this machine's, or --platform's."""
+        if self.platform.name == UNKNOWN_PLATFORM:
+            raise SuiteError("--server-url without --platform: the server's platform is unknown, so its goldens and "
+                             "baselines cannot be chosen or written; pass --platform=sm_121 (and --device='NVIDIA GB10')")
+        return self.platform
+
+    def record_refusal(self, server: "RunningServer", request) -> str | None:
+        """Why this config's run may not write goldens or baselines (None: it may).
+
+        Only runs whose kernel path is known good record: level 1.5 passed, and nothing in it (a missing required
+        kernel, decode steps on the prefill backend) was merely excused by a logged fallback unless the flavour
+        allows it (`allow_excused`)."""
+        self.keyed_platform()
+        if server.external:
+            return None  # the suite cannot profile it; its goldens say so in their metadata
+        kp = request.getfixturevalue("kernel_path")
+        if not kp.verdict.ok:
+            return f"its kernel path failed level 1.5 ({kp.verdict.problems[0]}); fix that first"
+        spec = server.target.spec
+        if kp.verdict.excused and not spec.kernels.allow_excused:
+            return (f"its kernel path passed only by logged fallbacks' excuses ({'; '.join(kp.verdict.excused)}); "
+                    "record from a run whose kernels all ran as configured, or set allow_excused for it in the flavour")
+        return None
+
+    def target(self, config: Config) -> Target:
+        name = self.catalog.name(config)
+        if self.platform.name == UNKNOWN_PLATFORM:  # an external server: only what needs no flavour data can run
+            return Target(name, config, None, True, "")
+        model = self.model_or_error if isinstance(self.model_or_error, Model) else None
+        ok, reason = self.flavour.runnable(config, self.platform.name, model.path if model else None)
+        if not ok:
+            return Target(name, config, None, False, f"{reason} [platform {self.platform.name}]")
+        return Target(name, config, self.flavour.resolve(config, self.platform.name, model.args if model else {}), True, "")
+
+    def targets(self) -> list[Target]:
+        return [self.target(c) for c in self.selected()]
+
+    def boot(self, target: Target, tag: str = "", model_path: str | None = None,
+             env_extra: dict[str, str] | None = None, args_extra: list[str] | None = None,
+             beside_shared: bool = False) -> RunningServer:
+        """Boot a server for `target` (the caller must `stop()` its process).
+
+        `model_path` swaps in another checkpoint of the same shape (the level 2 mutation checks);
+        `env_extra` / `args_extra` perturb the server (the level 5 injected slowdown);
+        `beside_shared` says the config's shared server is up at the same time."""
+        if not target.runnable or target.spec is None:
+            raise SuiteError(f"cannot boot {target.name}: {target.reason}")
+        if beside_shared:
+            ok, why = self.can_boot_secondary()
+            if not ok:
+                raise SuiteError(why)
+            if self.platform.is_cuda:
+                # the shared server holds its flavour's fraction (0.70) of GPU memory; the tiny model
+                # needs little, and KV-cache size does not change batch-1 speed
+                args_extra = list(args_extra or []) + ["--gpu-memory-utilization", str(SECONDARY_GPU_FRACTION)]
+        key = f"{self.model.alias}__{target.name}{tag}"
+        log = self.run_dir / "servers" / f"{key}.log"
+        trace_dir = self.run_dir / "traces" / key
+        # Profiling costs nothing until /start_profile, so every server can serve level 1.5 too.
+        # --server-arg after the config's own (the last occurrence wins), before the suite's perturbations
+        args = target.spec.args + self.server_args + list(args_extra or []) + profiler_args(trace_dir)
+        # plugins/site on PYTHONPATH: the test-only vLLM hooks (no-ops unless SUITE_HOOK_* is set)
+        env = {**hooks.server_env(hooks.hook_dir_of(self.run_dir, key)), **target.spec.env, **(env_extra or {})}
+        proc = VllmServer(model_path or self.model.path, args, env, log, boot_timeout_s=self.boot_timeout_s)
+        record = {"config": target.name, "model": self.model.alias, "platform": self.platform.name, "log": str(log)}
+        if self.platform.is_cuda:  # which GPUs it got: under xdist each worker pins its own (harness.plugin.parallel)
+            record["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))
+        try:
+            proc.start()
+        except ServerDied as e:
+            record.update(ok=False, error=str(e).splitlines()[0])
+            self._record_boot(record)
+            raise
+        record.update(ok=True, boot_seconds=round(proc.boot_seconds, 1))
+        self._record_boot(record)
+        return RunningServer(proc.url, proc.served_name, target, log, proc, proc.boot_seconds, trace_dir)
+
+    def _record_boot(self, record: dict) -> None:
+        """boots.json of the run; under xdist each worker writes its own file and the controller merges them."""
+        self.boots.append(record)
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        if worker:
+            write_worker_boots(self.run_dir, worker, self.boots)
+        else:
+            (self.run_dir / "boots.json").write_text(json.dumps(self.boots, indent=2))
+
+    def can_boot_secondary(self) -> tuple[bool, str]:
+        """Whether a second server fits beside the shared one on this platform."""
+        if self.platform.is_cuda and not self.model.has_real_weights:
+            return False, (f"{self.model.alias} fills most of the GPU: a second server beside the shared one "
+                           "does not fit (run this check with the tiny model)")
+        return True, ""
+
+    def external(self, target: Target) -> RunningServer:
+        """The already-running server of --server-url (nothing is booted)."""
+        return RunningServer(self.server_url.rstrip("/"), self.model.path, target)
+
+    def artifact(self, *parts: str) -> Path:
+        path = self.run_dir.joinpath(*parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+# -- boot records: under xdist each worker writes its own file; the controller merges them ----------
+def worker_boots_file(run_dir: Path, worker: str) -> Path:
+    return Path(run_dir) / "boots" / f"{worker}.json"
+
+
+def write_worker_boots(run_dir: Path, worker: str, boots: list[dict]) -> Path:
+    path = worker_boots_file(run_dir, worker)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([{**b, "worker": worker} for b in boots], indent=2))
+    tmp.replace(path)
+    return path
+
+
+def merge_boots(run_dir: Path) -> list[dict]:
+    """Every worker's boots, in boot order of each worker, written to `<run_dir>/boots.json`."""
+    merged: list[dict] = []
+    for path in sorted((Path(run_dir) / "boots").glob("*.json")):
+        try:
+            merged += json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            merged.append({"worker": path.stem, "ok": False, "error": f"unreadable {path.name}"})
+    if merged:
+        (Path(run_dir) / "boots.json").write_text(json.dumps(merged, indent=2))
+    return merged
+
+
+# The root conftest keeps the run's Suite here; level conftests read it with config.stash[SUITE_KEY].
+SUITE_KEY = pytest.StashKey[Suite]()

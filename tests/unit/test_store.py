@@ -1,0 +1,82 @@
+"""The one record/compare store (harness/core/store.py) behind goldens and baselines: records of another vLLM
+flavour or other weights are refused by name, every run keeps what it obtained, --force-regen is this suite's."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.core.errors import SuiteError
+from harness.core.store import Regenerated, Store
+from harness.correctness.goldens import GoldenStore
+from harness.perf.baselines import BaselineStore, save_baseline
+from harness.perf.regression import Thresholds, compare_run
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def golden_store(tmp_path, flavour, regen=False, run_dir=None):
+    meta = {"model": "tiny", "flavour": flavour}
+    return GoldenStore("tiny", "sm_121", "gemv-bf16", meta, regen, root=tmp_path / "goldens", run_dir=run_dir)
+
+
+def test_a_golden_of_another_flavour_is_refused_by_name(tmp_path):
+    with pytest.raises(Regenerated):
+        golden_store(tmp_path, "fork", regen=True).save("level2", {"x": 1})
+    assert golden_store(tmp_path, "fork").load("level2", "level2") == {"x": 1}  # A/A: same flavour
+    with pytest.raises(SuiteError, match=r"recorded under the fork flavour, this run is upstream.*moe=gemv.*"
+                                         r"regenerate it: pytest -m level2 --config=gemv-bf16 --force-regen --model=tiny"):
+        golden_store(tmp_path, "upstream").load("level2", "level2")
+
+
+def results(flavour, **extra):
+    tg = {"samples": [50.0, 51.0, 50.5], "unit": "tok/s", "higher_is_better": True}
+    return {"config": "gemv-bf16", "flavour": flavour, "model": "tiny", "platform": "cpu", "device": "AMD EPYC",
+            "valid": True, "metrics": {"tg32": tg}, "memory_peak_gb": None, "memory_used_gib": None,
+            "kv_capacity_tokens": None, **extra}
+
+
+def test_a_baseline_of_another_flavour_is_refused_by_name(tmp_path):
+    path = save_baseline(tmp_path / "gemv-bf16.yaml", results("fork"))
+    from harness.perf.baselines import load_baseline
+
+    base = load_baseline(path)
+    assert base["flavour"] == "fork"
+    assert compare_run(base, results("fork"), Thresholds())  # A/A: judged
+    with pytest.raises(SuiteError, match=r"baseline was recorded under the fork flavour, this run is upstream.*"
+                                         r"re-record it with: pytest -m level5 --config=gemv-bf16 --force-regen"):
+        compare_run(base, results("upstream"), Thresholds())
+    legacy = {k: v for k, v in base.items() if k != "flavour"}  # recorded before flavours were kept: judged
+    assert compare_run(legacy, results("upstream"), Thresholds())
+
+
+def test_every_run_keeps_what_it_obtained_and_regen_records_it(tmp_path):
+    run = tmp_path / "run"
+    store = golden_store(tmp_path, "cpu", run_dir=run)
+    with pytest.raises(Regenerated):
+        golden_store(tmp_path, "cpu", regen=True, run_dir=run).settle("level2", None, {"x": 1})
+    assert store.settle("level2", store.load("level2", "level2"), {"x": 2}) == {"x": 1}  # compared with the record
+    obtained = run / "obtained" / "level2.json"  # outside the repository: under the record's file name
+    assert '"x":2' in obtained.read_text().replace(" ", "")  # the fresh result, not the record
+
+
+def test_a_baseline_is_recorded_only_when_the_run_may_record(tmp_path):
+    path = tmp_path / "baselines" / "gemv-bf16.yaml"
+    refused = BaselineStore(path, Store(tmp_path / "run", True, lambda: "its kernel path failed level 1.5"))
+    with pytest.raises(SuiteError, match="--force-regen refused for gemv-bf16: its kernel path failed"):
+        refused.settle(results("cpu"))
+    assert not path.exists() and (tmp_path / "run" / "obtained" / "gemv-bf16.yaml").is_file()
+    with pytest.raises(Regenerated, match="recorded"):
+        BaselineStore(path, Store(None, True)).settle(results("cpu"))
+    assert BaselineStore(path, Store(None, False)).settle(results("cpu"))["flavour"] == "cpu"
+
+
+def test_force_regen_is_this_suites_option_and_regen_all_is_refused():
+    """--force-regen is registered by this project (not borrowed from an installed pytest-regressions), and
+    pytest-regressions' --regen-all, which this suite would silently ignore, is an unknown argument."""
+    from harness.plugin import options
+
+    assert "--force-regen" in Path(options.__file__).read_text()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--regen-all", "--collect-only",
+                          "-q", "tests/unit/test_stats.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "unrecognized arguments: --regen-all" in run.stderr
