@@ -130,11 +130,8 @@ def server(request: pytest.FixtureRequest, suite: Suite, target: Target):
         pytest.skip(f"{target.name}: its server needs {need} GPUs (parallel sizes in its flags), {len(gpus)} visible")
     # under xdist: wait for this worker's GPU(s) (CPU: the machine's one server slot) before booting
     with parallel.server_slot(suite.run_dir, worker, gpus, need, cuda) as env:
-        running = suite.boot(target, env_extra=env or None)  # records the boot (per worker under xdist)
-        try:
+        with suite.boot(target, env_extra=env or None) as running:  # records the boot (per worker under xdist)
             yield running
-        finally:
-            running.process.stop()
 
 
 @pytest.fixture
@@ -205,6 +202,9 @@ def goldens(request: pytest.FixtureRequest, suite: Suite, server: RunningServer)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:  # the summary table's config column (xdist carries report attributes to the controller)
+        report.param_id = callspec.id
     if call.excinfo is not None and call.excinfo.errisinstance(SuiteError):
         # A SuiteError already says what is wrong and how to fix it: no traceback.
         report.longrepr = f"{call.excinfo.typename}: {call.excinfo.value}"

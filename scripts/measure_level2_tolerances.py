@@ -71,11 +71,8 @@ def main() -> int:
             if not Path(model_path).exists():
                 mutated_copy(Path(suite.model.path), Path(model_path), candidates[mutation])
         t0 = time.monotonic()
-        running = suite.boot(target, tag=f"__tol{i}", model_path=model_path)
-        try:
+        with suite.boot(target, tag=f"__tol{i}", model_path=model_path) as running:
             result = run_level2(running.client(), wl, ref)
-        finally:
-            running.process.stop()
         label = f"{name}" + (f" + {mutation}" if mutation else "") + (" (reference)" if ref is None else "")
         if ref is None:
             ref = result.to_golden()

@@ -64,8 +64,7 @@ def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
     if not target.runnable:
         return {"skipped": target.reason}
     t0 = time.monotonic()
-    running = suite.boot(target, tag="__e2e", args_extra=args_extra)
-    try:
+    with suite.boot(target, tag="__e2e", args_extra=args_extra) as running:
         client = running.client(timeout_s=600)
         maker = bench.PromptMaker(client, seed=7)
         metrics: dict[str, dict] = {}
@@ -85,8 +84,6 @@ def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
                 "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": breakdown,
                 "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40]}
-    finally:
-        running.process.stop()
 
 
 def table(results: dict[str, dict], order: list[str]) -> list[str]:

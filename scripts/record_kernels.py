@@ -39,13 +39,10 @@ def _profile(suite, config, tag: str) -> dict:
     if not target.runnable:
         raise SuiteError(f"{target.name} cannot run here: {target.reason}")
     print(f"record_kernels: booting {target.name} ...", file=sys.stderr, flush=True)
-    running = suite.boot(target, tag=tag)
-    try:
+    with suite.boot(target, tag=tag) as running:
         version = running.client().version()
         kp = profile_kernel_path(suite, running)
         log = running.log_text()
-    finally:
-        running.process.stop()
     print(f"record_kernels: {target.name} booted in {running.boot_seconds:.0f} s, {len(kp.summary.kernels)} kernels profiled",
           file=sys.stderr, flush=True)
     return {"target": target, "summary": kp.summary, "vllm": version, "log": log}

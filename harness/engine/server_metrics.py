@@ -10,6 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
 from harness.core.errors import SuiteError
 from harness.engine.client import Client
 from harness.engine.server import ServerDied
@@ -19,25 +22,17 @@ NEEDED = ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Every sample of a Prometheus text exposition, summed over its label sets: {name: value}."""
+    """Every sample of a Prometheus text exposition, summed over its label sets: {name: value}
+    (prometheus_client's parser: escaped label values, exemplars and NaN/Inf are its concern, not ours)."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0]
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
     return out
 
 
 def metric_value(base_url: str, name: str) -> float:
     """Sum of one Prometheus metric's samples on a server's /metrics (all label sets)."""
-    import requests
-
-
     values = parse_prometheus(requests.get(base_url + "/metrics", timeout=10).text)
     if name not in values:
         raise SuiteError(f"/metrics of {base_url} has no {name}")
@@ -76,7 +71,10 @@ def scrape(client: Client) -> dict[str, float] | None:
         if r.status_code != 200:
             why = f"HTTP {r.status_code}"
             continue
-        out = parse_prometheus(r.text)
+        try:
+            out = parse_prometheus(r.text)
+        except ValueError:  # a 200 that is not Prometheus text (another server's page): no engine timings
+            return None
         return out if all(f"{n}_sum" in out for n in NEEDED) else None
     raise ScrapeFailed(f"GET /metrics failed {SCRAPE_ATTEMPTS} times ({why})")
 

@@ -124,7 +124,7 @@ class Runner:
         except SuiteError as e:
             ev["errors"]["boot"] = str(e)
             return ev
-        try:
+        with running:
             ev.update(boot_seconds=round(running.boot_seconds, 1), log=str(running.log_path))
             client = running.client()
             ev["vllm"] = client.version()
@@ -143,8 +143,6 @@ class Runner:
                 except Exception as e:  # recorded, so the combination is not booted again by the next test
                     ev["errors"][stage] = f"{type(e).__name__}: {e}"
             ev["alive_at_end"] = running.process.alive()
-        finally:
-            running.process.stop()
         ev["seconds"] = round(time.monotonic() - started, 1)
         return ev
 

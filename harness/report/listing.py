@@ -1,7 +1,6 @@
 """Human-readable listings: `--list-configs` and the end-of-run summary."""
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 from harness.config.catalog import CONFIG_DIR, Flavour
@@ -78,8 +77,8 @@ def run_summary(suite: Suite, stats: dict) -> str:
             level = next((lv for lv in LEVELS if lv in report.keywords), None)
             if level is None:
                 continue
-            m = re.search(r"\[([^\]]+)\](?:@[^\[\]]*)?$", report.nodeid)  # `@group`: xdist's loadgroup suffix
-            config = _config_of(m.group(1), suite) if m else "(no server)"
+            param_id = getattr(report, "param_id", None)  # set by the root conftest from the test's parameters
+            config = _config_of(param_id, suite) if param_id else "(no server)"
             table[config][level][idx] += 1
     if not table:
         return ""

@@ -97,6 +97,14 @@ class RunningServer:
     def external(self) -> bool:
         return self.process is None
 
+    def __enter__(self) -> "RunningServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """`with suite.boot(...) as running:` stops a booted server's process group however the block ends."""
+        if self.process is not None:
+            self.process.stop()
+
     def ensure_alive(self) -> None:
         if self.process is not None:
             self.process.ensure_alive()
@@ -217,7 +225,7 @@ class Suite:
     def boot(self, target: Target, tag: str = "", model_path: str | None = None,
              env_extra: dict[str, str] | None = None, args_extra: list[str] | None = None,
              beside_shared: bool = False) -> RunningServer:
-        """Boot a server for `target` (the caller must `stop()` its process).
+        """Boot a server for `target`; use it as `with suite.boot(...) as running:` (stopped however the block ends).
 
         `model_path` swaps in another checkpoint of the same shape (the level 2 mutation checks);
         `env_extra` / `args_extra` perturb the server (the level 5 injected slowdown);

@@ -116,11 +116,8 @@ def test_attention_uses_the_sinks(suite, server, tmp_path):
     base = score(server.client(), ids, wl.top_k)
     mutant = tmp_path / f"{suite.model.alias}-sinks-raised"
     assert mutated_copy(Path(suite.model.path), mutant, sinks_raised) > 0, "the checkpoint has no self_attn.sinks tensors"
-    running = suite.boot(server.target, tag="__sinks", model_path=str(mutant), beside_shared=True)
-    try:
+    with suite.boot(server.target, tag="__sinks", model_path=str(mutant), beside_shared=True) as running:
         raised = score(running.client(), ids, wl.top_k)
-    finally:
-        running.process.stop()
     deltas = [abs(a - b) for a, b in zip(base.actual[1:], raised.actual[1:])]
     mean = sum(deltas) / len(deltas)
     print(f"\n[{server.target.name}] sinks +4: mean |delta logprob| {mean:.4f}, max {max(deltas):.4f} over {len(deltas)} positions")

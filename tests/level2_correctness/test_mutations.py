@@ -48,15 +48,12 @@ def test_mutated_checkpoint_fails_level2(mutation, suite, server, level2_golden,
         chat_wl = load_chat_workload()
         chat_golden = goldens.load("chat", "level2", check_chat_golden)
         tasks_golden = goldens.load("tasks", "level2", check_tasks_golden)
-    running = suite.boot(server.target, tag=f"__{mutation}", model_path=str(mutant), beside_shared=True)
-    try:
+    with suite.boot(server.target, tag=f"__{mutation}", model_path=str(mutant), beside_shared=True) as running:
         client = running.client()
         result = run_level2(client, wl, level2_golden)
         if chat_check:
             answers = {c.name: ask(client, c.messages, chat_wl.max_tokens, c.tools, chat_wl.top_k) for c in chat_wl.conversations}
             tasks = run_tasks(client, load_tasks(chat_wl.tasks_for(suite.model.alias)), chat_wl.task_max_tokens)
-    finally:
-        running.process.stop()
     verdict = judge(result, level2_golden, tol)
     print(f"\n[{mutation}] {len(verdict.problems)} problem(s); perplexity {result.perplexity:.4f}")
     for line in verdict.notes + verdict.problems[:6]:

@@ -32,9 +32,8 @@ def test_killed_engine_fails_requests_fast_and_teardown_leaves_nothing(suite, ta
     if not ok:
         pytest.skip(why)
     shared_pids = set(booted.process.pids())
-    running = suite.boot(target, tag="__fault", beside_shared=True)
-    pgid = running.process.proc.pid
-    try:
+    with suite.boot(target, tag="__fault", beside_shared=True) as running:
+        pgid = running.process.proc.pid
         client = running.client()  # the default 300 s timeout: failing fast must not rely on it
         assert client.complete("def main():\n", 4)["usage"]["completion_tokens"] >= 1
         engine = _engine_core(pgid)
@@ -53,8 +52,6 @@ def test_killed_engine_fails_requests_fast_and_teardown_leaves_nothing(suite, ta
                 break
             time.sleep(0.5)
         died_after = time.monotonic() - killed_at
-    finally:
-        running.process.stop()
     seen = "\n  ".join(f"{s:.2f} s {type(e).__name__}: {str(e).splitlines()[0][:150]}" for s, e in errors)
     print(f"\nafter killing EngineCore: {len(errors)} failing request(s), ServerDied {died_after:.1f} s after the kill:\n  {seen}")
     record_property("server_died_after_s", round(died_after, 2))

@@ -68,8 +68,5 @@ def hooked(request: pytest.FixtureRequest, suite: Suite, target) -> HookedServer
         pytest.skip(f"{why}; to run this check on the shared server instead: {hooks.HOLD_ENV}={DEFAULT_HOLD_GIB} "
                     f"{hooks.SLOWDOWN_ENV}=1 pytest -m level5 -k 'sensitivity or held' ...")
     env = {hooks.HOLD_ENV: str(DEFAULT_HOLD_GIB), hooks.SLOWDOWN_ENV: "1"}
-    running = suite.boot(target, tag="__hooked", env_extra=env, beside_shared=True)
-    try:
+    with suite.boot(target, tag="__hooked", env_extra=env, beside_shared=True) as running:
         yield HookedServer(running, hooks.server_hook_dir(suite, running), DEFAULT_HOLD_GIB, False)
-    finally:
-        running.process.stop()

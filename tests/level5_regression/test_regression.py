@@ -74,17 +74,17 @@ def test_injected_slowdown_is_caught(thresholds, suite, server):
     slowdown = yaml.safe_load(SLOWDOWNS.read_text())["cpu" if suite.platform.name == "cpu" else "gpu"]
     workload = sensitivity.spec_for(suite.platform.name).decode
     rounds = int(slowdown["rounds"])
-    slow = suite.boot(server.target, tag="__slowdown", env_extra=slowdown["env"], args_extra=slowdown["args"], beside_shared=True)
     sampler = ClockSampler(floor=thresholds.loaded_clock_floor) if suite.platform.is_cuda else None
     try:
-        if slowdown.get("step_fraction"):  # the plugin's delay: a fraction of the normal server's decode step
-            rates = [sensitivity.measure_once(server.client(), bench.PromptMaker(server.client()), workload)[0]
-                     for _ in range(3)]
-            delay = hooks.Delay(float(slowdown["step_fraction"]) * 1e6 / stats.median(rates), 0.0)
-            hooks.set_slowdown(hooks.server_hook_dir(suite, slow), delay, alive=slow.ensure_alive)
-        normal, slowed = sensitivity.measure_interleaved(server.client(), slow.client(), workload, rounds, sampler)
+        with suite.boot(server.target, tag="__slowdown", env_extra=slowdown["env"], args_extra=slowdown["args"],
+                        beside_shared=True) as slow:
+            if slowdown.get("step_fraction"):  # the plugin's delay: a fraction of the normal server's decode step
+                rates = [sensitivity.measure_once(server.client(), bench.PromptMaker(server.client()), workload)[0]
+                         for _ in range(3)]
+                delay = hooks.Delay(float(slowdown["step_fraction"]) * 1e6 / stats.median(rates), 0.0)
+                hooks.set_slowdown(hooks.server_hook_dir(suite, slow), delay, alive=slow.ensure_alive)
+            normal, slowed = sensitivity.measure_interleaved(server.client(), slow.client(), workload, rounds, sampler)
     finally:
-        slow.process.stop()
         if sampler is not None:
             sampler.close()
     v = compare_metric(f"tg{workload.tg}", normal, slowed, True, thresholds, unit="tok/s", config=server.target.name)

@@ -148,7 +148,9 @@ def test_summary_reads_configs_from_xdist_group_suffixed_ids():
     suite = SimpleNamespace(catalog=Catalog(), platform=Platform("cpu", "test cpu", None), flavour=SimpleNamespace(name="cpu"),
                             model_or_error=SimpleNamespace(alias="tiny-gpt-oss"), boots=[{"config": "cpu-bf16", "boot_seconds": 42.0}],
                             run_dir=Path("/tmp/x"))
-    rep = SimpleNamespace(when="call", keywords={"level1": 1},
+    # the root conftest's makereport sets param_id from the test's parameters; the node id's `@group` suffix
+    # (xdist's loadgroup) is no longer parsed
+    rep = SimpleNamespace(when="call", keywords={"level1": 1}, param_id="cpu-bf16",
                           nodeid="tests/level1_smoke/test_smoke.py::test_health_is_ok[cpu-bf16]@cpu-bf16")
     text = run_summary(suite, {"passed": [rep]})
     assert "cpu-bf16" in text and "1ok" in text and "42" in text
