@@ -27,6 +27,7 @@ from harness.session.suite import SUITE_KEY, RunningServer, Suite, Target, merge
 # registers as a pytest entry point, so `--run-dir /some/dir` parses before pytest picks its rootdir.
 # harness.plugin.parallel: xdist (`-n N`): one worker per config, one GPU per worker, one shared run dir.
 pytest_plugins = ["harness.plugin.options", "harness.plugin.parallel"]
+GPU_ONLY_NOT_RUN = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -95,10 +96,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     engine, version = suite.engine_version()
     live = [i for i in issues if i.applies(engine, version, suite.platform.name)]
     here = detect_platform()  # this machine, where kernel tests run (an external server may be elsewhere)
-    skip = pytest.mark.skip(reason=f"needs a CUDA GPU; this machine is cpu ({here.device})")
+    if not here.is_cuda:
+        # one line for all of them at the end of the run, not one skip line per test (200+ on a CPU main job)
+        gpu_only = [item for item in items if "gpu" in item.keywords]
+        if gpu_only:
+            items[:] = [item for item in items if "gpu" not in item.keywords]
+            config.hook.pytest_deselected(items=gpu_only)
+            config.stash[GPU_ONLY_NOT_RUN] = (f"{len(gpu_only)} GPU-only tests not run: they need a CUDA GPU and this "
+                                              f"machine is cpu ({here.device}); run them on a GPU machine (-m gpu)")
     for item in items:
-        if "gpu" in item.keywords and not here.is_cuda:
-            item.add_marker(skip)
         for issue in live:
             if issue.matches(item.nodeid):
                 item.add_marker(pytest.mark.xfail(strict=True, raises=issue.raises, reason=issue.reason()))
@@ -236,6 +242,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if suite is None or config.getoption("--list-configs"):
         return
 
+    not_run = config.stash.get(GPU_ONLY_NOT_RUN, None)
+    if not_run:
+        terminalreporter.write_line(not_run)
     text = run_summary(suite, terminalreporter.stats)
     if text:
         terminalreporter.write_sep("=", "gpt-oss suite summary")
