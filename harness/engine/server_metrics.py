@@ -95,3 +95,21 @@ class EngineRound:
         return cls(int(round(d["vllm:request_decode_time_seconds_count"])), d["vllm:request_prefill_time_seconds_sum"],
                    d["vllm:request_decode_time_seconds_sum"], d["vllm:request_prefill_kv_computed_tokens_sum"],
                    d["vllm:request_generation_tokens_sum"])
+
+
+# vLLM's speculative-decoding counters (Prometheus counters: the exposition names end in _total)
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total")
+
+
+def spec_decode_between(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """Drafts, drafted and accepted tokens between two scrapes, the mean acceptance length (tokens a target step
+    yields: 1 + accepted / drafts) and the acceptance rate (accepted / drafted); None when nothing was drafted
+    (no speculator, or a server without the counters)."""
+    if not before or not after:
+        return None
+    drafts, drafted, accepted = (after.get(k, 0.0) - before.get(k, 0.0) for k in SPEC_COUNTERS)
+    if drafts <= 0 or drafted <= 0:
+        return None
+    return {"drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
+            "mean_acceptance_length": 1.0 + accepted / drafts, "acceptance_rate": accepted / drafted}

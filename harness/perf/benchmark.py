@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from harness.core.paths import REPO
 from harness.engine.process_memory import MemorySampler
+from harness.engine.server_metrics import scrape, spec_decode_between
 from harness.kernelpath.traces import profile
 from harness.perf import bench, memory, metadata
 from harness.perf.clocks import ClockSampler
@@ -55,12 +56,18 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
     policy, floor = round_policy(suite.platform.name)
     sampler = ClockSampler(floor=floor) if on_gpu else None
     pids = server.process.pids if server.process else (lambda: [])
+    speculative = server.target.config.values.get("spec", "off") != "off"
+    spec_decode: dict[str, dict] = {}
     try:
         with MemorySampler(pids) as mem:
             for w in workloads:
+                before = scrape(client) if speculative else None
                 measured = bench.run_workload(client, maker, w, sampler, policy)
                 clocks.add("engine" if measured.engine else "client")
                 metrics.update(bench.metrics_for(w, measured))
+                counters = spec_decode_between(before, scrape(client)) if speculative else None
+                if counters and w.kind == "decode":  # a kernel change that loses precision drops acceptance first
+                    spec_decode[w.label] = {k: round(v, 4) for k, v in counters.items()}
             if on_gpu and server.trace_dir is not None:  # a server the suite booted, so it can profile
                 for w in workloads:
                     if w.kind == "prefill" and w.depth == 0:
@@ -84,6 +91,8 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
             "; ".join(kernel_path.verdict.problems) if kernel_path is not None else "no kernel-path check (external server)"),
         "kernel_summary": str(kernel_path.artifact) if kernel_path is not None else None,
         "metrics": metrics,
+        # configs with a speculator: vLLM's draft / accepted counters over each decode workload, beside its tg
+        "spec_decode": spec_decode if speculative else None,
         # gated (harness.perf.regression): what the model and engine use, and the KV capacity they leave
         "memory_used_gib": mem_section.get("used_gib"),
         "kv_capacity_tokens": mem_section.get("kv_capacity_tokens"),

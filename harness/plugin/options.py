@@ -37,6 +37,21 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="record goldens (levels 2, 6) and baselines (level 5) from this run; every recording test fails "
                          "so a recorded file is never taken for a pass (only runs whose kernel path passed level 1.5 "
                          "may record)")
+    f = parser.getgroup("feature verdicts (pytest -m feature)")
+    f.addoption("--feature", default=None, metavar="NAME[,NAME]|all",
+                help="features of configs/features.yaml to judge against their baseline config (default with -m feature: "
+                     "every feature of this run's flavour)")
+    f.addoption("--against", default=None, metavar="BASELINE",
+                help="judge --config=CANDIDATE against this config as an ad-hoc feature (criteria from --criteria)")
+    f.addoption("--criteria", default=None, metavar="'tg32 >= +5%; used_memory <= +1 GB'",
+                help="criteria of an ad-hoc feature, ';'-separated (default: no regression beyond 3%, memory within 2 GB)")
+    f.addoption("--strict-verdicts", action="store_true", default=False,
+                help="an INCONCLUSIVE criterion fails the feature (the nightly's mode)")
+    f.addoption("--feature-rounds", type=int, default=None,
+                help="measured rounds per side (default: the platform's level 4 `runs`)")
+    f.addoption("--review-dir", default=None,
+                help="where FEATURE_<name>.md reviews are written (default: docs/porting)")
+    f.addoption("--level-timeout", type=float, default=3600.0, help="seconds for a candidate's required levels")
     g.addoption("--boot-timeout", type=float, default=float(os.environ.get("SUITE_BOOT_TIMEOUT", 900)), help="seconds to wait for /health")
 
 

@@ -200,3 +200,15 @@ def test_a_golden_of_other_embedded_weights_is_refused_by_name(tmp_path):
     with pytest.raises(SuiteError, match=r"other weights of tiny \(fingerprint aaaaaaaaaaaa, this run: bbbbbbbbbbbb\).*--force-regen"):
         store("bbbbbbbbbbbb").load("level2", "level2")
     assert store(None).load("level2", "level2") == {"x": 1}  # checkpoints without a fingerprint: not checked
+
+
+def test_spec_decode_counters_give_acceptance_length_and_rate():
+    """vLLM's counters over a decode round: 10 draft steps of 3 tokens, 18 accepted -> 2.8 tokens per target step."""
+    from harness.engine.server_metrics import SPEC_COUNTERS, spec_decode_between
+
+    before = dict.fromkeys(SPEC_COUNTERS, 5.0)
+    after = dict(zip(SPEC_COUNTERS, (15.0, 35.0, 23.0)))
+    got = spec_decode_between(before, after)
+    assert got["mean_acceptance_length"] == pytest.approx(2.8) and got["acceptance_rate"] == pytest.approx(0.6)
+    assert spec_decode_between(before, before) is None  # nothing drafted: no speculator at work
+    assert spec_decode_between(None, after) is None

@@ -1,0 +1,139 @@
+"""A verdict per criterion, from statistics (never from one number against another).
+
+Relative criteria on timing samples: the bootstrap CI (95%, of medians, as level 5 uses) of the
+candidate/baseline ratio is compared with the target `1 + value`:
+  `>=` (e.g. tg32 >= +10%): PASS when the whole CI lies at or above 1.10, FAIL when it lies below it;
+  `<=` (e.g. ttft_p50 <= +3%): PASS when the whole CI lies at or below 1.03, FAIL when it lies above it;
+  otherwise INCONCLUSIVE: the run cannot tell (more rounds, a quieter machine), never PASS.
+Absolute criteria on timing samples use the bootstrap CI of the candidate's median the same way.
+Memory criteria (vLLM's own accounting, one number per boot, deterministic: A/A boots move it by < 0.05 GiB)
+are strict: the difference itself is compared, on every platform. `boot_s` likewise (one boot is one number).
+A criterion whose metric the run did not measure is an ERROR, never a pass; a feature whose required gate
+failed is BLOCKED by it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Sequence
+
+import numpy as np
+
+from harness.core import stats
+from harness.features.spec import Criterion
+
+GIB = 1024 ** 3
+CI_LEVEL = 0.95
+BOOTSTRAP_N = 2000
+
+
+class Status(str, Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    ERROR = "ERROR"  # the metric was not measured: a criterion that did not run is never a pass
+    BLOCKED = "BLOCKED"  # a required feature's gate failed
+
+
+@dataclass(frozen=True)
+class CriterionVerdict:
+    criterion: str  # as written
+    metric: str
+    status: Status
+    why: str  # one line: the numbers and the rule that decided
+    baseline: float | None = None  # median (timing) or the number (memory)
+    candidate: float | None = None
+    ratio: float | None = None  # candidate / baseline (medians)
+    ci: tuple[float, float] | None = None  # CI of the ratio (relative) or of the candidate's median (absolute)
+    target: float | None = None  # the bound the CI is held to (1.10, 500 ms, +1 GB)
+    n: tuple[int, int] | None = None  # samples (baseline, candidate)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "status": self.status.value}
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else stats.fmt(x)
+
+
+def _clears(ci: tuple[float, float], op: str, target: float) -> Status:
+    lo, hi = ci
+    if op == ">=":
+        return Status.PASS if lo >= target else Status.FAIL if hi < target else Status.INCONCLUSIVE
+    return Status.PASS if hi <= target else Status.FAIL if lo > target else Status.INCONCLUSIVE
+
+
+def judge_samples(c: Criterion, baseline: Sequence[float] | None, candidate: Sequence[float] | None,
+                  seed: int = 0) -> CriterionVerdict:
+    """A timing (or speculative-decoding) criterion from per-round samples of both sides."""
+    if not candidate or (c.relative and not baseline):
+        side = "candidate" if not candidate else "baseline"
+        return CriterionVerdict(c.text, c.metric, Status.ERROR, f"{c.metric} was not measured on the {side}: a "
+                                f"criterion that did not run is not a pass (is the workload in this platform's set?)")
+    if min(len(candidate), len(baseline or candidate)) < 2:
+        return CriterionVerdict(c.text, c.metric, Status.INCONCLUSIVE, f"{c.metric}: one sample cannot give a CI; "
+                                f"measure at least 2 rounds per side", n=(len(baseline or []), len(candidate)))
+    level = CI_LEVEL
+    if c.relative:
+        lo, hi = stats.bootstrap_ratio_ci(baseline, candidate, stat=np.median, n=BOOTSTRAP_N, seed=seed, level=level)
+        b, k = stats.median(baseline), stats.median(candidate)
+        target = 1.0 + c.value
+        status = _clears((lo, hi), c.op, target)
+        why = (f"{c.metric} {b and (k / b - 1) * 100:+.1f}% ({_fmt(b)} -> {_fmt(k)} median; {round(level * 100)}% CI of "
+               f"the ratio [{lo:.3f}, {hi:.3f}] vs target {c.op} {target:.3f}; n={len(baseline)}/{len(candidate)})")
+        return CriterionVerdict(c.text, c.metric, status, why, b, k, k / b if b else None, (lo, hi), target,
+                                (len(baseline), len(candidate)))
+    lo, hi = _median_ci(candidate, seed, level)
+    k = stats.median(candidate)
+    status = _clears((lo, hi), c.op, c.value)
+    why = (f"{c.metric} {_fmt(k)} {c.unit} median ({round(level * 100)}% CI [{_fmt(lo)}, {_fmt(hi)}] vs {c.op} "
+           f"{_fmt(c.value)}; n={len(candidate)})")
+    return CriterionVerdict(c.text, c.metric, status, why, None, k, None, (lo, hi), c.value, (0, len(candidate)))
+
+
+def _median_ci(samples: Sequence[float], seed: int, level: float) -> tuple[float, float]:
+    a = np.asarray(samples, dtype=float)
+    rng = np.random.default_rng(seed)
+    meds = np.median(a[rng.integers(0, a.size, size=(BOOTSTRAP_N, a.size))], axis=1)
+    tail = (1 - level) / 2
+    return float(np.quantile(meds, tail)), float(np.quantile(meds, 1 - tail))
+
+
+def judge_number(c: Criterion, baseline: float | None, candidate: float | None) -> CriterionVerdict:
+    """Memory (used GiB, KV tokens) and boot time: one number per boot, compared strictly."""
+    if candidate is None or (c.relative and baseline is None):
+        side = "candidate" if candidate is None else "baseline"
+        return CriterionVerdict(c.text, c.metric, Status.ERROR, f"{c.metric} was not measured on the {side} (vLLM's "
+                                f"startup log lacked its accounting lines?): not a pass")
+    if not c.relative:
+        ok = candidate >= c.value if c.op == ">=" else candidate <= c.value
+        return CriterionVerdict(c.text, c.metric, Status.PASS if ok else Status.FAIL,
+                                f"{c.metric} {_fmt(candidate)} vs {c.op} {_fmt(c.value)}", None, candidate, None, None,
+                                c.value)
+    if c.unit == "GB":  # used memory: GiB numbers, the bound in decimal GB (the users' plan: "memory increase <= 2GB")
+        growth_gb = (candidate - baseline) * GIB / 1e9
+        ok = growth_gb >= c.value if c.op == ">=" else growth_gb <= c.value
+        why = (f"{c.metric} {baseline:.2f} -> {candidate:.2f} GiB ({growth_gb:+.2f} GB vs {c.op} {c.value:+g} GB; "
+               f"vLLM's accounting, one number per boot)")
+        return CriterionVerdict(c.text, c.metric, Status.PASS if ok else Status.FAIL, why, baseline, candidate,
+                                candidate / baseline if baseline else None, None, c.value)
+    ratio = candidate / baseline if baseline else math.inf
+    target = 1.0 + c.value
+    ok = ratio >= target if c.op == ">=" else ratio <= target
+    why = f"{c.metric} {_fmt(baseline)} -> {_fmt(candidate)} ({(ratio - 1) * 100:+.2f}% vs {c.op} {c.value * 100:+g}%)"
+    return CriterionVerdict(c.text, c.metric, Status.PASS if ok else Status.FAIL, why, baseline, candidate, ratio, None,
+                            target)
+
+
+def blocked(c: Criterion, by: str) -> CriterionVerdict:
+    return CriterionVerdict(c.text, c.metric, Status.BLOCKED, f"not measured: blocked by {by}")
+
+
+def overall(statuses: Sequence[Status]) -> Status:
+    """A feature's verdict from its criteria and levels: any FAIL fails, any ERROR errs, any INCONCLUSIVE (with no
+    FAIL) is inconclusive, BLOCKED when blocked; PASS only when everything passed."""
+    for s in (Status.BLOCKED, Status.FAIL, Status.ERROR, Status.INCONCLUSIVE):
+        if s in statuses:
+            return s
+    return Status.PASS if statuses else Status.ERROR

@@ -1,0 +1,178 @@
+"""Measure a feature's criteria on its baseline and its candidate, in one pytest run, on one machine, with
+level 4's machinery (harness.perf.bench: warm-up right before each round, engine-clock pp/tg, client latencies,
+ppN_gpu from profiled kernel time, clock-flagged rounds measured again).
+
+Drift must cancel, so the order is fixed by what fits:
+- both servers up at once (CPU, the tiny model on a GPU): rounds interleaved ABBA, one round of every workload
+  per side per turn, so a machine that slows down mid-run slows both sides alike;
+- one at a time (the gpt-oss shapes fill a GPU): A, B, A: the candidate bracketed by two baseline boots, each
+  boot measured for its share of the rounds, so drift over the run shows as the two baseline boots disagreeing
+  rather than as a difference.
+Memory (used GiB, KV tokens) is vLLM's own accounting of each boot; boot_s is each boot's time to /health.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from harness.core.errors import SuiteError
+from harness.engine.server_metrics import scrape, spec_decode_between
+from harness.features.spec import Criterion
+from harness.perf import bench
+from harness.perf.benchmark import kernel_time_probe
+from harness.perf.memory import server_memory
+from harness.perf.metrics import parse_metric_name
+from harness.session.suite import RunningServer
+
+@dataclass
+class Side:
+    """One side of the comparison (baseline or candidate): its samples over every boot measured."""
+
+    role: str  # "baseline" / "candidate"
+    config: str
+    samples: dict[str, list[float]] = field(default_factory=dict)  # timing and spec metrics, one per round
+    numbers: dict[str, list[float]] = field(default_factory=dict)  # used_memory, kv_capacity, boot_s: one per boot
+    boots: list[dict] = field(default_factory=list)  # per boot: log, boot seconds, memory section
+    clocks: dict[str, str] = field(default_factory=dict)  # metric -> clock it was measured with
+    unresolved: dict[str, str] = field(default_factory=dict)  # metric -> why its samples cannot be judged
+
+    def add(self, metric: str, values: list[float]) -> None:
+        self.samples.setdefault(metric, []).extend(values)
+
+    def number(self, metric: str, value: float | None) -> None:
+        if value is not None:
+            self.numbers.setdefault(metric, []).append(float(value))
+
+    def value(self, metric: str) -> list[float]:
+        return self.samples.get(metric) or self.numbers.get(metric) or []
+
+    def to_json(self) -> dict:
+        return {"role": self.role, "config": self.config, "samples": self.samples, "numbers": self.numbers,
+                "boots": self.boots, "clocks": self.clocks, "unresolved": self.unresolved}
+
+
+def workloads_for(criteria: list[Criterion], platform_name: str) -> list[tuple[str, bench.Workload]]:
+    """(metric, one-round workload) for every timing criterion, shaped like level 4's workloads of this
+    platform (the latency shape of tests/level4_perf/workloads.yaml for TTFT / TPOT / ITL / e2e)."""
+    all_w, _ = bench.load_workloads(platform_name, 10 ** 9)
+    latency = next(w for w in all_w if w.kind == "latency")
+    short = next(w for w in all_w if w.kind == "decode").pp
+    out: dict[str, bench.Workload] = {}
+    for c in criteria:
+        if c.kind not in ("timing", "spec"):
+            continue
+        if c.kind == "spec":
+            decode = next((w for m, w in out.items() if m.startswith("tg")), None)
+            out.setdefault("spec", decode or bench.Workload("decode", short, 128))
+            continue
+        base, depth = parse_metric_name(c.metric)
+        conc = int(c.metric.split("@c")[1]) if "@c" in c.metric else 1
+        n = int("".join(ch for ch in base if ch.isdigit()) or 0)
+        if base.startswith("tg"):
+            w = bench.Workload("concurrent" if conc > 1 else "decode", latency.pp if conc > 1 else short, n, depth, conc)
+        elif base.startswith("pp"):
+            w = bench.Workload("concurrent" if conc > 1 else "prefill", n, 32 if conc > 1 else 2, depth, conc)
+        else:  # ttft_ms, tpot_ms, itl_ms, e2e_ms
+            w = replace(latency, depth=depth)
+        out[c.metric] = replace(w, runs=1, warmup=0, max_runs=1)
+    return list(out.items())
+
+
+class Measurer:
+    """Rounds of every criterion's workload on running servers (`measure_round`), boot numbers (`record_boot`)."""
+
+    def __init__(self, criteria: list[Criterion], platform_name: str, on_gpu: bool, sampler=None) -> None:
+        self.criteria, self.on_gpu, self.sampler = criteria, on_gpu, sampler
+        self.workloads = workloads_for(criteria, platform_name)
+        self.makers: dict[str, bench.PromptMaker] = {}
+
+    def _maker(self, running: RunningServer) -> bench.PromptMaker:
+        if running.url not in self.makers:
+            self.makers[running.url] = bench.PromptMaker(running.client(), seed=7)
+        return self.makers[running.url]
+
+    def warm(self, running: RunningServer) -> None:
+        """Every workload once, discarded: compile caches and CUDA graphs are hot before the first round."""
+        client, maker = running.client(), self._maker(running)
+        for _, w in self.workloads:
+            bench.run_workload(client, maker, replace(w, runs=1, warmup=1, max_runs=1), self.sampler)
+
+    def record_boot(self, side: Side, running: RunningServer) -> None:
+        mem = server_memory(running, self.on_gpu)
+        side.number("used_memory", mem.get("used_gib"))
+        side.number("kv_capacity", mem.get("kv_capacity_tokens"))
+        side.number("boot_s", running.boot_seconds)
+        side.boots.append({"log": str(running.log_path), "boot_seconds": running.boot_seconds,
+                           "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")}})
+
+    def measure_round(self, side: Side, running: RunningServer) -> None:
+        client, maker = running.client(), self._maker(running)
+        for metric, w in self.workloads:
+            if metric == "spec":
+                self._spec_round(side, running, w)
+            elif metric.endswith("_gpu"):
+                if not self.on_gpu or running.trace_dir is None:
+                    continue  # not measurable here: the criterion is judged an ERROR, never a pass
+                entry = bench.gpu_prefill(client, maker, w, kernel_time_probe(running), self.sampler)
+                self._take(side, metric, entry)
+            else:
+                entries = bench.metrics_for(w, bench.run_workload(client, maker, w, self.sampler))
+                if metric in entries:
+                    self._take(side, metric, entries[metric])
+
+    @staticmethod
+    def _take(side: Side, metric: str, entry: dict) -> None:
+        side.add(metric, [float(x) for x in entry["samples"]])
+        side.clocks[metric] = str(entry.get("clock") or "")
+        if entry.get("unresolved"):
+            side.unresolved[metric] = str(entry["unresolved"])
+
+    def _spec_round(self, side: Side, running: RunningServer, w: bench.Workload) -> None:
+        """vLLM's speculative-decoding counters over one decode round: acceptance length and rate."""
+        client, maker = running.client(), self._maker(running)
+        before = scrape(client)
+        bench.run_workload(client, maker, w, self.sampler)
+        counters = spec_decode_between(before, scrape(client))
+        if counters:  # nothing drafted: the criteria on it are ERRORs (not measured), never passes
+            side.add("spec_acceptance_length", [counters["mean_acceptance_length"]])
+            side.add("spec_acceptance_rate", [counters["acceptance_rate"]])
+
+
+def interleaved(measurer: Measurer, baseline: tuple[Side, RunningServer], candidate: tuple[Side, RunningServer],
+                rounds: int) -> None:
+    """Both servers up: ABBA rounds (A B, B A, A B, ...)."""
+    pairs = [baseline, candidate]
+    for side, running in pairs:
+        measurer.record_boot(side, running)
+        measurer.warm(running)
+    for i in range(rounds):
+        for side, running in (pairs if i % 2 == 0 else pairs[::-1]):
+            running.ensure_alive()
+            measurer.measure_round(side, running)
+
+
+def bracketed(measurer: Measurer, boot: Callable[[str, str], RunningServer], baseline: Side, candidate: Side,
+              rounds: int) -> None:
+    """One server at a time: A, B, A; `boot(config, tag)` boots one (a `with` context: stopped after its turn)."""
+    first = math.ceil(rounds / 2)
+    for side, tag, n in ((baseline, "__featureA1", first), (candidate, "__featureB", rounds),
+                         (baseline, "__featureA2", rounds - first)):
+        with boot(side.config, tag) as running:
+            measurer.record_boot(side, running)
+            measurer.warm(running)
+            for _ in range(n):
+                running.ensure_alive()
+                measurer.measure_round(side, running)
+
+
+def save_sides(path, sides: list[Side]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([s.to_json() for s in sides], indent=1))
+
+
+def check_rounds(rounds: int) -> int:
+    if rounds < 2:
+        raise SuiteError(f"--feature-rounds {rounds}: a CI needs at least 2 rounds per side")
+    return rounds

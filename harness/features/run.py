@@ -1,0 +1,172 @@
+"""One feature, end to end: gates of the features it requires, its levels on the candidate, its criteria measured
+on baseline and candidate in one run, a verdict per criterion and per feature, and what it needs for its review."""
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Callable
+
+from harness.core.errors import SuiteError
+from harness.features.judge import CriterionVerdict, Status, blocked, judge_number, judge_samples, overall
+from harness.features.levels import LevelOutcome, run_levels
+from harness.features.measure import Measurer, Side, bracketed, interleaved, save_sides
+from harness.features.spec import Criterion, Feature
+from harness.perf.clocks import ClockSampler
+from harness.session.suite import RunningServer, Suite
+
+
+@dataclass
+class FeatureResult:
+    feature: Feature
+    status: Status
+    criteria: list[CriterionVerdict]
+    levels: dict[str, LevelOutcome]
+    gate: list[CriterionVerdict]  # this feature's gate for the next phase (criteria, then its levels)
+    gate_status: Status
+    sides: list[Side]
+    platform: str
+    device: str
+    flavour: str
+    model: str
+    order: str  # "ABBA (both up)" / "A, B, A"
+    rounds: int
+    strict: bool
+    artifacts: str
+    blocked_by: str | None = None
+    breakdown: dict[str, dict] = field(default_factory=dict)  # config -> decode-time breakdown (kernelpath)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the pytest test fails: FAIL, ERROR, BLOCKED; INCONCLUSIVE too in strict mode (nightly)."""
+        bad = {Status.FAIL, Status.ERROR, Status.BLOCKED} | ({Status.INCONCLUSIVE} if self.strict else set())
+        return self.status in bad
+
+    def to_json(self) -> dict:
+        f = self.feature
+        return {"feature": f.name, "phase": f.phase, "flavour": f.flavour, "hypothesis": f.hypothesis,
+                "candidate": f.candidate, "baseline": f.baseline, "status": self.status.value,
+                "blocked_by": self.blocked_by, "criteria": [c.to_json() for c in self.criteria],
+                "levels": {k: v.to_json() for k, v in self.levels.items()},
+                "gate": [c.to_json() for c in self.gate], "gate_status": self.gate_status.value,
+                "platform": self.platform, "device": self.device, "model": self.model, "order": self.order,
+                "rounds": self.rounds, "strict": self.strict, "artifacts": self.artifacts,
+                "sides": [s.to_json() for s in self.sides], "breakdown": self.breakdown,
+                "seconds": round(self.seconds, 1), "notes": self.notes}
+
+
+def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side) -> list[CriterionVerdict]:
+    out = []
+    for c in criteria:
+        if c.kind in ("memory", "boot"):
+            b, k = baseline.numbers.get(c.metric), candidate.numbers.get(c.metric)
+            out.append(judge_number(c, sum(b) / len(b) if b else None, max(k) if k else None))
+        else:
+            v = judge_samples(c, baseline.value(c.metric) if c.relative else None, candidate.value(c.metric))
+            unresolved = "; ".join(f"{s.role}: {s.unresolved[c.metric]}" for s in (baseline, candidate)
+                                   if c.metric in s.unresolved)
+            if unresolved and v.status is not Status.ERROR:  # rounds below the GPU's loaded clock: never judged
+                v = CriterionVerdict(v.criterion, v.metric, Status.INCONCLUSIVE, f"{unresolved}; not judged ({v.why})",
+                                     v.baseline, v.candidate, v.ratio, v.ci, v.target, v.n)
+            out.append(v)
+    return out
+
+
+def gate_verdicts(f: Feature, criteria: list[CriterionVerdict], levels: dict[str, LevelOutcome],
+                  baseline: Side, candidate: Side) -> tuple[list[CriterionVerdict], Status]:
+    gate = judge_all(f.gate, baseline, candidate) if f.gate else []
+    for lv in f.gate_levels:
+        o = levels.get(lv)
+        status = Status.PASS if o and o.status == "PASS" else Status.FAIL if o and o.status == "FAIL" else Status.ERROR
+        why = f"{lv} on {f.candidate}: {o.status if o else 'not run (add it to the feature levels)'}"
+        gate.append(CriterionVerdict(f"levels {lv}", lv, status, why))
+    return gate, overall([g.status for g in gate]) if gate else Status.PASS
+
+
+def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict[str, Status],
+                boot: Callable[..., RunningServer], level_args: list[str],
+                level_timeout_s: float, profile: Callable[[RunningServer], dict | None] | None = None,
+                hooks: dict[str, dict] | None = None, run_levels_fn=run_levels) -> FeatureResult:
+    """`gates`: the gate status of every feature judged before this one (a required feature's gate must be PASS);
+    `boot(config, tag, env, beside=False)`: a booted server of `config`, used as a `with` context; `profile(running)`: the decode-time
+    breakdown of a running server (None where it cannot be taken); `hooks`: extra server env per role (tests of
+    the test: the candidate slowed or holding memory)."""
+    started = time.monotonic()
+    out_dir = suite.run_dir / "features" / f.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base_side, cand_side = Side("baseline", f.baseline), Side("candidate", f.candidate)
+    common = dict(platform=suite.platform.name, device=suite.platform.device, flavour=suite.flavour.name,
+                  model=suite.model.alias, rounds=rounds, strict=strict, artifacts=str(out_dir))
+    missing = [r for r in f.requires if gates.get(r) is not Status.PASS]
+    if missing:
+        why = ", ".join(f"{r} (gate {gates[r].value})" if r in gates else f"{r} (not judged yet)" for r in missing)
+        verdicts = [blocked(c, why) for c in f.criteria]
+        return FeatureResult(f, Status.BLOCKED, verdicts, {}, [], Status.BLOCKED, [base_side, cand_side],
+                             order="-", blocked_by=why, seconds=time.monotonic() - started, **common)
+    levels = run_levels_fn(f.levels, f.candidate, f.baseline, suite.flavour.name, suite.model.alias,
+                           out_dir / "levels", level_args, level_timeout_s)
+    measurer = Measurer(list(f.criteria) + list(f.gate), suite.platform.name, suite.platform.is_cuda,
+                        _sampler(suite))
+    hooks = hooks or {}
+    breakdown: dict[str, dict] = {}
+    together = suite.can_boot_secondary()[0]
+    try:
+        if together:
+            order = "ABBA, both servers up"
+            with ExitStack() as stack:
+                a = stack.enter_context(boot(f.baseline, "__featureA", hooks.get("baseline")))
+                b = stack.enter_context(boot(f.candidate, "__featureB", hooks.get("candidate"), beside=True))
+                interleaved(measurer, (base_side, a), (cand_side, b), rounds)
+                if profile is not None:
+                    breakdown = {side.config: profile(r) for side, r in ((base_side, a), (cand_side, b))}
+        else:
+            order = "A, B, A (one server at a time)"
+
+            def one(config: str, tag: str):
+                return boot(config, tag, hooks.get("baseline" if config == f.baseline else "candidate"))
+
+            bracketed(measurer, one, base_side, cand_side, rounds)
+            if profile is not None:
+                for side in (base_side, cand_side):
+                    with boot(side.config, "__featureProfile", None) as r:
+                        breakdown[side.config] = profile(r)
+    finally:
+        if measurer.sampler is not None:
+            measurer.sampler.close()
+    save_sides(out_dir / "samples.json", [base_side, cand_side])
+    verdicts = judge_all(f.criteria, base_side, cand_side)
+    level_status = [Status.PASS if o.status == "PASS" else Status.FAIL if o.status == "FAIL" else Status.ERROR
+                    for o in levels.values()]
+    gate, gate_status = gate_verdicts(f, verdicts, levels, base_side, cand_side)
+    result = FeatureResult(f, overall([v.status for v in verdicts] + level_status), verdicts, levels, gate,
+                           gate_status, [base_side, cand_side], order=order, breakdown=breakdown,
+                           seconds=time.monotonic() - started, **common)
+    (out_dir / "verdict.json").write_text(json.dumps(result.to_json(), indent=1, default=str))
+    return result
+
+
+def _sampler(suite: Suite) -> ClockSampler | None:
+    return ClockSampler() if suite.platform.is_cuda else None
+
+
+def require_runnable(suite: Suite, f: Feature) -> str | None:
+    """Why this feature cannot run here (None: it can): another flavour, or a config this platform cannot run."""
+    if f.flavour != suite.flavour.name:
+        return (f"feature {f.name} runs on the {f.flavour} flavour"
+                + (" (the users' fork, on GB10)" if f.flavour == "fork" else "")
+                + f"; this run's flavour is {suite.flavour.name} on {suite.platform.name}")
+    for role, name in (("candidate", f.candidate), ("baseline", f.baseline)):
+        t = suite.target(suite.catalog.parse(name))
+        if not t.runnable:
+            return f"feature {f.name}: its {role} {name} cannot run here: {t.reason}"
+    return None
+
+
+def check_known(names: list[str], known: dict) -> None:
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SuiteError(f"--feature: unknown feature(s) {', '.join(unknown)}; known: {', '.join(known)} "
+                         "(configs/features.yaml), or 'all'")

@@ -1,0 +1,106 @@
+"""Feature verdicts' fixtures: which features this run judges (--feature, or --config with --against), their
+results computed once each in dependency order (a required feature's gate decides whether a feature runs), and
+the review files, verdict JSON and comparison matrix written from them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.core.errors import SuiteError
+from harness.core.paths import REPO
+from harness.features.review import write_matrix, write_review, write_verdicts
+from harness.features.run import FeatureResult, check_known, require_runnable, run_feature
+from harness.features.spec import Feature, ad_hoc, load_features
+from harness.perf import bench
+from harness.session.suite import SUITE_KEY, Suite
+
+RESULTS = pytest.StashKey[dict]()
+
+
+def _features(config: pytest.Config) -> dict[str, Feature]:
+    """The features this run judges, in file order; an ad-hoc one for --config X --against Y."""
+    suite: Suite = config.stash[SUITE_KEY]
+    try:
+        known = load_features(catalog=suite.catalog)
+        against = config.getoption("--against")
+        if against:
+            cand = config.getoption("--config")
+            if not cand or "," in cand:
+                raise SuiteError("--against judges one candidate: pass --config=CANDIDATE (one config)")
+            f = ad_hoc(cand, against, config.getoption("--criteria"), suite.catalog, suite.flavour.name)
+            return {f.name: f}
+        wanted = config.getoption("--feature")
+        if not wanted or wanted == "all":
+            return known
+        names = [n.strip() for n in wanted.split(",") if n.strip()]
+        check_known(names, known)
+        return {n: known[n] for n in names}
+    except SuiteError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "feature" in metafunc.fixturenames:
+        names = list(_features(metafunc.config))
+        metafunc.parametrize("feature", names, ids=names, scope="session")
+
+
+@pytest.fixture(scope="session")
+def judged(request: pytest.FixtureRequest, suite: Suite) -> dict[str, FeatureResult]:
+    """Results of this session, by feature name (filled as features are judged)."""
+    return request.config.stash.setdefault(RESULTS, {})
+
+
+def _rounds(config: pytest.Config, suite: Suite) -> int:
+    rounds = config.getoption("--feature-rounds")
+    if rounds:
+        return rounds
+    workloads, _ = bench.load_workloads(suite.platform.name, 10 ** 9)
+    return max(4, workloads[0].runs)
+
+
+def _boot(suite: Suite):
+    together = suite.can_boot_secondary()[0]
+
+    def boot(config: str, tag: str, env: dict | None = None, beside: bool = False):
+        # both sides alike: on a GPU the pair shares the card at the secondary memory fraction, so KV capacities
+        # compare like for like
+        target = suite.target(suite.catalog.parse(config))
+        return suite.boot(target, tag=tag, env_extra=env, beside_shared=together and suite.platform.is_cuda)
+
+    return boot
+
+
+def judge(request: pytest.FixtureRequest, suite: Suite, judged: dict, name: str) -> FeatureResult:
+    if name in judged:
+        return judged[name]
+    features = _features(request.config)
+    f = features[name]
+    why = require_runnable(suite, f)
+    if why:
+        pytest.skip(why)
+    for r in f.requires:  # a required feature selected in this run is judged first; its gate decides
+        if r in features and r not in judged:
+            try:
+                judge(request, suite, judged, r)
+            except pytest.skip.Exception:
+                pass
+    gates = {n: res.gate_status for n, res in judged.items()}
+    cfg = request.config
+    strict = bool(cfg.getoption("--strict-verdicts")) or suite.platform.name.startswith("sm_12")  # the nightly GB10
+    level_args = [f"--server-arg={a}" for a in suite.server_args]  # the candidate's levels boot it like this run does
+    result = run_feature(suite, f, _rounds(cfg, suite), strict, gates, _boot(suite), level_args,
+                         cfg.getoption("--level-timeout"))
+    judged[name] = result
+    ad_hoc_run = bool(cfg.getoption("--against"))
+    review_dir = Path(cfg.getoption("--review-dir") or (suite.run_dir / "features" if ad_hoc_run else REPO / "docs" / "porting"))
+    result.notes.append(f"review: {write_review(result, review_dir)}")
+    write_verdicts(list(judged.values()), suite.run_dir / "features" / "verdicts.json")
+    write_matrix(list(judged.values()), suite.run_dir / "features" / "matrix.md")
+    return result
+
+
+@pytest.fixture(scope="session")
+def feature_result(request: pytest.FixtureRequest, suite: Suite, judged, feature: str) -> FeatureResult:
+    return judge(request, suite, judged, feature)

@@ -1,0 +1,76 @@
+"""The review file (docs/porting/FEATURE_<name>.md, the users' template): measured sections regenerated from a
+result, hand-written sections kept byte for byte; the matrix and the verdict JSON."""
+import json
+
+from harness.features.judge import Status, judge_number, judge_samples
+from harness.features.levels import LevelOutcome, read_junit
+from harness.features.measure import Side
+from harness.features.review import split_sections, write_matrix, write_review, write_verdicts
+from harness.features.run import FeatureResult
+from harness.features.spec import load_features
+
+
+def result(tmp_path, tg_ratio=1.2, status=None):
+    f = load_features()["cpu-compiled-decode"]
+    base, cand = Side("baseline", f.baseline), Side("candidate", f.candidate)
+    base.add("tg32", [100.0, 101.0, 99.0, 100.5]), cand.add("tg32", [100.0 * tg_ratio + d for d in (0, 1, -1, 0.5)])
+    for s, used in ((base, 4.0), (cand, 4.1)):
+        s.number("used_memory", used), s.number("kv_capacity", 30000)
+    crit = {c.metric: c for c in f.criteria}
+    verdicts = [judge_samples(crit["tg32"], base.value("tg32"), cand.value("tg32")),
+                judge_number(crit["used_memory"], 4.0, 4.1), judge_number(crit["kv_capacity"], 30000, 30000)]
+    levels = {"level1": LevelOutcome(passed=5), "level1_5": LevelOutcome(passed=3, failed=1, first_failures=["x: y"])}
+    return FeatureResult(f, status or Status.PASS, verdicts, levels, [], Status.PASS, [base, cand], "cpu", "test cpu",
+                         "cpu", "tiny-gpt-oss", "ABBA, both servers up", 4, False, str(tmp_path / "run"))
+
+
+HAND = "## Source Files Changed\n- `vllm/x.py` - a hand-written line   with odd  spacing\n\n\n"
+NOTES = "## Implementation Notes\nTrade-off: kept *exactly*.\n```\n## not a heading inside a fence? kept anyway\n```\n\n"
+
+
+def test_a_new_review_has_the_users_template_sections(tmp_path):
+    path = write_review(result(tmp_path), tmp_path)
+    text = path.read_text()
+    headings = [h for h, _ in split_sections(text)[1]]
+    assert headings[:6] == ["REQUIRED: Hypothesis (1 sentence)", "REQUIRED: Success Criteria (hard numbers)",
+                            "Source Files Changed", "Environment Variables Added", "Implementation Notes",
+                            "REQUIRED: Areas for Improvement"]
+    assert "| Metric | Baseline | Target | Actual |" in text and "| tg32 |" in text and ">= +10%" in text
+    assert "Level 1.5 (Kernel Validation): FAIL" in text and "x: y" in text
+
+
+def test_regenerating_keeps_every_hand_written_byte(tmp_path):
+    path = write_review(result(tmp_path), tmp_path)
+    text = path.read_text()
+    pre, sections = split_sections(text)
+    edited = pre + "".join(HAND if h == "Source Files Changed" else NOTES if h == "Implementation Notes" else s
+                           for h, s in sections) + "## My own section\nkept too\n"
+    path.write_text(edited)
+    write_review(result(tmp_path, tg_ratio=0.8, status=Status.FAIL), tmp_path)  # a later run, other numbers
+    again = path.read_text()
+    assert HAND in again and NOTES in again and again.endswith("## My own section\nkept too\n")
+    assert "❌ FAIL" in again and again != edited
+    # a regeneration with the same result changes nothing (idempotent)
+    write_review(result(tmp_path, tg_ratio=0.8, status=Status.FAIL), tmp_path)
+    assert path.read_text() == again
+
+
+def test_matrix_and_verdicts_cover_every_feature(tmp_path):
+    r = result(tmp_path)
+    m = write_matrix([r], tmp_path / "matrix.md").read_text()
+    rows = [ln for ln in m.splitlines() if ln.startswith("| cpu-bf16")]
+    assert rows[0].startswith("| cpu-bf16-eager | baseline") and rows[1].startswith("| cpu-bf16 | candidate")
+    data = json.loads(write_verdicts([r], tmp_path / "verdicts.json").read_text())
+    assert data["cpu-compiled-decode"]["status"] == "PASS" and data["cpu-compiled-decode"]["criteria"][0]["metric"] == "tg32"
+
+
+def test_levels_are_read_per_folder_from_junit(tmp_path):
+    (tmp_path / "j.xml").write_text(
+        '<testsuites><testsuite>'
+        '<testcase classname="tests.level1_smoke.test_smoke" name="a"/>'
+        '<testcase classname="tests.level1_smoke.test_smoke" name="b"><failure message="boom"/></testcase>'
+        '<testcase classname="tests.level1_5_kernels.test_kernel_paths" name="c"><skipped message="why"/></testcase>'
+        '</testsuite></testsuites>')
+    out = read_junit(tmp_path / "j.xml", ("level1", "level1_5"))
+    assert out["level1"].status == "FAIL" and out["level1"].first_failures == ["b: boom"]
+    assert out["level1_5"].status == "NOT RUN"  # everything skipped is not a pass

@@ -1,0 +1,121 @@
+"""Feature verdicts without a server: the criteria grammar, the CI-clears-target rule on synthetic samples (just
+clear, just miss, straddle), strict memory, errors for what was not measured, and features.yaml validation."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.core.errors import SuiteError
+from harness.features.judge import Status, judge_number, judge_samples, overall
+from harness.features.spec import load_features, parse_criterion
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def around(median, n=12, cv=0.002, seed=0):
+    return list(median * (1 + cv * np.random.default_rng(seed).standard_normal(n)))
+
+
+@pytest.mark.parametrize("text, metric, op, value, relative, unit", [
+    ("tg32 >= +10%", "tg32", ">=", 0.10, True, "%"),
+    ("ttft_p50 <= +3%", "ttft_ms", "<=", 0.03, True, "%"),
+    ("used_memory <= +1 GB", "used_memory", "<=", 1.0, True, "GB"),
+    ("kv_capacity >= -5%", "kv_capacity", ">=", -0.05, True, "%"),
+    ("boot_s <= 60", "boot_s", "<=", 60.0, False, "s"),
+    ("ttft_p50_ms <= 500", "ttft_ms", "<=", 500.0, False, "ms"),
+    ("pp2048_gpu >= -3%", "pp2048_gpu", ">=", -0.03, True, "%"),
+    ("tg32@c4 >= -3%", "tg32@c4", ">=", -0.03, True, "%"),
+])
+def test_criteria_are_read_as_the_users_write_them(text, metric, op, value, relative, unit):
+    c = parse_criterion(text)
+    assert (c.metric, c.op, c.relative, c.unit) == (metric, op, relative, unit) and c.value == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("tg32 >= 10%", "needs a sign"), ("tg32 > +10%", "not understood"), ("tgx >= +5%", "unknown metric"),
+    ("used_memory <= 1", "judged against the baseline"), ("boot_s <= +5%", "absolute bound"),
+    ("tg32 >= +1 GB", "GB bounds the change of used_memory"),
+])
+def test_a_bad_criterion_is_one_line_naming_the_grammar(text, why):
+    with pytest.raises(SuiteError, match=why) as e:
+        parse_criterion(text)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("ratio, status", [
+    (1.13, Status.PASS),          # the whole CI above 1.10: clears the target
+    (1.07, Status.FAIL),          # the whole CI below 1.10: misses it
+    (1.10, Status.INCONCLUSIVE),  # the CI straddles the target: the run cannot tell
+])
+def test_a_relative_criterion_passes_only_when_its_ci_clears_the_target(ratio, status):
+    v = judge_samples(parse_criterion("tg32 >= +10%"), around(50.0), around(50.0 * ratio, seed=1))
+    assert v.status is status, v.why
+    assert v.ci[0] <= v.ratio <= v.ci[1] and "\n" not in v.why
+
+
+@pytest.mark.parametrize("ratio, status", [(1.00, Status.PASS), (1.06, Status.FAIL), (1.03, Status.INCONCLUSIVE)])
+def test_a_latency_criterion_is_held_from_above(ratio, status):
+    v = judge_samples(parse_criterion("ttft_p50 <= +3%"), around(500.0), around(500.0 * ratio, seed=2))
+    assert v.status is status, v.why
+
+
+def test_a_a_never_passes_an_improvement_and_never_fails_no_regression():
+    """Candidate = baseline, noisy samples: 'tg32 >= +10%' is never PASS, 'tg32 >= -3%' is never FAIL."""
+    for seed in range(20):
+        a, b = around(50.0, cv=0.05, seed=seed), around(50.0, cv=0.05, seed=seed + 100)
+        assert judge_samples(parse_criterion("tg32 >= +10%"), a, b).status is not Status.PASS
+        assert judge_samples(parse_criterion("tg32 >= -3%"), a, b).status is not Status.FAIL
+
+
+def test_noise_makes_it_inconclusive_not_a_guess():
+    wide = judge_samples(parse_criterion("tg32 >= +10%"), around(50, cv=0.3), around(56, cv=0.3, seed=3))
+    assert wide.status is Status.INCONCLUSIVE
+
+
+def test_memory_is_strict_and_in_decimal_gb():
+    crit = parse_criterion("used_memory <= +1 GB")
+    assert judge_number(crit, 60.0, 60.0 + 1.5).status is Status.FAIL  # +1.5 GiB held = +1.61 GB
+    assert judge_number(crit, 60.0, 60.9).status is Status.PASS  # +0.97 GB
+    assert judge_number(crit, 60.0, 61.0).status is Status.FAIL  # +1 GiB = +1.07 GB: over the 1 GB gate
+    kv = parse_criterion("kv_capacity >= -5%")
+    assert judge_number(kv, 958_000, 138_000).status is Status.FAIL  # the plugin's second copy of the experts
+    assert judge_number(kv, 958_000, 950_000).status is Status.PASS
+
+
+def test_an_unmeasured_metric_is_an_error_not_a_pass():
+    assert judge_samples(parse_criterion("pp2048_gpu >= -3%"), around(100.0), []).status is Status.ERROR
+    assert judge_number(parse_criterion("used_memory <= +1 GB"), 60.0, None).status is Status.ERROR
+    assert overall([Status.PASS, Status.ERROR]) is Status.ERROR
+    assert overall([Status.PASS, Status.INCONCLUSIVE, Status.FAIL]) is Status.FAIL
+    assert overall([Status.PASS, Status.PASS]) is Status.PASS and overall([]) is Status.ERROR
+
+
+def test_absolute_bounds_use_the_candidates_median_ci():
+    assert judge_samples(parse_criterion("ttft_p50_ms <= 500"), None, around(420.0)).status is Status.PASS
+    assert judge_samples(parse_criterion("ttft_p50_ms <= 500"), None, around(560.0)).status is Status.FAIL
+    assert judge_number(parse_criterion("boot_s <= 60"), None, 75.0).status is Status.FAIL
+
+
+def test_the_shipped_features_load():
+    features = load_features()
+    fork = [f for f in features.values() if f.flavour == "fork"]
+    assert [f.phase for f in fork] == ["P1", "P2", "P3", "P4", "P5", "P6"]
+    assert {f.name for f in features.values() if f.flavour == "upstream"} >= {"kernels-moe", "kernels-mxfp4-all"}
+    p1 = features["cutlass-gemm"]
+    assert p1.baseline == "marlin-bf16-attn-flashinfer-nosinks" and "tg32 >= +10%" in [c.text for c in p1.criteria]
+    assert features["runner-caching"].requires == ("cutlass-gemm",)
+
+
+@pytest.mark.parametrize("mutate, why", [
+    (lambda t: t.replace("hypothesis:", "hypotesis:", 1), "unknown key"),
+    (lambda t: t.replace("[tg32 >= +10%, ttft_p50", "[tg32 >= 10%, ttft_p50", 1), "needs a sign"),
+    (lambda t: t.replace("candidate: gemm-bf16", "candidate: gemm-bf17", 1), "candidate"),
+    (lambda t: t.replace("requires: [cutlass-gemm]", "requires: [nothing-here]", 1), "not features of this file"),
+    (lambda t: t + "\n  broken: [\n", "YAML"),
+])
+def test_a_malformed_features_file_is_one_line(tmp_path, mutate, why):
+    bad = tmp_path / "features.yaml"
+    bad.write_text(mutate((REPO / "configs" / "features.yaml").read_text()))
+    with pytest.raises(SuiteError, match=why) as e:
+        load_features(bad)
+    assert "\n" not in str(e.value), str(e.value)
