@@ -154,9 +154,11 @@ def interleaved(measurer: Measurer, baseline: tuple[Side, RunningServer], candid
 
 
 def bracketed(measurer: Measurer, boot: Callable[[str, str], RunningServer], baseline: Side, candidate: Side,
-              rounds: int) -> None:
-    """One server at a time: A, B, A; `boot(config, tag)` boots one (a `with` context: stopped after its turn)."""
+              rounds: int, profile: Callable[[Side, RunningServer], None] | None = None) -> None:
+    """One server at a time: A, B, A; `boot(config, tag)` boots one (a `with` context: stopped after its turn).
+    `profile(side, running)` runs once per side, after the rounds of its first boot (no extra boot for it)."""
     first = math.ceil(rounds / 2)
+    profiled: set[str] = set()
     for side, tag, n in ((baseline, "__featureA1", first), (candidate, "__featureB", rounds),
                          (baseline, "__featureA2", rounds - first)):
         with boot(side.config, tag) as running:
@@ -165,6 +167,9 @@ def bracketed(measurer: Measurer, boot: Callable[[str, str], RunningServer], bas
             for _ in range(n):
                 running.ensure_alive()
                 measurer.measure_round(side, running)
+            if profile is not None and side.role not in profiled:
+                profiled.add(side.role)
+                profile(side, running)
 
 
 def save_sides(path, sides: list[Side]) -> None:

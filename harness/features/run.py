@@ -128,11 +128,10 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
             def one(config: str, tag: str):
                 return boot(config, tag, hooks.get("baseline" if config == f.baseline else "candidate"))
 
-            bracketed(measurer, one, base_side, cand_side, rounds)
-            if profile is not None:
-                for side in (base_side, cand_side):
-                    with boot(side.config, "__featureProfile", None) as r:
-                        breakdown[side.config] = profile(r)
+            def take(side: Side, running: RunningServer) -> None:
+                breakdown[side.config] = profile(running)
+
+            bracketed(measurer, one, base_side, cand_side, rounds, take if profile is not None else None)
     finally:
         if measurer.sampler is not None:
             measurer.sampler.close()
