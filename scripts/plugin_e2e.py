@@ -6,8 +6,10 @@
 
 Boots each config in turn the way the suite does (one GPU holds one gpt-oss-120b shape at a time), measures
 the same workloads on each (engine clock, warm-up first, median of the rounds), stops it, and writes
-`e2e.json` and `e2e.md` under --out after every config, so a call cut off by its time limit keeps what it
-measured and a second call with the same --out measures only the configs still missing.
+`e2e.json`, `e2e.md` and `breakdown.png` under --out after every config, so a call cut off by its time limit
+keeps what it measured and a second call with the same --out measures only the configs still missing.
+The kernel-time breakdown (MoE / dense / attention / other, GPU idle, launches per token) of one profiled
+request is harness/kernelpath/breakdown.py's, its categories the flavour files' data.
 
 Workloads: tg32 and tg128 at batch 1 (16-token prompt, the seed's headline decode), tg32 at 4 concurrent
 requests (M=4: still the plugin's small-batch path), tg32 at 32 concurrent requests (above the plugin's
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -25,10 +26,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness.perf import bench
-
 from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.kernelpath.breakdown import Breakdown, breakdown, plot_breakdowns  # noqa: E402
+from harness.kernelpath.traces import profile  # noqa: E402
+from harness.perf import bench  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
 
 WORKLOADS = (
@@ -40,23 +42,7 @@ WORKLOADS = (
 )
 SHOWN = ("tg32", "tg128", "tg32@c4", "tg32@c32", "pp2048")
 BREAKDOWN_TOKENS = 64  # one batch-1 request profiled for the kernel-time breakdown
-CATEGORIES = (  # first match wins; our kernels: mxfp4_kernel<MODE,...> with MODE 0 dense, 1 gate_up, 2 down
-    ("moe", re.compile(r"mxfp4_kernel<\s*[12]\b|route_kernel|matmul_ogs|moe|topk|marlin|swiglu|routing|expert", re.I)),
-    ("attention", re.compile(r"flash|attn|attention|reshape_and_cache|paged", re.I)),
-    ("dense", re.compile(r"mxfp4_kernel<\s*0\b|nvjet|gemm|gemv|cutlass|cublas|xmma|splitk", re.I)),
-)
-
-
-def kernel_breakdown(summary, tokens: int) -> dict:
-    """GPU kernel time of one profiled batch-1 request, per generated token, by category."""
-    us = {"moe": 0.0, "attention": 0.0, "dense": 0.0, "other": 0.0}
-    for k in summary.kernels:
-        cat = next((c for c, rx in CATEGORIES if rx.search(k.name)), "other")
-        us[cat] += k.total_us
-    total = sum(us.values())
-    return {"tokens": tokens, "us_per_token": {c: round(v / tokens, 1) for c, v in us.items()},
-            "total_us_per_token": round(total / tokens, 1),
-            "top": [(k.name[:120], k.calls, round(k.total_us / tokens, 1)) for k in summary.kernels[:12]]}
+PLOT_NAME = "breakdown.png"  # one stacked bar per config, the first config first
 
 
 def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
@@ -73,17 +59,21 @@ def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
             for metric, entry in bench.metrics_for(w, m).items():
                 metrics[metric] = {"median": stats.median(entry["samples"]), "cv": stats.cv(entry["samples"]),
                                    "n": len(entry["samples"])}
-        breakdown = None
+        kernels = None
         if running.trace_dir is not None:  # the prefill of the 16-token prompt is included (one step)
-            from harness.kernelpath.traces import profile
-
             w = bench.Workload("decode", 16, BREAKDOWN_TOKENS, runs=1, warmup=0)
             summary = profile(running.url, running.trace_dir, lambda: bench.run_workload(client, maker, w), "kernel")
-            breakdown = kernel_breakdown(summary, BREAKDOWN_TOKENS)
+            # categories from the flavours' data (configs/flavours/*.yaml), see harness/kernelpath/breakdown.py
+            kernels = breakdown(summary.source, suite.catalog.kernel_categories(), BREAKDOWN_TOKENS).to_json()
         log = running.log_path.read_text(errors="replace") if running.log_path else ""
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
-                "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": breakdown,
+                "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": kernels,
                 "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40]}
+
+
+def _cell(b: dict, key: str) -> str:
+    """A breakdown number, or '-' for results written before the breakdown had it (an earlier --out)."""
+    return "-" if b.get(key) is None else f"{b[key]:.0f}"
 
 
 def table(results: dict[str, dict], order: list[str]) -> list[str]:
@@ -141,16 +131,23 @@ def main() -> int:
         md = [f"# Kernels plugin end to end: {a.model} on {suite.platform.device} ({suite.platform.name})", "",
               "Engine clock, medians after warm-up; ratio against the first config.", ""] + table(results, order)
         md += ["", "Kernel time per generated token (us), one profiled batch-1 request of "
-               f"{BREAKDOWN_TOKENS} tokens:", "", "| config | ms/token (tg32) | MoE | dense | attention | other | kernels total |",
-               "|---|---|---|---|---|---|---|"]
+               f"{BREAKDOWN_TOKENS} tokens; GPU idle = trace wall time - union of the kernels "
+               f"(`{PLOT_NAME}`):", "",
+               "| config | ms/token (tg32) | MoE | dense | attention | other | kernels total | GPU idle | launches |",
+               "|---|---|---|---|---|---|---|---|---|"]
         for c in order:
             r = results.get(c, {})
             b, tg = r.get("kernel_breakdown"), r.get("metrics", {}).get("tg32", {}).get("median")
             if b:
                 u = b["us_per_token"]
-                md.append(f"| {c} | {1000 / tg:.2f} | {u['moe']} | {u['dense']} | {u['attention']} | {u['other']} | "
-                          f"{b['total_us_per_token']} |" if tg else f"| {c} | n/a | | | | | |")
+                md.append(f"| {c} | {1000 / tg:.2f} | {u['moe']:.0f} | {u['dense']:.0f} | {u['attention']:.0f} | "
+                          f"{u['other']:.0f} | {b['total_us_per_token']:.0f} | {_cell(b, 'idle_us_per_token')} | "
+                          f"{_cell(b, 'launches_per_token')} |" if tg else f"| {c} | n/a | | | | | | | |")
         (out / "e2e.md").write_text("\n".join(md) + "\n")
+        drawn = {c: Breakdown.from_json(results[c]["kernel_breakdown"]) for c in order
+                 if "wall_us_per_token" in (results.get(c, {}).get("kernel_breakdown") or {})}
+        if drawn:
+            plot_breakdowns(drawn, out / PLOT_NAME)
         print("\n".join(md[4:]), flush=True)
     return 0 if all("metrics" in results.get(c, {}) or "skipped" in results.get(c, {}) for c in order) else 1
 

@@ -31,6 +31,11 @@ SIBLING_AXES = ("moe", "attention", "layers")
 # layers in BF16: no dense MXFP4 kernel may run); elsewhere such a value is vLLM's pick (attention=auto on the
 # fork), which may be any declared backend.
 SIBLING_AXES_UNDECLARED_RULES_OUT = ("layers",)
+# Where decode time goes (harness/kernelpath/breakdown.py): a kernel an axis declares belongs to that axis's
+# category (activation quantization feeds the MoE; the layers axis is the MXFP4 dense layers); kernels no
+# axis declares (BF16 GEMMs, norms, ...) are sorted by each flavour's `categories:` section.
+KERNEL_CATEGORIES = ("moe", "dense", "attention", "other")
+AXIS_CATEGORIES = {"moe": "moe", "activation": "moe", "attention": "attention", "layers": "dense"}
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,21 @@ class Catalog:
             return self.flavour("cpu")
         return self.flavour("fork" if _installed_vllm_is_fork() else "upstream")
 
+    def kernel_categories(self) -> list[tuple[str, list[str]]]:
+        """(category, kernel-name globs), first match wins: the `must` and `also_runs` patterns of every
+        value, platform and flavour of each axis in AXIS_CATEGORIES, then each flavour's `categories`
+        (their broad globs, e.g. "*gemm*", come after the backends that would also match them)."""
+        out = []
+        for axis, category in AXIS_CATEGORIES.items():
+            patterns: list[str] = []
+            for flavour in self.flavours.values():
+                for spec in flavour.values.get(axis, {}).values():
+                    for exp in (spec.get("kernels") or {}).values():
+                        patterns += [p for p in (exp.get("must") or []) + (exp.get("also_runs") or []) if p not in patterns]
+            if patterns:
+                out.append((category, patterns))
+        return out + [(c, list(ps)) for f in self.flavours.values() for c, ps in f.categories.items()]
+
     def combinations(self, axes: list[str], base: Config) -> list[Config]:
         """Full product over `axes` (every other axis as in `base`)."""
         grids = [list(self.axes[a].tokens) for a in axes]
@@ -250,6 +270,7 @@ class Flavour:
         self.rejects = _rejects(raw.get("rejects") or [], catalog, f"{path}: rejects")
         self.common_seen = {str(k): _str_list(v, f"{path}: common_seen.{k}") for k, v in (raw.get("common_seen") or {}).items()}
         _selectors(list(self.common_seen), f"{path}: common_seen")
+        self.categories = _categories(raw.get("categories"), f"{path}: categories")
         self.catalog = catalog
         for axis, mapping in (raw.get("values") or {}).items():
             if axis not in catalog.axes:
@@ -490,6 +511,19 @@ def _rejects(raw: Any, catalog: "Catalog", where: str) -> list[dict]:
                 raise SuiteError(f"{at}.when: {a}={v} is not an axis value of configs/axes.yaml")
         out.append({"when": when, "platforms": _selectors(list(rule["platforms"]), f"{at}.platforms"), "why": str(rule["why"])})
     return out
+
+
+def _categories(raw: Any, where: str) -> dict[str, list[str]]:
+    """`categories`: {category: [kernel-name globs]} for the kernels no axis declares."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SuiteError(f"{where}: expected a mapping of category ({', '.join(KERNEL_CATEGORIES)}) to a list of kernel-name globs")
+    for name, patterns in raw.items():
+        if name not in KERNEL_CATEGORIES:
+            raise SuiteError(f"{where}: unknown category '{name}'; valid categories: {', '.join(KERNEL_CATEGORIES)}")
+        _str_list(patterns, f"{where}.{name}")
+    return {str(k): list(v) for k, v in raw.items()}
 
 
 def _str_map(raw: Any, where: str) -> dict[str, str]:

@@ -57,12 +57,20 @@ class KernelSummary:
         return cls(data["source"], data["event_kind"], [KernelStat(**k) for k in data["kernels"]], data.get("attention_calls", []))
 
 
-def parse_trace(path: Path, event_kind: str) -> KernelSummary:
+def read_trace(path: Path) -> dict:
+    """The Chrome-trace JSON of a gzipped torch-profiler trace (`traceEvents` and metadata)."""
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, json.JSONDecodeError, EOFError) as e:
         raise SuiteError(f"trace {path} is unreadable ({e}); re-run the level 1.5 profile") from None
+    if not isinstance(data, dict):
+        raise SuiteError(f"trace {path} is not a Chrome trace (a JSON object with traceEvents); re-run the level 1.5 profile")
+    return data
+
+
+def parse_trace(path: Path, event_kind: str) -> KernelSummary:
+    data = read_trace(path)
     calls: dict[str, int] = defaultdict(int)
     dur: dict[str, float] = defaultdict(float)
     attention = []

@@ -1,0 +1,175 @@
+"""Where decode time goes: the GPU kernels of a torch-profiler trace by category, per generated token.
+
+The users' plan asks every feature review for a baseline analysis: kernel time by MoE / dense / attention /
+other, launches per token, and how long the GPU waits for the CPU. The categories are data
+(`Catalog.kernel_categories()`: the kernels each axis declares, then the flavours' `categories:`), so a
+backend added to a flavour file is categorised without touching this module.
+
+    decode = profile_decode_window(server, "kernel")          # harness/kernelpath/check.py
+    b = breakdown(decode.summary.source, catalog.kernel_categories(), decode.inside)
+    plot_breakdowns({"baseline": b0, "feature": b}, run_dir / "breakdown.png")
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from harness.config.catalog import KERNEL_CATEGORIES
+from harness.core.errors import SuiteError
+from harness.kernelpath.traces import read_trace
+
+Categories = Sequence[tuple[str, Sequence[str]]]
+# CUDA runtime calls that launch one kernel from the host; kernels replayed from a CUDA graph have none
+HOST_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                           "cudaLaunchCooperativeKernel"})
+NAME_WIDTH = 120  # template-heavy names (FA3, CUTLASS) run to thousands of characters
+
+
+@dataclass
+class TopKernel:
+    name: str  # truncated to NAME_WIDTH
+    calls: int
+    us_per_token: float
+    category: str
+
+
+@dataclass
+class Breakdown:
+    """Per generated token, in microseconds unless said otherwise."""
+
+    source: str  # the trace file
+    tokens: int
+    us_per_token: dict[str, float]  # kernel time by category: moe, dense, attention, other
+    total_us_per_token: float  # summed kernel time; more than busy when kernels overlap on several streams
+    wall_us_per_token: float  # first kernel start to last kernel end
+    busy_us_per_token: float  # union of the kernel intervals
+    busy_fraction: float  # busy / wall
+    launches_per_token: float  # kernel events
+    host_launches_per_token: float | None  # cudaLaunchKernel & co (None: the trace has no CUDA runtime events)
+    graph_launches_per_token: float | None  # cudaGraphLaunch (None: as above)
+    top: list[TopKernel]
+
+    @property
+    def idle_us_per_token(self) -> float:
+        """GPU idle inside the window: the time no kernel ran (the CPU scheduling, launching, sampling)."""
+        return self.wall_us_per_token - self.busy_us_per_token
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "idle_us_per_token": self.idle_us_per_token}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Breakdown":
+        fields = {k: v for k, v in data.items() if k not in ("top", "idle_us_per_token")}  # idle is derived
+        return cls(**fields, top=[TopKernel(**t) for t in data["top"]])
+
+
+def categorise(name: str, categories: Categories) -> str:
+    """The category of the first entry with a glob matching `name` (case-sensitive, as every pattern of the
+    suite); "other" when none does."""
+    for category, patterns in categories:
+        if any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            return category
+    return "other"
+
+
+def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int,
+              window: tuple[float, float] | None = None, top: int = 12) -> Breakdown:
+    """Kernel time by category, busy fraction and launches of a trace, per token.
+
+    `tokens`: the decode steps the trace (or `window`) holds; the caller knows it (profile_decode_window's
+    `inside`). `window`: (start, end) on the trace's clock in us; only events starting inside count (None:
+    the whole trace). Wall time is first kernel start to last kernel end, so idle before the first kernel
+    (the profiler starting) is not counted."""
+    if not isinstance(tokens, int) or tokens < 1:
+        raise SuiteError(f"breakdown: tokens is {tokens!r}; pass the number of decode steps in the profiled window (>= 1)")
+    lo, hi = window if window is not None else (float("-inf"), float("inf"))
+    kernels, runtime = [], []
+    for ev in read_trace(Path(trace_path)).get("traceEvents", []):
+        if "ts" not in ev or not lo <= float(ev["ts"]) < hi:
+            continue
+        if ev.get("cat") == "kernel" and "name" in ev:
+            kernels.append(ev)
+        elif ev.get("cat") == "cuda_runtime":
+            runtime.append(ev.get("name", ""))
+    if not kernels:
+        where = f" between {lo} and {hi} us" if window is not None else ""
+        raise SuiteError(f"breakdown: no GPU kernel events in {trace_path}{where}; profile a CUDA server "
+                         "(kernel events come from CUPTI; a CPU trace has cpu_op events only)")
+
+    calls: dict[str, int] = defaultdict(int)
+    dur: dict[str, float] = defaultdict(float)
+    spans = []
+    for ev in kernels:
+        start, d = float(ev["ts"]), float(ev.get("dur", 0.0))
+        calls[ev["name"]] += 1
+        dur[ev["name"]] += d
+        spans.append((start, start + d))
+    spans.sort()
+    busy, (run_start, run_end) = 0.0, spans[0]
+    for start, end in spans[1:]:  # merge overlapping intervals: kernels on several streams count once
+        if start > run_end:
+            busy += run_end - run_start
+            run_start, run_end = start, end
+        else:
+            run_end = max(run_end, end)
+    busy += run_end - run_start
+    wall = max(end for _, end in spans) - spans[0][0]
+
+    category = {name: categorise(name, categories) for name in calls}
+    by_category = dict.fromkeys(KERNEL_CATEGORIES, 0.0)
+    for name, d in dur.items():
+        by_category[category[name]] = by_category.get(category[name], 0.0) + d / tokens
+    ranked = sorted(calls, key=lambda n: -dur[n])[:top]
+    has_runtime = bool(runtime)
+    return Breakdown(
+        source=str(trace_path), tokens=tokens, us_per_token=by_category,
+        total_us_per_token=sum(dur.values()) / tokens, wall_us_per_token=wall / tokens,
+        busy_us_per_token=busy / tokens, busy_fraction=busy / wall if wall > 0 else 1.0,
+        launches_per_token=len(kernels) / tokens,
+        host_launches_per_token=sum(n in HOST_LAUNCHES for n in runtime) / tokens if has_runtime else None,
+        graph_launches_per_token=runtime.count("cudaGraphLaunch") / tokens if has_runtime else None,
+        top=[TopKernel(n[:NAME_WIDTH], calls[n], dur[n] / tokens, category[n]) for n in ranked])
+
+
+SEGMENT_COLOURS = {"moe": "tab:blue", "dense": "tab:orange", "attention": "tab:green", "other": "tab:gray",
+                   "GPU idle": "white"}
+
+
+def plot_breakdowns(named: Mapping[str, Breakdown], path: str | os.PathLike) -> Path:
+    """One stacked bar per config, in the mapping's order (put the baseline first): kernel time per token by
+    category, then GPU idle (wall - busy); the label over each bar gives wall time and busy fraction.
+
+    Drawn on matplotlib's Agg canvas directly (no pyplot, no global backend), as harness/report does."""
+    if not named:
+        raise SuiteError("plot_breakdowns: no breakdowns given; pass {config name: breakdown(...)}")
+    fig = Figure(figsize=(max(6.0, 1.5 * len(named) + 3), 5), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    xs = list(range(len(named)))
+    bottom = [0.0] * len(named)
+    for segment, colour in SEGMENT_COLOURS.items():
+        heights = [b.idle_us_per_token if segment == "GPU idle" else b.us_per_token.get(segment, 0.0)
+                   for b in named.values()]
+        ax.bar(xs, heights, 0.6, bottom=bottom, label=segment, color=colour, edgecolor="black", linewidth=0.5,
+               hatch="//" if segment == "GPU idle" else None)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    for x, height, b in zip(xs, bottom, named.values()):
+        ax.text(x, height, f"wall {b.wall_us_per_token:.0f} us\nbusy {b.busy_fraction:.0%}", ha="center", va="bottom",
+                fontsize=8)
+    ax.set_xticks(xs, list(named), rotation=15 if len(named) > 3 else 0)
+    ax.set_ylabel("us per generated token")
+    ax.set_ylim(0, max(bottom) * 1.18 or 1.0)
+    ax.set_title("Decode time per token: kernel time by category, then GPU idle (wall - busy)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, format="png", dpi=100)
+    return path

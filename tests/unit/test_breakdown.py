@@ -1,0 +1,176 @@
+"""The decode-time breakdown (harness/kernelpath/breakdown.py): categories from the flavours' data, the busy
+fraction as a union of kernel intervals, launches per token, the plot, and the `categories:` section's errors."""
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.config.catalog import AXIS_CATEGORIES, CONFIG_DIR, Catalog
+from harness.core.errors import SuiteError
+from harness.kernelpath.breakdown import Breakdown, breakdown, categorise, plot_breakdowns
+
+MOE_OGS = "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x256x128x1_swiglu"
+NVJET = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"
+FA3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90<2, "
+       "cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cute::tuple<cute::C<192>, cute::C<160>, cute::C<64> >, 64, "
+       "cutlass::bfloat16_t, float, cutlass::arch::Sm90, false, true> > > >(void)")
+FA3_COMBINE = ("void cutlass::device_kernel<flash::FlashAttnFwdCombine<cute::tuple<cute::C<16>, cute::C<64> >, 5, 256, 1, "
+               "false, true, cutlass::bfloat16_t, float, cutlass::arch::Sm90> >(flash::FlashAttnFwdCombine<...>::Params)")
+OURS = "void (anonymous namespace)::mxfp4_kernel<{}>((anonymous namespace)::Args)"
+# FlashInfer's SM120 grouped MoE GEMM: declared by moe=gemm, and a "gemm" the flavours' broad dense glob also matches
+GROUPED = ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<cute::tuple<int, "
+           "int, int> >, cutlass::gemm::collective::CollectiveMma<cutlass::gemm::MainloopSm120ArrayTmaWarpSpecializedBlockScaled"
+           "<2, 2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>, "
+           "void> > >(void)")
+
+
+@pytest.fixture(scope="module")
+def categories():
+    return Catalog().kernel_categories()
+
+
+@pytest.mark.parametrize("name, expected", [
+    (MOE_OGS, "moe"),
+    ("void marlin_moe_wna16::Marlin<0l, 0l, 0l, 0l, 256, 1, 8, 8, true, 4, 2, false>(int4 const*)", "moe"),
+    (OURS.format("1, 1, 2, 1, 4"), "moe"),  # our MoE gate_up (mode 1)
+    (OURS.format("2, 1, 1, 1, 8"), "moe"),  # down (mode 2)
+    (OURS.format("0, 1, 2, 1, 4"), "dense"),  # qkv (mode 0), declared by layers=all
+    (OURS.format("0, 1, 8, 2, 4"), "dense"),  # lm_head: no layers pattern names it, the flavour's categories do
+    ("void vllm::moe::topkGating<8, 8, 4, 16, 32, int, __nv_bfloat16, (vllm::moe::ScoringFunc)0>(void)", "moe"),
+    ("void flashinfer::quantize_with_block_size<(flashinfer::BlockScaleQuantizationType)1, __nv_bfloat16, 32, false>(int)", "moe"),
+    (GROUPED, "moe"),
+    (NVJET, "dense"),
+    ("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8", "dense"),
+    (FA3, "attention"),
+    (FA3_COMBINE, "attention"),
+    ("kernel_unified_attention", "attention"),
+    ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(int)", "attention"),
+    ("void vllm::rms_norm_kernel<c10::BFloat16, 8, 3>(c10::BFloat16*)", "other"),
+    ("triton_poi_fused_add_mul_0", "other"),
+    ("some_kernel_nobody_declared", "other"),
+])
+def test_kernels_take_the_category_the_catalog_gives_them(categories, name, expected):
+    assert categorise(name, categories) == expected
+
+
+def test_every_seen_kernel_of_an_axis_falls_in_that_axis_category(categories):
+    """The data's own real names: what an axis value's trace showed belongs to that axis's category."""
+    wrong = []
+    for flavour in Catalog().flavours.values():
+        for axis, category in AXIS_CATEGORIES.items():
+            for value, spec in flavour.values.get(axis, {}).items():
+                for selector, exp in (spec.get("kernels") or {}).items():
+                    wrong += [f"{flavour.name} {axis}={value} {selector}: {n[:80]} -> {categorise(n, categories)}"
+                              for n in exp.get("seen") or [] if categorise(n, categories) != category]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_data_drives_the_categories(tmp_path, categories):
+    """A test of the test: reorder the entries, or drop the flavours' `categories:`, and known kernels move."""
+    assert categorise(GROUPED, categories) == "moe"
+    assert categorise(GROUPED, list(reversed(categories))) == "dense"  # the broad "*gemm*" now wins
+    d = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, d)
+    for name in ("fork", "upstream"):
+        p = d / "flavours" / f"{name}.yaml"
+        text = p.read_text()
+        p.write_text(text[:text.index("\ncategories:\n")] + "\n" + text[text.index("\nvalues:\n"):])
+    without = Catalog(d).kernel_categories()
+    assert categorise(NVJET, categories) == "dense" and categorise(NVJET, without) == "other"
+    assert categorise(FA3_COMBINE, without) == "other" and categorise(FA3, without) == "attention"  # FA3 itself: the axis
+    assert categorise(OURS.format("0, 1, 8, 2, 4"), without) == "other"
+
+
+@pytest.mark.parametrize("section, message", [
+    ('categories: ["nvjet_*"]', "categories: expected a mapping of category (moe, dense, attention, other) to a list"),
+    ("categories:\n  gemms: [\"nvjet_*\"]", "categories: unknown category 'gemms'; valid categories: moe, dense, attention, other"),
+    ('categories:\n  dense: "nvjet_*"', "categories.dense: expected a list of strings, not the string 'nvjet_*'; write [\"nvjet_*\"]"),
+    ("categories:\n  dense: [3]", "categories.dense: expected a list of strings"),
+], ids=["not-a-mapping", "unknown-category", "string-not-list", "not-strings"])
+def test_a_malformed_categories_section_is_one_line(tmp_path, section, message):
+    d = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, d)
+    p = d / "flavours" / "upstream.yaml"
+    text = p.read_text()
+    start, end = text.index("\ncategories:\n"), text.index("\nvalues:\n")
+    p.write_text(text[:start] + "\n" + section + text[end:])
+    with pytest.raises(SuiteError) as e:
+        Catalog(d)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: ") and message in msg and "\n" not in msg, msg
+
+
+def _trace(tmp_path: Path, events: list[dict]) -> Path:
+    p = tmp_path / "worker.pt.trace.json.gz"
+    with gzip.open(p, "wt", encoding="utf-8") as f:
+        json.dump({"schemaVersion": 1, "traceEvents": events}, f)
+    return p
+
+
+def _k(name: str, ts: float, dur: float, stream: int = 7) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur}
+
+
+def _rt(name: str, ts: float) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": 2}
+
+
+# Two decode steps, hand-computed: kernel intervals 100-110 (moe) and 105-115 (dense, another stream) overlap,
+# 120-125 attention, 130-132 other, 140-150 moe with 142-145 dense nested inside it (a third stream).
+# Union = 15 + 5 + 2 + 10 = 32 us; wall = 150 - 100 = 50 us; summed kernel time 40 us.
+EVENTS = [
+    _rt("cudaGraphLaunch", 95), _k(MOE_OGS, 100, 10), _k(NVJET, 105, 10, stream=13), _k(FA3, 120, 5),
+    _rt("cudaLaunchKernel", 128), _k("some_kernel_nobody_declared", 130, 2), _rt("cudaStreamSynchronize", 133),
+    _rt("cudaGraphLaunch", 138), _k(MOE_OGS, 140, 10), _k(OURS.format("0, 1, 2, 1, 4"), 142, 3, stream=21),
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 101, "dur": 500},
+    {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "pid": 0, "tid": 7, "ts": 160, "dur": 40},
+]
+
+
+def test_per_token_numbers_and_the_busy_union(tmp_path, categories):
+    b = breakdown(_trace(tmp_path, EVENTS), categories, tokens=2)
+    assert b.us_per_token == {"moe": 10.0, "dense": 6.5, "attention": 2.5, "other": 1.0}
+    assert b.total_us_per_token == 20.0  # summed: more than busy, the overlap counted twice
+    assert b.wall_us_per_token == 25.0 and b.busy_us_per_token == 16.0 and b.idle_us_per_token == 9.0
+    assert b.busy_fraction == pytest.approx(32 / 50)
+    assert b.launches_per_token == 3.0  # 6 kernel events
+    assert b.graph_launches_per_token == 1.0 and b.host_launches_per_token == 0.5
+    assert (b.top[0].name, b.top[0].calls, b.top[0].us_per_token, b.top[0].category) == (MOE_OGS, 2, 10.0, "moe")
+    assert [t.category for t in b.top] == ["moe", "dense", "attention", "dense", "other"]
+    assert len(b.top[2].name) == 120  # FA3's name, truncated
+    again = json.loads(json.dumps(b.to_json()))
+    assert again["idle_us_per_token"] == 9.0 and Breakdown.from_json(again) == b
+
+
+def test_a_window_keeps_the_events_that_start_inside_it(tmp_path, categories):
+    b = breakdown(_trace(tmp_path, EVENTS), categories, tokens=1, window=(119, 135))
+    assert b.us_per_token == {"moe": 0.0, "dense": 0.0, "attention": 5.0, "other": 2.0}
+    assert (b.wall_us_per_token, b.busy_us_per_token, b.launches_per_token) == (12.0, 7.0, 2.0)
+    assert (b.graph_launches_per_token, b.host_launches_per_token) == (0.0, 1.0)
+
+
+def test_without_runtime_events_launch_counts_are_unknown(tmp_path, categories):
+    b = breakdown(_trace(tmp_path, [e for e in EVENTS if e["cat"] == "kernel"]), categories, tokens=2)
+    assert b.graph_launches_per_token is None and b.host_launches_per_token is None and b.launches_per_token == 3.0
+
+
+@pytest.mark.parametrize("events, tokens, message", [
+    (EVENTS, 0, "breakdown: tokens is 0; pass the number of decode steps"),
+    ([e for e in EVENTS if e["cat"] != "kernel"], 2, "breakdown: no GPU kernel events in"),
+])
+def test_bad_input_is_one_line(tmp_path, categories, events, tokens, message):
+    with pytest.raises(SuiteError) as e:
+        breakdown(_trace(tmp_path, events), categories, tokens=tokens)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_plot_is_a_png(tmp_path, categories):
+    base = breakdown(_trace(tmp_path, EVENTS), categories, tokens=2)
+    feature = breakdown(_trace(tmp_path, EVENTS[:6]), categories, tokens=1)
+    path = plot_breakdowns({"triton-bf16 (baseline)": base, "gemv-bf16": feature}, tmp_path / "plots" / "breakdown.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    with pytest.raises(SuiteError, match="no breakdowns given"):
+        plot_breakdowns({}, tmp_path / "empty.png")
