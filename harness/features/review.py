@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
+from harness.core import stats
 from harness.core.paths import REPO
 from harness.features.judge import CriterionVerdict, Status
 from harness.features.run import FeatureResult
@@ -120,7 +121,7 @@ def _measured(result: FeatureResult, rel: Path) -> dict[str, str]:
         cells = []
         for v in result.criteria:
             vals = side.value(v.metric)
-            cells.append(_fmt(sorted(vals)[len(vals) // 2]) + f" (n={len(vals)})" if vals else "n/a")
+            cells.append(_fmt(stats.median(vals)) + f" (n={len(vals)})" if vals else "n/a")
         bench.append(f"| {side.config} | {side.role} | " + " | ".join(cells) + " |")
     out = {
         "REQUIRED: Hypothesis (1 sentence)": f"## REQUIRED: Hypothesis (1 sentence)\n\"{f.hypothesis}\"\n\n"
@@ -160,7 +161,7 @@ def _breakdown(result: FeatureResult, rel: Path) -> str:
             continue
         cat = b.get("us_per_token", {})
         lines.append(f"| {config} | " + " | ".join(_fmt(cat.get(k)) for k in ("moe", "dense", "attention", "other"))
-                     + f" | {_fmt(b.get('kernel_us_per_token'))} | {_fmt(b.get('wall_us_per_token'))} | "
+                     + f" | {_fmt(b.get('total_us_per_token'))} | {_fmt(b.get('wall_us_per_token'))} | "
                      f"{_fmt((b.get('busy_fraction') or 0) * 100)}% | {_fmt(b.get('launches_per_token'))} |")
     for config, b in result.breakdown.items():
         top = (b or {}).get("top") or []
@@ -207,7 +208,7 @@ def write_matrix(results: Sequence[FeatureResult], path: Path) -> Path:
         cells = []
         for m in metrics:
             vals = base_side.value(m) if base_side else []
-            cells.append(_fmt(sorted(vals)[len(vals) // 2]) if vals else "")
+            cells.append(_fmt(stats.median(vals)) if vals else "")
         lines.append(f"| {base} | baseline | | | " + " | ".join(cells) + " |")
         for r in group:
             by = {v.metric: v for v in r.criteria}

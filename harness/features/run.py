@@ -13,6 +13,8 @@ from harness.features.judge import CriterionVerdict, Status, blocked, judge_numb
 from harness.features.levels import LevelOutcome, run_levels
 from harness.features.measure import Measurer, Side, bracketed, interleaved, save_sides
 from harness.features.spec import Criterion, Feature
+from harness.kernelpath.breakdown import Breakdown, breakdown, plot_breakdowns
+from harness.kernelpath.check import profile_decode_window
 from harness.perf.clocks import ClockSampler
 from harness.session.suite import RunningServer, Suite
 
@@ -135,6 +137,8 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
     finally:
         if measurer.sampler is not None:
             measurer.sampler.close()
+    if len([b for b in breakdown.values() if b]) == 2:
+        plot_breakdowns({c: Breakdown.from_json(b) for c, b in breakdown.items()}, out_dir / "breakdown.png")
     save_sides(out_dir / "samples.json", [base_side, cand_side])
     verdicts = judge_all(f.criteria, base_side, cand_side)
     level_status = [Status.PASS if o.status == "PASS" else Status.FAIL if o.status == "FAIL" else Status.ERROR
@@ -145,6 +149,27 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
                            seconds=time.monotonic() - started, **common)
     (out_dir / "verdict.json").write_text(json.dumps(result.to_json(), indent=1, default=str))
     return result
+
+
+BREAKDOWN_TOKENS = 64  # decode steps profiled at batch 1 for "where decode time goes"
+
+
+def decode_breakdown(suite: Suite, running: RunningServer, notes: list[str]) -> dict | None:
+    """Where one batch-1 decode window's time goes on `running` (kernelpath.breakdown); None, with a note, where
+    it cannot be profiled (a server the suite did not boot, a profiler that failed)."""
+    if running.trace_dir is None:
+        notes.append(f"{running.target.name}: no decode-time breakdown (the suite did not boot this server)")
+        return None
+    if not suite.platform.is_cuda:
+        notes.append(f"{running.target.name}: no decode-time breakdown on {suite.platform.name} (it reads GPU kernel "
+                     "intervals; a CPU trace has nested CPU ops only)")
+        return None
+    try:
+        window = profile_decode_window(running, "kernel" if suite.platform.is_cuda else "cpu_op", BREAKDOWN_TOKENS)
+        return breakdown(window.summary.source, suite.catalog.kernel_categories(), window.inside).to_json()
+    except SuiteError as e:
+        notes.append(f"{running.target.name}: no decode-time breakdown ({e})")
+        return None
 
 
 def _sampler(suite: Suite) -> ClockSampler | None:

@@ -10,7 +10,7 @@ import pytest
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 from harness.features.review import write_matrix, write_review, write_verdicts
-from harness.features.run import FeatureResult, check_known, require_runnable, run_feature
+from harness.features.run import FeatureResult, check_known, decode_breakdown, require_runnable, run_feature
 from harness.features.spec import Feature, ad_hoc, load_features
 from harness.perf import bench
 from harness.session.suite import SUITE_KEY, Suite
@@ -90,8 +90,10 @@ def judge(request: pytest.FixtureRequest, suite: Suite, judged: dict, name: str)
     cfg = request.config
     strict = bool(cfg.getoption("--strict-verdicts")) or suite.platform.name.startswith("sm_12")  # the nightly GB10
     level_args = [f"--server-arg={a}" for a in suite.server_args]  # the candidate's levels boot it like this run does
+    notes: list[str] = []
     result = run_feature(suite, f, _rounds(cfg, suite), strict, gates, _boot(suite), level_args,
-                         cfg.getoption("--level-timeout"))
+                         cfg.getoption("--level-timeout"), profile=lambda running: decode_breakdown(suite, running, notes))
+    result.notes += notes
     judged[name] = result
     ad_hoc_run = bool(cfg.getoption("--against"))
     review_dir = Path(cfg.getoption("--review-dir") or (suite.run_dir / "features" if ad_hoc_run else REPO / "docs" / "porting"))
