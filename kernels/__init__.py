@@ -10,6 +10,7 @@ Modules (import what you need; nothing heavy happens here):
   moe        - Triton MXFP4 MoE decode (fused gate_up + SwiGLU, down + weighted combine)
   quant      - Triton fused BF16 -> MXFP8 activation quantization
   tuning     - per-architecture launch configs from tuning.yaml (+ env overrides)
+  timing     - GPU timing helpers the measuring tools share (CUDA graphs, rotating buffers, copy bandwidth)
   bench      - `python -m kernels.bench`; ncu_profile - Nsight Compute counters; sass_count - static
                instruction counts from compiled SASS; gpu_run.sh - tests + bench + ncu in one GPU run
 """

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import torch
 
+from .bench import MOE, SHAPES, parse_moe_variants
+from .timing import n_buffers, time_calls
+
 EVENTS = ["start", "issue", "prep", "first", "loop", "second", "end"]
 SLOTS = 16
 MODES = {0: "dense", 1: "gate_up", 2: "down"}
@@ -105,8 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moe-variants", metavar="NAME=JSON;...", default="",
                     help="MoE configs to time besides tuning.yaml's (overrides of moe.packed, as in kernels.bench)")
     args = ap.parse_args(argv)
-    from .bench import parse_moe_variants
-
     try:
         moe_variants = {"tuning": {}, **parse_moe_variants(args.moe_variants)}
     except ValueError as ex:
@@ -115,7 +116,6 @@ def main(argv: list[str] | None = None) -> int:
         print("kernels.phase_timing needs CUDA: torch.cuda.is_available() is False")
         return 2
     from . import cuda_ext
-    from .bench import MOE, SHAPES, n_buffers, time_calls
     from .gemv import mxfp4_gemv_packed
     from .moe import mxfp4_moe_packed, pack_moe_experts
     from .packed import pack_mxfp4

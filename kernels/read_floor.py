@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import tl, triton
+from .timing import n_buffers, time_calls
 
 # (int32 elements per load step, steps per program, warps). H200 sweeps of these kernels (a loop, then the steps
 # unrolled so that all of a program's loads are issued before the first is used) put these among the fastest for
@@ -46,8 +47,6 @@ def reader(nbytes: int, block: int, iters: int, warps: int, device: torch.device
 
 def plain_read_us(parts: list[int], l2_bytes: int, reps: int) -> float:
     """Best microseconds per call of reading `parts` bytes one launch after another (a fresh buffer each call)."""
-    from .bench import n_buffers, time_calls
-
     total = sum(parts)
     nb = n_buffers(total, l2_bytes)
     bufs = [torch.randint(0, 1 << 30, (total // 4,), dtype=torch.int32, device="cuda") for _ in range(nb)]
