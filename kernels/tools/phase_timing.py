@@ -1,4 +1,4 @@
-"""Where the time of one CUDA kernel call goes: `python -m kernels.phase_timing [--out F.json] [--src X.cu]`.
+"""Where the time of one CUDA kernel call goes: `python -m kernels.tools.phase_timing [--out F.json] [--src X.cu]`.
 
 Compiles csrc/mxfp4_mma.cu with MXFP4_PHASES defined (thread 0 of every CTA records globaltimer
 at start and end, its SM, and clock64 at fixed events; the normal build has none of this code),
@@ -42,7 +42,7 @@ XPREP = ["cta", "kernel"]  # gemv.packed.xprep: activation prepared per CTA, or 
 
 def phase_source(src: str = "") -> str:
     """A copy of the kernel source with MXFP4_PHASES defined, next to the build cache."""
-    from . import cuda_ext
+    from .. import cuda_ext
 
     base = Path(src) if src else cuda_ext.SRC
     out = Path(tempfile.gettempdir()) / f"phases_{base.stem}.cu"
@@ -100,27 +100,27 @@ def moe_timeline(rec: torch.Tensor) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.phase_timing", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kernels.tools.phase_timing", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--src", default="", help="kernel source (default csrc/mxfp4_mma.cu)")
     ap.add_argument("--ms", default="1,8", help="token counts of the dense cases")
     ap.add_argument("--only-moe", action="store_true", help="skip the dense cases")
     ap.add_argument("--moe-variants", metavar="NAME=JSON;...", default="",
-                    help="MoE configs to time besides tuning.yaml's (overrides of moe.packed, as in kernels.bench)")
+                    help="MoE configs to time besides tuning.yaml's (overrides of moe.packed, as in kernels.tools.bench)")
     args = ap.parse_args(argv)
     try:
         moe_variants = {"tuning": {}, **parse_moe_variants(args.moe_variants)}
     except ValueError as ex:
         ap.error(str(ex))
     if not torch.cuda.is_available():
-        print("kernels.phase_timing needs CUDA: torch.cuda.is_available() is False")
+        print("kernels.tools.phase_timing needs CUDA: torch.cuda.is_available() is False")
         return 2
-    from . import cuda_ext
-    from .gemv import mxfp4_gemv_packed
-    from .moe import mxfp4_moe_packed, pack_moe_experts
-    from .packed import pack_mxfp4
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from .. import cuda_ext
+    from ..gemv import mxfp4_gemv_packed
+    from ..moe import mxfp4_moe_packed, pack_moe_experts
+    from ..packed import pack_mxfp4
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
     src = phase_source(args.src)
     lib = cuda_ext._load(src)

@@ -1,6 +1,6 @@
 """What a plain read of the same bytes costs: the yardstick the MoE layer's time is read against (GPU only).
 
-The MoE floor in `kernels.bench` is bytes / copy bandwidth (a 1 GiB copy). A decode layer reads ~53 MB in two
+The MoE floor in `kernels.tools.bench` is bytes / copy bandwidth (a 1 GiB copy). A decode layer reads ~53 MB in two
 dependent launches (gate_up's weights, then down's, which need gate_up's output), and a read that short never
 reaches the copy rate: it pays a launch, a ramp and a tail. `plain_read_us` times a plain vectorized read kernel
 (each program XORs its 16-byte loads into one output, so nothing is elided) over the given byte counts, one launch
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import tl, triton
+from .._triton import tl, triton
 from .timing import n_buffers, time_calls
 
 # (int32 elements per load step, steps per program, warps). H200 sweeps of these kernels (a loop, then the steps

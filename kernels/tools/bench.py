@@ -1,4 +1,4 @@
-"""Benchmark of the MXFP4 kernels at gpt-oss-120b decode shapes: `python -m kernels.bench [--out F.json] [--quick]`.
+"""Benchmark of the MXFP4 kernels at gpt-oss-120b decode shapes: `python -m kernels.tools.bench [--out F.json] [--quick]`.
 
 Method (why each step):
 * Copy bandwidth is MEASURED in the same run (1 GiB device-to-device copies, bytes read + written;
@@ -12,7 +12,7 @@ Method (why each step):
 * Baseline: torch.matmul (F.linear) with BF16 weights, same M, same rotation, same run.
 * MoE layer (M=1, top-4 of 128 experts, hidden 2880, intermediate 2880): each call routes to a
   different random set of 4 experts; floor = bytes of those 4 experts' packed weights + scales
-  at the measured copy bandwidth. Beside it, a plain read of the same bytes (kernels/read_floor.py) in one
+  at the measured copy bandwidth. Beside it, a plain read of the same bytes (kernels/tools/read_floor.py) in one
   launch and in two dependent launches (gate_up's bytes, then down's): what a read that short achieves here.
 """
 
@@ -71,7 +71,7 @@ MOE_CFG: dict[str, dict] = {}  # MoE impl name -> overrides of tuning.yaml's moe
 
 
 def parse_moe_variants(text: str | None) -> dict[str, dict]:
-    """--moe-variants 'NAME=JSON;...' -> {name: overrides of tuning.yaml's moe.packed} (also kernels.phase_timing's).
+    """--moe-variants 'NAME=JSON;...' -> {name: overrides of tuning.yaml's moe.packed} (also kernels.tools.phase_timing's).
     ValueError names the entry that is not NAME=<JSON object>."""
     out: dict[str, dict] = {}
     for spec in filter(None, (v.strip() for v in (text or "").split(";"))):
@@ -91,7 +91,7 @@ def _packed_moe_cfg(impl: str) -> dict | None:
     tuning.yaml's moe.packed with the impl's overrides for a --moe-variants one."""
     if impl not in MOE_CUDA_SRC and impl not in MOE_CFG:
         return None
-    from .tuning import get_config
+    from ..tuning import get_config
 
     over = {"cuda_src": MOE_CUDA_SRC[impl]} if impl in MOE_CUDA_SRC else MOE_CFG[impl]
     return {**get_config("moe").get("packed", {}), **over}
@@ -99,10 +99,10 @@ def _packed_moe_cfg(impl: str) -> dict | None:
 
 def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: float, reps: int,
                  impls: list[str]) -> list[dict]:
-    from .gemv import mxfp4_gemv, mxfp4_gemv_packed
-    from .packed import pack_mxfp4
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from ..gemv import mxfp4_gemv, mxfp4_gemv_packed
+    from ..packed import pack_mxfp4
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
     g = generator(1234, "cuda")
     q_bytes = n * k // 2 + n * k // 32
@@ -156,9 +156,9 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
 def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_router: bool = True) -> dict:
     """impls: "packed" = the rebuilt pipeline on packed experts (CUDA: gate_up+SwiGLU, down+combine;
     with router: + the one-launch route kernel), others = the old Triton mxfp4_moe impls."""
-    from .moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from ..moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
     e, k, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
     g = generator(99, "cuda")
@@ -279,7 +279,7 @@ def vllm_triton_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, router_w, router_b, xs, rep
 
 
 def bench_quant(reps: int) -> list[dict]:
-    from .quant import quantize_mxfp8_triton
+    from ..quant import quantize_mxfp8_triton
 
     rows = []
     for m, k in [(1, 2880), (16, 2880), (4096, 2880)]:
@@ -380,7 +380,7 @@ def targets(rows: list[dict], mo: dict, d: str, moe_impl: str, device: str) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kernels.tools.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write results as JSON here")
     ap.add_argument("--quick", action="store_true", help="fewer repeats, M in {1, 16}, default impl only")
     ap.add_argument("--impls", help="comma list of GEMV impls to time (default: all; --quick: auto,rows)")
@@ -395,12 +395,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="also sweep tile configs for lm_head M=1 and the MoE layer for about this long")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("kernels.bench needs CUDA: no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
+        print("kernels.tools.bench needs CUDA: no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
         return 2
 
     import triton
 
-    from .tuning import current_arch, get_config
+    from ..tuning import current_arch, get_config
 
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(), "nvidia_smi": _nvidia_smi(), "quick": args.quick,
         "gemv_config": get_config("gemv"), "moe_config": get_config("moe"),
     }
-    from . import cuda_ext
+    from .. import cuda_ext
 
     t0 = time.time()
     ok, why = cuda_ext.available()

@@ -1,13 +1,13 @@
 """Static instruction counts of the decode loops from compiled SASS (no GPU needed).
 
-    python -m kernels.sass_count [--arch 90] [--cuda] [--triton]
+    python -m kernels.tools.sass_count [--arch 90] [--cuda] [--triton]
 
 For each kernel: find the loop with the most weight math (HMMA for the CUDA kernel, HFMA2 /
 the inline-asm block for Triton), drop instructions that belong to source lines that only run
 once per work item (`cold` lines, e.g. the address setup of the next item), and divide by the
 32-bit weight words one pass of the loop consumes per thread. This is a static proxy for Nsight
 Compute's thread instructions per word (it assumes every hot instruction runs once per pass:
-predicated-off and branched-over hot code is counted). `python -m kernels.ncu_profile` measures
+predicated-off and branched-over hot code is counted). `python -m kernels.tools.ncu_profile` measures
 the real number on a GPU.
 """
 
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+KERNELS = Path(__file__).resolve().parents[1]  # the kernels package: csrc/ lives there
 
 
 def _tool(name: str) -> str:
@@ -140,7 +140,7 @@ CUDA_VARIANTS = {  # mangled template args <MODE, NT, RW, RT, PF> -> (descriptio
 
 
 def cuda_counts(arch: str = "90") -> list[dict]:
-    src = HERE / "csrc" / "mxfp4_mma.cu"
+    src = KERNELS / "csrc" / "mxfp4_mma.cu"
     with tempfile.TemporaryDirectory() as d:
         cubin = os.path.join(d, "k.cubin")
         subprocess.run([shutil.which("nvcc") or "nvcc", "-O3", f"-arch=sm_{arch}", "-cubin", "-lineinfo", "-o", cubin,
@@ -174,7 +174,7 @@ def triton_counts(arch: int = 90) -> list[dict]:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from . import gemv
+    from .. import gemv
 
     target = GPUTarget("cuda", arch, 32)
     results = []

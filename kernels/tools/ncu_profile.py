@@ -1,4 +1,4 @@
-"""Nsight Compute counters for the decode kernels: `python -m kernels.ncu_profile [--out DIR]`.
+"""Nsight Compute counters for the decode kernels: `python -m kernels.tools.ncu_profile [--out DIR]`.
 
 Runs ncu (`--clock-control none`, so clocks are what the benchmark sees) on a small driver that
 executes, after warm-up: the lm_head M=1 GEMV with the old fma16 kernel (before) and the packed
@@ -37,11 +37,11 @@ def driver() -> None:
     """What ncu profiles (run as a child process)."""
     import torch
 
-    from .gemv import mxfp4_gemv, mxfp4_gemv_packed
-    from .moe import moe_forward_packed, pack_moe_experts
-    from .packed import pack_mxfp4
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from ..gemv import mxfp4_gemv, mxfp4_gemv_packed
+    from ..moe import moe_forward_packed, pack_moe_experts
+    from ..packed import pack_mxfp4
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
     g = generator(7, "cuda")
     n, k = LM
@@ -77,11 +77,11 @@ def small_driver(srcs: list[str]) -> None:
     source: qkv, o_proj, route, gate_up, down."""
     import torch
 
-    from .gemv import mxfp4_gemv_packed
-    from .moe import mxfp4_moe_packed, pack_moe_experts, route_packed
-    from .packed import pack_mxfp4
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from ..gemv import mxfp4_gemv_packed
+    from ..moe import mxfp4_moe_packed, pack_moe_experts, route_packed
+    from ..packed import pack_mxfp4
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
     g = generator(11, "cuda")
     dense = {}
@@ -125,7 +125,7 @@ def small_main(out: Path, ncu: str, srcs: list[str]) -> int:
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "-f", "-o", str(rep),
            "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "SourceCounters",
            "--section", "Occupancy", "--section", "LaunchStats", "--section", "MemoryWorkloadAnalysis",
-           "--metrics", ",".join(METRICS), sys.executable, "-m", "kernels.ncu_profile", "--small-driver",
+           "--metrics", ",".join(METRICS), sys.executable, "-m", "kernels.tools.ncu_profile", "--small-driver",
            *(["--srcs", ",".join(srcs)])]
     print(" ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     if args.small:
         return small_main(out, ncu, srcs)
     cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:rows_kernel|mxfp4_kernel|route_kernel",
-           "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, "-m", "kernels.ncu_profile",
+           "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, "-m", "kernels.tools.ncu_profile",
            "--driver"]
     print(" ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
