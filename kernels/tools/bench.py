@@ -10,7 +10,7 @@ Method (why each step):
   replays; time per call = replay time / calls per graph; median over replays after warm-up.
   Graphs take Python launch overhead out, which would otherwise dominate 5-us kernels.
 * Baseline: torch.matmul (F.linear) with BF16 weights, same M, same rotation, same run.
-* MoE layer (M=1, top-4 of 128 experts, hidden 2880, intermediate 2880): each call routes to a
+* MoE layer (M=1, top-4 of 128 experts, gpt-oss-120b sizes from kernels/cases.py): each call routes to a
   different random set of 4 experts; floor = bytes of those 4 experts' packed weights + scales
   at the measured copy bandwidth. Beside it, a plain read of the same bytes (kernels/tools/read_floor.py) in one
   launch and in two dependent launches (gate_up's bytes, then down's): what a read that short achieves here.
@@ -27,18 +27,11 @@ import time
 
 import torch
 
+from ..cases import HIDDEN, LINEAR_SHAPES, MOE
 from .read_floor import plain_read_us
 from .timing import copy_bandwidth, n_buffers, time_calls
 
-SHAPES = {  # name: (N, K), y = x @ W.T with W [N, K]
-    "lm_head": (201088, 2880),
-    "qkv": (5120, 2880),
-    "o_proj": (2880, 4096),
-    "expert_gate_up": (5760, 2880),
-    "expert_down": (2880, 2880),
-}
 MS = [1, 2, 4, 8, 16]
-MOE = dict(experts=128, top_k=4, hidden=2880, inter=2880)
 TARGETS = {"lm_head_m1_speedup": 3.0, "lm_head_m1_pct_copy": 85.0, "moe_us_h200": 15.0, "moe_pct_floor": 75.0}
 SMALL_SHAPES_SPEEDUP = 1.5  # qkv / o_proj / expert shapes at M=1 vs BF16
 M8_OVER_M1 = 1.3  # every shape: time(M=8) <= 1.3 x time(M=1)
@@ -160,7 +153,7 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     from ..testing import generator, random_mxfp4
     from ..tuning import get_config
 
-    e, k, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, k, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     g = generator(99, "cuda")
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
@@ -282,7 +275,7 @@ def bench_quant(reps: int) -> list[dict]:
     from ..quant import quantize_mxfp8_triton
 
     rows = []
-    for m, k in [(1, 2880), (16, 2880), (4096, 2880)]:
+    for m, k in [(1, HIDDEN), (16, HIDDEN), (4096, HIDDEN)]:
         xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(4)]
         us = time_calls([lambda x=x: quantize_mxfp8_triton(x) for x in xs], reps, 16)
         rows.append({"M": m, "K": k, "us": round(us, 2), "gbps": round(m * k * (2 + 1 + 1 / 32) / (us * 1e-6) / 1e9, 1)})
@@ -305,7 +298,7 @@ def sweep(l2: int, copy_gbps: float, reps: int, budget_s: float) -> list[dict]:
                "KERNELS_GEMV_ROWS__NUM_WARPS": str(nw), "KERNELS_GEMV_ROWS__MIN_PROGRAMS_PER_SM": "0"}
         os.environ.update(env)
         try:
-            r = bench_linear(shape, *SHAPES[shape], [1], l2, copy_gbps, max(5, reps // 2), ["rows"])[0]
+            r = bench_linear(shape, *LINEAR_SHAPES[shape], [1], l2, copy_gbps, max(5, reps // 2), ["rows"])[0]
             results.append({"kernel": f"gemv_{shape}", **env, "us": r["us_rows"], "pct": r["pct_copy_rows"]})
         except Exception as ex:  # noqa: BLE001 - a config that fails to compile is a data point
             results.append({"kernel": f"gemv_{shape}", **env, "error": f"{type(ex).__name__}: {str(ex)[:200]}"})
@@ -358,7 +351,7 @@ def targets(rows: list[dict], mo: dict, d: str, moe_impl: str, device: str) -> d
         if r:
             t[f"{shape}_m1_speedup"] = {"value": r["speedup_vs_bf16"], "target": f">= {SMALL_SHAPES_SPEEDUP}",
                                         "met": r["speedup_vs_bf16"] >= SMALL_SHAPES_SPEEDUP}
-    for shape in SHAPES:
+    for shape in LINEAR_SHAPES:
         for m in (2, 4, 8):
             r = by.get((shape, m))
             if r:
@@ -457,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             errors.append(f"{what}: {type(ex).__name__}: {str(ex)[:300]}")
             return default
 
-    for name, (n, k) in SHAPES.items() if args.only != "moe" else ():
+    for name, (n, k) in LINEAR_SHAPES.items() if args.only != "moe" else ():
         rows += guarded(name, lambda n=n, k=k, name=name: bench_linear(name, n, k, ms, l2, copy_gbps, reps, gemv_impls), [])
     result["linear"] = rows
     result["moe"] = guarded("moe", lambda: bench_moe(l2, copy_gbps, reps, moe_impls), {}) if args.only != "linear" else {}

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..cases import LINEAR_SHAPES, MOE
+
 METRICS = {
     "smsp__thread_inst_executed.sum": "thread_inst",
     "smsp__inst_executed.sum": "warp_inst",
@@ -29,8 +31,7 @@ METRICS = {
     "gpu__time_duration.sum": "duration_ns",
     "launch__registers_per_thread": "regs",
 }
-LM = (201088, 2880)
-MOE = dict(experts=128, top_k=4, hidden=2880, inter=2880)
+LM = LINEAR_SHAPES["lm_head"]
 
 
 def driver() -> None:
@@ -56,7 +57,7 @@ def driver() -> None:
     mxfp4_gemv(x, w, s, config=cfg_old)
     mxfp4_gemv_packed(x, q)
     del w, s, q
-    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, tk, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
     gu, dn = pack_moe_experts(gu_p, gu_s, d_p, d_s)
@@ -68,7 +69,7 @@ def driver() -> None:
     torch.cuda.synchronize()
 
 
-SMALL = {"qkv": (5120, 2880), "o_proj": (2880, 4096)}  # dense M=1 shapes of the stall profile
+SMALL = {k: LINEAR_SHAPES[k] for k in ("qkv", "o_proj")}  # dense M=1 shapes of the stall profile
 
 
 def small_driver(srcs: list[str]) -> None:
@@ -89,7 +90,7 @@ def small_driver(srcs: list[str]) -> None:
         w, s = random_mxfp4((n, k), g)
         dense[name] = (pack_mxfp4(w, s), torch.randn(n, generator=g, device="cuda").to(torch.bfloat16),
                        torch.randn(1, k, generator=g, device="cuda").to(torch.bfloat16))
-    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, tk, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
     gu, dn = pack_moe_experts(gu_p, gu_s, d_p, d_s)
@@ -163,7 +164,7 @@ def small_main(out: Path, ncu: str, srcs: list[str]) -> int:
 
 def words_for(kernel: str) -> float | None:
     n, k = LM
-    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, tk, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     mode = None
     for m in (0, 1, 2):  # mangled (ILi0E...) or demangled (mxfp4_kernel<0, ...) template MODE
         if f"mxfp4_kernelILi{m}E" in kernel or f"mxfp4_kernel<{m}," in kernel:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from .bench import MOE, SHAPES, parse_moe_variants
+from ..cases import LINEAR_SHAPES, MOE
+from .bench import parse_moe_variants
 from .timing import n_buffers, time_calls
 
 EVENTS = ["start", "issue", "prep", "first", "loop", "second", "end"]
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     g = generator(5, "cuda")
     gcfg = {**get_config("gemv"), **get_config("gemv").get("packed", {}), "impl": "cuda", "cuda_src": src}
     for name in ("qkv", "o_proj", "expert_gate_up", "expert_down", "lm_head") if not args.only_moe else ():
-        n, k = SHAPES[name]
+        n, k = LINEAR_SHAPES[name]
         nq = n_buffers(n * k // 2 + n * k // 32, l2)
         packed = [pack_mxfp4(*random_mxfp4((n, k), g)) for _ in range(nq)]
         for m, xprep in [(int(v), xp) for v in (args.ms.split(",") if name != "lm_head" else ["1"]) for xp in XPREP]:
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         del packed
         torch.cuda.empty_cache()
 
-    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, tk, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
     gu, dn = pack_moe_experts(gu_p, gu_s, d_p, d_s)
