@@ -34,6 +34,7 @@ timeout 210 $PY -m kernels.tools.bench --out "$OUT/bench.json" 2>&1 | tee "$OUT/
 echo "== ncu"
 timeout 75 $PY -m kernels.tools.ncu_profile --out "$OUT" 2>&1 | tee "$OUT/ncu.log"
 
-echo "== static SASS counts (sm_90)"
-timeout 40 $PY -m kernels.tools.sass_count 2>&1 | tee "$OUT/sass_count.txt"
+echo "== static SASS counts (this machine's nvcc; CI checks them against kernels/sass_budget.yaml with the pinned wheel)"
+{ timeout 90 $PY -m kernels.tools.sass_count --arch 90a; timeout 90 $PY -m kernels.tools.sass_count --cuda --arch 121a; } \
+  2>&1 | tee "$OUT/sass_count.txt"
 echo "== done: $OUT"

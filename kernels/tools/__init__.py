@@ -5,5 +5,7 @@
   phase_timing - where the time of one CUDA kernel call goes, from per-CTA timestamps (GPU)
   ncu_profile  - Nsight Compute counters per kernel: instructions per weight word, issue / DRAM % (GPU + ncu)
   sass_count   - static instruction counts of the decode loops from compiled SASS (no GPU: nvcc + nvdisasm)
+  sass_budget  - the counts' budget, kernels/sass_budget.yaml, checked in CI (`sass_count --check-budget`)
+  build        - compiles csrc/mxfp4_mma.cu to cubins per arch (sm_90a, sm_121a) with the pinned nvcc wheel (no GPU)
   timing       - the GPU timing helpers they share (CUDA graphs, rotating buffers, copy bandwidth)
 """

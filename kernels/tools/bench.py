@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import triton
 
-    from ..tuning import current_arch, get_config
+    from ..tuning import current_arch, get_config, verified
 
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(0), "arch": current_arch(), "sm_count": props.multi_processor_count,
         "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
         "python": platform.python_version(), "nvidia_smi": _nvidia_smi(), "quick": args.quick,
-        "gemv_config": get_config("gemv"), "moe_config": get_config("moe"),
+        "gemv_config": get_config("gemv"), "moe_config": get_config("moe"), "tuning_verified": verified(current_arch()),
     }
     from .. import cuda_ext
 
@@ -428,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     print(f"device {meta['device']} ({meta['arch']}, {props.multi_processor_count} SMs, L2 {l2 / 2**20:.0f} MiB), "
           f"torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    if meta["tuning_verified"] is False:
+        print(f"tuning.yaml entries for {meta['arch']} are unverified (verified: false): once this run's tests and "
+              f"numbers hold, record them in docs/evidence/ and set verified: true there", flush=True)
     copies = copy_bandwidth(reps)
     copy_gbps = copies["best"]
     meta["copy_gbps"] = copy_gbps
