@@ -144,3 +144,13 @@ def test_the_budget_refuses_counts_of_another_nvcc():
     budget = {"nvcc": "13.2.86", "margin": 0.05, "counts": {"sm_121a": {}}}
     problems = sass_budget.check({"121a": []}, budget, "13.0.88")
     assert len(problems) == 1 and "recorded with nvcc 13.2.86" in problems[0], problems
+
+
+def test_ci_builds_what_the_gpus_build_at_first_use():
+    """cuda_ext compiles for the device's `a` target (sm_90a on H100 / H200, sm_121a on GB10): the targets CI
+    builds, so a source that passes CI builds on those GPUs, and one using an `a`-only instruction (GB10's FP4
+    conversions) builds there too. No nvcc needed."""
+    from kernels.cuda_ext import arch_target
+
+    assert {arch_target(9, 0), arch_target(12, 1)} == set(build.ARCHS)
+    assert arch_target(8, 0) == "80", "parts without an `a` target build the plain one"
