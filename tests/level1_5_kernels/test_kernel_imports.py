@@ -2,11 +2,14 @@
 
 No import circle between its modules, counting imports inside functions too: a function-local import that
 only hides a circle (read_floor once took time_calls from bench, which imports read_floor) breaks as soon as
-someone moves it to the top.
+someone moves it to the top. And every module imports on its own in a fresh interpreter with no GPU visible.
 """
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,22 @@ def test_the_circle_check_sees_function_local_imports():
     assert _cycle(graph) == ["kernels.a", "kernels.b", "kernels.a"]
     local = _imports("def f():\n    from .bench import time_calls\n", "kernels.tools.read_floor")
     assert "kernels.tools.bench" in local, local
+
+
+def test_every_module_imports_alone_in_a_fresh_interpreter_without_cuda():
+    """Each kernels module on its own, in a new interpreter with no GPU visible: nothing may rely on a sibling
+    imported first, nor need (or initialise) CUDA at import time. Run side by side: one interpreter per module."""
+    probe = ("import importlib, sys; importlib.import_module(sys.argv[1]); t = sys.modules.get('torch'); "
+             "assert t is None or not t.cuda.is_initialized(), 'CUDA initialised at import'")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    names = sorted(import_graph())
+    failed = {}
+    for start in range(0, len(names), os.cpu_count() or 2):
+        batch = names[start:start + (os.cpu_count() or 2)]
+        procs = {n: subprocess.Popen([sys.executable, "-c", probe, n], cwd=PKG.parent, env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in batch}
+        for n, p in procs.items():
+            out, _ = p.communicate(timeout=300)
+            if p.returncode:
+                failed[n] = out.strip().splitlines()[-1] if out.strip() else f"rc {p.returncode}"
+    assert not failed, "\n".join(f"python -c 'import {n}': {why}" for n, why in failed.items())
