@@ -10,6 +10,7 @@ Modules (import what you need; nothing heavy happens here):
   moe        - Triton MXFP4 MoE decode (fused gate_up + SwiGLU, down + weighted combine)
   quant      - Triton fused BF16 -> MXFP8 activation quantization
   tuning     - per-architecture launch configs from tuning.yaml (+ env overrides)
-  bench      - `python -m kernels.bench`; ncu_profile - Nsight Compute counters; sass_count - static
-               instruction counts from compiled SASS; gpu_run.sh - tests + bench + ncu in one GPU run
+  testing    - what the conformance tests share: fresh seeds, NMSE, poisoned outputs, random MXFP4 weights
+  tools/     - the measuring (`python -m kernels.tools.bench`, read_floor, phase_timing, ncu_profile,
+               sass_count; kernels/tools/__init__.py lists them); gpu_run.sh - tests + bench + ncu in one GPU run
 """

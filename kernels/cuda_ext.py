@@ -7,10 +7,11 @@ memory (measured: the dequant_dot / dot_scaled paths, NOTES.md); the CUDA kernel
 The portable Triton path on the same packed weights (gemv.py, `packed_fma`) stays the reference
 the CPU interpreter checks.
 
-Build: nvcc from CUDA_HOME / PATH compiles the .cu into a shared library (no torch headers, a few
-seconds per arch; cached under $KERNELS_CACHE_DIR or ~/.cache/kernels_mxfp4 keyed by source hash,
-arch and nvcc version), loaded with ctypes; launches go on torch's current stream, so CUDA graph
-capture works. `available()` says why not when it cannot be used.
+Build: nvcc from CUDA_HOME / PATH compiles the .cu into a shared library for the device's arch (its `a`
+target where there is one, as CI builds them: sm_90a, sm_121a; no torch headers, a few seconds per arch;
+cached under $KERNELS_CACHE_DIR or ~/.cache/kernels_mxfp4 keyed by source hash, arch and nvcc version),
+loaded with ctypes; launches go on torch's current stream, so CUDA graph capture works. `available()` says
+why not when it cannot be used.
 """
 
 from __future__ import annotations
@@ -41,9 +42,20 @@ def _nvcc() -> str | None:
     return shutil.which("nvcc") or (str(Path("/usr/local/cuda/bin/nvcc")) if Path("/usr/local/cuda/bin/nvcc").exists() else None)
 
 
+# Parts with an arch-specific `a` target. The build uses it there, as CI does (kernels/tools/build.py builds
+# sm_90a and sm_121a): GB10's FP4 conversions (cvt.rn.f16x2.e2m1x2) exist only for sm_121a, and a source using
+# something sm_121a lacks must fail here the way it fails in CI, not pass CI and then fail a plain sm_121 build.
+A_TARGETS = {"90", "100", "103", "110", "120", "121"}
+
+
+def arch_target(major: int, minor: int) -> str:
+    """nvcc's -arch suffix for a device of compute capability major.minor: '90a', '121a', or plain '80'."""
+    cc = f"{major}{minor}"
+    return cc + "a" if cc in A_TARGETS else cc
+
+
 def _arch() -> str:
-    major, minor = torch.cuda.get_device_capability()
-    return f"{major}{minor}"
+    return arch_target(*torch.cuda.get_device_capability())
 
 
 def source_variants(text: str) -> list[tuple[int, int, int, int]]:

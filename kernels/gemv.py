@@ -615,7 +615,7 @@ def mxfp4_linear(
 
 def static_count_cases():
     """(name, kernel, signature, constexprs, num_warps, words per thread per loop pass, loop marker)
-    for kernels.sass_count: the old fma16 rows kernel at its tuned lm_head config and the packed one."""
+    for kernels.tools.sass_count: the old fma16 rows kernel at its tuned lm_head config and the packed one."""
     rows_sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*fp32", "out_ptr": "*bf16",
                 "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32",
                 "stride_om": "i32", "HAS_BIAS": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",

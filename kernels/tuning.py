@@ -41,6 +41,17 @@ def _load(path: str) -> dict:
     return data
 
 
+def verified(arch: str) -> bool | None:
+    """Whether a run on `arch` validated its tuning.yaml entries: its own section's `verified`, else its
+    family's (sm_12x for sm_121), else None (the file says nothing for it)."""
+    data = _load(str(DEFAULT_FILE))
+    family = arch[:-1] + "x" if arch.startswith("sm_") and len(arch) >= 5 else None
+    for key in (arch, family):
+        if key and isinstance(data.get(key), dict) and "verified" in data[key]:
+            return bool(data[key]["verified"])
+    return None
+
+
 def _parse_env(value: str) -> Any:
     """'64' -> 64, '128,64' -> [128, 64], 'dot_scaled' -> 'dot_scaled'."""
     parts = [p.strip() for p in value.split(",") if p.strip()]

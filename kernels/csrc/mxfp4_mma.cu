@@ -33,7 +33,7 @@
 
 namespace {
 
-// Phase timestamps (diagnostics only: `python -m kernels.phase_timing` compiles this file with
+// Phase timestamps (diagnostics only: `python -m kernels.tools.phase_timing` compiles this file with
 // MXFP4_PHASES defined; the normal build has none of it). Thread 0 of each CTA of mxfp4_kernel<MODE>
 // writes 16 u64 at buffer[(MODE * 2048 + CTA) * 16]: [0] globaltimer at start, [1] at end, [2] SM id,
 // [3] items done, [4 + i] clock64 at event i (see the PHASE_CLK calls).

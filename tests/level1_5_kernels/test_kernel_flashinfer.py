@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from kernels import mxfp4
+from kernels.cases import HIDDEN
 from kernels.testing import fresh_seed, generator, nmse
 
 pytestmark = [pytest.mark.level1_5, pytest.mark.gpu]
@@ -39,7 +40,7 @@ def test_flashinfer_mxfp4_element_format_matches_ours():
     quant, dequant = _flashinfer()
     seed = fresh_seed()
     g = generator(seed, "cuda")
-    x = torch.randn(128, 2880, generator=g, device="cuda").to(torch.bfloat16)
+    x = torch.randn(128, HIDDEN, generator=g, device="cuda").to(torch.bfloat16)
     try:
         fi_packed, fi_sf = quant(x)
         fi_deq = dequant(fi_packed, fi_sf)
@@ -47,10 +48,10 @@ def test_flashinfer_mxfp4_element_format_matches_ours():
         cap = torch.cuda.get_device_capability()
         pytest.skip(f"FlashInfer mxfp4 quantize/dequantize does not run on sm_{cap[0]}{cap[1]}: "
                     f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
-    fi_deq = fi_deq.float().reshape(128, 2880).to("cuda")
-    codes = mxfp4.unpack_nibbles(fi_packed.view(torch.uint8).reshape(128, 1440).to("cuda"))
-    decoded = mxfp4.e2m1_decode(codes).reshape(128, 90, 32)
-    deq_b = fi_deq.reshape(128, 90, 32)
+    fi_deq = fi_deq.float().reshape(128, HIDDEN).to("cuda")
+    codes = mxfp4.unpack_nibbles(fi_packed.view(torch.uint8).reshape(128, HIDDEN // 2).to("cuda"))
+    decoded = mxfp4.e2m1_decode(codes).reshape(128, HIDDEN // 32, 32)
+    deq_b = fi_deq.reshape(128, HIDDEN // 32, 32)
     # Per block: fi_deq = c * decoded for one constant c (zero codes must dequantize to zero).
     nz = decoded != 0
     assert torch.equal(deq_b[~nz], torch.zeros_like(deq_b[~nz])), f"seed={seed}"

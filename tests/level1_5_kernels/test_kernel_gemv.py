@@ -5,7 +5,7 @@ kernels._triton when no GPU is visible), on a GPU compiled. gpt-oss-120b shapes 
 The repacked weights (kernels/packed.py) have two paths: `packed_fma` (Triton, every device, the one
 the interpreter runs) and `cuda` (tensor cores, csrc/mxfp4_mma.cu, GPU only: its tests are `gpu`).
 
-Tolerance (GEMV_NMSE = 2e-5): the kernel reads exact BF16 activations and exact MXFP4 weights,
+Tolerance (GEMV_NMSE = 2e-5, kernels/cases.py): the kernel reads exact BF16 activations and exact MXFP4 weights,
 accumulates in fp32 and rounds once to BF16. Rounding to BF16 (8 significant bits) changes each
 element by at most 2**-8 of its magnitude, so that rounding alone gives NMSE <= 2**-16 = 1.53e-5
 (typically ~3e-6); fp32 accumulation-order differences add ~1e-13. 2e-5 = that hard bound plus a
@@ -20,6 +20,7 @@ import torch
 
 from kernels import reference
 from kernels._triton import INTERPRET
+from kernels.cases import GEMV_NMSE, HIDDEN, LINEAR_SHAPES, MATMUL_NMSE
 from kernels.gemv import mxfp4_gemv, mxfp4_linear
 from kernels.testing import (
     DEV,
@@ -33,11 +34,9 @@ from kernels.tuning import get_config
 
 pytestmark = pytest.mark.level1_5
 
-GEMV_NMSE = 2e-5
-# dequantize + torch.matmul (large M): cuBLAS may reduce BF16 partial sums in reduced precision
-# (torch's allow_bf16_reduced_precision_reduction defaults to True), i.e. a few extra BF16
-# roundings of partial sums over K: allow ~6x the single-rounding bound.
-MATMUL_NMSE = 1e-4
+# MATMUL_NMSE (kernels/cases.py), for dequantize + torch.matmul (large M): cuBLAS may reduce BF16 partial sums
+# in reduced precision (torch's allow_bf16_reduced_precision_reduction defaults to True), i.e. a few extra BF16
+# roundings of partial sums over K: ~6x the single-rounding bound.
 
 # rows = CUDA-core fma16 path (inline PTX on GPU, the same math in fp32 under the interpreter);
 # dot_scaled / dequant_dot = the tensor-core path. Each is forced for every M here.
@@ -213,23 +212,14 @@ def test_linear_dispatcher_small_and_large_m():
 
 # --- gpt-oss-120b shapes on the GPU ---------------------------------------------------------------
 
-GPT_OSS_SHAPES = {  # name: (N, K)
-    "qkv": (5120, 2880),
-    "o_proj": (2880, 4096),
-    "lm_head": (201088, 2880),
-    "expert_gate_up": (5760, 2880),
-    "expert_down": (2880, 2880),
-}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("m", [1, 3, 16])
-@pytest.mark.parametrize("name", list(GPT_OSS_SHAPES))
+@pytest.mark.parametrize("name", list(LINEAR_SHAPES))
 def test_gemv_gpt_oss_shapes(name, m, impl):
     if INTERPRET or not torch.cuda.is_available():
         pytest.skip("needs CUDA (compiled Triton); the interpreter covers the small shapes")
-    n, k = GPT_OSS_SHAPES[name]
+    n, k = LINEAR_SHAPES[name]
     seed = fresh_seed()
     out, ref = _run_case(m, n, k, impl, bias=name != "lm_head", seed=seed)
     assert_close_nmse(out, ref, GEMV_NMSE, seed, f"{name} M={m} {impl}")
@@ -243,7 +233,7 @@ XPREP = ["cta", "kernel"]
 @pytest.mark.gpu
 @pytest.mark.parametrize("xprep", XPREP)
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16])
-@pytest.mark.parametrize("name", list(GPT_OSS_SHAPES))
+@pytest.mark.parametrize("name", list(LINEAR_SHAPES))
 def test_packed_cuda_gpt_oss_shapes(name, m, xprep):
     """The tensor-core path at every decode M class (NT=1: M<=8, NT=2: 9..16) and both K-split modes
     (lm_head: one warp per K; the others: 8 warps split K), bias in bf16 as a model stores it."""
@@ -253,7 +243,7 @@ def test_packed_cuda_gpt_oss_shapes(name, m, xprep):
 
     ok, why = cuda_ext.available()
     assert ok, f"CUDA extension unavailable on a GPU machine: {why}"
-    n, k = GPT_OSS_SHAPES[name]
+    n, k = LINEAR_SHAPES[name]
     seed = fresh_seed()
     out, ref = _run_packed(m, n, k, "cuda", bias=name != "lm_head", seed=seed, bias_dtype=torch.bfloat16,
                            extra={"xprep": xprep})
@@ -265,7 +255,7 @@ def test_packed_cuda_gpt_oss_shapes(name, m, xprep):
 @pytest.mark.parametrize("m", [1, 5, 8, 16])
 def test_packed_cuda_rows_of_very_different_magnitude(m, xprep):
     """Each token row gets its own power-of-two activation scale from its own max |x|. Neighbouring rows
-    here differ by 2**60 or 2**120, and K = 2880 (360 16-byte pieces per row) makes warps straddle two
+    here differ by 2**60 or 2**120, and K = HIDDEN (360 16-byte pieces per row) makes warps straddle two
     rows in the max pass: a row scaled by a neighbour's max flushes to zero in fp16 (NMSE 1). With
     rows 2**30 apart that mutation (the warp's first row takes the whole warp's max) only blurred the
     small row to an NMSE of ~2e-5, at the bound: it passed some seeds (H200 run)."""
@@ -276,7 +266,7 @@ def test_packed_cuda_rows_of_very_different_magnitude(m, xprep):
 
     seed = fresh_seed()
     g = generator(seed, "cuda")
-    n, k = 520, 2880
+    n, k = 520, HIDDEN
     packed, scales = random_mxfp4((n, k), g)
     row_scale = 2.0 ** ((torch.arange(m, device="cuda") % 3 - 1) * 60).float()  # 2**-60, 1, 2**60, ...
     x = (torch.randn(m, k, generator=g, device="cuda") * row_scale[:, None]).to(torch.bfloat16)
@@ -325,7 +315,7 @@ def test_packed_cuda_unaligned_activation(m, xprep):
 
     seed = fresh_seed()
     g = generator(seed, "cuda")
-    n, k = 640, 2880
+    n, k = 640, HIDDEN
     packed, scales = random_mxfp4((n, k), g)
     flat = torch.randn(m * k + 1, generator=g, device="cuda").to(torch.bfloat16)
     x = flat[1:].view(m, k)
@@ -344,16 +334,17 @@ def test_linear_dispatcher_gpt_oss_qkv(m):
         pytest.skip("needs CUDA (compiled Triton)")
     seed = fresh_seed()
     g = generator(seed, "cuda")
-    packed, scales = random_mxfp4((5120, 2880), g)
-    x = torch.randn(m, 2880, generator=g, device="cuda").to(torch.bfloat16)
-    b = torch.randn(5120, generator=g, device="cuda")
+    n, k = LINEAR_SHAPES["qkv"]
+    packed, scales = random_mxfp4((n, k), g)
+    x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+    b = torch.randn(n, generator=g, device="cuda")
     out = mxfp4_linear(x, packed, scales, b)
     ref = reference.mxfp4_linear_ref(x, packed, scales, b)
     assert_close_nmse(out, ref, GEMV_NMSE if m <= 16 else MATMUL_NMSE, seed, f"mxfp4_linear M={m}")
 
 
 @pytest.mark.parametrize("sms", [132, 48])  # H200, GB10
-@pytest.mark.parametrize("name", list(GPT_OSS_SHAPES))
+@pytest.mark.parametrize("name", list(LINEAR_SHAPES))
 def test_cuda_variant_choice_keeps_small_layers_to_one_wave(name, sms):
     """CPU: the tiling the tensor-core GEMV picks. Small layers (the CTA's warps split K) take the
     fewest row tiles per CTA that fit all tiles in one wave of the persistent grid: with one tile per
@@ -362,7 +353,7 @@ def test_cuda_variant_choice_keeps_small_layers_to_one_wave(name, sms):
     from kernels.cuda_ext import VARIANTS, WARPS, pick_variant
     from kernels.packed import CHUNK_K
 
-    n, k = GPT_OSS_SHAPES[name]
+    n, k = LINEAR_SHAPES[name]
     cfg = {**_packed_cfg("cuda"), "ctas_per_sm": 2, "big_tiles_per_sm": 16}
     n_tiles, kc = -(-n // 16), -(-k // CHUNK_K)
     nt, rw, rt, pf = VARIANTS[pick_variant(1, n_tiles, kc, cfg, sms)]

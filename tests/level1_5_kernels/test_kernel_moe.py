@@ -1,6 +1,6 @@
 """Triton MXFP4 MoE decode kernel against the fp32 gpt-oss MoE reference.
 
-Tolerance (MOE_NMSE = 5e-5): two BF16 roundings happen where the reference has none. (1) The
+Tolerance (MOE_NMSE = 5e-5, kernels/cases.py): two BF16 roundings happen where the reference has none. (1) The
 SwiGLU output h is stored in BF16 between the two GEMMs (as inference engines do): each element
 moves by <= 2**-8 relatively, and after the down projection those independent errors average to
 an expected NMSE of ~3e-6. (2) The final output rounds to BF16: NMSE <= 2**-16 = 1.53e-5 (hard
@@ -15,6 +15,7 @@ import torch
 
 from kernels import mxfp4, reference
 from kernels._triton import INTERPRET
+from kernels.cases import MOE, MOE_NMSE, ROUTE_WEIGHTS_TOL
 from kernels.moe import moe_forward, mxfp4_moe
 from kernels.testing import (
     DEV,
@@ -28,7 +29,6 @@ from kernels.tuning import get_config
 
 pytestmark = pytest.mark.level1_5
 
-MOE_NMSE = 5e-5
 IMPLS = ["fma16", "dot_scaled", "fma"]
 
 
@@ -113,10 +113,10 @@ def test_moe_rejects_mismatched_shapes():
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("m", [1, 4, 16])
 def test_moe_gpt_oss_120b_shapes(m, impl):
-    """128 experts, top-4, hidden 2880, intermediate 2880 (gate_up 2880->5760, down 2880->2880)."""
+    """kernels.cases.MOE, gpt-oss-120b's layer: 128 experts, top-4 (gate_up hidden -> 2 x inter, down inter -> hidden)."""
     if INTERPRET or not torch.cuda.is_available():
         pytest.skip("needs CUDA (compiled Triton); the interpreter covers the small shapes")
-    _check(m, 128, 2880, 2880, 4, impl, fresh_seed())
+    _check(m, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, impl, fresh_seed())
 
 
 def test_checkpoint_blocks_and_packed_give_same_result():
@@ -189,9 +189,9 @@ def _need_cuda_ext():
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("m,e,h,inter,k,x_scale,skip", [
-    (1, 128, 2880, 2880, 4, 1.0, False),  # gpt-oss-120b decode
-    (4, 128, 2880, 2880, 4, 1.0, False),
-    (16, 128, 2880, 2880, 4, 1.0, True),
+    (1, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, 1.0, False),  # gpt-oss-120b decode
+    (4, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, 1.0, False),
+    (16, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, 1.0, True),
     (2, 6, 64, 96, 3, 40.0, True),  # clamps, ragged I (padded chunk), k not dividing 8 warps
     (1, 4, 32, 32, 2, 1.0, False),
 ])
@@ -218,7 +218,7 @@ def test_moe_packed_cuda_back_to_back_routes(m):
     from kernels.moe import mxfp4_moe_packed, pack_moe_experts
 
     seed = fresh_seed()
-    e, h, inter, k = 128, 2880, 2880, 4
+    e, h, inter, k = MOE.experts, MOE.hidden, MOE.inter, MOE.top_k
     g = generator(seed, "cuda")
     p = _random_experts(g, e, h, inter)
     gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
@@ -244,7 +244,7 @@ def test_route_kernel_matches_reference(m, router_dtype):
 
     seed = fresh_seed()
     g = generator(seed, "cuda")
-    e, h, k = 128, 2880, 4
+    e, h, k = MOE.experts, MOE.hidden, MOE.top_k
     w = (torch.randn(e, h, generator=g, device="cuda") * 0.05).to(router_dtype)
     b = (torch.randn(e, generator=g, device="cuda") * 0.1).to(router_dtype)
     x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
@@ -253,7 +253,7 @@ def test_route_kernel_matches_reference(m, router_dtype):
         rid, rw = reference.route(x, w, b, k)
         assert ids.dtype == torch.int32
         assert torch.equal(ids.long(), rid), f"seed={seed}"
-        torch.testing.assert_close(wts, rw, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(wts, rw, **ROUTE_WEIGHTS_TOL)
 
 
 @pytest.mark.gpu
@@ -277,7 +277,7 @@ def test_topk_from_logits_matches_torch(m, dtype):
     assert int(ids.min()) >= 0 and int(ids.max()) < 128
     assert all(len(set(row)) == 4 for row in ids.tolist()), f"seed={seed}: repeated expert"
     assert torch.equal(logits.float().gather(1, ids.long()), vals), f"seed={seed}"
-    torch.testing.assert_close(wts, torch.softmax(vals, -1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(wts, torch.softmax(vals, -1), **ROUTE_WEIGHTS_TOL)
 
 
 @pytest.mark.gpu
@@ -334,7 +334,7 @@ def test_moe_forward_packed_gpt_oss_shapes():
 
     seed = fresh_seed()
     g = generator(seed, "cuda")
-    e, h, inter, k = 128, 2880, 2880, 4
+    e, h, inter, k = MOE.experts, MOE.hidden, MOE.inter, MOE.top_k
     p = _random_experts(g, e, h, inter)
     router_w = (torch.randn(e, h, generator=g, device="cuda") * 0.05).to(torch.bfloat16)
     x = torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16)

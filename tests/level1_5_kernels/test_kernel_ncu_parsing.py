@@ -1,4 +1,4 @@
-"""Parsing of Nsight Compute's raw CSV (kernels.ncu_profile): the counters NOTES.md quotes come from here,
+"""Parsing of Nsight Compute's raw CSV (kernels.tools.ncu_profile): the counters NOTES.md quotes come from here,
 so a unit ncu chose (us vs nsecond, Mbyte vs byte) must not change the numbers. Synthetic CSVs, CPU."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kernels.ncu_profile import metric_values, raw_rows
+from kernels.tools.ncu_profile import metric_values, raw_rows
 
 pytestmark = pytest.mark.level1_5
 

@@ -1,11 +1,11 @@
-"""The arithmetic of kernels.phase_timing (the per-phase times kernels/NOTES.md quotes): synthetic
+"""The arithmetic of kernels.tools.phase_timing (the per-phase times kernels/NOTES.md quotes): synthetic
 records in the layout the MXFP4_PHASES build writes, CPU."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.phase_timing import SLOTS, moe_timeline, summarize
+from kernels.tools.phase_timing import SLOTS, moe_timeline, summarize
 
 pytestmark = pytest.mark.level1_5
 
@@ -59,7 +59,7 @@ def test_moe_timeline_without_down_records_says_so():
 
 
 def test_moe_variants_option_parses_configs_and_names_a_bad_entry():
-    from kernels.bench import parse_moe_variants
+    from kernels.tools.bench import parse_moe_variants
 
     assert parse_moe_variants('g4={"gate_up_variant": 4}; c2={"gate_up_ctas_per_sm": 2};') == {
         "g4": {"gate_up_variant": 4}, "c2": {"gate_up_ctas_per_sm": 2}}

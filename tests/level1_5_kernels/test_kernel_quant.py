@@ -9,6 +9,7 @@ import torch
 
 from kernels import mxfp8
 from kernels._triton import INTERPRET
+from kernels.cases import HIDDEN, LINEAR_SHAPES
 from kernels.quant import quantize_mxfp8_triton
 from kernels.testing import DEV, fresh_seed, generator
 
@@ -70,7 +71,7 @@ def test_quant_rejects_ragged_k():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 256])
-@pytest.mark.parametrize("k", [2880, 4096, 5760])
+@pytest.mark.parametrize("k", [HIDDEN, LINEAR_SHAPES["o_proj"][1], LINEAR_SHAPES["expert_gate_up"][0]])  # 2880, 4096, 5760
 def test_quant_gpt_oss_shapes_bit_exact(m, k):
     if INTERPRET or not torch.cuda.is_available():
         pytest.skip("needs CUDA (compiled Triton); the interpreter covers the small shapes")

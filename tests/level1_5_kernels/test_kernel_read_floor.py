@@ -1,4 +1,4 @@
-"""The plain-read yardstick the bench prints next to the MoE layer (kernels/read_floor.py) reads every byte it is
+"""The plain-read yardstick the bench prints next to the MoE layer (kernels/tools/read_floor.py) reads every byte it is
 timed on, once: a read kernel that skipped or repeated blocks would make the yardstick look faster than a read.
 Runs compiled on a GPU and in the Triton interpreter on CPU."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import operator
 import pytest
 import torch
 
-from kernels.read_floor import TILINGS, reader
+from kernels.tools.read_floor import TILINGS, reader
 from kernels.testing import DEV, fresh_seed, generator
 
 pytestmark = pytest.mark.level1_5

@@ -1,4 +1,4 @@
-"""Where the time of one CUDA kernel call goes: `python -m kernels.phase_timing [--out F.json] [--src X.cu]`.
+"""Where the time of one CUDA kernel call goes: `python -m kernels.tools.phase_timing [--out F.json] [--src X.cu]`.
 
 Compiles csrc/mxfp4_mma.cu with MXFP4_PHASES defined (thread 0 of every CTA records globaltimer
 at start and end, its SM, and clock64 at fixed events; the normal build has none of this code),
@@ -31,6 +31,10 @@ from pathlib import Path
 
 import torch
 
+from ..cases import LINEAR_SHAPES, MOE
+from .bench import parse_moe_variants
+from .timing import n_buffers, time_calls
+
 EVENTS = ["start", "issue", "prep", "first", "loop", "second", "end"]
 SLOTS = 16
 MODES = {0: "dense", 1: "gate_up", 2: "down"}
@@ -39,7 +43,7 @@ XPREP = ["cta", "kernel"]  # gemv.packed.xprep: activation prepared per CTA, or 
 
 def phase_source(src: str = "") -> str:
     """A copy of the kernel source with MXFP4_PHASES defined, next to the build cache."""
-    from . import cuda_ext
+    from .. import cuda_ext
 
     base = Path(src) if src else cuda_ext.SRC
     out = Path(tempfile.gettempdir()) / f"phases_{base.stem}.cu"
@@ -97,30 +101,27 @@ def moe_timeline(rec: torch.Tensor) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.phase_timing", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kernels.tools.phase_timing", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--src", default="", help="kernel source (default csrc/mxfp4_mma.cu)")
     ap.add_argument("--ms", default="1,8", help="token counts of the dense cases")
     ap.add_argument("--only-moe", action="store_true", help="skip the dense cases")
     ap.add_argument("--moe-variants", metavar="NAME=JSON;...", default="",
-                    help="MoE configs to time besides tuning.yaml's (overrides of moe.packed, as in kernels.bench)")
+                    help="MoE configs to time besides tuning.yaml's (overrides of moe.packed, as in kernels.tools.bench)")
     args = ap.parse_args(argv)
-    from .bench import parse_moe_variants
-
     try:
         moe_variants = {"tuning": {}, **parse_moe_variants(args.moe_variants)}
     except ValueError as ex:
         ap.error(str(ex))
     if not torch.cuda.is_available():
-        print("kernels.phase_timing needs CUDA: torch.cuda.is_available() is False")
+        print("kernels.tools.phase_timing needs CUDA: torch.cuda.is_available() is False")
         return 2
-    from . import cuda_ext
-    from .bench import MOE, SHAPES, n_buffers, time_calls
-    from .gemv import mxfp4_gemv_packed
-    from .moe import mxfp4_moe_packed, pack_moe_experts
-    from .packed import pack_mxfp4
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from .. import cuda_ext
+    from ..gemv import mxfp4_gemv_packed
+    from ..moe import mxfp4_moe_packed, pack_moe_experts
+    from ..packed import pack_mxfp4
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
     src = phase_source(args.src)
     lib = cuda_ext._load(src)
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     g = generator(5, "cuda")
     gcfg = {**get_config("gemv"), **get_config("gemv").get("packed", {}), "impl": "cuda", "cuda_src": src}
     for name in ("qkv", "o_proj", "expert_gate_up", "expert_down", "lm_head") if not args.only_moe else ():
-        n, k = SHAPES[name]
+        n, k = LINEAR_SHAPES[name]
         nq = n_buffers(n * k // 2 + n * k // 32, l2)
         packed = [pack_mxfp4(*random_mxfp4((n, k), g)) for _ in range(nq)]
         for m, xprep in [(int(v), xp) for v in (args.ms.split(",") if name != "lm_head" else ["1"]) for xp in XPREP]:
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         del packed
         torch.cuda.empty_cache()
 
-    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, tk, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
     gu, dn = pack_moe_experts(gu_p, gu_s, d_p, d_s)

@@ -1,6 +1,6 @@
 """What a plain read of the same bytes costs: the yardstick the MoE layer's time is read against (GPU only).
 
-The MoE floor in `kernels.bench` is bytes / copy bandwidth (a 1 GiB copy). A decode layer reads ~53 MB in two
+The MoE floor in `kernels.tools.bench` is bytes / copy bandwidth (a 1 GiB copy). A decode layer reads ~53 MB in two
 dependent launches (gate_up's weights, then down's, which need gate_up's output), and a read that short never
 reaches the copy rate: it pays a launch, a ramp and a tail. `plain_read_us` times a plain vectorized read kernel
 (each program XORs its 16-byte loads into one output, so nothing is elided) over the given byte counts, one launch
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import tl, triton
+from .._triton import tl, triton
+from .timing import n_buffers, time_calls
 
 # (int32 elements per load step, steps per program, warps). H200 sweeps of these kernels (a loop, then the steps
 # unrolled so that all of a program's loads are issued before the first is used) put these among the fastest for
@@ -46,8 +47,6 @@ def reader(nbytes: int, block: int, iters: int, warps: int, device: torch.device
 
 def plain_read_us(parts: list[int], l2_bytes: int, reps: int) -> float:
     """Best microseconds per call of reading `parts` bytes one launch after another (a fresh buffer each call)."""
-    from .bench import n_buffers, time_calls
-
     total = sum(parts)
     nb = n_buffers(total, l2_bytes)
     bufs = [torch.randint(0, 1 << 30, (total // 4,), dtype=torch.int32, device="cuda") for _ in range(nb)]

@@ -1,14 +1,19 @@
 """Static instruction counts of the decode loops from compiled SASS (no GPU needed).
 
-    python -m kernels.sass_count [--arch 90] [--cuda] [--triton]
+    python -m kernels.tools.sass_count [--arch 90a] [--arch 121a] [--cuda] [--triton] [--nvcc PATH]
+                                      [--check-budget | --write-budget]
 
 For each kernel: find the loop with the most weight math (HMMA for the CUDA kernel, HFMA2 /
 the inline-asm block for Triton), drop instructions that belong to source lines that only run
 once per work item (`cold` lines, e.g. the address setup of the next item), and divide by the
 32-bit weight words one pass of the loop consumes per thread. This is a static proxy for Nsight
 Compute's thread instructions per word (it assumes every hot instruction runs once per pass:
-predicated-off and branched-over hot code is counted). `python -m kernels.ncu_profile` measures
+predicated-off and branched-over hot code is counted). `python -m kernels.tools.ncu_profile` measures
 the real number on a GPU.
+
+The CUDA source is built by kernels/tools/build.py (the nvcc wheel of requirements-kernels-build.txt when
+installed, one `-gencode` per --arch). --check-budget compares the CUDA counts with kernels/sass_budget.yaml
+(CI: .ci/build_kernels.sh); --write-budget records them there.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from . import build, sass_budget
 
 
 def _tool(name: str) -> str:
@@ -139,15 +144,20 @@ CUDA_VARIANTS = {  # mangled template args <MODE, NT, RW, RT, PF> -> (descriptio
 }
 
 
-def cuda_counts(arch: str = "90") -> list[dict]:
-    src = HERE / "csrc" / "mxfp4_mma.cu"
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        subprocess.run([shutil.which("nvcc") or "nvcc", "-O3", f"-arch=sm_{arch}", "-cubin", "-lineinfo", "-o", cubin,
-                        str(src)], check=True, capture_output=True)
-        text = subprocess.run([_tool("nvdisasm"), "--print-line-info", cubin], check=True, capture_output=True,
-                              text=True).stdout
-    funcs = parse_nvdisasm(text)
+def variant_id(mangled: str) -> str:
+    """'ILi0ELi1ELi8ELi2ELi5E' -> 'mxfp4_kernel<0,1,8,2,5>' (MODE, NT, RW, RT, PF), as Nsight Compute names it."""
+    args = re.findall(r"Li(\d+)E", mangled)
+    return f"mxfp4_kernel<{','.join(args)}>"
+
+
+def cuda_counts(arch: str = "90a", tc: build.Toolchain | None = None, src: Path = build.SRC) -> list[dict]:
+    """Hot-loop counts of every CUDA_VARIANTS kernel in `src` built for sm_<arch> (BuildError if nvcc refuses it)."""
+    tc = tc or build.find_toolchain()
+    funcs = parse_nvdisasm(build.disassemble(build.compile_cubin(Path(src), arch, tc), tc))
+    return count_cuda_functions(funcs, Path(src))
+
+
+def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path) -> list[dict]:
     # Hot = source lines that run per chunk: the decode, mma, loads, scale FFMAs, the x-fragment
     # loads, the prefetch `issue` and the chunk loop itself. Other lines inside the loop body are
     # the next item's address setup (`set_item`, item_info, tile_of), run once per item.
@@ -164,17 +174,18 @@ def cuda_counts(arch: str = "90") -> list[dict]:
     for key, (desc, nt) in CUDA_VARIANTS.items():
         name = next((f for f in funcs if key in f), None)
         if name:
-            out.append(summarize(f"cuda {desc}", funcs[name], "HMMA", 1.0 / nt, cold))
+            out.append({"variant": variant_id(key), **summarize(f"cuda {desc}", funcs[name], "HMMA", 1.0 / nt, cold)})
     return out
 
 
-def triton_counts(arch: int = 90) -> list[dict]:
+def triton_counts(arch: int = 90, tc: build.Toolchain | None = None) -> list[dict]:
     """Compile the Triton decode kernels for sm_<arch> without a GPU and count their loops."""
+    nvdisasm = str(tc.nvdisasm) if tc and tc.nvdisasm else _tool("nvdisasm")
     os.environ["TRITON_INTERPRET"] = "0"  # compile, do not interpret (must precede importing gemv)
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from . import gemv
+    from .. import gemv
 
     target = GPUTarget("cuda", arch, 32)
     results = []
@@ -185,7 +196,7 @@ def triton_counts(arch: int = 90) -> list[dict]:
         with tempfile.TemporaryDirectory() as d:
             cubin = os.path.join(d, "k.cubin")
             Path(cubin).write_bytes(k.asm["cubin"])
-            text = subprocess.run([_tool("nvdisasm"), "--print-line-info", cubin], check=True, capture_output=True,
+            text = subprocess.run([nvdisasm, "--print-line-info", cubin], check=True, capture_output=True,
                                   text=True).stdout
         funcs = parse_nvdisasm(text)
         ins = next(iter(funcs.values()))
@@ -194,22 +205,57 @@ def triton_counts(arch: int = 90) -> list[dict]:
     return results
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", default="90")
-    ap.add_argument("--cuda", action="store_true")
-    ap.add_argument("--triton", action="store_true")
-    args = ap.parse_args(argv)
-    both = not (args.cuda or args.triton)
-    rows = []
-    if args.cuda or both:
-        rows += cuda_counts(args.arch)
-    if args.triton or both:
-        rows += triton_counts(int(args.arch))
+def print_rows(rows: list[dict], arch: str) -> None:
     for r in rows:
         top = ", ".join(f"{k} {v}" for k, v in list(r["ops"].items())[:8])
-        print(f"{r['kernel']:52s} {r['instr_per_word']:6.2f} instr/word hot, {r['loop_instr_per_word']:6.2f} whole loop "
-              f"({r['words']:g} words/thread/pass; {top})")
+        print(f"sm_{arch:5s} {r['kernel']:52s} {r['instr_per_word']:6.2f} instr/word hot, {r['loop_instr_per_word']:6.2f} "
+              f"whole loop ({r['words']:g} words/thread/pass; {top})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.tools.sass_count", description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", action="append", help="e.g. 90, 90a, 121a; repeatable (default 90a)")
+    ap.add_argument("--cuda", action="store_true", help="only the CUDA kernels")
+    ap.add_argument("--triton", action="store_true", help="only the Triton kernels")
+    ap.add_argument("--nvcc", help="build with this nvcc instead of the wheel's (kernels/tools/build.py)")
+    budget = ap.add_mutually_exclusive_group()
+    budget.add_argument("--check-budget", action="store_true",
+                        help="exit 1 when a CUDA hot loop exceeds kernels/sass_budget.yaml")
+    budget.add_argument("--write-budget", action="store_true", help="record the CUDA counts in kernels/sass_budget.yaml")
+    args = ap.parse_args(argv)
+    archs = args.arch or ["90a"]
+    both = not (args.cuda or args.triton)
+    if args.triton and not args.cuda and (args.check_budget or args.write_budget):
+        ap.error("the budget covers the CUDA kernels: add --cuda")
+    try:
+        tc = build.find_toolchain(args.nvcc) if (args.cuda or both) else None
+    except build.ToolchainMissing as ex:
+        print(f"sass_count: {ex}", file=sys.stderr)
+        return 2
+    cuda: dict[str, list[dict]] = {}
+    if tc:
+        print(f"sass_count: {tc.describe()}", flush=True)
+        try:
+            build.compile_all(build.SRC, archs, tc)  # the arches side by side; cuda_counts then finds them cached
+            cuda = {a: cuda_counts(a, tc) for a in archs}
+        except build.BuildError as ex:
+            print(f"sass_count: {ex}", file=sys.stderr)
+            return 1
+    for arch in archs:
+        rows = cuda.get(arch, [])
+        if args.triton or both:
+            rows = rows + triton_counts(int(re.sub(r"\D", "", arch)), tc)
+        print_rows(rows, arch)
+    if args.write_budget:
+        path = sass_budget.record(cuda, tc.version)
+        print(f"sass_count: recorded {', '.join(f'sm_{a}' for a in cuda)} in {path}")
+    if args.check_budget:
+        problems = sass_budget.check(cuda, sass_budget.load(), tc.version)
+        for line in problems:
+            print(f"SASS BUDGET EXCEEDED: {line}")
+        if problems:
+            return 1
+        print(f"sass_count: every hot loop within kernels/sass_budget.yaml ({', '.join(f'sm_{a}' for a in cuda)})")
     return 0
 
 

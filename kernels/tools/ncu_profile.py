@@ -1,4 +1,4 @@
-"""Nsight Compute counters for the decode kernels: `python -m kernels.ncu_profile [--out DIR]`.
+"""Nsight Compute counters for the decode kernels: `python -m kernels.tools.ncu_profile [--out DIR]`.
 
 Runs ncu (`--clock-control none`, so clocks are what the benchmark sees) on a small driver that
 executes, after warm-up: the lm_head M=1 GEMV with the old fma16 kernel (before) and the packed
@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..cases import LINEAR_SHAPES, MOE
+
 METRICS = {
     "smsp__thread_inst_executed.sum": "thread_inst",
     "smsp__inst_executed.sum": "warp_inst",
@@ -29,19 +31,18 @@ METRICS = {
     "gpu__time_duration.sum": "duration_ns",
     "launch__registers_per_thread": "regs",
 }
-LM = (201088, 2880)
-MOE = dict(experts=128, top_k=4, hidden=2880, inter=2880)
+LM = LINEAR_SHAPES["lm_head"]
 
 
 def driver() -> None:
     """What ncu profiles (run as a child process)."""
     import torch
 
-    from .gemv import mxfp4_gemv, mxfp4_gemv_packed
-    from .moe import moe_forward_packed, pack_moe_experts
-    from .packed import pack_mxfp4
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from ..gemv import mxfp4_gemv, mxfp4_gemv_packed
+    from ..moe import moe_forward_packed, pack_moe_experts
+    from ..packed import pack_mxfp4
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
     g = generator(7, "cuda")
     n, k = LM
@@ -56,7 +57,7 @@ def driver() -> None:
     mxfp4_gemv(x, w, s, config=cfg_old)
     mxfp4_gemv_packed(x, q)
     del w, s, q
-    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, tk, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
     gu, dn = pack_moe_experts(gu_p, gu_s, d_p, d_s)
@@ -68,7 +69,7 @@ def driver() -> None:
     torch.cuda.synchronize()
 
 
-SMALL = {"qkv": (5120, 2880), "o_proj": (2880, 4096)}  # dense M=1 shapes of the stall profile
+SMALL = {k: LINEAR_SHAPES[k] for k in ("qkv", "o_proj")}  # dense M=1 shapes of the stall profile
 
 
 def small_driver(srcs: list[str]) -> None:
@@ -77,11 +78,11 @@ def small_driver(srcs: list[str]) -> None:
     source: qkv, o_proj, route, gate_up, down."""
     import torch
 
-    from .gemv import mxfp4_gemv_packed
-    from .moe import mxfp4_moe_packed, pack_moe_experts, route_packed
-    from .packed import pack_mxfp4
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from ..gemv import mxfp4_gemv_packed
+    from ..moe import mxfp4_moe_packed, pack_moe_experts, route_packed
+    from ..packed import pack_mxfp4
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
     g = generator(11, "cuda")
     dense = {}
@@ -89,7 +90,7 @@ def small_driver(srcs: list[str]) -> None:
         w, s = random_mxfp4((n, k), g)
         dense[name] = (pack_mxfp4(w, s), torch.randn(n, generator=g, device="cuda").to(torch.bfloat16),
                        torch.randn(1, k, generator=g, device="cuda").to(torch.bfloat16))
-    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, tk, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
     gu, dn = pack_moe_experts(gu_p, gu_s, d_p, d_s)
@@ -125,7 +126,7 @@ def small_main(out: Path, ncu: str, srcs: list[str]) -> int:
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "-f", "-o", str(rep),
            "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "SourceCounters",
            "--section", "Occupancy", "--section", "LaunchStats", "--section", "MemoryWorkloadAnalysis",
-           "--metrics", ",".join(METRICS), sys.executable, "-m", "kernels.ncu_profile", "--small-driver",
+           "--metrics", ",".join(METRICS), sys.executable, "-m", "kernels.tools.ncu_profile", "--small-driver",
            *(["--srcs", ",".join(srcs)])]
     print(" ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -163,7 +164,7 @@ def small_main(out: Path, ncu: str, srcs: list[str]) -> int:
 
 def words_for(kernel: str) -> float | None:
     n, k = LM
-    e, tk, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, tk, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     mode = None
     for m in (0, 1, 2):  # mangled (ILi0E...) or demangled (mxfp4_kernel<0, ...) template MODE
         if f"mxfp4_kernelILi{m}E" in kernel or f"mxfp4_kernel<{m}," in kernel:
@@ -202,7 +203,7 @@ def main(argv=None) -> int:
     if args.small:
         return small_main(out, ncu, srcs)
     cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:rows_kernel|mxfp4_kernel|route_kernel",
-           "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, "-m", "kernels.ncu_profile",
+           "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, "-m", "kernels.tools.ncu_profile",
            "--driver"]
     print(" ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)

@@ -1,4 +1,4 @@
-"""Benchmark of the MXFP4 kernels at gpt-oss-120b decode shapes: `python -m kernels.bench [--out F.json] [--quick]`.
+"""Benchmark of the MXFP4 kernels at gpt-oss-120b decode shapes: `python -m kernels.tools.bench [--out F.json] [--quick]`.
 
 Method (why each step):
 * Copy bandwidth is MEASURED in the same run (1 GiB device-to-device copies, bytes read + written;
@@ -10,9 +10,9 @@ Method (why each step):
   replays; time per call = replay time / calls per graph; median over replays after warm-up.
   Graphs take Python launch overhead out, which would otherwise dominate 5-us kernels.
 * Baseline: torch.matmul (F.linear) with BF16 weights, same M, same rotation, same run.
-* MoE layer (M=1, top-4 of 128 experts, hidden 2880, intermediate 2880): each call routes to a
+* MoE layer (M=1, top-4 of 128 experts, gpt-oss-120b sizes from kernels/cases.py): each call routes to a
   different random set of 4 experts; floor = bytes of those 4 experts' packed weights + scales
-  at the measured copy bandwidth. Beside it, a plain read of the same bytes (kernels/read_floor.py) in one
+  at the measured copy bandwidth. Beside it, a plain read of the same bytes (kernels/tools/read_floor.py) in one
   launch and in two dependent launches (gate_up's bytes, then down's): what a read that short achieves here.
 """
 
@@ -20,24 +20,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
-import statistics
 import subprocess
 import sys
 import time
 
 import torch
 
-SHAPES = {  # name: (N, K), y = x @ W.T with W [N, K]
-    "lm_head": (201088, 2880),
-    "qkv": (5120, 2880),
-    "o_proj": (2880, 4096),
-    "expert_gate_up": (5760, 2880),
-    "expert_down": (2880, 2880),
-}
+from ..cases import HIDDEN, LINEAR_SHAPES, MOE
+from .read_floor import plain_read_us
+from .timing import copy_bandwidth, n_buffers, time_calls
+
 MS = [1, 2, 4, 8, 16]
-MOE = dict(experts=128, top_k=4, hidden=2880, inter=2880)
 TARGETS = {"lm_head_m1_speedup": 3.0, "lm_head_m1_pct_copy": 85.0, "moe_us_h200": 15.0, "moe_pct_floor": 75.0}
 SMALL_SHAPES_SPEEDUP = 1.5  # qkv / o_proj / expert shapes at M=1 vs BF16
 M8_OVER_M1 = 1.3  # every shape: time(M=8) <= 1.3 x time(M=1)
@@ -51,83 +45,6 @@ def _nvidia_smi() -> dict:
         return dict(zip(q.split(","), [v.strip() for v in out[0].split(",")])) if out else {}
     except (OSError, subprocess.SubprocessError) as e:
         return {"error": str(e)}
-
-
-def time_calls(calls: list, reps: int, inner: int) -> float:
-    """Median microseconds per call; `calls[i % len(calls)]` is call i (rotation over buffers)."""
-    for c in calls:  # compile / autotune / allocate outside timing
-        c()
-    torch.cuda.synchronize()
-    inner = max(inner, len(calls))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for c in calls:
-                c()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(inner):
-                calls[i % len(calls)]()
-        run = graph.replay
-    except Exception as e:  # noqa: BLE001 - fall back to eager launches, say so
-        print(f"  (CUDA graph capture failed: {type(e).__name__}: {e}; timing eager launches)", file=sys.stderr)
-
-        def run():
-            for i in range(inner):
-                calls[i % len(calls)]()
-
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / inner)
-    return statistics.median(times)
-
-
-def _time_eager(fn, reps: int) -> float:
-    """Median microseconds of fn() timed with events, eager launches (for big, long calls)."""
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
-def copy_bandwidth(reps: int) -> dict:
-    """GB/s of 1 GiB device-to-device copies, counting bytes read + written, two ways: torch's
-    copy_ (cudaMemcpyAsync) launched eagerly, and an SM elementwise kernel (x * 1 -> y). Inside a
-    CUDA graph a D2D memcpy may go to the copy engines, which are slower than the SMs (seen here:
-    ~2.7 TB/s vs ~4.3 on an H200), so neither graph replay nor a single method is the yardstick:
-    the best of the two is."""
-    n = 1 << 30  # bytes per buffer
-    a = torch.randn(n // 4, device="cuda")
-    b = torch.empty_like(a)
-    res = {
-        "memcpy_eager": 2 * n / (_time_eager(lambda: b.copy_(a), reps) * 1e-6) / 1e9,
-        "sm_kernel": 2 * n / (_time_eager(lambda: torch.mul(a, 1.0, out=b), reps) * 1e-6) / 1e9,
-    }
-    del a, b
-    torch.cuda.empty_cache()
-    res["best"] = max(res.values())
-    return {k: round(v, 1) for k, v in res.items()}
-
-
-def n_buffers(bytes_each: int, l2: int, floor: int = 2) -> int:
-    return max(floor, math.ceil(3 * l2 / bytes_each))
 
 
 GEMV_VARIANTS = {  # name -> overrides; "auto" is what mxfp4_linear runs on packed weights (the default)
@@ -147,7 +64,7 @@ MOE_CFG: dict[str, dict] = {}  # MoE impl name -> overrides of tuning.yaml's moe
 
 
 def parse_moe_variants(text: str | None) -> dict[str, dict]:
-    """--moe-variants 'NAME=JSON;...' -> {name: overrides of tuning.yaml's moe.packed} (also kernels.phase_timing's).
+    """--moe-variants 'NAME=JSON;...' -> {name: overrides of tuning.yaml's moe.packed} (also kernels.tools.phase_timing's).
     ValueError names the entry that is not NAME=<JSON object>."""
     out: dict[str, dict] = {}
     for spec in filter(None, (v.strip() for v in (text or "").split(";"))):
@@ -167,7 +84,7 @@ def _packed_moe_cfg(impl: str) -> dict | None:
     tuning.yaml's moe.packed with the impl's overrides for a --moe-variants one."""
     if impl not in MOE_CUDA_SRC and impl not in MOE_CFG:
         return None
-    from .tuning import get_config
+    from ..tuning import get_config
 
     over = {"cuda_src": MOE_CUDA_SRC[impl]} if impl in MOE_CUDA_SRC else MOE_CFG[impl]
     return {**get_config("moe").get("packed", {}), **over}
@@ -175,10 +92,10 @@ def _packed_moe_cfg(impl: str) -> dict | None:
 
 def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: float, reps: int,
                  impls: list[str]) -> list[dict]:
-    from .gemv import mxfp4_gemv, mxfp4_gemv_packed
-    from .packed import pack_mxfp4
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from ..gemv import mxfp4_gemv, mxfp4_gemv_packed
+    from ..packed import pack_mxfp4
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
     g = generator(1234, "cuda")
     q_bytes = n * k // 2 + n * k // 32
@@ -232,11 +149,11 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
 def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_router: bool = True) -> dict:
     """impls: "packed" = the rebuilt pipeline on packed experts (CUDA: gate_up+SwiGLU, down+combine;
     with router: + the one-launch route kernel), others = the old Triton mxfp4_moe impls."""
-    from .moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts
-    from .testing import generator, random_mxfp4
-    from .tuning import get_config
+    from ..moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts
+    from ..testing import generator, random_mxfp4
+    from ..tuning import get_config
 
-    e, k, h, inter = MOE["experts"], MOE["top_k"], MOE["hidden"], MOE["inter"]
+    e, k, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
     g = generator(99, "cuda")
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
@@ -278,8 +195,6 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     # structure), and all in one launch. The floor above (copy rate) is not reachable by a 53 MB read (read_floor.py).
     gu_bytes = k * gu_per_expert
     try:
-        from .read_floor import plain_read_us
-
         res["plain_read_us_two_passes"] = round(plain_read_us([gu_bytes, floor_bytes - gu_bytes], l2, reps), 2)
         res["plain_read_us_one_pass"] = round(plain_read_us([floor_bytes], l2, reps), 2)
         print(f"  plain read of the layer's bytes: two dependent launches {res['plain_read_us_two_passes']:.1f} us, "
@@ -357,10 +272,10 @@ def vllm_triton_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, router_w, router_b, xs, rep
 
 
 def bench_quant(reps: int) -> list[dict]:
-    from .quant import quantize_mxfp8_triton
+    from ..quant import quantize_mxfp8_triton
 
     rows = []
-    for m, k in [(1, 2880), (16, 2880), (4096, 2880)]:
+    for m, k in [(1, HIDDEN), (16, HIDDEN), (4096, HIDDEN)]:
         xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(4)]
         us = time_calls([lambda x=x: quantize_mxfp8_triton(x) for x in xs], reps, 16)
         rows.append({"M": m, "K": k, "us": round(us, 2), "gbps": round(m * k * (2 + 1 + 1 / 32) / (us * 1e-6) / 1e9, 1)})
@@ -383,7 +298,7 @@ def sweep(l2: int, copy_gbps: float, reps: int, budget_s: float) -> list[dict]:
                "KERNELS_GEMV_ROWS__NUM_WARPS": str(nw), "KERNELS_GEMV_ROWS__MIN_PROGRAMS_PER_SM": "0"}
         os.environ.update(env)
         try:
-            r = bench_linear(shape, *SHAPES[shape], [1], l2, copy_gbps, max(5, reps // 2), ["rows"])[0]
+            r = bench_linear(shape, *LINEAR_SHAPES[shape], [1], l2, copy_gbps, max(5, reps // 2), ["rows"])[0]
             results.append({"kernel": f"gemv_{shape}", **env, "us": r["us_rows"], "pct": r["pct_copy_rows"]})
         except Exception as ex:  # noqa: BLE001 - a config that fails to compile is a data point
             results.append({"kernel": f"gemv_{shape}", **env, "error": f"{type(ex).__name__}: {str(ex)[:200]}"})
@@ -436,7 +351,7 @@ def targets(rows: list[dict], mo: dict, d: str, moe_impl: str, device: str) -> d
         if r:
             t[f"{shape}_m1_speedup"] = {"value": r["speedup_vs_bf16"], "target": f">= {SMALL_SHAPES_SPEEDUP}",
                                         "met": r["speedup_vs_bf16"] >= SMALL_SHAPES_SPEEDUP}
-    for shape in SHAPES:
+    for shape in LINEAR_SHAPES:
         for m in (2, 4, 8):
             r = by.get((shape, m))
             if r:
@@ -458,7 +373,7 @@ def targets(rows: list[dict], mo: dict, d: str, moe_impl: str, device: str) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kernels.tools.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write results as JSON here")
     ap.add_argument("--quick", action="store_true", help="fewer repeats, M in {1, 16}, default impl only")
     ap.add_argument("--impls", help="comma list of GEMV impls to time (default: all; --quick: auto,rows)")
@@ -473,12 +388,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="also sweep tile configs for lm_head M=1 and the MoE layer for about this long")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("kernels.bench needs CUDA: no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
+        print("kernels.tools.bench needs CUDA: no CUDA GPU is visible to torch (torch.cuda.is_available() is False)")
         return 2
 
     import triton
 
-    from .tuning import current_arch, get_config
+    from ..tuning import current_arch, get_config, verified
 
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20) or 50 * 2**20
@@ -502,9 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(0), "arch": current_arch(), "sm_count": props.multi_processor_count,
         "l2_bytes": l2, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
         "python": platform.python_version(), "nvidia_smi": _nvidia_smi(), "quick": args.quick,
-        "gemv_config": get_config("gemv"), "moe_config": get_config("moe"),
+        "gemv_config": get_config("gemv"), "moe_config": get_config("moe"), "tuning_verified": verified(current_arch()),
     }
-    from . import cuda_ext
+    from .. import cuda_ext
 
     t0 = time.time()
     ok, why = cuda_ext.available()
@@ -513,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     print(f"device {meta['device']} ({meta['arch']}, {props.multi_processor_count} SMs, L2 {l2 / 2**20:.0f} MiB), "
           f"torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    if meta["tuning_verified"] is False:
+        print(f"tuning.yaml entries for {meta['arch']} are unverified (verified: false): once this run's tests and "
+              f"numbers hold, record them in docs/evidence/ and set verified: true there", flush=True)
     copies = copy_bandwidth(reps)
     copy_gbps = copies["best"]
     meta["copy_gbps"] = copy_gbps
@@ -535,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             errors.append(f"{what}: {type(ex).__name__}: {str(ex)[:300]}")
             return default
 
-    for name, (n, k) in SHAPES.items() if args.only != "moe" else ():
+    for name, (n, k) in LINEAR_SHAPES.items() if args.only != "moe" else ():
         rows += guarded(name, lambda n=n, k=k, name=name: bench_linear(name, n, k, ms, l2, copy_gbps, reps, gemv_impls), [])
     result["linear"] = rows
     result["moe"] = guarded("moe", lambda: bench_moe(l2, copy_gbps, reps, moe_impls), {}) if args.only != "linear" else {}

@@ -1,0 +1,156 @@
+"""The CUDA kernels build for every architecture we ship, on CPU: kernels/csrc/mxfp4_mma.cu for sm_90a (H100 /
+H200) and sm_121a (GB10) with the pinned nvcc wheel (requirements-kernels-build.txt, kernels/tools/build.py).
+
+(a) the real source builds for both, and each decode loop's static SASS counts are recorded (JUnit properties);
+(b) the test of that test: a copy using TMA gather4, which sm_12x lacks, fails the sm_121a build with ptxas'
+    reason, while the same instruction alone builds for sm_100a (so the failure is the architecture's, not a typo);
+    and the instruction facts the GB10 plans rely on (tuning.yaml sm_121 notes) hold for this nvcc;
+(c) the hot loops stay within kernels/sass_budget.yaml (both arches), and a copy whose decode grows by two
+    instructions per weight word fails that check.
+
+Without the wheel the tests skip and say what to install; SUITE_REQUIRE_NVCC=1 (CI: .ci/build_kernels.sh installs
+it first) turns that skip into a failure, as SUITE_REQUIRE_ACTIONLINT=1 does for the workflow lint. Only the
+wheel's nvcc is used: the budget holds its counts, and another nvcc schedules differently. Cubins are cached by
+source hash, so after .ci/build_kernels.sh the real source is not compiled again here; each mutated copy is.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kernels.tools import build, sass_budget, sass_count
+
+pytestmark = pytest.mark.level1_5
+
+REQUIRE_ENV = "SUITE_REQUIRE_NVCC"
+
+
+@pytest.fixture(scope="module")
+def toolchain() -> build.Toolchain:
+    try:
+        return build.find_toolchain(wheel_only=True)
+    except build.ToolchainMissing as ex:
+        why = str(ex)
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{why} ({REQUIRE_ENV}=1)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def counts(toolchain) -> dict[str, list[dict]]:
+    build.compile_all(build.SRC, build.ARCHS, toolchain)  # both arches at once; a BuildError fails the tests using it
+    return {arch: sass_count.cuda_counts(arch, toolchain) for arch in build.ARCHS}
+
+
+def test_the_kernels_build_for_every_shipped_arch(counts, toolchain, record_property):
+    record_property("nvcc", toolchain.describe())
+    for arch, rows in counts.items():
+        found = {r["variant"] for r in rows}
+        want = {sass_count.variant_id(k) for k in sass_count.CUDA_VARIANTS}
+        assert found == want, f"sm_{arch}: no decode loop found for {sorted(want - found)}"
+        record_property(f"sass_sm_{arch}", json.dumps({r["variant"]: [r["instr_per_word"], r["loop_instr_per_word"]]
+                                                       for r in rows}))
+        sass_count.print_rows(rows, arch)  # shown with -s / -rA; .ci/build_kernels.sh prints them in every CI log
+
+
+# TMA gather4 (Blackwell datacenter, sm_100a): rows gathered by index into shared memory. sm_12x has no gather4.
+GATHER4 = r"""
+extern "C" __global__ void gather4_probe(const void* tmap, int* out) {
+  __shared__ __align__(128) int smem[1024];
+  __shared__ __align__(8) unsigned long long bar;
+  unsigned s = (unsigned)__cvta_generic_to_shared(smem), b = (unsigned)__cvta_generic_to_shared(&bar);
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile::gather4.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(s), "l"(tmap), "r"(0), "r"(0), "r"(1), "r"(2), "r"(3), "r"(b) : "memory");
+  out[threadIdx.x] = smem[threadIdx.x];
+}
+"""
+
+
+def test_a_source_using_what_sm_121a_lacks_fails_its_build(toolchain, tmp_path):
+    mutated = tmp_path / "mxfp4_mma_gather4.cu"
+    mutated.write_text(build.SRC.read_text() + GATHER4)
+    with pytest.raises(build.BuildError) as e:
+        build.compile_cubin(mutated, "121a", toolchain, cache=False)
+    assert "gather4" in str(e.value) and "not supported on .target 'sm_121a'" in str(e.value), str(e.value)[-1500:]
+    alone = tmp_path / "gather4.cu"
+    alone.write_text(GATHER4)
+    build.compile_cubin(alone, "100a", toolchain, cache=False)  # exists there: the refusal above is sm_121a's
+
+
+# Kernel bodies (r: the value stored, p: a global pointer) for what the GB10 notes rely on (tuning.yaml sm_121).
+FACTS = {
+    "cvt_e2m1x2": """unsigned short v = threadIdx.x;
+  asm volatile("{ .reg .b8 b; cvt.u8.u16 b, %1; cvt.rn.f16x2.e2m1x2 %0, b; }" : "=r"(r) : "h"(v));""",
+    "mma_sync_bf16": """unsigned a = threadIdx.x; float d0, d1, d2, d3;
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%4,%4,%4}, {%4,%4}, "
+               "{%5,%5,%5,%5};" : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3) : "r"(a), "f"(0.f));
+  r = __float_as_uint(d0 + d1 + d2 + d3);""",
+    "griddepcontrol": """asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");""",
+    "cp_async_bulk": """__shared__ __align__(16) unsigned buf[64]; __shared__ __align__(8) unsigned long long bar;
+  unsigned s = (unsigned)__cvta_generic_to_shared(buf), b = (unsigned)__cvta_generic_to_shared(&bar);
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];"
+               :: "r"(s), "l"(p), "r"(b) : "memory");
+  r = buf[threadIdx.x % 64];""",
+}
+EXPECT = [  # (fact, arch, builds): a change here changes what the kernels may use on GB10
+    ("cvt_e2m1x2", "121a", True),  # 2 FP4 codes per instruction (the decode4 alternative in the notes)
+    ("cvt_e2m1x2", "121", False),  # ... only for the `a` (or 120f) target
+    ("cvt_e2m1x2", "90a", False),
+    ("mma_sync_bf16", "121a", True),
+    ("griddepcontrol", "121a", True),  # programmatic dependent launch (gate_up -> down)
+    ("cp_async_bulk", "121a", True),  # TMA bulk copies without a tensor map
+]
+
+
+@pytest.mark.parametrize("fact,arch,builds", EXPECT, ids=[f"{f}-sm_{a}" for f, a, _ in EXPECT])
+def test_instruction_facts_of_the_gb10_notes(toolchain, tmp_path, fact, arch, builds):
+    src = tmp_path / "probe.cu"
+    src.write_text(f'extern "C" __global__ void probe(unsigned* out, const void* p) {{\n  unsigned r = 0;\n'
+                   f"  {FACTS[fact]}\n  out[threadIdx.x] = r;\n}}\n")
+    if builds:
+        build.compile_cubin(src, arch, toolchain, cache=False)
+    else:  # ptxas refuses the instruction for that target
+        with pytest.raises(build.BuildError, match=rf"not supported on \.target 'sm_{arch}'"):
+            build.compile_cubin(src, arch, toolchain, cache=False)
+
+
+def test_the_hot_loops_stay_within_the_sass_budget(counts, toolchain):
+    problems = sass_budget.check(counts, sass_budget.load(), toolchain.version)
+    assert not problems, "\n".join(problems)
+
+
+# Two more instructions per weight word in decode4 (a bit reverse and a LOP3): +14% on every variant. One more
+# (~+7%) would fail too; the 5% margin tolerates less than one instruction per word.
+BLOAT = ("  a[0] = (w << 2) & M;\n", "  a[0] = ((w << 2) & M) ^ (__brev(w) & 0x00010001u);\n")
+
+
+def test_the_budget_fails_a_build_whose_decode_loop_grew(toolchain, tmp_path):
+    src = build.SRC.read_text()
+    assert src.count(BLOAT[0]) == 1, "decode4 changed: update BLOAT to a line of its body"
+    mutated = tmp_path / "mxfp4_mma_bloated.cu"
+    mutated.write_text(src.replace(*BLOAT))
+    rows = sass_count.cuda_counts("121a", toolchain, mutated)
+    problems = sass_budget.check({"121a": rows}, sass_budget.load(), toolchain.version)
+    over = {line.split()[1] for line in problems if "> budget" in line}
+    assert over == {sass_count.variant_id(k) for k in sass_count.CUDA_VARIANTS}, problems
+
+
+def test_the_budget_refuses_counts_of_another_nvcc():
+    budget = {"nvcc": "13.2.86", "margin": 0.05, "counts": {"sm_121a": {}}}
+    problems = sass_budget.check({"121a": []}, budget, "13.0.88")
+    assert len(problems) == 1 and "recorded with nvcc 13.2.86" in problems[0], problems
+
+
+def test_ci_builds_what_the_gpus_build_at_first_use():
+    """cuda_ext compiles for the device's `a` target (sm_90a on H100 / H200, sm_121a on GB10): the targets CI
+    builds, so a source that passes CI builds on those GPUs, and one using an `a`-only instruction (GB10's FP4
+    conversions) builds there too. No nvcc needed."""
+    from kernels.cuda_ext import arch_target
+
+    assert {arch_target(9, 0), arch_target(12, 1)} == set(build.ARCHS)
+    assert arch_target(8, 0) == "80", "parts without an `a` target build the plain one"
