@@ -22,7 +22,8 @@ from kernels import cuda_ext
 print('cuda_ext', cuda_ext.available(), round(time.time()-t, 1), 's')" 2>&1 | tee "$OUT/build.log"
 
 echo "== tests (CPU-interpreter tests are covered on the dev box; here the gpu-marked ones + the rest compiled)"
-timeout 170 $PY -m pytest -q -p no:cacheprovider --maxfail=30 \
+# --noconftest: the kernel tests need only torch, triton and pytest (not the suite's server stack or syrupy)
+timeout 170 $PY -m pytest -q -p no:cacheprovider --noconftest --maxfail=30 \
   tests/level1_5_kernels/test_kernel_gemv.py tests/level1_5_kernels/test_kernel_moe.py \
   tests/level1_5_kernels/test_kernel_quant.py tests/level1_5_kernels/test_kernel_formats.py \
   tests/level1_5_kernels/test_kernel_reference.py \

@@ -30,6 +30,7 @@ class LevelOutcome:
     skipped: int = 0
     xfailed: int = 0
     first_failures: list[str] = field(default_factory=list)
+    skip_reason: str | None = None  # the first skip's reason (why a level did not run)
 
     @property
     def status(self) -> str:
@@ -66,6 +67,7 @@ def read_junit(path: Path, levels: tuple[str, ...]) -> dict[str, LevelOutcome]:
                 o.xfailed += 1
             else:
                 o.skipped += 1
+                o.skip_reason = o.skip_reason or (skipped.get("message") or "")[:200]
         else:
             o.passed += 1
     return out

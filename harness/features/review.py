@@ -106,7 +106,8 @@ def _measured(result: FeatureResult, rel: Path) -> dict[str, str]:
         o = result.levels.get(lv)
         if o is None:
             continue
-        detail = f" ({o.passed} passed, {o.failed} failed, {o.skipped} skipped)"
+        detail = f" ({o.passed} passed, {o.failed} failed, {o.skipped} skipped)" + (
+            f": {o.skip_reason}" if o.status == "NOT RUN" and o.skip_reason else "")
         levels.append(f"- {LEVEL_TITLES[lv]}: {o.status}{detail}"
                       + "".join(f"\n  - {x}" for x in o.first_failures))
     if not levels:

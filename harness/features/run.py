@@ -141,7 +141,8 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
         plot_breakdowns({c: Breakdown.from_json(b) for c, b in breakdown.items()}, out_dir / "breakdown.png")
     save_sides(out_dir / "samples.json", [base_side, cand_side])
     verdicts = judge_all(f.criteria, base_side, cand_side)
-    level_status = [Status.PASS if o.status == "PASS" else Status.FAIL if o.status == "FAIL" else Status.ERROR
+    # a required level that ran nothing (every test skipped, e.g. level 2 on dummy weights) cannot say: inconclusive
+    level_status = [Status.PASS if o.status == "PASS" else Status.FAIL if o.status == "FAIL" else Status.INCONCLUSIVE
                     for o in levels.values()]
     gate, gate_status = gate_verdicts(f, verdicts, levels, base_side, cand_side)
     result = FeatureResult(f, overall([v.status for v in verdicts] + level_status), verdicts, levels, gate,
