@@ -143,7 +143,12 @@ class Level2Result:
     def to_golden(self) -> dict:
         if self.reference != "self":
             raise SuiteError("a golden can only be written from a run that scored its own sequences (--force-regen)")
-        return {"streams": {k: s.to_json() for k, s in self.streams.items()},
+        return {k: v for k, v in self.to_json().items() if k != "reference"}
+
+    def to_json(self) -> dict:
+        """What this run measured (the run directory's obtained copy): streams, scorings, and whose sequences were
+        scored (`golden`: the golden's, as a comparison run does; `self`: its own, as --force-regen does)."""
+        return {"reference": self.reference, "streams": {k: s.to_json() for k, s in self.streams.items()},
                 "scored": {k: s.to_json() for k, s in self.scored.items()},
                 "perplexity": {"value": self.perplexity, "tokens": self.perplexity_tokens}}
 

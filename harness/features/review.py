@@ -8,6 +8,7 @@ any section the user adds) is kept exactly as written, byte for byte, in its pla
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -15,9 +16,11 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.core import stats
+from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 from harness.features.judge import CriterionVerdict, Status
 from harness.features.run import FeatureResult
+from harness.features.spec import load_features
 
 MEASURED = ("REQUIRED: Hypothesis (1 sentence)", "REQUIRED: Success Criteria (hard numbers)",
             "Success Criteria Evaluation", "Test Results", "Benchmark Results", "Where decode time goes",
@@ -226,3 +229,27 @@ def write_verdicts(results: Sequence[FeatureResult], path: Path) -> Path:
     data = {r.feature.name: {k: v for k, v in r.to_json().items() if k != "sides"} for r in results}
     path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Re-render reviews from runs' verdict.json files (no measurement): after editing the template's hand-written
+    sections, or to bring a GPU machine's results into docs/porting."""
+    ap = argparse.ArgumentParser(prog="python -m harness.features.review", description=main.__doc__.splitlines()[0])
+    ap.add_argument("verdicts", nargs="+", help="runs/<run>/features/<name>/verdict.json")
+    ap.add_argument("--review-dir", default=str(REPO / "docs" / "porting"))
+    ap.add_argument("--artifacts", default=None, help="where the run's artifacts now are (if moved)")
+    a = ap.parse_args(argv)
+    features = load_features()
+    for v in a.verdicts:
+        data = json.loads(Path(v).read_text(encoding="utf-8"))
+        if data["feature"] not in features:
+            raise SuiteError(f"{v}: feature {data['feature']} is not in configs/features.yaml")
+        result = FeatureResult.from_json(data, features[data["feature"]])
+        if a.artifacts:
+            result.artifacts = str(Path(a.artifacts) / data["feature"])
+        print(write_review(result, Path(a.review_dir)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

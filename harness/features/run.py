@@ -47,6 +47,24 @@ class FeatureResult:
         bad = {Status.FAIL, Status.ERROR, Status.BLOCKED} | ({Status.INCONCLUSIVE} if self.strict else set())
         return self.status in bad
 
+    @classmethod
+    def from_json(cls, data: dict, feature: Feature) -> "FeatureResult":
+        """A result read back from its verdict.json (to re-render a review without re-measuring)."""
+        def verdict(v: dict) -> CriterionVerdict:
+            return CriterionVerdict(**{**v, "status": Status(v["status"]), "ci": tuple(v["ci"]) if v.get("ci") else None,
+                                       "n": tuple(v["n"]) if v.get("n") else None})
+
+        levels = {k: LevelOutcome(**{x: y for x, y in v.items() if x != "status"}) for k, v in data["levels"].items()}
+        sides = []
+        for s in data.get("sides", []):
+            side = Side(s["role"], s["config"], s["samples"], s["numbers"], s["boots"], s["clocks"], s["unresolved"])
+            sides.append(side)
+        return cls(feature, Status(data["status"]), [verdict(v) for v in data["criteria"]], levels,
+                   [verdict(v) for v in data["gate"]], Status(data["gate_status"]), sides, data["platform"],
+                   data["device"], data.get("flavour", feature.flavour), data["model"], data["order"], data["rounds"],
+                   data["strict"], data["artifacts"], data.get("blocked_by"), data.get("breakdown") or {},
+                   data.get("seconds", 0.0), list(data.get("notes") or []))
+
     def to_json(self) -> dict:
         f = self.feature
         return {"feature": f.name, "phase": f.phase, "flavour": f.flavour, "hypothesis": f.hypothesis,

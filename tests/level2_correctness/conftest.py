@@ -17,7 +17,9 @@ def tolerance(workload, suite):
 
 
 @pytest.fixture(scope="session")
-def level2_golden(goldens, workload):
+def level2_golden(goldens, workload, suite):
     """The stored level 2 golden (validated: one stream and one scoring per workload prompt), or None under
     --force-regen (the run scores its own sequences)."""
+    if not suite.model.has_real_weights:  # before the golden is looked for: shape models have none, by design
+        pytest.skip(f"{suite.model.alias} has dummy weights: outputs are meaningless, so there is nothing to check")
     return goldens.load("level2", "level2", partial(check_golden_data, prompts=workload.prompts))

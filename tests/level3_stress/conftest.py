@@ -9,13 +9,13 @@ from harness.engine.server import EngineCrashed
 from harness.engine.server_metrics import metric_value
 from harness.session.suite import RunningServer, Suite
 from harness.stress.workload import (
-    DETERMINISTIC_PLATFORMS,
     SOURCE_TEXT,
     Limits,
     Prompts,
     Sacrificial,
     SequentialRun,
     run_sequential,
+    bitwise_deterministic,
     server_limits,
     serves_normally,
 )
@@ -50,7 +50,7 @@ def read_metric(server: RunningServer):
 
 @pytest.fixture(scope="session")
 def deterministic(suite: Suite) -> bool:
-    return suite.platform.name in DETERMINISTIC_PLATFORMS
+    return bitwise_deterministic(suite.platform.name, suite.platform.device)
 
 
 @pytest.fixture
