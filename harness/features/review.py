@@ -155,17 +155,22 @@ def _measured(result: FeatureResult, rel: Path) -> dict[str, str]:
 def _breakdown(result: FeatureResult, rel: Path) -> str:
     if not result.breakdown:
         return "Not measured in this run (no profiled decode window)."
-    lines = ["Kernel time per generated token at batch 1, by category (categories from the flavours' kernel families), "
-             "GPU busy fraction (union of kernel intervals over the window's wall time), kernel launches per token.", "",
-             "| config | " + " | ".join(("moe", "dense", "attention", "other")) + " | kernels us/token | wall us/token "
-             "| busy | launches/token |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["Kernel time per generated token at batch 1 in a profiled decode window, by category (categories from the "
+             "flavours' kernel families); **GPU busy** = that kernel time over the decode step of the unprofiled rounds "
+             "(1 / tg, engine clock); the profiled window's own busy share (union of kernel intervals over its wall "
+             "time) also holds the profiler's host cost between steps; kernel launches per token.", "",
+             "| config | " + " | ".join(("moe", "dense", "attention", "other")) + " | kernels us/token | step us "
+             "(unprofiled) | GPU busy | busy in the profiled window | launches/token |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for config, b in result.breakdown.items():
         if not b:
-            lines.append(f"| {config} | n/a | | | | | | | |")
+            lines.append(f"| {config} | n/a | | | | | | | | |")
             continue
         cat = b.get("us_per_token", {})
+        busy = b.get("busy_fraction_unprofiled")
         lines.append(f"| {config} | " + " | ".join(_fmt(cat.get(k)) for k in ("moe", "dense", "attention", "other"))
-                     + f" | {_fmt(b.get('total_us_per_token'))} | {_fmt(b.get('wall_us_per_token'))} | "
+                     + f" | {_fmt(b.get('total_us_per_token'))} | {_fmt(b.get('step_us_unprofiled'))} | "
+                     f"{_fmt(busy * 100) + '%' if busy is not None else 'n/a'} | "
                      f"{_fmt((b.get('busy_fraction') or 0) * 100)}% | {_fmt(b.get('launches_per_token'))} |")
     for config, b in result.breakdown.items():
         top = (b or {}).get("top") or []

@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable
 
+from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.features.judge import CriterionVerdict, Status, blocked, judge_number, judge_samples, overall
 from harness.features.levels import LevelOutcome, run_levels
@@ -59,6 +60,8 @@ class FeatureResult:
         for s in data.get("sides", []):
             side = Side(s["role"], s["config"], s["samples"], s["numbers"], s["boots"], s["clocks"], s["unresolved"])
             sides.append(side)
+        for side in sides:  # results written before the unprofiled busy fraction was kept
+            _busy_unprofiled((data.get("breakdown") or {}).get(side.config), side)
         return cls(feature, Status(data["status"]), [verdict(v) for v in data["criteria"]], levels,
                    [verdict(v) for v in data["gate"]], Status(data["gate_status"]), sides, data["platform"],
                    data["device"], data.get("flavour", feature.flavour), data["model"], data["order"], data["rounds"],
@@ -155,6 +158,8 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
     finally:
         if measurer.sampler is not None:
             measurer.sampler.close()
+    for side in (base_side, cand_side):
+        _busy_unprofiled(breakdown.get(side.config), side)
     if len([b for b in breakdown.values() if b]) == 2:
         plot_breakdowns({c: Breakdown.from_json(b) for c, b in breakdown.items()}, out_dir / "breakdown.png")
     save_sides(out_dir / "samples.json", [base_side, cand_side])
@@ -189,6 +194,20 @@ def decode_breakdown(suite: Suite, running: RunningServer, notes: list[str]) -> 
     except SuiteError as e:
         notes.append(f"{running.target.name}: no decode-time breakdown ({e})")
         return None
+
+
+def _busy_unprofiled(b: dict | None, side: Side) -> None:
+    """The busy fraction that holds without the profiler: kernel time per token (which the profiler barely moves)
+    over the decode step time of the unprofiled rounds (1 / tg at batch 1, engine clock). The profiled window's own
+    wall time also holds the profiler's host cost between steps (on an H100, the 20b shape: 77% busy in the
+    window, 59% over a whole profiled request, against ~97% from the unprofiled step; scripts/decode_window_gaps.py)."""
+    tg = [m for m in side.samples if m.startswith("tg") and "@" not in m]
+    if not b or not tg:
+        return
+    step_us = 1e6 / stats.median(side.samples[tg[0]])
+    b["step_us_unprofiled"] = round(step_us, 1)
+    b["step_metric"] = tg[0]
+    b["busy_fraction_unprofiled"] = round(min(1.0, b["total_us_per_token"] / step_us), 4)
 
 
 def _sampler(suite: Suite) -> ClockSampler | None:
