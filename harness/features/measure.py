@@ -164,7 +164,7 @@ def bracketed(measurer: Measurer, boot: Callable[[str, str], RunningServer], bas
     """One server at a time: A, B, A; `boot(config, tag)` boots one (a `with` context: stopped after its turn).
     `profile(side, running)` runs once per side, after the rounds of its first boot (no extra boot for it)."""
     first = math.ceil(rounds / 2)
-    profiled: set[str] = set()
+    breakdown_taken: set[str] = set()
     for side, tag, n in ((baseline, "__featureA1", first), (candidate, "__featureB", rounds),
                          (baseline, "__featureA2", rounds - first)):
         with boot(side.config, tag) as running:
@@ -174,8 +174,8 @@ def bracketed(measurer: Measurer, boot: Callable[[str, str], RunningServer], bas
                 for _ in range(n):
                     running.ensure_alive()
                     measurer.measure_round(side, running, profiled)
-            if profile is not None and side.role not in profiled:
-                profiled.add(side.role)
+            if profile is not None and side.role not in breakdown_taken:
+                breakdown_taken.add(side.role)
                 profile(side, running)
 
 

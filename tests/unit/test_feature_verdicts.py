@@ -119,3 +119,56 @@ def test_a_malformed_features_file_is_one_line(tmp_path, mutate, why):
     with pytest.raises(SuiteError, match=why) as e:
         load_features(bad)
     assert "\n" not in str(e.value), str(e.value)
+
+
+class _Running:
+    """A stand-in server for the ordering logic only (fakes never stand for vLLM's behaviour here)."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __enter__(self):
+        self.log.append(("boot", self.name))
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append(("stop", self.name))
+
+    def ensure_alive(self):
+        pass
+
+
+class _Measurer:
+    def __init__(self, log):
+        self.log, self.sampler = log, None
+
+    def record_boot(self, side, running):
+        self.log.append(("boot-numbers", side.role))
+
+    def warm(self, running):
+        pass
+
+    def measure_round(self, side, running, profiled=False):
+        self.log.append(("profiled" if profiled else "round", side.role))
+
+
+def test_a_b_a_brackets_the_candidate_and_profiles_after_the_unprofiled_rounds():
+    from harness.features.measure import Side, bracketed, interleaved
+
+    log = []
+    base, cand = Side("baseline", "a"), Side("candidate", "b")
+    bracketed(_Measurer(log), lambda config, tag: _Running(tag, log), base, cand, 4,
+              profile=lambda side, running: log.append(("breakdown", side.role)))
+    boots = [e[1] for e in log if e[0] == "boot"]
+    assert boots == ["__featureA1", "__featureB", "__featureA2"]
+    first_boot = log[:log.index(("stop", "__featureA1"))]
+    kinds = [e[0] for e in first_boot if e[0] in ("round", "profiled")]
+    assert kinds == ["round", "round", "profiled", "profiled"]  # every profiled round after the unprofiled ones
+    assert [e for e in log if e[0] == "breakdown"] == [("breakdown", "baseline"), ("breakdown", "candidate")]
+    assert sum(1 for e in log if e == ("round", "candidate")) == 4 and sum(1 for e in log if e == ("round", "baseline")) == 4
+
+    log.clear()
+    interleaved(_Measurer(log), (base, _Running("A", log)), (cand, _Running("B", log)), 4)
+    rounds = [e[1][0] for e in log if e[0] == "round"]
+    assert "".join(rounds) == "bccbbccb"  # ABBA: drift hits both sides alike
+    assert log.index(("profiled", "baseline")) > max(i for i, e in enumerate(log) if e[0] == "round")
