@@ -130,6 +130,13 @@ def blocked(c: Criterion, by: str) -> CriterionVerdict:
     return CriterionVerdict(c.text, c.metric, Status.BLOCKED, f"not measured: blocked by {by}")
 
 
+def did_not_boot(c: Criterion, who: str, config: str, cause: str) -> CriterionVerdict:
+    """A criterion of a feature whose server died at boot: the candidate's death is the feature's FAIL (a config
+    that cannot load where the baseline serves fails every criterion); the baseline's leaves nothing to judge."""
+    status = Status.FAIL if who == "candidate" else Status.ERROR
+    return CriterionVerdict(c.text, c.metric, status, f"not measured: the {who} {config} did not boot ({cause})")
+
+
 def overall(statuses: Sequence[Status]) -> Status:
     """A feature's verdict from its criteria and levels: any FAIL fails, any ERROR errs, any INCONCLUSIVE (with no
     FAIL) is inconclusive, BLOCKED when blocked; PASS only when everything passed."""

@@ -10,7 +10,9 @@ from typing import Callable
 
 from harness.core import stats
 from harness.core.errors import SuiteError
-from harness.features.judge import CriterionVerdict, Status, blocked, judge_number, judge_samples, overall
+from harness.engine.server import ServerDied
+from harness.features.judge import (CriterionVerdict, Status, blocked, did_not_boot, judge_number, judge_samples,
+                                    overall)
 from harness.features.levels import LevelOutcome, run_levels
 from harness.features.measure import Measurer, Side, bracketed, interleaved, save_sides
 from harness.features.spec import Criterion, Feature
@@ -136,9 +138,16 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
     hooks = hooks or {}
     breakdown: dict[str, dict] = {}
     together = suite.can_boot_secondary()[0]
+    booting: list[str] = []  # the config whose boot is under way, to name the side that died
+    plain_boot = boot
+
+    def boot(config: str, tag: str, env: dict | None = None, beside: bool = False) -> RunningServer:
+        booting[:] = [config]
+        return plain_boot(config, tag, env, beside)
+
+    order = "ABBA, both servers up" if together else "A, B, A (one server at a time)"
     try:
         if together:
-            order = "ABBA, both servers up"
             with ExitStack() as stack:
                 a = stack.enter_context(boot(f.baseline, "__featureA", hooks.get("baseline")))
                 b = stack.enter_context(boot(f.candidate, "__featureB", hooks.get("candidate"), beside=True))
@@ -146,8 +155,6 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
                 if profile is not None:
                     breakdown = {side.config: profile(r) for side, r in ((base_side, a), (cand_side, b))}
         else:
-            order = "A, B, A (one server at a time)"
-
             def one(config: str, tag: str):
                 return boot(config, tag, hooks.get("baseline" if config == f.baseline else "candidate"))
 
@@ -155,6 +162,18 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
                 breakdown[side.config] = profile(running)
 
             bracketed(measurer, one, base_side, cand_side, rounds, take if profile is not None else None)
+    except ServerDied as e:
+        # e.g. the kernels plugin on the gpt-oss-120b shape: CUDA out of memory at load where stock serves
+        who = "candidate" if booting and booting[0] == f.candidate else "baseline"
+        cause = str(e).splitlines()[0]
+        verdicts = [did_not_boot(c, who, booting[0] if booting else "?", cause) for c in f.criteria]
+        gate = [did_not_boot(c, who, booting[0] if booting else "?", cause) for c in f.gate]
+        status = verdicts[0].status if verdicts else Status.ERROR
+        result = FeatureResult(f, status, verdicts, levels, gate, status if gate else Status.FAIL,
+                               [base_side, cand_side], order=order, notes=[f"the {who} did not boot: {cause}"],
+                               seconds=time.monotonic() - started, **common)
+        (out_dir / "verdict.json").write_text(json.dumps(result.to_json(), indent=1, default=str))
+        return result
     finally:
         if measurer.sampler is not None:
             measurer.sampler.close()

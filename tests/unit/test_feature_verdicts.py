@@ -172,3 +172,39 @@ def test_a_b_a_brackets_the_candidate_and_profiles_after_the_unprofiled_rounds()
     rounds = [e[1][0] for e in log if e[0] == "round"]
     assert "".join(rounds) == "bccbbccb"  # ABBA: drift hits both sides alike
     assert log.index(("profiled", "baseline")) > max(i for i, e in enumerate(log) if e[0] == "round")
+
+
+def test_a_candidate_that_cannot_load_fails_every_criterion_and_still_gets_its_review(tmp_path, monkeypatch):
+    """The kernels plugin on the gpt-oss-120b shape dies with CUDA out of memory at load where stock serves: that is
+    the feature's FAIL, said in each criterion with the cause, and a review is written, not a traceback. The
+    baseline dying instead leaves nothing to judge: ERROR."""
+    from types import SimpleNamespace
+
+    from harness.engine.server import ServerDied
+    from harness.features import run as feature_run
+    from harness.features.review import render
+
+    feature = load_features()["kernels-moe"]
+    suite = SimpleNamespace(run_dir=tmp_path, platform=SimpleNamespace(name="sm_90", device="H100", is_cuda=False),
+                            flavour=SimpleNamespace(name="upstream"), model=SimpleNamespace(alias="gpt-oss-120b-shape"),
+                            can_boot_secondary=lambda: (False, "one GPU model at a time"))
+    log = []
+    monkeypatch.setattr(feature_run, "Measurer", lambda *a: _Measurer(log))
+    cause = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.98 GiB"
+
+    def boot(dies):
+        def one(config, tag, env=None, beside=False):
+            if config == dies:
+                raise ServerDied(f"vLLM server exited with code 1 during boot ({cause}); log x.log:\nline\nline")
+            return _Running(tag, log)
+        return one
+
+    for dies, status in ((feature.candidate, Status.FAIL), (feature.baseline, Status.ERROR)):
+        r = feature_run.run_feature(suite, feature, 2, False, {}, boot(dies), [], 60.0,
+                                    run_levels_fn=lambda *a: {})
+        assert r.status is status and r.criteria, r
+        assert all(v.status is status and dies in v.why and "CUDA out of memory" in v.why for v in r.criteria), r.criteria
+        assert not any(e[0] == "boot" and e[1] != "__featureA1" for e in log if dies == feature.candidate)
+        text = render(r, None, tmp_path / "FEATURE_kernels-moe.md")
+        assert "did not boot" in text and status.value in text
+        log.clear()
