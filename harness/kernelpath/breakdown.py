@@ -66,7 +66,8 @@ class Breakdown:
 
     @classmethod
     def from_json(cls, data: dict) -> "Breakdown":
-        fields = {k: v for k, v in data.items() if k not in ("top", "idle_us_per_token")}  # idle is derived
+        # idle is derived; the feature verdicts add the unprofiled step's numbers beside these fields
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "top"}
         return cls(**fields, top=[TopKernel(**t) for t in data["top"]])
 
 

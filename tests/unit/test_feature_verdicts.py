@@ -208,3 +208,31 @@ def test_a_candidate_that_cannot_load_fails_every_criterion_and_still_gets_its_r
         text = render(r, None, tmp_path / "FEATURE_kernels-moe.md")
         assert "did not boot" in text and status.value in text
         log.clear()
+
+
+def test_both_servers_up_with_breakdowns_gives_a_verdict_and_a_plot(tmp_path, monkeypatch):
+    """ABBA with the decode-time breakdown of both sides (a GPU with a small model): the breakdowns gain the
+    unprofiled step's busy fraction and are plotted side by side (this path once raised TypeError on an H100)."""
+    from types import SimpleNamespace
+
+    from harness.features import run as feature_run
+    from harness.config.catalog import Catalog
+    from harness.features.spec import ad_hoc
+    from harness.kernelpath.breakdown import Breakdown, TopKernel
+
+    class Measuring(_Measurer):
+        def measure_round(self, side, running, profiled=False):
+            side.add("tg32", [400.0 if side.role == "candidate" else 300.0])
+
+    suite = SimpleNamespace(run_dir=tmp_path, platform=SimpleNamespace(name="sm_90", device="H100", is_cuda=False),
+                            flavour=SimpleNamespace(name="upstream"), model=SimpleNamespace(alias="tiny"),
+                            can_boot_secondary=lambda: (True, ""))
+    feature = ad_hoc("triton-bf16-ngram", "triton-bf16", "tg32 >= +10%", Catalog(), "upstream")
+    monkeypatch.setattr(feature_run, "Measurer", lambda *a: Measuring([]))
+    b = Breakdown("t.json", 64, {"moe": 1000.0, "dense": 1000.0, "attention": 300.0, "other": 200.0}, 2500.0, 3000.0,
+                  2500.0, 0.83, 900.0, None, None, [TopKernel("k", 64, 1000.0, "moe")]).to_json()
+    r = feature_run.run_feature(suite, feature, 4, False, {}, lambda c, t, e=None, beside=False: _Running(t, []),
+                                [], 60.0, profile=lambda running: dict(b), run_levels_fn=lambda *a: {})
+    assert r.criteria[0].status is Status.PASS, r.criteria
+    assert {round(x["busy_fraction_unprofiled"], 2) for x in r.breakdown.values()} == {0.75, 1.0}
+    assert (tmp_path / "features" / feature.name / "breakdown.png").is_file()
