@@ -108,6 +108,7 @@ def install_cleanup() -> None:
 
 _ERROR_LINE = re.compile(r"\b(\w+(Error|Exception)|CUDA error)\b[:(]")
 _GENERIC = ("Engine core initialization failed", "See root cause above")
+_SOURCE_LINE = re.compile(r"^\s*(raise|except|return|[\w.]+\s*=)\b")  # a traceback's quoted source, not an error
 
 
 def root_cause(path: Path) -> str | None:
@@ -117,8 +118,9 @@ def root_cause(path: Path) -> str | None:
     except OSError:
         return None
     for line in reversed(lines):
-        if _ERROR_LINE.search(line) and not any(g in line for g in _GENERIC):
-            return re.sub(r"^\([^)]*\)\s*", "", line).strip()[:300]
+        text = re.sub(r"^\([^)]*\)\s*", "", line)
+        if _ERROR_LINE.search(text) and not _SOURCE_LINE.match(text) and not any(g in text for g in _GENERIC):
+            return text.strip()[:300]
     return None
 
 

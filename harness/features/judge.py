@@ -130,11 +130,13 @@ def blocked(c: Criterion, by: str) -> CriterionVerdict:
     return CriterionVerdict(c.text, c.metric, Status.BLOCKED, f"not measured: blocked by {by}")
 
 
-def did_not_boot(c: Criterion, who: str, config: str, cause: str) -> CriterionVerdict:
+def did_not_boot(c: Criterion, who: str, config: str, cause: str, baseline: float | None = None) -> CriterionVerdict:
     """A criterion of a feature whose server died at boot: the candidate's death is the feature's FAIL (a config
-    that cannot load where the baseline serves fails every criterion); the baseline's leaves nothing to judge."""
+    that cannot load where the baseline serves fails every criterion); the baseline's leaves nothing to judge.
+    `baseline`: what the baseline measured before the candidate's boot, for the review's table."""
     status = Status.FAIL if who == "candidate" else Status.ERROR
-    return CriterionVerdict(c.text, c.metric, status, f"not measured: the {who} {config} did not boot ({cause})")
+    return CriterionVerdict(c.text, c.metric, status, f"not measured: the {who} {config} did not boot ({cause})",
+                            baseline=baseline)
 
 
 def overall(statuses: Sequence[Status]) -> Status:

@@ -61,7 +61,8 @@ def read_junit(path: Path, levels: tuple[str, ...]) -> dict[str, LevelOutcome]:
         if failure is not None:
             o.failed += 1
             if len(o.first_failures) < 3:
-                o.first_failures.append(f"{case.get('name')}: {(failure.get('message') or '')[:200]}")
+                first = (failure.get("message") or "").strip().splitlines()[:1]  # the log tail follows
+                o.first_failures.append(f"{case.get('name')}: {(first[0] if first else '')[:200]}")
         elif skipped is not None:
             if "xfail" in (skipped.get("type") or "") or "xfail" in (skipped.get("message") or "").lower():
                 o.xfailed += 1

@@ -166,8 +166,14 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
         # e.g. the kernels plugin on the gpt-oss-120b shape: CUDA out of memory at load where stock serves
         who = "candidate" if booting and booting[0] == f.candidate else "baseline"
         cause = str(e).splitlines()[0]
-        verdicts = [did_not_boot(c, who, booting[0] if booting else "?", cause) for c in f.criteria]
-        gate = [did_not_boot(c, who, booting[0] if booting else "?", cause) for c in f.gate]
+        config = booting[0] if booting else "?"
+
+        def measured(c: Criterion) -> float | None:
+            values = base_side.value(c.metric)
+            return stats.median(values) if values else None
+
+        verdicts = [did_not_boot(c, who, config, cause, measured(c)) for c in f.criteria]
+        gate = [did_not_boot(c, who, config, cause, measured(c)) for c in f.gate]
         status = verdicts[0].status if verdicts else Status.ERROR
         result = FeatureResult(f, status, verdicts, levels, gate, status if gate else Status.FAIL,
                                [base_side, cand_side], order=order, notes=[f"the {who} did not boot: {cause}"],

@@ -68,9 +68,9 @@ def test_levels_are_read_per_folder_from_junit(tmp_path):
     (tmp_path / "j.xml").write_text(
         '<testsuites><testsuite>'
         '<testcase classname="tests.level1_smoke.test_smoke" name="a"/>'
-        '<testcase classname="tests.level1_smoke.test_smoke" name="b"><failure message="boom"/></testcase>'
+        '<testcase classname="tests.level1_smoke.test_smoke" name="b"><failure message="boom (CUDA out of memory); log x.log:&#10;(EngineCore) tail"/></testcase>'
         '<testcase classname="tests.level1_5_kernels.test_kernel_paths" name="c"><skipped message="why"/></testcase>'
         '</testsuite></testsuites>')
     out = read_junit(tmp_path / "j.xml", ("level1", "level1_5"))
-    assert out["level1"].status == "FAIL" and out["level1"].first_failures == ["b: boom"]
+    assert out["level1"].status == "FAIL" and out["level1"].first_failures == ["b: boom (CUDA out of memory); log x.log:"]  # one line each
     assert out["level1_5"].status == "NOT RUN"  # everything skipped is not a pass

@@ -144,6 +144,7 @@ class _Measurer:
 
     def record_boot(self, side, running):
         self.log.append(("boot-numbers", side.role))
+        side.number("used_memory", 63.42)
 
     def warm(self, running):
         pass
@@ -204,6 +205,8 @@ def test_a_candidate_that_cannot_load_fails_every_criterion_and_still_gets_its_r
                                     run_levels_fn=lambda *a: {})
         assert r.status is status and r.criteria, r
         assert all(v.status is status and dies in v.why and "CUDA out of memory" in v.why for v in r.criteria), r.criteria
+        if dies == feature.candidate:  # what stock measured before the candidate's boot stays in the review
+            assert {v.metric: v.baseline for v in r.criteria}["used_memory"] == 63.42
         assert not any(e[0] == "boot" and e[1] != "__featureA1" for e in log if dies == feature.candidate)
         text = render(r, None, tmp_path / "FEATURE_kernels-moe.md")
         assert "did not boot" in text and status.value in text

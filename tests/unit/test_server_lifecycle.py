@@ -162,6 +162,7 @@ def test_a_boot_that_dies_names_the_root_cause_in_its_first_line(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("(EngineCore_DP0 pid=7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 15.82 GiB.\n"
                    "(APIServer pid=5) Traceback (most recent call last):\n"
+                   "(APIServer pid=5)     raise RuntimeError(\n"  # the traceback's source line (H100, vLLM 0.26)
                    "(APIServer pid=5) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
     assert root_cause(log) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 15.82 GiB."
     with pytest.raises(ServerDied, match=r"^vLLM server exited with code 3 during boot \(RuntimeError: engine core failed"):
