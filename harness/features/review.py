@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -189,10 +190,12 @@ def _shown(path: Path) -> str:
 
 
 def _rel_link(path: Path, review: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(review.parent.resolve()))
-    except ValueError:
-        return str(path)
+    """A link that works from the review's folder (a run beside it, or docs/evidence from docs/porting); an
+    absolute path for artifacts outside the repository."""
+    target, here = Path(path).resolve(), review.parent.resolve()
+    if target.is_relative_to(here) or (target.is_relative_to(REPO) and here.is_relative_to(REPO)):
+        return os.path.relpath(target, here)
+    return str(target)
 
 
 def write_review(result: FeatureResult, review_dir: Path) -> Path:
