@@ -19,7 +19,7 @@ from typing import Sequence
 from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
-from harness.features.judge import CriterionVerdict, Status
+from harness.features.judge import GIB, CriterionVerdict, Status
 from harness.features.run import FeatureResult
 from harness.features.spec import load_features
 
@@ -96,11 +96,17 @@ def _target(v: CriterionVerdict, c_text: str) -> str:
 def _measured(result: FeatureResult, rel: Path) -> dict[str, str]:
     f = result.feature
     units = {c.metric: (c.unit if not c.relative else "") for c in f.criteria}
+    in_gb = {c.metric for c in f.criteria if c.relative and c.unit == "GB"}  # used_memory <= +1 GB: growth in GB
     rows = ["| Metric | Baseline | Target | Actual |", "|--------|----------|--------|--------|"]
     evals = ["| Criterion | Pass/Fail | Notes |", "|-----------|-----------|-------|"]
     for v in result.criteria:
         unit = units.get(v.metric, "")
-        actual = _fmt(v.candidate, unit) + (f" ({(v.ratio - 1) * 100:+.1f}%)" if v.ratio else "")
+        if v.metric in in_gb and v.candidate is not None and v.baseline is not None:  # GiB numbers, GB criterion
+            unit = "GiB"
+            change = f" ({(v.candidate - v.baseline) * GIB / 1e9:+.2f} GB)"
+        else:
+            change = f" ({(v.ratio - 1) * 100:+.1f}%)" if v.ratio else ""
+        actual = _fmt(v.candidate, unit) + change
         rows.append(f"| {v.metric} | {_fmt(v.baseline, unit)} ({f.baseline}) | {_target(v, v.criterion)} | {actual} |")
         evals.append(f"| {v.criterion} | {_MARK[v.status]} | {v.why} |")
     for g in result.gate:

@@ -37,6 +37,8 @@ def test_a_new_review_has_the_users_template_sections(tmp_path):
                             "REQUIRED: Areas for Improvement"]
     assert "| Metric | Baseline | Target | Actual |" in text and "| tg32 |" in text and ">= +10%" in text
     assert "Level 1.5 (Kernel Validation): FAIL" in text and "x: y" in text
+    # memory against a GB criterion reads in GB, as the users' template writes it ("memory increase <= 2 GB")
+    assert "| used_memory | 4.00 GiB (cpu-bf16-eager) | <= +1 GB | 4.10 GiB (+0.11 GB) |" in text
 
 
 def test_regenerating_keeps_every_hand_written_byte(tmp_path):
