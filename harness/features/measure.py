@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.engine.server_metrics import scrape, spec_decode_between
 from harness.features.spec import Criterion
@@ -37,6 +38,21 @@ class Side:
     boots: list[dict] = field(default_factory=list)  # per boot: log, boot seconds, memory section
     clocks: dict[str, str] = field(default_factory=dict)  # metric -> clock it was measured with
     unresolved: dict[str, str] = field(default_factory=dict)  # metric -> why its samples cannot be judged
+    boot_ends: list[dict[str, int]] = field(default_factory=list)  # per boot (A, B, A): sample counts at its end
+
+    def end_boot(self) -> None:
+        self.boot_ends.append({m: len(v) for m, v in self.samples.items()})
+
+    def drift(self, metric: str) -> float | None:
+        """How far the medians of this side's first two boots differ (|second / first - 1|): the machine's drift
+        over an A, B, A run, which no number of rounds within a boot averages away. None: fewer than two boots."""
+        if len(self.boot_ends) < 2:
+            return None
+        e1, e2 = self.boot_ends[0].get(metric, 0), self.boot_ends[1].get(metric, 0)
+        first, second = self.samples.get(metric, [])[:e1], self.samples.get(metric, [])[e1:e2]
+        if not first or not second or not stats.median(first):
+            return None
+        return abs(stats.median(second) / stats.median(first) - 1.0)
 
     def add(self, metric: str, values: list[float]) -> None:
         self.samples.setdefault(metric, []).extend(values)
@@ -50,7 +66,7 @@ class Side:
 
     def to_json(self) -> dict:
         return {"role": self.role, "config": self.config, "samples": self.samples, "numbers": self.numbers,
-                "boots": self.boots, "clocks": self.clocks, "unresolved": self.unresolved}
+                "boots": self.boots, "clocks": self.clocks, "unresolved": self.unresolved, "boot_ends": self.boot_ends}
 
 
 def workloads_for(criteria: list[Criterion], platform_name: str) -> list[tuple[str, bench.Workload]]:
@@ -174,6 +190,7 @@ def bracketed(measurer: Measurer, boot: Callable[[str, str], RunningServer], bas
                 for _ in range(n):
                     running.ensure_alive()
                     measurer.measure_round(side, running, profiled)
+            side.end_boot()
             if profile is not None and side.role not in breakdown_taken:
                 breakdown_taken.add(side.role)
                 profile(side, running)

@@ -60,7 +60,8 @@ class FeatureResult:
         levels = {k: LevelOutcome(**{x: y for x, y in v.items() if x != "status"}) for k, v in data["levels"].items()}
         sides = []
         for s in data.get("sides", []):
-            side = Side(s["role"], s["config"], s["samples"], s["numbers"], s["boots"], s["clocks"], s["unresolved"])
+            side = Side(s["role"], s["config"], s["samples"], s["numbers"], s["boots"], s["clocks"], s["unresolved"],
+                        s.get("boot_ends") or [])
             sides.append(side)
         for side in sides:  # results written before the unprofiled busy fraction was kept
             _busy_unprofiled((data.get("breakdown") or {}).get(side.config), side)
@@ -90,7 +91,8 @@ def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side) 
             b, k = baseline.numbers.get(c.metric), candidate.numbers.get(c.metric)
             out.append(judge_number(c, sum(b) / len(b) if b else None, max(k) if k else None))
         else:
-            v = judge_samples(c, baseline.value(c.metric) if c.relative else None, candidate.value(c.metric))
+            v = judge_samples(c, baseline.value(c.metric) if c.relative else None, candidate.value(c.metric),
+                              drift=baseline.drift(c.metric) if c.relative else None)
             unresolved = "; ".join(f"{s.role}: {s.unresolved[c.metric]}" for s in (baseline, candidate)
                                    if c.metric in s.unresolved)
             if unresolved and v.status is not Status.ERROR:  # rounds below the GPU's loaded clock: never judged

@@ -167,6 +167,7 @@ def test_a_b_a_brackets_the_candidate_and_profiles_after_the_unprofiled_rounds()
     assert kinds == ["round", "round", "profiled", "profiled"]  # every profiled round after the unprofiled ones
     assert [e for e in log if e[0] == "breakdown"] == [("breakdown", "baseline"), ("breakdown", "candidate")]
     assert sum(1 for e in log if e == ("round", "candidate")) == 4 and sum(1 for e in log if e == ("round", "baseline")) == 4
+    assert len(base.boot_ends) == 2 and len(cand.boot_ends) == 1  # each boot's end marked: the baseline's drift
 
     log.clear()
     interleaved(_Measurer(log), (base, _Running("A", log)), (cand, _Running("B", log)), 4)
@@ -239,3 +240,23 @@ def test_both_servers_up_with_breakdowns_gives_a_verdict_and_a_plot(tmp_path, mo
     assert r.criteria[0].status is Status.PASS, r.criteria
     assert {round(x["busy_fraction_unprofiled"], 2) for x in r.breakdown.values()} == {0.75, 1.0}
     assert (tmp_path / "features" / feature.name / "breakdown.png").is_file()
+
+
+def test_the_baseline_boots_drift_widens_the_ci_before_it_is_held_to_the_target():
+    """A, B, A: the candidate ran between the baseline's two boots, so a machine that drifted between them
+    (an H100: stock tg32 283.8 then 247.2 tok/s) cannot back a PASS that the drift could explain; a verdict beyond
+    the drift stands. Without drift (ABBA, or boots that agree) nothing changes."""
+    from harness.features.measure import Side
+
+    c = parse_criterion("tg32 >= +10%")
+    base, faster, slower = around(100.0, cv=0.001), around(112.0, cv=0.001, seed=1), around(80.0, cv=0.001, seed=2)
+    assert judge_samples(c, base, faster).status is Status.PASS
+    assert judge_samples(c, base, faster, drift=0.0).status is Status.PASS
+    widened = judge_samples(c, base, faster, drift=0.15)
+    assert widened.status is Status.INCONCLUSIVE and "drift of 15.0%" in widened.why, widened.why
+    assert judge_samples(c, base, slower, drift=0.15).status is Status.FAIL  # beyond any drift: still a FAIL
+
+    side = Side("baseline", "triton-bf16", {"tg32": [292.6, 274.9, 242.9, 251.4]},
+                boot_ends=[{"tg32": 2}, {"tg32": 4}])  # this session's stock rounds, A1 then A2
+    assert round(side.drift("tg32"), 3) == 0.129
+    assert Side("baseline", "x", {"tg32": [1.0, 2.0]}, boot_ends=[{"tg32": 2}]).drift("tg32") is None  # one boot
