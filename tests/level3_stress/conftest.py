@@ -9,7 +9,7 @@ import pytest
 from harness.core.errors import SuiteError
 from harness.engine.server import EngineCrashed
 from harness.engine.server_metrics import metric_value
-from harness.session.suite import RunningServer, Suite
+from harness.session.suite import RunningServer, StopAfterFolder, Suite
 from harness.stress.workload import (
     SOURCE_TEXT,
     Limits,
@@ -63,29 +63,23 @@ def still_serves(live_server: RunningServer, prompts: Prompts):
 
 @pytest.fixture(scope="session")
 def sacrificial(suite: Suite, server: RunningServer):
-    """The crash-prone tests' own server for this config (booted on first use, stopped at the end)."""
+    """The crash-prone tests' own server for this config (booted on first use, stopped after level 3's last test)."""
     if server.external:
         pytest.skip("--server-url: abusive requests would be sent to a server the suite cannot restart")
     ok, why = suite.can_boot_secondary()
     if not ok:
         pytest.skip(f"abusive requests need their own server beside the shared one, and {why}")
     s = Sacrificial(suite, server.target)
-    _OPEN.append(s)
+    _EXTRA.add(s.close)
     yield s
     s.close()
 
 
-_OPEN: list[Sacrificial] = []
-HERE = Path(__file__).resolve().parent
+_EXTRA = StopAfterFolder(Path(__file__).parent)  # the crash-prone tests' server stops after level 3's last test
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """The crash-prone tests' server stops after the last level 3 test, not at the end of the session: on a 24 GB
-    CI box it held ~5 GB while level 6 booted its combinations, and the kernel's OOM killer took a level 6 server
-    (seen with level 5's hooked server up too: four servers at once)."""
-    if nextitem is None or HERE not in Path(nextitem.path).parents:
-        while _OPEN:
-            _OPEN.pop().close()
+    _EXTRA.after_test(nextitem)
 
 
 def assert_4xx_with_message(case: str, r) -> str:

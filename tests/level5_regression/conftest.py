@@ -11,7 +11,7 @@ from harness.engine import hooks
 from harness.core.store import Store
 from harness.perf.baselines import BaselineStore, baseline_path, platform_key
 from harness.perf.regression import load_thresholds
-from harness.session.suite import RunningServer, Suite
+from harness.session.suite import RunningServer, StopAfterFolder, Suite
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINES = REPO / "baselines"
@@ -69,19 +69,12 @@ def hooked(request: pytest.FixtureRequest, suite: Suite, target) -> HookedServer
                     f"{hooks.SLOWDOWN_ENV}=1 pytest -m level5 -k 'sensitivity or held' ...")
     env = {hooks.HOLD_ENV: str(DEFAULT_HOLD_GIB), hooks.SLOWDOWN_ENV: "1"}
     with suite.boot(target, tag="__hooked", env_extra=env, beside_shared=True) as running:
-        _OPEN.append(running)
+        _EXTRA.add(running.stop)
         yield HookedServer(running, hooks.server_hook_dir(suite, running), DEFAULT_HOLD_GIB, False)
 
 
-_OPEN: list[RunningServer] = []  # servers this level booted for itself (never the shared one)
-HERE = Path(__file__).resolve().parent
+_EXTRA = StopAfterFolder(Path(__file__).parent)  # the hooked server (holding 1.5 GiB) stops after level 5's last test
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """The hooked server (holding 1.5 GiB) stops after the last level 5 test, not at the end of the session: a
-    24 GB CI box ran out of memory in level 6 with it, level 3's and the shared server up."""
-    if nextitem is None or HERE not in Path(nextitem.path).parents:
-        while _OPEN:
-            running = _OPEN.pop()
-            if running.process is not None:
-                running.process.stop()
+    _EXTRA.after_test(nextitem)

@@ -167,3 +167,25 @@ def test_a_boot_that_dies_names_the_root_cause_in_its_first_line(tmp_path):
     assert root_cause(log) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 15.82 GiB."
     with pytest.raises(ServerDied, match=r"^vLLM server exited with code 3 during boot \(RuntimeError: engine core failed"):
         make(tmp_path, "die").start()
+
+
+def test_a_levels_own_servers_stop_after_its_last_test_not_at_session_end(tmp_path):
+    """Levels 3 and 5 boot servers beside the shared one; left up until the session's end they pushed a 24 GB CI box
+    into the OOM killer during level 6. They stop once the next test is outside the folder, or there is none."""
+    from types import SimpleNamespace
+
+    from harness.session.suite import StopAfterFolder
+
+    level, other = tmp_path / "level5", tmp_path / "level6"
+    stopped = []
+    extra = StopAfterFolder(level)
+    extra.add(lambda: stopped.append("hooked"))
+    extra.after_test(SimpleNamespace(path=level / "test_b.py"))
+    assert stopped == []  # another test of the level follows
+    extra.after_test(SimpleNamespace(path=other / "test_c.py"))
+    assert stopped == ["hooked"]
+    extra.after_test(None)
+    assert stopped == ["hooked"]  # stopped once
+    extra.add(lambda: stopped.append("again"))
+    extra.after_test(None)  # the level ran last
+    assert stopped == ["hooked", "again"]
