@@ -102,9 +102,10 @@ def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side) 
     return out
 
 
-def gate_verdicts(f: Feature, criteria: list[CriterionVerdict], levels: dict[str, LevelOutcome],
-                  baseline: Side, candidate: Side) -> tuple[list[CriterionVerdict], Status]:
-    gate = judge_all(f.gate, baseline, candidate) if f.gate else []
+def gate_verdicts(f: Feature, judged: list[CriterionVerdict], levels: dict[str, LevelOutcome]
+                  ) -> tuple[list[CriterionVerdict], Status]:
+    """This feature's gate for the next phase: `judged` (its gate criteria, judged), then its gate levels."""
+    gate = list(judged)
     for lv in f.gate_levels:
         o = levels.get(lv)
         status = Status.PASS if o and o.status == "PASS" else Status.FAIL if o and o.status == "FAIL" else Status.ERROR
@@ -175,9 +176,10 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
             return stats.median(values) if values else None
 
         verdicts = [did_not_boot(c, who, config, cause, measured(c)) for c in f.criteria]
-        gate = [did_not_boot(c, who, config, cause, measured(c)) for c in f.gate]
-        status = verdicts[0].status if verdicts else Status.ERROR
-        result = FeatureResult(f, status, verdicts, levels, gate, status if gate else Status.FAIL,
+        gate, _ = gate_verdicts(f, [did_not_boot(c, who, config, cause, measured(c)) for c in f.gate], levels)
+        status = overall([v.status for v in verdicts])
+        # whatever its gate levels say, a feature that was not measured cannot open the next phase
+        result = FeatureResult(f, status, verdicts, levels, gate, status if f.gate else Status.FAIL,
                                [base_side, cand_side], order=order, notes=[f"the {who} did not boot: {cause}"],
                                seconds=time.monotonic() - started, **common)
         (out_dir / "verdict.json").write_text(json.dumps(result.to_json(), indent=1, default=str))
@@ -194,7 +196,7 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
     # a required level that ran nothing (every test skipped, e.g. level 2 on dummy weights) cannot say: inconclusive
     level_status = [Status.PASS if o.status == "PASS" else Status.FAIL if o.status == "FAIL" else Status.INCONCLUSIVE
                     for o in levels.values()]
-    gate, gate_status = gate_verdicts(f, verdicts, levels, base_side, cand_side)
+    gate, gate_status = gate_verdicts(f, judge_all(f.gate, base_side, cand_side) if f.gate else [], levels)
     result = FeatureResult(f, overall([v.status for v in verdicts] + level_status), verdicts, levels, gate,
                            gate_status, [base_side, cand_side], order=order, breakdown=breakdown,
                            seconds=time.monotonic() - started, **common)
