@@ -20,7 +20,7 @@ import triton.language as tl  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-__all__ = ["triton", "tl", "INTERPRET", "check_device"]
+__all__ = ["triton", "tl", "INTERPRET", "check_device", "_dot_bf16", "_round_bf16"]
 
 
 def check_device(*tensors: torch.Tensor) -> None:
@@ -34,3 +34,30 @@ def check_device(*tensors: torch.Tensor) -> None:
             raise RuntimeError(
                 "Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 with CPU tensors, slow, for checking)"
             )
+
+
+# Helpers every kernel module uses where the interpreter and the GPU differ.
+
+
+@triton.jit
+def _dot_bf16(a, b, acc, INTERPRETED: tl.constexpr):
+    """acc + a @ b for bf16 a, b. Triton's interpreter (3.9) multiplies the raw uint16 bit patterns
+    of bf16 operands in tl.dot, so there we upcast to fp32 first (exact, ieee precision)."""
+    if INTERPRETED:
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        r = tl.dot(a, b, acc)
+    return r
+
+
+@triton.jit
+def _round_bf16(x, INTERPRETED: tl.constexpr):
+    """float32 -> bf16, round-to-nearest-even. The GPU cast already does RNE; Triton's interpreter
+    (3.9) truncates, so there we round the bit pattern ourselves first (the cast is then exact)."""
+    if INTERPRETED:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        r = b.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    else:
+        r = x.to(tl.bfloat16)
+    return r

@@ -25,9 +25,10 @@ import functools
 
 import torch
 
-from ._triton import INTERPRET, check_device, tl, triton
+from ._triton import INTERPRET, _dot_bf16, _round_bf16, check_device, tl, triton
 from .mxfp4 import as_packed, dequantize_mxfp4
-from .packed import PackedMXFP4, pack_mxfp4, prepare_activation, unpack_mxfp4
+from .packed import PackedMXFP4, pack_mxfp4, prepare_activation
+from .packed_mm import mxfp4_mm_packed
 from .tuning import get_config
 
 @triton.jit
@@ -45,30 +46,6 @@ def _e8m0_to_f32(s):
     bits = tl.where(s == 0, 0x00400000, s << 23)
     bits = tl.where(s == 255, 0x7FC00000, bits)
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _dot_bf16(a, b, acc, INTERPRETED: tl.constexpr):
-    """acc + a @ b for bf16 a, b. Triton's interpreter (3.9) multiplies the raw uint16 bit patterns
-    of bf16 operands in tl.dot, so there we upcast to fp32 first (exact, ieee precision)."""
-    if INTERPRETED:
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        r = tl.dot(a, b, acc)
-    return r
-
-
-@triton.jit
-def _round_bf16(x, INTERPRETED: tl.constexpr):
-    """float32 -> bf16, round-to-nearest-even. The GPU cast already does RNE; Triton's interpreter
-    (3.9) truncates, so there we round the bit pattern ourselves first (the cast is then exact)."""
-    if INTERPRETED:
-        b = x.to(tl.uint32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-        r = b.to(tl.float32, bitcast=True).to(tl.bfloat16)
-    else:
-        r = x.to(tl.bfloat16)
-    return r
 
 
 # E2M1 x 8 (one 32-bit word) . x (8 fp16 in 4 f16x2 words) -> fp32, in 27 PTX instructions.
@@ -589,9 +566,9 @@ def mxfp4_linear(
     """Dispatcher: x [..., K] bf16 -> [..., N] bf16.
 
     `packed` is either checkpoint-layout weights (+ `scales`) or a PackedMXFP4 from `pack_mxfp4`
-    (scales ignored): the latter runs the repacked kernels (tensor cores on a GPU, M <= 16).
-    M (tokens) <= threshold -> low-M kernel (weights stay packed); larger M -> dequantize to
-    BF16 + torch.matmul (compute-bound there, where cuBLAS wins). Threshold from tuning.yaml
+    (scales ignored): the latter runs the repacked kernels (tensor cores on a GPU, M <= 16) and above the
+    threshold `packed_mm.mxfp4_mm_packed` (tensor cores, the same packed bytes). Checkpoint layout:
+    M (tokens) <= threshold -> low-M kernel; larger M -> dequantize to BF16 + torch.matmul. Threshold from tuning.yaml
     (gemv.small_m_threshold, env KERNELS_GEMV_SMALL_M_THRESHOLD) unless given.
     """
     lead = x.shape[:-1]
@@ -600,10 +577,8 @@ def mxfp4_linear(
     if isinstance(packed, PackedMXFP4):
         if x2.shape[0] <= thr:
             y = mxfp4_gemv_packed(x2, packed, bias)
-        else:
-            w, s = unpack_mxfp4(packed)
-            wb = dequantize_mxfp4(w, s, torch.bfloat16)
-            y = torch.nn.functional.linear(x2.to(torch.bfloat16), wb, None if bias is None else bias.to(torch.bfloat16))
+        else:  # the same packed bytes on tensor cores: no second copy of the weights for large M
+            y = mxfp4_mm_packed(x2, packed, bias)
         return y.reshape(*lead, y.shape[-1])
     if x2.shape[0] <= thr:
         y = mxfp4_gemv(x2, packed, scales, bias)

@@ -26,6 +26,7 @@ import torch
 from ._triton import INTERPRET, check_device, tl, triton
 from .gemv import _e2m1_to_f32, _e8m0_to_f32, _round_bf16, _row_dot_words
 from .mxfp4 import as_packed
+from .packed_mm import mxfp4_moe_packed_mm
 from .reference import SWIGLU_ALPHA, SWIGLU_LIMIT, route
 from .tuning import get_config
 
@@ -239,9 +240,9 @@ def moe_forward(
 # Three launches on a GPU (csrc/mxfp4_mma.cu via cuda_ext): route (router GEMV in the stored dtype +
 # top-k + softmax, int32 ids), gate_up for all k experts with SwiGLU in the epilogue, down + weighted
 # combine in a fixed order (deterministic). gate_up and down use programmatic dependent launch where
-# the GPU has it: down prefetches its expert weights while gate_up finishes. Elsewhere (CPU
-# interpreter, no nvcc, M > 16) the same math runs as Triton packed GEMVs per expert plus torch
-# glue: slower, same layout and decode, and what the CPU tests check.
+# the GPU has it: down prefetches its expert weights while gate_up finishes. Elsewhere (M > 16, CPU
+# interpreter, no nvcc, impl: portable) the same packed bytes go through kernels/packed_mm.py's grouped
+# tensor-core GEMMs (slots sorted by expert, no host sync): one copy of the weights serves every M.
 
 
 def pack_moe_experts(gate_up_blocks: torch.Tensor, gate_up_scales: torch.Tensor, down_blocks: torch.Tensor,
@@ -253,44 +254,12 @@ def pack_moe_experts(gate_up_blocks: torch.Tensor, gate_up_scales: torch.Tensor,
     return pack_mxfp4(gate_up_blocks, gate_up_scales, paired=True), pack_mxfp4(down_blocks, down_scales)
 
 
-def _expert(p, e: int):
-    from .packed import PackedMXFP4
-
-    return PackedMXFP4(p.words[e], p.scales[e], p.n, p.k, p.paired)
-
-
-def _moe_packed_portable(x, ids, wts, gu, gu_bias, dn, dn_bias, out, alpha, limit):
-    from .gemv import mxfp4_gemv_packed
-    from .packed import _pair_perm
-
-    m, hdim = x.shape
-    inter = gu.n // 2
-    perm = _pair_perm(gu.n).to(x.device)
-    inv = torch.argsort(perm)
-    total = torch.zeros((m, hdim), dtype=torch.float32, device=x.device)
-    for tok in range(m):  # fixed order: slot 0..k-1 per token
-        for j in range(ids.shape[1]):
-            e = int(ids[tok, j])
-            if e < 0:
-                continue
-            y = mxfp4_gemv_packed(x[tok : tok + 1], _expert(gu, e)).float()[:, inv]  # original gate/up order
-            if gu_bias is not None:
-                y = y + gu_bias[e].float()
-            gate, up = y[:, 0::2].clamp(max=limit), y[:, 1::2].clamp(-limit, limit)
-            h = ((up + 1) * (gate * torch.sigmoid(gate * alpha))).to(torch.bfloat16)
-            d = mxfp4_gemv_packed(h, _expert(dn, e)).float()
-            if dn_bias is not None:
-                d = d + dn_bias[e].float()
-            total[tok] += float(wts[tok, j]) * d[0]
-    out.copy_(total.to(torch.bfloat16))
-    return out
-
-
 def mxfp4_moe_packed(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor, gate_up, gate_up_bias,
                      down, down_bias, out: torch.Tensor | None = None, config: dict | None = None,
                      alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> torch.Tensor:
     """Experts of the gpt-oss MoE block on packed weights (`pack_moe_experts`). x [M, H] bf16,
-    expert_ids [M, k] (-1 = skip), expert_weights [M, k] -> [M, H] bf16."""
+    expert_ids [M, k] (-1 = skip), expert_weights [M, k] -> [M, H] bf16. M <= 16 on a GPU: the CUDA decode
+    kernels; otherwise `packed_mm.mxfp4_moe_packed_mm` (any M, the same packed experts)."""
     m, hdim = x.shape
     if gate_up.k != hdim or down.n != hdim or down.k * 2 != gate_up.n or not gate_up.paired:
         raise ValueError(f"MoE shapes disagree: x {tuple(x.shape)}, gate_up {gate_up.n}x{gate_up.k} "
@@ -306,8 +275,8 @@ def mxfp4_moe_packed(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: 
         if cuda_ext.available()[0]:
             return cuda_ext.moe(x, expert_ids, expert_weights, gate_up, gate_up_bias, down, down_bias, out, cfg,
                                 alpha, limit)
-    return _moe_packed_portable(x, expert_ids, expert_weights, gate_up, gate_up_bias, down, down_bias, out, alpha,
-                                limit)
+    return mxfp4_moe_packed_mm(x, expert_ids, expert_weights, gate_up, gate_up_bias, down, down_bias, out=out,
+                               alpha=alpha, limit=limit)
 
 
 def route_packed(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None, top_k: int,

@@ -134,8 +134,8 @@ def test_checkpoint_blocks_and_packed_give_same_result():
 
 # --- packed experts: the rebuilt pipeline (kernels.moe.*_packed) -----------------------------------
 # Tolerance MOE_NMSE as above. The CUDA path keeps h in fp16 * 2**8 (|h| <= 56 by the clamp, so
-# 11 significand bits: finer than the BF16 h the bound was derived for); the portable path rounds
-# h to BF16 exactly like the derivation. Products are exact in both (see test_kernel_gemv.py).
+# 11 significand bits: finer than the BF16 h the bound was derived for); the portable path (packed_mm)
+# rounds h to BF16 exactly like the derivation. Products are exact in both (see test_kernel_gemv.py).
 
 
 def _packed_case(m, e, h, inter, k, seed, x_scale=1.0, skip_slots=False, dev=DEV):
@@ -156,7 +156,8 @@ def _packed_case(m, e, h, inter, k, seed, x_scale=1.0, skip_slots=False, dev=DEV
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("m,e,h,inter,k,x_scale,skip", [(1, 4, 32, 32, 2, 1.0, False), (2, 6, 64, 96, 3, 40.0, True)])
 def test_moe_packed_portable(m, e, h, inter, k, x_scale, skip):
-    """Portable path (Triton packed GEMV per expert + torch glue): clamps, skipped slot, ragged I."""
+    """Portable path (kernels/packed_mm.py's grouped GEMMs on the same packed bytes): clamps, skipped slot,
+    ragged I."""
     from kernels.moe import mxfp4_moe_packed
 
     seed = fresh_seed()

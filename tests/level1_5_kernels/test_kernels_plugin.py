@@ -1,8 +1,9 @@
 """The vLLM plugin that serves gpt-oss MXFP4 layers with kernels/ (plugins/site/suite_kernels).
 
-Here, without a server: its wrappers run our kernels on vLLM's raw expert layout and match the fp32
-reference, hand large batches to vLLM's own method untouched, refuse to load where the CUDA kernels
-cannot run, and patch the installed vLLM's real classes (whose parameters they must pass on). In a
+Here, without a server: its wrappers run our kernels on the packed copy of vLLM's raw expert layout and
+match the fp32 reference at every batch size, keep one copy of the weights (vLLM's tensors freed, its
+method never called), refuse to load where the CUDA kernels cannot run, and patch the installed vLLM's
+real classes (whose parameters they must pass on). In a
 served model: the plugin configurations of configs/flavours/upstream.yaml (moe gemv, layers all),
 judged by levels 1.5, 2 and 4 on a GPU.
 
@@ -109,18 +110,41 @@ def test_small_batches_run_our_kernels_like_the_reference(stock, m):
     torch.testing.assert_close(wts_p, wts, rtol=1e-6, atol=1e-7)
 
 
-def test_large_batches_and_unpacked_layers_go_to_vllm_unchanged(stock):
-    layer = _vllm_layer(fresh_seed())
+def test_large_batches_run_the_grouped_path_on_the_same_copy(stock):
+    """Above the threshold (4 here) the same packed experts serve the batch (kernels.packed_mm); vLLM's method
+    is never called, and a layer the plugin did not pack is a one-line error, not a call into freed tensors."""
+    seed = fresh_seed()
+    layer = _vllm_layer(seed)
     setattr(layer, plugin.MOE_ATTR, plugin.pack_experts(layer))
-    x, logits = torch.zeros(5, H, dtype=torch.bfloat16, device=DEV), torch.zeros(5, E, device=DEV)
-    assert stock.apply_monolithic(layer=layer, x=x, router_logits=logits) == "stock"
-    kind, kw = stock.calls[-1]
-    assert kind == "monolithic" and kw["x"] is x and kw["router_logits"] is logits and kw["layer"] is layer
-    bare = _vllm_layer(1)
-    ids, wts = torch.zeros(1, TOP_K, dtype=torch.int32, device=DEV), torch.full((1, TOP_K), 0.5, device=DEV)
-    assert stock.apply(layer=bare, x=x[:1], topk_weights=wts, topk_ids=ids, shared_experts=None,
-                       shared_experts_input=None) == "stock"
-    assert stock.calls[-1][0] == "apply"
+    g = generator(seed + 1)
+    x = torch.randn(9, H, generator=g).to(torch.bfloat16).to(DEV)
+    logits = (torch.randn(9, E, generator=g) * 2).to(DEV)
+    ids, wts = plugin.route_from_logits(logits, TOP_K)
+    out = stock.apply_monolithic(layer=layer, x=x, router_logits=logits)
+    assert_close_nmse(out, _reference(layer, x, ids, wts), MOE_NMSE, seed, "plugin monolithic M=9")
+    out = stock.apply(layer=layer, x=x, topk_weights=wts, topk_ids=ids, shared_experts=None, shared_experts_input=None)
+    assert_close_nmse(out, _reference(layer, x, ids, wts), MOE_NMSE, seed, "plugin modular M=9")
+    assert stock.calls == [], "vLLM's method was called"
+    with pytest.raises(RuntimeError, match="was not packed at load") as e:
+        stock.apply_monolithic(layer=_vllm_layer(1), x=x, router_logits=logits)
+    assert "\n" not in str(e.value)
+
+
+def test_loading_keeps_one_copy_of_the_experts(stock, monkeypatch):
+    """After load the layer holds our packed copy (exactly the loaded codes and scales) and vLLM's expert tensors
+    are empty; vLLM's own load step (which would build its backend's second copy) never runs."""
+    from kernels.packed import unpack_mxfp4
+
+    monkeypatch.setattr(plugin, "require_cuda_kernels", lambda: None)  # the packing itself runs anywhere
+    layer = _vllm_layer(fresh_seed())
+    loaded = {n: getattr(layer, n).clone() for n in plugin.EXPERT_TENSORS}
+    stock.process_weights_after_loading(layer)
+    assert stock.calls == [], "vLLM's process_weights_after_loading ran"
+    assert all(getattr(layer, n).numel() == 0 for n in plugin.EXPERT_TENSORS), "vLLM's expert tensors were kept"
+    p = getattr(layer, plugin.MOE_ATTR)
+    assert [torch.equal(a, b) for a, b in zip(unpack_mxfp4(p.gate_up), (loaded["w13_weight"], loaded["w13_weight_scale"]))] == [True, True]
+    assert [torch.equal(a, b) for a, b in zip(unpack_mxfp4(p.down), (loaded["w2_weight"], loaded["w2_weight_scale"]))] == [True, True]
+    assert stock.moe_quant_config is not None, "the runner would build vLLM's quant config from the freed tensors"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -149,24 +173,24 @@ def _dense_model(seed: int) -> torch.nn.Module:
     return root.to(DEV)
 
 
-def test_dense_layers_use_an_mxfp4_copy_for_small_batches_and_bf16_above():
+def test_dense_layers_serve_every_batch_from_one_mxfp4_copy():
     seed = fresh_seed()
     model = _dense_model(seed)
+    q, s = quantize_mxfp4(model.qkv_proj.weight.float())
     names = plugin.install_dense(model, threshold=4)
     assert sorted(names) == ["lm_head", "o_proj", "qkv_proj"], names
     assert type(model.router.quant_method) is UnquantizedLinearMethod, "the router must stay BF16"
+    assert model.router.weight.numel() > 0 and all(getattr(model, n).weight.numel() == 0 for n in names), \
+        "the BF16 weights of the quantized layers must be freed (one copy), the router's kept"
     # vLLM's isinstance checks still see its unquantized method; installing twice changes nothing
     assert all(isinstance(getattr(model, n).quant_method, UnquantizedLinearMethod) for n in names)
     assert plugin.install_dense(model, threshold=4) == []
     qkv = model.qkv_proj
     bias = torch.randn(96, generator=generator(seed + 1)).to(torch.bfloat16).to(DEV)
-    x = torch.randn(3, 64, generator=generator(seed + 2)).to(torch.bfloat16).to(DEV)
-    q, s = quantize_mxfp4(qkv.weight.float())
-    ref = x.float() @ dequantize_mxfp4(q, s).T + bias.float()
-    out = qkv.quant_method.apply(qkv, x, bias)
-    assert_close_nmse(out, ref, GEMV_NMSE, seed, "plugin dense M=3")
-    big = torch.randn(5, 64, generator=generator(seed + 3)).to(torch.bfloat16).to(DEV)
-    assert torch.equal(qkv.quant_method.apply(qkv, big, bias), torch.nn.functional.linear(big, qkv.weight, bias))
+    for m in (3, 21):  # decode kernels (<= 4 here), then kernels.packed_mm
+        x = torch.randn(m, 64, generator=generator(seed + m)).to(torch.bfloat16).to(DEV)
+        ref = x.float() @ dequantize_mxfp4(q, s).T + bias.float()
+        assert_close_nmse(qkv.quant_method.apply(qkv, x, bias), ref, GEMV_NMSE, seed, f"plugin dense M={m}")
     with pytest.raises(RuntimeError, match="no qkv_proj"):
         plugin.install_dense(torch.nn.Module(), threshold=4)
 

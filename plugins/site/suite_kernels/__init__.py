@@ -1,24 +1,26 @@
-"""vLLM plugin: serve gpt-oss MXFP4 layers with this repository's kernels (`kernels/`) for small batches.
+"""vLLM plugin: serve gpt-oss MXFP4 layers with this repository's kernels (`kernels/`), one copy of the weights.
 
 vLLM finds it through the `vllm.general_plugins` entry point of the hand-written
 `suite_kernels-0.0.0.dist-info` next to it, once `<repo>/plugins/site` is on the server's PYTHONPATH
 (`harness.engine.hooks.server_env`, used by `Suite.boot`). No file of vLLM is edited: methods are wrapped at
 class level (MoE) or a module's `quant_method` is replaced (dense). Off unless a configuration sets:
 
-  SUITE_KERNELS=moe         gpt-oss MXFP4 experts (`GptOssMxfp4MoEMethod`): routing from vLLM's router
-                            logits, gate_up + SwiGLU, down + weighted combine (`kernels.moe`, the CUDA
-                            extension) for M <= the threshold; above it vLLM's own MoE backend.
+  SUITE_KERNELS=moe         gpt-oss MXFP4 experts (`GptOssMxfp4MoEMethod`): repacked into our layout at load
+                            and vLLM's tensors freed; routing from vLLM's router logits; M <= the threshold:
+                            the CUDA decode kernels (route, gate_up + SwiGLU, down + combine); above it the
+                            grouped tensor-core GEMMs of `kernels.packed_mm` on the same packed bytes.
   SUITE_KERNELS=moe,dense   also qkv_proj, o_proj and lm_head quantized to MXFP4 at load (the fork's
-                            --mxfp4-layers all) and run by `kernels.gemv` for M <= the threshold;
-                            above it the BF16 weights vLLM loaded (kept).
+                            --mxfp4-layers all), their BF16 weights freed, every M served from the MXFP4
+                            copy (`kernels.gemv.mxfp4_linear`: decode kernels up to the threshold, packed_mm above).
   SUITE_KERNELS_MAX_M=16    the threshold (default: kernels/tuning.yaml gemv.small_m_threshold).
 
-Memory: the MoE experts are kept twice (vLLM's repacked copy for large batches, ours for small ones),
-so on the gpt-oss-120b shape a plugin configuration needs ~61 GB more than stock.
+Memory: one copy. vLLM's own MXFP4 backends do the same (they replace `w13_weight` / `w2_weight` with
+their repacked tensor after load); keeping vLLM's experts beside ours doubled them (~61 GB more on the
+gpt-oss-120b shape: it could not load on an 80 GB GPU). Packing goes layer by layer, so the transient
+is one layer's experts.
 
-The kernels must be the GPU ones: the CPU/interpreter fallback of `kernels.moe` reads expert ids on
-the host, which a CUDA graph cannot capture, so enabling the plugin where the CUDA extension cannot be
-built is an error at load (one line naming why), never a silent fallback.
+The kernels must be the GPU ones: enabling the plugin where the CUDA extension cannot be built is an error at
+load (one line naming why), never a silent fallback to slower kernels.
 """
 from __future__ import annotations
 
@@ -110,7 +112,23 @@ def pack_experts(layer) -> PackedExperts:
                               layer.w2_weight_scale.data)
     gub = getattr(layer, "w13_bias", None)
     dnb = getattr(layer, "w2_bias", None)
-    return PackedExperts(gu, None if gub is None else gub.data.clone(), dn, None if dnb is None else dnb.data.clone())
+    return PackedExperts(gu, None if gub is None else gub.data, dn, None if dnb is None else dnb.data)
+
+
+EXPERT_TENSORS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+
+
+def free_expert_tensors(layer) -> None:
+    """Drop vLLM's copy of the experts (ours is the only one now): each parameter becomes an empty tensor of
+    its dtype, so attribute lookups still work and nothing holds the memory."""
+    import torch
+
+    for name in EXPERT_TENSORS:
+        t = getattr(layer, name, None)
+        if isinstance(t, torch.Tensor):
+            setattr(layer, name, torch.nn.Parameter(t.new_empty(0), requires_grad=False))
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the next layer's pack reuses the blocks; what is left goes back at the end
 
 
 def route_from_logits(router_logits, top_k: int):
@@ -128,44 +146,56 @@ def route_from_logits(router_logits, top_k: int):
     return ids.to(torch.int32), torch.softmax(vals, dim=-1)
 
 
-def run_experts(x, ids, weights, p: PackedExperts):
-    """[M, H] bf16: the experts on our packed copy, weighted and summed (what vLLM's MoE returns)."""
+def run_experts(x, ids, weights, p: PackedExperts, threshold: int = 16):
+    """[M, H] bf16: the experts on our packed copy, weighted and summed (what vLLM's MoE returns). The decode
+    kernels serve M <= threshold, the grouped tensor-core GEMMs (kernels.packed_mm) every larger M."""
     import torch
 
     _import_kernels()
     from kernels.moe import mxfp4_moe_packed
+    from kernels.packed_mm import mxfp4_moe_packed_mm
 
-    return mxfp4_moe_packed(x, ids.to(torch.int32), weights.float(), p.gate_up, p.gate_up_bias, p.down, p.down_bias)
+    ids, weights = ids.to(torch.int32), weights.float()
+    if x.shape[0] <= threshold:
+        return mxfp4_moe_packed(x, ids, weights, p.gate_up, p.gate_up_bias, p.down, p.down_bias)
+    return mxfp4_moe_packed_mm(x, ids, weights, p.gate_up, p.gate_up_bias, p.down, p.down_bias)
+
+
+def packed_experts(layer) -> PackedExperts:
+    p = getattr(layer, MOE_ATTR, None)
+    if p is None:
+        raise RuntimeError(f"{ENV}=moe: MoE layer {getattr(layer, 'layer_name', type(layer).__name__)} was not packed "
+                           f"at load (its process_weights_after_loading did not run through the plugin)")
+    return p
 
 
 def patch_moe(cls, threshold: int) -> None:
-    """Wrap the MoE method class (vLLM's GptOssMxfp4MoEMethod): keyword names as vLLM passes them."""
+    """Wrap the MoE method class (vLLM's GptOssMxfp4MoEMethod): keyword names as vLLM passes them. Every M
+    runs on our packed copy (`kernels.moe.mxfp4_moe_packed` picks the decode kernels up to `threshold`)."""
     if getattr(cls.process_weights_after_loading, _MARK, False):
         return
-    orig_load, orig_mono, orig_apply = cls.process_weights_after_loading, cls.apply_monolithic, cls.apply
 
-    @functools.wraps(orig_load)
+    @functools.wraps(cls.process_weights_after_loading)
     def process_weights_after_loading(self, layer):
         require_cuda_kernels()
-        packed = pack_experts(layer)  # before vLLM's backend replaces the tensors
-        orig_load(self, layer)
-        setattr(layer, MOE_ATTR, packed)
+        setattr(layer, MOE_ATTR, pack_experts(layer))  # from the loaded tensors, before any backend repacks
+        free_expert_tensors(layer)
+        # vLLM's backend is never set up (its kernel would need the tensors just freed); the runner asks for a
+        # quant config on the first forward, which must not build that backend's either
+        from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
 
-    @functools.wraps(orig_mono)
+        self.moe_quant_config = FUSED_MOE_UNQUANTIZED_CONFIG
+
+    @functools.wraps(cls.apply_monolithic)
     def apply_monolithic(self, layer, x, router_logits, input_ids=None, **kwargs):
-        p = getattr(layer, MOE_ATTR, None)
-        if p is not None and x.shape[0] <= threshold:
-            ids, wts = route_from_logits(router_logits, layer.top_k)
-            return run_experts(x, ids, wts, p)
-        return orig_mono(self, layer=layer, x=x, router_logits=router_logits, input_ids=input_ids, **kwargs)
+        ids, wts = route_from_logits(router_logits, layer.top_k)
+        return run_experts(x, ids, wts, packed_experts(layer), threshold)
 
-    @functools.wraps(orig_apply)
+    @functools.wraps(cls.apply)
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None, **kwargs):
-        p = getattr(layer, MOE_ATTR, None)
-        if p is not None and shared_experts is None and x.shape[0] <= threshold:
-            return run_experts(x, topk_ids, topk_weights, p)
-        return orig_apply(self, layer=layer, x=x, topk_weights=topk_weights, topk_ids=topk_ids,
-                          shared_experts=shared_experts, shared_experts_input=shared_experts_input, **kwargs)
+        if shared_experts is not None:
+            raise RuntimeError(f"{ENV}=moe: shared experts are not part of gpt-oss; unset {ENV} for this model")
+        return run_experts(x, topk_ids, topk_weights, packed_experts(layer), threshold)
 
     for f in (process_weights_after_loading, apply_monolithic, apply):
         setattr(f, _MARK, True)
@@ -188,22 +218,18 @@ def _linear_op():
 
     # explicit schema: this module's annotations are strings (__future__), which custom_op cannot read
     @torch.library.custom_op("suite_kernels::mxfp4_linear", mutates_args=(), schema=(
-        "(Tensor x, Tensor words, Tensor scales, Tensor? bias, Tensor weight, SymInt n, SymInt k, SymInt max_m) -> Tensor"))
-    def mxfp4_linear(x, words, scales, bias, weight, n, k, max_m):
-        from kernels.gemv import mxfp4_gemv_packed
+        "(Tensor x, Tensor words, Tensor scales, Tensor? bias, SymInt n, SymInt k, SymInt max_m) -> Tensor"))
+    def mxfp4_linear(x, words, scales, bias, n, k, max_m):
+        from kernels.gemv import mxfp4_linear as linear
         from kernels.packed import PackedMXFP4
 
         x2 = x.reshape(-1, k)
-        small = x2.shape[0] <= max_m
-        _note_path(n, k, x2.shape[0], "kernels" if small else "bf16")
-        if small:
-            y = mxfp4_gemv_packed(x2, PackedMXFP4(words, scales, n, k), bias)
-        else:  # large batches: the BF16 weights vLLM loaded, as stock
-            y = torch.nn.functional.linear(x2, weight, bias)
+        _note_path(n, k, x2.shape[0], "decode kernels" if x2.shape[0] <= max_m else "packed_mm")
+        y = linear(x2, PackedMXFP4(words, scales, n, k), None, bias, small_m_threshold=max_m)
         return y.reshape(*x.shape[:-1], n).to(x.dtype)
 
     @mxfp4_linear.register_fake
-    def _(x, words, scales, bias, weight, n, k, max_m):
+    def _(x, words, scales, bias, n, k, max_m):
         return x.new_empty((*x.shape[:-1], n))
 
     return torch.ops.suite_kernels.mxfp4_linear
@@ -227,13 +253,13 @@ _dense_classes: dict[type, type] = {}
 
 def _dense_apply(self, layer, x, bias=None):
     p, threshold, op = getattr(self, DENSE_ATTR)
-    return op(x, p.words, p.scales, bias, layer.weight, p.n, p.k, threshold)
+    return op(x, p.words, p.scales, bias, p.n, p.k, threshold)
 
 
 def dense_method(original, layer, threshold: int):
     """A copy of the layer's `quant_method` whose class is a subclass of vLLM's (so vLLM's isinstance
-    checks still see an unquantized method) with `apply` replaced: MXFP4 copy of the weight for small
-    batches, the BF16 weight above."""
+    checks still see an unquantized method) with `apply` replaced: the MXFP4 copy of the weight for every M
+    (the caller frees the BF16 weight)."""
     _import_kernels()
     from kernels.mxfp4 import quantize_mxfp4
     from kernels.packed import pack_mxfp4
@@ -245,6 +271,16 @@ def dense_method(original, layer, threshold: int):
     q, s = quantize_mxfp4(layer.weight.data.float())
     setattr(method, DENSE_ATTR, (pack_mxfp4(q, s), int(threshold), _linear_op()))
     return method
+
+
+def free_dense_weight(module) -> None:
+    """Drop the BF16 weight once it is quantized (an empty tensor of its dtype keeps attribute lookups working)."""
+    import torch
+
+    w = module.weight
+    module.weight = torch.nn.Parameter(w.new_empty(0), requires_grad=False)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def install_dense(model, threshold: int) -> list[str]:
@@ -261,6 +297,7 @@ def install_dense(model, threshold: int) -> list[str]:
         if type(qm).__name__ not in ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"):
             raise RuntimeError(f"{ENV}=dense: {name} already has {type(qm).__name__}; only BF16 layers are quantized here")
         module.quant_method = dense_method(qm, module, threshold)
+        free_dense_weight(module)
         done.append(name)
     if not found:
         raise RuntimeError(f"{ENV}=dense: no qkv_proj / o_proj / lm_head module found in {type(model).__name__}")

@@ -1,0 +1,238 @@
+"""Tensor-core GEMMs for any M from the packed MXFP4 layout (`packed.pack_mxfp4`): the path for the
+batches the decode kernels (M <= 16) do not take, so one copy of the weights serves every batch.
+
+Why: keeping the checkpoint's or the engine's layout beside ours for large batches doubles the
+weights (gpt-oss-120b's experts: ~61 GB twice does not fit an 80 GB GPU, nor a GB10 at 0.70).
+vLLM's own MXFP4 backends keep one copy too: they replace `w13_weight` / `w2_weight` with their
+repacked tensor after load (`replace_parameter`); Marlin and triton_kernels' `matmul_ogs` serve every
+M from one offline layout. This module does the same for ours.
+
+How (one Triton kernel, `_packed_mm_kernel`): a program computes a [BM tokens, BT*16 rows] tile.
+Per 64-wide K chunk it loads its row tiles' words (each 32-bit word one lane's m16n8k16 A fragment,
+see packed.py), decodes them with the same 8 integer instructions as the CUDA kernels (4 shift/rotate
++ 4 mask: fp16 = value * 2**-14), moves the fragments into row-major [rows, 64] order, applies the
+E8M0 scales in fp32 and feeds bf16 to `tl.dot` against the bf16 activations (fp32 accumulation). The
+value times its power-of-two scale is exact in bf16, so the product is the reference's dequantized
+matmul up to fp32 summation order.
+
+MoE (`mxfp4_moe_packed_mm`): the token slots are sorted by expert and padded per expert to BM
+(`align_by_expert`, torch ops only: no host sync, so CUDA graphs can capture it, as vLLM's
+`moe_align_block_size` does for its fused MoE); a program reads its block's expert id and gathers its
+BM token rows. gate_up applies gpt-oss's clamped SwiGLU in the epilogue (rows are gate/up-paired per
+tile at pack time); down multiplies by the routing weight and writes one row per slot, and the k
+slots of a token are summed in a fixed order afterwards (deterministic, no atomics).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import INTERPRET, _dot_bf16, _round_bf16, check_device, tl, triton
+from .packed import PackedMXFP4
+from .reference import SWIGLU_ALPHA, SWIGLU_LIMIT
+from .tuning import get_config
+
+
+@triton.jit
+def _decode_chunk(w_ptr, s_ptr, tiles, c, KC):
+    """Row tiles `tiles` [BT] (int64) x K chunk c of a packed matrix -> float32 W [BT*16, 64],
+    row 16*tile + 8*g8 + g, column 16*j + 8*kh8 + 2*t + pair (packed.py's fragment order undone)."""
+    BT: tl.constexpr = tiles.shape[0]
+    g = tl.arange(0, 8)[None, :, None, None]
+    t = tl.arange(0, 4)[None, None, :, None]
+    j = tl.arange(0, 4)[None, None, None, :]
+    base = (tiles[:, None, None, None] * KC + c) * 32
+    w = tl.load(w_ptr + (base + 4 * g + t) * 4 + j).to(tl.uint32, bitcast=True)  # [BT, g, t, j]
+    m = 0x8E008E00
+    o0 = (w << 2) & m  # row g,   k0 + 2t (+1)
+    o1 = (w ^ (w << 6)) & m  # row g+8, k0 + 2t
+    o2 = (w ^ (w << 9)) & m  # row g,   k0 + 8 + 2t
+    o3 = (w ^ ((w << 13) | (w >> 19))) & m  # row g+8, k0 + 8 + 2t
+    v = tl.join(tl.join(o0, o2), tl.join(o1, o3))  # [BT, g, t, j, kh8, g8]
+    v = tl.reshape(tl.permute(v, (0, 5, 1, 3, 4, 2)), (BT * 16, 32))  # [row, pair column 8j + 4kh8 + t]
+    lo = (v & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (v >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    vals = tl.reshape(tl.join(lo, hi), (BT * 16, 64)) * 16384.0  # value (fp16 held value * 2**-14)
+    # scales [tile, chunk, g, (row g blk 0, row g+8 blk 0, row g blk 1, row g+8 blk 1)]
+    gs = tl.arange(0, 8)[None, :, None, None]
+    bh = tl.arange(0, 2)[None, None, :, None]
+    rh = tl.arange(0, 2)[None, None, None, :]
+    sb = tl.load(s_ptr + ((tiles[:, None, None, None] * KC + c) * 8 + gs) * 4 + 2 * bh + rh)  # [BT, g, blk, g8]
+    sb = tl.reshape(tl.permute(sb, (0, 3, 1, 2)), (BT * 16, 2)).to(tl.int32)
+    scale = (sb << 23).to(tl.float32, bitcast=True)  # 2**(s-127); byte 0 reads 0 as in the CUDA kernels
+    return tl.reshape(tl.reshape(vals, (BT * 16, 2, 32)) * scale[:, :, None], (BT * 16, 64))
+
+
+@triton.jit
+def _packed_mm_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, wt_ptr, rows_ptr, bexp_ptr, out_ptr,
+    n_rows_x, N, K, n_tiles, KC, stride_xm, stride_om, stride_we, stride_se, stride_be,
+    X_DIV: tl.constexpr, GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, BM: tl.constexpr, BT: tl.constexpr, alpha, limit, INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """out[row] = epilogue(x[row // X_DIV] @ W[e]^T) for the BM rows of block pid_m.
+
+    GROUPED: rows_ptr holds each block's rows (sorted slots; n_rows_x = padding sentinel) and
+    bexp_ptr its expert (-1: an unused block). Otherwise rows are pid_m*BM + i and e = 0."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    if GROUPED:
+        e = tl.load(bexp_ptr + pid_m)
+        rows = tl.load(rows_ptr + pid_m * BM + tl.arange(0, BM))
+    else:
+        e = 0
+        rows = pid_m * BM + tl.arange(0, BM)
+    if e >= 0:
+        row_ok = rows < n_rows_x
+        xrows = tl.where(row_ok, rows // X_DIV, 0).to(tl.int64)
+        tiles = pid_n * BT + tl.arange(0, BT)
+        tiles_c = tl.where(tiles < n_tiles, tiles, 0).to(tl.int64)
+        we = w_ptr + e.to(tl.int64) * stride_we
+        se = s_ptr + e.to(tl.int64) * stride_se
+        kk = tl.arange(0, 64)
+        acc = tl.zeros((BM, BT * 16), dtype=tl.float32)
+        for c in range(0, KC):
+            kcol = c * 64 + kk
+            xt = tl.load(x_ptr + xrows[:, None] * stride_xm + kcol[None, :],
+                         mask=row_ok[:, None] & (kcol < K)[None, :], other=0.0)
+            wt = _decode_chunk(we, se, tiles_c, c, KC).to(tl.bfloat16)
+            acc = _dot_bf16(xt, tl.trans(wt), acc, INTERPRETED)
+        cols = pid_n * BT * 16 + tl.arange(0, BT * 16)  # packed row order
+        if SWIGLU:
+            # packed row 16r + 8*g8 + g is original row 2*(8r + g) + g8: gate (g8 = 0) / up (g8 = 1)
+            orig = 2 * (8 * (cols // 16) + cols % 8) + (cols % 16) // 8
+        else:
+            orig = cols
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + e.to(tl.int64) * stride_be + orig, mask=orig < N, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:
+            gu = tl.permute(tl.reshape(acc, (BM, BT, 2, 8)), (0, 1, 3, 2))
+            gate, up = tl.split(gu)  # [BM, BT, 8]
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+            h = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+            res = tl.reshape(h, (BM, BT * 8))
+            ocols = pid_n * BT * 8 + tl.arange(0, BT * 8)
+            n_out = N // 2
+        else:
+            res = acc
+            ocols = cols
+            n_out = N
+        if HAS_WEIGHT:
+            res = res * tl.load(wt_ptr + rows, mask=row_ok, other=0.0)[:, None]
+        optr = out_ptr + tl.where(row_ok, rows, 0).to(tl.int64)[:, None] * stride_om + ocols[None, :]
+        omask = row_ok[:, None] & (ocols < n_out)[None, :]
+        if HAS_WEIGHT:
+            tl.store(optr, res, mask=omask)  # fp32 partial per slot, summed by the caller
+        else:
+            tl.store(optr, _round_bf16(res, INTERPRETED), mask=omask)
+
+
+def _cfg(config: dict | None) -> dict:
+    return config or get_config("packed_mm")
+
+
+def _launch(x, p: PackedMXFP4, bias, out, *, rows=None, bexp=None, n_blocks=None, x_div=1, weights=None,
+            swiglu=False, bm: int, cfg: dict, alpha=SWIGLU_ALPHA, limit=SWIGLU_LIMIT):
+    bt = int(cfg.get("block_tiles", 4))
+    grouped = rows is not None
+    n_rows = x.shape[0] * x_div  # grouped: the padding sentinel S = M*k is one past the last slot
+    grid = (triton.cdiv(p.n_tiles, bt), n_blocks if grouped else triton.cdiv(x.shape[0], bm))
+    per_e = p.words.dim() == 5
+    dummy = out
+    _packed_mm_kernel[grid](
+        x, p.words, p.scales, bias if bias is not None else dummy, weights if weights is not None else dummy,
+        rows if grouped else dummy, bexp if grouped else dummy, out,
+        n_rows, p.n, p.k, p.n_tiles, p.k_chunks, x.stride(0), out.stride(0),
+        p.words.stride(0) if per_e else 0, p.scales.stride(0) if per_e else 0,
+        bias.stride(0) if (bias is not None and bias.dim() == 2) else 0,
+        X_DIV=x_div, GROUPED=grouped, HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_WEIGHT=weights is not None,
+        BM=bm, BT=bt, alpha=float(alpha), limit=float(limit), INTERPRETED=INTERPRET,
+        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 2)),
+    )  # fmt: skip
+    return out
+
+
+def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None = None,
+                    out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias), x [M, K] bf16, W one packed matrix -> [M, N] bf16, any M (tensor cores)."""
+    if p.words.dim() != 4 or p.paired:
+        raise ValueError("mxfp4_mm_packed takes one unpaired matrix (the MoE function takes stacked experts)")
+    if x.dim() != 2 or x.shape[1] != p.k:
+        raise ValueError(f"shape mismatch: x {tuple(x.shape)} for packed weights of K={p.k}")
+    check_device(x, p.words, p.scales, bias)
+    cfg = _cfg(config)
+    x = x.to(torch.bfloat16).contiguous()
+    if out is None:
+        out = torch.empty((x.shape[0], p.n), dtype=torch.bfloat16, device=x.device)
+    return _launch(x, p, bias, out, bm=int(cfg.get("block_m", 64)), cfg=cfg)
+
+
+def align_by_expert(ids: torch.Tensor, num_experts: int, bm: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Slots (token * k + j) sorted by expert, each expert's run padded to a multiple of bm.
+
+    -> (rows int32 [n_blocks * bm]: slot index or S = M*k for padding, block_expert int32 [n_blocks]:
+    expert of each block, -1 past the last, n_blocks). n_blocks = ceil(S / bm) + E bounds the padded
+    total whatever the routing, so shapes depend on M only (CUDA-graph capture); no host sync.
+    Slots with id -1 (not on this rank) are left out."""
+    flat = ids.reshape(-1).to(torch.int64)
+    s = flat.numel()
+    dev = flat.device
+    key = torch.where(flat >= 0, flat, num_experts)
+    order = torch.argsort(key, stable=True)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    counts = counts[:num_experts]
+    padded = (counts + bm - 1) // bm * bm
+    pend = torch.cumsum(padded, 0)
+    ustart = torch.cumsum(counts, 0) - counts
+    skey = key[order]
+    ske = skey.clamp(max=num_experts - 1)
+    pos = pend[ske] - padded[ske] + torch.arange(s, device=dev) - ustart[ske]
+    n_blocks = -(-s // bm) + num_experts
+    dump = n_blocks * bm
+    pos = torch.where(skey < num_experts, pos, dump)
+    rows = torch.full((dump + 1,), s, dtype=torch.int32, device=dev)
+    rows.scatter_(0, pos, order.to(torch.int32))
+    bexp = torch.searchsorted(pend, torch.arange(n_blocks, device=dev) * bm, right=True)
+    bexp = torch.where(bexp < num_experts, bexp, -1).to(torch.int32)
+    return rows[:dump], bexp, n_blocks
+
+
+def pick_block_m(slots: int, num_experts: int, cfg: dict) -> int:
+    """Tokens per block: the mean slots per expert rounded up to a power of two, within
+    [block_m_min, block_m] (small batches waste less MMA width; tl.dot needs >= 16)."""
+    lo, hi = int(cfg.get("block_m_min", 16)), int(cfg.get("block_m", 64))
+    return max(lo, min(hi, triton.next_power_of_2(max(1, -(-slots // num_experts)))))
+
+
+def mxfp4_moe_packed_mm(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor, gate_up: PackedMXFP4,
+                        gate_up_bias: torch.Tensor | None, down: PackedMXFP4, down_bias: torch.Tensor | None,
+                        out: torch.Tensor | None = None, config: dict | None = None,
+                        alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+    """Experts of the gpt-oss MoE block for any M on packed experts: x [M, H] bf16, ids [M, k] (-1 =
+    skip), weights [M, k] -> [M, H] bf16 (as `moe.mxfp4_moe_packed`, which calls this above M = 16)."""
+    m, hdim = x.shape
+    top_k = expert_ids.shape[1]
+    if gate_up.k != hdim or down.n != hdim or down.k * 2 != gate_up.n or not gate_up.paired:
+        raise ValueError(f"MoE shapes disagree: x {tuple(x.shape)}, gate_up {gate_up.n}x{gate_up.k} "
+                         f"(paired={gate_up.paired}), down {down.n}x{down.k}")
+    check_device(x, gate_up.words, down.words)
+    cfg = _cfg(config)
+    x = x.to(torch.bfloat16).contiguous()
+    n_exp = gate_up.words.shape[0]
+    slots = m * top_k
+    bm = pick_block_m(slots, n_exp, cfg)
+    rows, bexp, n_blocks = align_by_expert(expert_ids, n_exp, bm)
+    inter = gate_up.n // 2
+    h = torch.empty((slots, inter), dtype=torch.bfloat16, device=x.device)
+    _launch(x, gate_up, gate_up_bias, h, rows=rows, bexp=bexp, n_blocks=n_blocks, x_div=top_k, swiglu=True,
+            bm=bm, cfg=cfg, alpha=alpha, limit=limit)
+    # slots of skipped experts (-1) are never written: zero weight and zero rows keep them out of the sum
+    wts = torch.where(expert_ids >= 0, expert_weights.float(), 0.0).reshape(-1).contiguous()
+    y = torch.zeros((slots, hdim), dtype=torch.float32, device=x.device)
+    _launch(h, down, down_bias, y, rows=rows, bexp=bexp, n_blocks=n_blocks, x_div=1, weights=wts, bm=bm, cfg=cfg)
+    total = y.view(m, top_k, hdim).sum(dim=1)  # fixed order over the k slots
+    if out is None:
+        return total.to(torch.bfloat16)
+    out.copy_(total)
+    return out

@@ -1,0 +1,127 @@
+"""The large-M path on the packed layout (kernels/packed_mm.py) against the fp32 references.
+
+It is what serves prefill and batches above 16 tokens once the engine keeps only our packed copy of the
+weights, so it must agree with the reference wherever the decode kernels do.
+
+Tolerances (kernels/cases.py, derived in test_kernel_gemv.py and test_kernel_moe.py): dense GEMM_NMSE-class
+bound GEMV_NMSE = 2e-5 (a value times its power-of-two scale is exact in bf16, products exact in fp32,
+fp32 accumulation, one BF16 output rounding <= 1.53e-5); MoE MOE_NMSE = 5e-5 (plus the BF16 h between
+the GEMMs). A wrong row order, scale, expert or slot moves NMSE to 1e-3 .. 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_NMSE
+from kernels.packed import pack_mxfp4
+from kernels.packed_mm import align_by_expert, mxfp4_mm_packed, mxfp4_moe_packed_mm
+from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
+
+from .test_kernel_moe import _packed_case
+
+pytestmark = pytest.mark.level1_5
+
+
+
+def _dense_case(m: int, n: int, k: int, seed: int, dev: str = DEV):
+    g = generator(seed, dev)
+    w, s = random_mxfp4((n, k), g)
+    x = torch.randn(m, k, generator=g, device=dev).to(torch.bfloat16)
+    bias = torch.randn(n, generator=g, device=dev)
+    ref = reference.mxfp4_linear_ref(x, w, s, bias)
+    return x, pack_mxfp4(w, s), bias, ref
+
+
+@pytest.mark.parametrize("m,n,k", [(37, 48, 192), (17, 40, 96), (5, 16, 64)])
+def test_dense_matches_reference(m, n, k):
+    """Ragged token blocks (37 = 2x16 + 5), a ragged row tile (40) and a padded K chunk (96)."""
+    seed = fresh_seed()
+    x, p, bias, ref = _dense_case(m, n, k, seed)
+    out = poisoned((m, n), torch.bfloat16, DEV)
+    mxfp4_mm_packed(x, p, bias, out=out)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm M={m} N={n} K={k}")
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("m,e,h,inter,k,x_scale,skip", [(20, 6, 64, 96, 3, 40.0, True), (33, 4, 64, 64, 2, 1.0, False)])
+def test_moe_matches_reference(m, e, h, inter, k, x_scale, skip):
+    """Grouped path: clamps (x * 40), a skipped slot (-1), ragged I, k not a power of two."""
+    seed = fresh_seed()
+    x, ids, wts, gu, dn, p, ref = _packed_case(m, e, h, inter, k, seed, x_scale, skip)
+    out = poisoned((m, h), torch.bfloat16, DEV)
+    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE M={m} E={e} k={k}")
+
+
+@pytest.mark.parametrize("m,e,k,bm", [(1, 4, 2, 16), (37, 8, 4, 4), (64, 128, 4, 64), (9, 3, 3, 2)])
+def test_align_by_expert_places_every_slot_once(m, e, k, bm):
+    """Each valid slot appears once, in a block of its own expert; padding is the sentinel; skipped slots
+    (-1) appear nowhere; blocks past the last carry expert -1."""
+    seed = fresh_seed()
+    g = generator(seed, "cpu")
+    ids = torch.randint(-1, e, (m, k), generator=g)
+    rows, bexp, n_blocks = align_by_expert(ids, e, bm)
+    s = m * k
+    flat = ids.reshape(-1)
+    assert rows.shape == (n_blocks * bm,) and bexp.shape == (n_blocks,), f"seed={seed}"
+    real = rows[rows < s].long()
+    assert sorted(real.tolist()) == sorted(torch.nonzero(flat >= 0).flatten().tolist()), f"seed={seed}"
+    block_of = torch.arange(n_blocks * bm) // bm
+    for pos in torch.nonzero(rows < s).flatten().tolist():
+        assert int(bexp[block_of[pos]]) == int(flat[rows[pos]]), f"slot {int(rows[pos])} in a block of another expert (seed={seed})"
+    used = torch.zeros(n_blocks, dtype=torch.bool).index_fill_(0, block_of[rows < s], True)
+    assert torch.equal(used, bexp >= 0), f"a block without slots has an expert, or one with slots none (seed={seed})"
+    counts = torch.bincount(flat[flat >= 0], minlength=e)
+    assert int((bexp >= 0).sum()) == int(((counts + bm - 1) // bm).sum()), f"blocks per expert (seed={seed})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qkv", "o_proj", "lm_head"])
+@pytest.mark.parametrize("m", [17, 256, 2048])
+def test_dense_gpt_oss_shapes(name, m):
+    if name == "lm_head" and m > 256:
+        pytest.skip("lm_head runs on the sampled positions only (M <= batch size); 2048 would only time the reference")
+    n, k = LINEAR_SHAPES[name]
+    seed = fresh_seed()
+    x, p, bias, ref = _dense_case(m, n, k, seed, "cuda")
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    mxfp4_mm_packed(x, p, bias, out=out)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm {name} M={m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("m", [17, 32, 512, 2048])
+def test_moe_gpt_oss_120b_shapes(m):
+    seed = fresh_seed()
+    x, ids, wts, gu, dn, p, ref = _packed_case(m, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, seed, 1.0, True,
+                                               dev="cuda")
+    out = poisoned((m, MOE.hidden), torch.bfloat16, "cuda")
+    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE 120b M={m}")
+
+
+@pytest.mark.gpu
+def test_moe_is_captured_by_a_cuda_graph():
+    """vLLM captures batches up to 512 tokens in CUDA graphs: the path must not read anything on the host.
+    A replay on new inputs written into the captured buffers must give the eager result of those inputs."""
+    from kernels.moe import mxfp4_moe_packed
+
+    seed = fresh_seed()
+    m = 32
+    x, ids, wts, gu, dn, p, _ = _packed_case(m, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, seed, dev="cuda")
+    x2, ids2, wts2, *_ = _packed_case(m, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, seed + 1, dev="cuda")
+    ids, ids2 = ids.to(torch.int32), ids2.to(torch.int32)
+    run = lambda a, i, w: mxfp4_moe_packed(a, i, w, gu, p["gate_up_bias"], dn, p["down_bias"])  # noqa: E731
+    run(x, ids, wts)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(x, ids, wts)
+    x.copy_(x2), ids.copy_(ids2), wts.copy_(wts2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, run(x2, ids2, wts2)), f"graph replay differs from eager (seed={seed})"
