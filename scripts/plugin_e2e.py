@@ -12,8 +12,9 @@ The kernel-time breakdown (MoE / dense / attention / other, GPU idle, launches p
 request is harness/kernelpath/breakdown.py's, its categories the flavour files' data.
 
 Workloads: tg32 and tg128 at batch 1 (16-token prompt, the seed's headline decode), tg32 at 4 concurrent
-requests (M=4: still the plugin's small-batch path), tg32 at 32 concurrent requests (above the plugin's
-threshold: vLLM's own MoE) and pp2048 (prefill: vLLM's own MoE). Ratios are against the first config.
+requests (M=4: still the plugin's decode kernels), tg32 at 32 concurrent requests (above the plugin's
+threshold: kernels/packed_mm.py on the same packed weights) and pp2048 (prefill: packed_mm too). Ratios are
+against the first config; used memory and KV capacity are vLLM's own accounting from the server log.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from harness.core.errors import SuiteError  # noqa: E402
 from harness.kernelpath.breakdown import Breakdown, breakdown, plot_breakdowns  # noqa: E402
 from harness.kernelpath.traces import profile  # noqa: E402
 from harness.perf import bench  # noqa: E402
+from harness.perf.memory import server_memory  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
 
 WORKLOADS = (
@@ -66,8 +68,10 @@ def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
             # categories from the flavours' data (configs/flavours/*.yaml), see harness/kernelpath/breakdown.py
             kernels = breakdown(summary.source, suite.catalog.kernel_categories(), BREAKDOWN_TOKENS).to_json()
         log = running.log_path.read_text(errors="replace") if running.log_path else ""
+        mem = server_memory(running, suite.platform.is_cuda)
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
                 "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": kernels,
+                "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")},
                 "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40]}
 
 
@@ -78,22 +82,26 @@ def _cell(b: dict, key: str) -> str:
 
 def table(results: dict[str, dict], order: list[str]) -> list[str]:
     ref = next((results[c]["metrics"] for c in order if "metrics" in results.get(c, {})), None)
-    head = "| config | boot (s) | " + " | ".join(f"{m} tok/s (ratio)" for m in SHOWN) + " |"
-    lines = [head, "|" + "---|" * (len(SHOWN) + 2)]
+    head = ("| config | boot (s) | used GiB | KV tokens | " + " | ".join(f"{m} tok/s (ratio)" for m in SHOWN)
+            + " |")
+    lines = [head, "|" + "---|" * (len(SHOWN) + 4)]
     for c in order:
         r = results.get(c)
         if r is None:
-            lines.append(f"| {c} | not measured (time limit) |" + " |" * len(SHOWN))
+            lines.append(f"| {c} | not measured (time limit) |" + " |" * (len(SHOWN) + 2))
             continue
         if "metrics" not in r:
-            lines.append(f"| {c} | {r.get('skipped') or r.get('error')} |" + " |" * len(SHOWN))
+            lines.append(f"| {c} | {r.get('skipped') or r.get('error')} |" + " |" * (len(SHOWN) + 2))
             continue
         cells = []
         for m in SHOWN:
             v = r["metrics"].get(m, {}).get("median")
             base = (ref or {}).get(m, {}).get("median")
             cells.append("n/a" if v is None else f"{v:.1f} ({v / base:.2f}x)" if base else f"{v:.1f}")
-        lines.append(f"| {c} | {r['boot_s']} | " + " | ".join(cells) + " |")
+        mem = r.get("memory") or {}
+        used, kv = mem.get("used_gib"), mem.get("kv_capacity_tokens")
+        lines.append(f"| {c} | {r['boot_s']} | {'-' if used is None else f'{used:.2f}'} | "
+                     f"{'-' if kv is None else f'{kv:,}'} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -102,7 +110,7 @@ def main() -> int:
     ap.add_argument("--model", default="gpt-oss-120b-shape")
     ap.add_argument("--configs", default="triton-bf16,gemv-bf16,gemv-bf16-mxfp4-all")
     ap.add_argument("--gpu-memory-utilization", action="append", default=[], metavar="CONFIG=FRACTION",
-                    help="per-config override (the plugin keeps a second copy of the experts)")
+                    help="per-config override of the flavour's fraction")
     ap.add_argument("--out", required=True)
     ap.add_argument("--boot-timeout", type=float, default=900)
     a = ap.parse_args()

@@ -16,6 +16,9 @@ no-op unless its own variable is set:
                             `$SUITE_HOOK_DIR/slowdown.json` ({"seq": n, "a_us": .., "b_us_per_token": ..}),
                             re-read by a watcher thread, so one server is measured at several slowdowns
                             without a reboot. 0 / 0 until the file says otherwise.
+  SUITE_HOOK_ROUTES=FILE    count the experts each MoE layer routes to and write them to FILE once per step
+                            (`routes.py`; needs --enforce-eager). Installed after the model is loaded, so it
+                            wraps whatever other plugins put on vLLM's MoE method.
   SUITE_HOOK_DIR=DIR        where the control file is read and the acknowledgements are written:
                             `ack-<pid>.json` says what this process applied (hold, mode, seq, a, b).
 """
@@ -26,6 +29,8 @@ import json
 import os
 import threading
 import time
+
+from . import routes
 
 HOLD_ENV = "SUITE_HOOK_HOLD_GIB"
 SLOWDOWN_ENV = "SUITE_HOOK_SLOWDOWN"
@@ -59,7 +64,7 @@ def hook_dir() -> str | None:
 
 def register() -> None:
     """vLLM general-plugin entry point: patch `BaseModelLoader.load_model` when a hook is wanted."""
-    if hold_gib() <= 0 and not slowdown_wanted():
+    if hold_gib() <= 0 and not slowdown_wanted() and not routes.routes_file():
         return
     from vllm.model_executor.model_loader.base_loader import (
         BaseModelLoader,  # no CUDA here
@@ -95,6 +100,8 @@ def _after_load(model, vllm_config) -> None:
             _hold(gib, vllm_config)
         if slowdown_wanted():
             _install_slowdown(model, vllm_config)
+        if routes.routes_file():
+            routes.install()
     except BaseException as e:
         _state["errors"].append(f"{type(e).__name__}: {e}")
         write_ack()
