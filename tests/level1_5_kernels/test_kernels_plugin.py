@@ -71,6 +71,10 @@ class _StockMethod:
         self.calls.append(("apply", dict(layer=layer, x=x, topk_weights=topk_weights, topk_ids=topk_ids)))
         return "stock"
 
+    def get_fused_moe_quant_config(self, layer):  # vLLM's reads its backend's state (gone with the freed tensors)
+        self.calls.append(("quant_config", layer))
+        raise AssertionError("w13_precision_config is None")
+
 
 @pytest.fixture
 def stock():
@@ -145,6 +149,8 @@ def test_loading_keeps_one_copy_of_the_experts(stock, monkeypatch):
     assert [torch.equal(a, b) for a, b in zip(unpack_mxfp4(p.gate_up), (loaded["w13_weight"], loaded["w13_weight_scale"]))] == [True, True]
     assert [torch.equal(a, b) for a, b in zip(unpack_mxfp4(p.down), (loaded["w2_weight"], loaded["w2_weight_scale"]))] == [True, True]
     assert stock.moe_quant_config is not None, "the runner would build vLLM's quant config from the freed tensors"
+    # vLLM asks for it outside the forward too (its DeepGEMM warm-up): answered without vLLM's method
+    assert stock.get_fused_moe_quant_config(layer) is stock.moe_quant_config and stock.calls == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -213,7 +219,7 @@ os.environ["SUITE_KERNELS"] = "moe,dense"
 suite_kernels.register(); once = C.apply_monolithic
 suite_kernels.register()
 params = {n: list(inspect.signature(getattr(C, n).__wrapped__).parameters)
-          for n in ("process_weights_after_loading", "apply_monolithic", "apply")}
+          for n in ("process_weights_after_loading", "apply_monolithic", "apply", "get_fused_moe_quant_config")}
 print(json.dumps({"eps": eps, "before": before, "idempotent": C.apply_monolithic is once,
                   "dense": hasattr(L.load_model, "_suite_kernels_dense"), "params": params}))
 """
@@ -229,4 +235,5 @@ print(json.dumps({"eps": eps, "before": before, "idempotent": C.apply_monolithic
         "process_weights_after_loading": ["self", "layer"],
         "apply_monolithic": ["self", "layer", "x", "router_logits", "input_ids"],
         "apply": ["self", "layer", "x", "topk_weights", "topk_ids", "shared_experts", "shared_experts_input"],
+        "get_fused_moe_quant_config": ["self", "layer"],
     }, f"vLLM's MoE method changed its parameters; update plugins/site/suite_kernels: {got['params']}"

@@ -109,7 +109,8 @@ def test_unknown_value_in_a_flavour_file_is_reported(tmp_path):
     ("cpu", 'must_not: ["Pregraph bytecode", "AOTDispatcher*"]', 'must_not: "Pregraph bytecode"', "values.graphs.off.kernels.cpu.must_not"),
     ("cpu", 'must: ["_C::cpu_fused_moe"]', 'must: "_C::cpu_fused_moe"', "values.moe.cpu.kernels.cpu.must"),
     ("cpu", 'seen: ["_C::cpu_attention_with_kv_cache"]', 'seen: "_C::cpu_attention_with_kv_cache"', "values.attention.auto.kernels.cpu.seen"),
-    ("upstream", 'also_runs: ["*marlin_moe_wna16*"]', 'also_runs: "*marlin_moe_wna16*"', "values.moe.gemv.kernels.sm_12x.also_runs"),
+    ("fork", 'also_runs: ["*GroupProblemShape*MainloopSm120ArrayTmaWarpSpecializedBlockScaled*", "*expandInputRowsKernel*", '
+     '"*finalizeMoeRoutingKernel*"]', 'also_runs: "*expandInputRowsKernel*"', "values.moe.gemv.kernels.sm_12x.also_runs"),
     ("cpu", 'logs: ["CPUUnquantizedExperts"]', 'logs: "CPUUnquantizedExperts"', "values.moe.cpu.logs"),
 ], ids=["must_not", "must", "seen", "also_runs", "logs"])
 def test_a_pattern_list_written_as_a_string_is_one_clear_line(tmp_path, flavour, as_list, as_string, key):

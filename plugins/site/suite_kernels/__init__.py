@@ -182,9 +182,7 @@ def patch_moe(cls, threshold: int) -> None:
         free_expert_tensors(layer)
         # vLLM's backend is never set up (its kernel would need the tensors just freed); the runner asks for a
         # quant config on the first forward, which must not build that backend's either
-        from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
-
-        self.moe_quant_config = FUSED_MOE_UNQUANTIZED_CONFIG
+        self.moe_quant_config = self.get_fused_moe_quant_config(layer)
 
     @functools.wraps(cls.apply_monolithic)
     def apply_monolithic(self, layer, x, router_logits, input_ids=None, **kwargs):
@@ -197,11 +195,23 @@ def patch_moe(cls, threshold: int) -> None:
             raise RuntimeError(f"{ENV}=moe: shared experts are not part of gpt-oss; unset {ENV} for this model")
         return run_experts(x, topk_ids, topk_weights, packed_experts(layer), threshold)
 
-    for f in (process_weights_after_loading, apply_monolithic, apply):
+    @functools.wraps(cls.get_fused_moe_quant_config)
+    def get_fused_moe_quant_config(self, layer):
+        # asked by vLLM outside the forward too (its DeepGEMM warm-up): vLLM's answer would read the freed
+        # tensors' backend state; a packed layer has no vLLM quant config to give
+        if getattr(layer, MOE_ATTR, None) is not None:
+            from vllm.model_executor.layers.fused_moe.config import FUSED_MOE_UNQUANTIZED_CONFIG
+
+            return FUSED_MOE_UNQUANTIZED_CONFIG
+        return orig_config(self, layer)
+
+    orig_config = cls.get_fused_moe_quant_config
+    for f in (process_weights_after_loading, apply_monolithic, apply, get_fused_moe_quant_config):
         setattr(f, _MARK, True)
     cls.process_weights_after_loading = process_weights_after_loading
     cls.apply_monolithic = apply_monolithic
     cls.apply = apply
+    cls.get_fused_moe_quant_config = get_fused_moe_quant_config
 
 
 # -------------------------------------------------------------------------------------------- dense
