@@ -47,12 +47,12 @@ BREAKDOWN_TOKENS = 64  # one batch-1 request profiled for the kernel-time breakd
 PLOT_NAME = "breakdown.png"  # one stacked bar per config, the first config first
 
 
-def measure(suite: Suite, name: str, args_extra: list[str]) -> dict:
+def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str, str] | None = None) -> dict:
     target = next(t for t in suite.targets() if t.name == name)
     if not target.runnable:
         return {"skipped": target.reason}
     t0 = time.monotonic()
-    with suite.boot(target, tag="__e2e", args_extra=args_extra) as running:
+    with suite.boot(target, tag="__e2e", args_extra=args_extra, env_extra=env_extra) as running:
         client = running.client(timeout_s=600)
         maker = bench.PromptMaker(client, seed=7)
         metrics: dict[str, dict] = {}
@@ -112,6 +112,9 @@ def main() -> int:
     ap.add_argument("--gpu-memory-utilization", action="append", default=[], metavar="CONFIG=FRACTION",
                     help="per-config override of the flavour's fraction")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--valid-weights", action="store_true", help="random MXFP4 codes and finite scales in the experts "
+                    "of a dummy-loaded model (SUITE_HOOK_RANDOM_MXFP4=1; vLLM's dummy loader leaves them zero and "
+                    "routing collapses onto a few experts, scripts/routing_spread.py)")
     ap.add_argument("--boot-timeout", type=float, default=900)
     a = ap.parse_args()
     out = Path(a.out)
@@ -131,7 +134,7 @@ def main() -> int:
         extra = ["--gpu-memory-utilization", util[name]] if name in util else []
         print(f"plugin_e2e: {name} {' '.join(extra)}", flush=True)
         try:
-            results[name] = measure(suite, name, extra)
+            results[name] = measure(suite, name, extra, {"SUITE_HOOK_RANDOM_MXFP4": "1"} if a.valid_weights else None)
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
         res_file.write_text(json.dumps({"model": a.model, "platform": suite.platform.name,

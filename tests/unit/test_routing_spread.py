@@ -45,3 +45,28 @@ def test_routes_hook_writes_cumulative_counts_once_a_step_is_complete(tmp_path, 
     routes.record(l0, torch.tensor([[1, 2]]), 4)
     got = json.loads(out.read_text())
     assert got == {"calls": 2, "eager": True, "layers": {l0.layer_name: [1, 2, 1, 0], l1.layer_name: [0, 0, 1, 2]}}
+
+
+def test_valid_dummy_mxfp4_fills_only_expert_layers_with_codes_and_finite_scales():
+    """vLLM's dummy loader leaves uint8 expert tensors at zero; the hook gives them random codes and scale bytes
+    119-120 (2**-8, 2**-7: finite, never the NaN byte 255), and leaves other modules alone."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "site"))
+    from suite_testhooks import routes
+
+    experts = torch.nn.Module()
+    for name, shape in (("w13_weight", (4, 64, 32)), ("w13_weight_scale", (4, 64, 2)),
+                        ("w2_weight", (4, 64, 16)), ("w2_weight_scale", (4, 64, 1))):
+        setattr(experts, name, torch.nn.Parameter(torch.zeros(shape, dtype=torch.uint8), requires_grad=False))
+    dense = torch.nn.Linear(8, 8)
+    before = dense.weight.detach().clone()
+    model = torch.nn.ModuleDict({"experts": experts, "dense": dense})
+    assert routes.fill_valid_mxfp4(model, seed=5) == 1
+    assert len(experts.w13_weight.unique()) > 200, "codes are not random bytes"
+    for s in (experts.w13_weight_scale, experts.w2_weight_scale):
+        assert set(s.unique().tolist()) <= {119, 120} and len(s.unique()) == 2
+    assert torch.equal(dense.weight, before)
+    first = experts.w2_weight.clone()
+    routes.fill_valid_mxfp4(model, seed=5)
+    assert torch.equal(experts.w2_weight, first), "the same seed must give the same weights (comparable runs)"
