@@ -125,3 +125,23 @@ def test_moe_is_captured_by_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, run(x2, ids2, wts2)), f"graph replay differs from eager (seed={seed})"
+
+
+def test_the_bound_catches_a_wrong_fragment_order():
+    """Test of the test: the same weights with two lanes' words swapped (a layout bug the decode would not notice)
+    must fail the dense bound, and the gate_up rows of every tile rotated by four (row g read as g + 4) must fail
+    the MoE bound."""
+    from kernels.packed import PackedMXFP4
+
+    seed = fresh_seed()
+    x, p, bias, ref = _dense_case(17, 48, 128, seed)
+    words = p.words.clone()
+    words[..., [0, 5], :] = words[..., [5, 0], :]
+    with pytest.raises(AssertionError, match="NMSE"):
+        assert_close_nmse(mxfp4_mm_packed(x, PackedMXFP4(words, p.scales, p.n, p.k), bias), ref, GEMV_NMSE, seed, "mutant")
+    x, ids, wts, gu, dn, pm, ref = _packed_case(20, 4, 64, 64, 2, seed)
+    w = gu.words.clone().reshape(*gu.words.shape[:-2], 8, 4, 4)
+    swapped = PackedMXFP4(w.roll(4, dims=-3).reshape(gu.words.shape), gu.scales, gu.n, gu.k, gu.paired)
+    with pytest.raises(AssertionError, match="NMSE"):
+        assert_close_nmse(mxfp4_moe_packed_mm(x, ids, wts, swapped, pm["gate_up_bias"], dn, pm["down_bias"]), ref,
+                          MOE_NMSE, seed, "mutant")
