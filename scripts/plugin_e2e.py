@@ -31,6 +31,7 @@ from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
 from harness.kernelpath.breakdown import Breakdown, breakdown, plot_breakdowns  # noqa: E402
 from harness.kernelpath.traces import profile  # noqa: E402
+from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
 from harness.perf import bench  # noqa: E402
 from harness.perf.memory import server_memory  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
@@ -134,7 +135,7 @@ def main() -> int:
         extra = ["--gpu-memory-utilization", util[name]] if name in util else []
         print(f"plugin_e2e: {name} {' '.join(extra)}", flush=True)
         try:
-            results[name] = measure(suite, name, extra, {"SUITE_HOOK_RANDOM_MXFP4": "1"} if a.valid_weights else None)
+            results[name] = measure(suite, name, extra, {RANDOM_MXFP4_ENV: "1"} if a.valid_weights else None)
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
         res_file.write_text(json.dumps({"model": a.model, "platform": suite.platform.name,

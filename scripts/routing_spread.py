@@ -25,10 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.engine.hooks import RANDOM_MXFP4_ENV, ROUTES_ENV  # noqa: E402
 from harness.perf import bench  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
-
-ROUTES_ENV = "SUITE_HOOK_ROUTES"
 
 
 def spread(counts: list[int]) -> dict:
@@ -90,7 +89,7 @@ def main() -> int:
     ap.add_argument("--gpu-memory-utilization", default=None, help="override the flavour's fraction (0.70 cannot hold "
                     "the gpt-oss-120b shape on an 80 GB GPU)")
     ap.add_argument("--valid-weights", action="store_true", help="random MXFP4 codes and finite scales in the experts "
-                    "of a dummy-loaded model (SUITE_HOOK_RANDOM_MXFP4=1): vLLM's dummy loader leaves them zero")
+                    "of a dummy-loaded model (the test hook's SUITE_HOOK_RANDOM_MXFP4=1): vLLM's dummy loader leaves them zero")
     ap.add_argument("--boot-timeout", type=float, default=900)
     a = ap.parse_args()
     out = Path(a.out)
@@ -99,7 +98,7 @@ def main() -> int:
     try:
         suite = Suite.create(a.config, a.model, None, None, str(out / "suite-run"), a.boot_timeout)
         target = next(t for t in suite.targets() if t.name == a.config)
-        env = {ROUTES_ENV: str(routes), **({"SUITE_HOOK_RANDOM_MXFP4": "1"} if a.valid_weights else {})}
+        env = {ROUTES_ENV: str(routes), **({RANDOM_MXFP4_ENV: "1"} if a.valid_weights else {})}
         with suite.boot(target, tag="__routes", env_extra=env,
                         args_extra=["--enforce-eager"] + (["--gpu-memory-utilization", a.gpu_memory_utilization]
                                                           if a.gpu_memory_utilization else [])) as running:

@@ -53,7 +53,7 @@ def test_valid_dummy_mxfp4_fills_only_expert_layers_with_codes_and_finite_scales
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "site"))
-    from suite_testhooks import routes
+    from suite_testhooks import dummy_mxfp4
 
     experts = torch.nn.Module()
     for name, shape in (("w13_weight", (4, 64, 32)), ("w13_weight_scale", (4, 64, 2)),
@@ -62,11 +62,21 @@ def test_valid_dummy_mxfp4_fills_only_expert_layers_with_codes_and_finite_scales
     dense = torch.nn.Linear(8, 8)
     before = dense.weight.detach().clone()
     model = torch.nn.ModuleDict({"experts": experts, "dense": dense})
-    assert routes.fill_valid_mxfp4(model, seed=5) == 1
+    assert dummy_mxfp4.fill_valid_mxfp4(model, seed=5) == 1
     assert len(experts.w13_weight.unique()) > 200, "codes are not random bytes"
     for s in (experts.w13_weight_scale, experts.w2_weight_scale):
         assert set(s.unique().tolist()) <= {119, 120} and len(s.unique()) == 2
     assert torch.equal(dense.weight, before)
     first = experts.w2_weight.clone()
-    routes.fill_valid_mxfp4(model, seed=5)
+    dummy_mxfp4.fill_valid_mxfp4(model, seed=5)
     assert torch.equal(experts.w2_weight, first), "the same seed must give the same weights (comparable runs)"
+
+
+def test_the_harness_and_the_hooks_name_the_same_variables():
+    """The hooks cannot import the harness (they run inside vLLM's processes), so the names live twice."""
+    from harness.engine import hooks
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "site"))
+    from suite_testhooks import dummy_mxfp4, routes
+
+    assert (hooks.ROUTES_ENV, hooks.RANDOM_MXFP4_ENV) == (routes.ROUTES_ENV, dummy_mxfp4.RANDOM_MXFP4_ENV)

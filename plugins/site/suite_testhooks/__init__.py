@@ -21,7 +21,7 @@ no-op unless its own variable is set:
                             wraps whatever other plugins put on vLLM's MoE method.
   SUITE_HOOK_RANDOM_MXFP4=1 with --load-format dummy: random E2M1 codes and finite E8M0 scales in the MXFP4
                             experts (vLLM's dummy loader leaves those uint8 tensors zero, which collapses
-                            routing onto the same few experts; `routes.py`).
+                            routing onto the same few experts; `dummy_mxfp4.py`).
   SUITE_HOOK_DIR=DIR        where the control file is read and the acknowledgements are written:
                             `ack-<pid>.json` says what this process applied (hold, mode, seq, a, b).
 """
@@ -33,7 +33,7 @@ import os
 import threading
 import time
 
-from . import routes
+from . import dummy_mxfp4, routes
 
 HOLD_ENV = "SUITE_HOOK_HOLD_GIB"
 SLOWDOWN_ENV = "SUITE_HOOK_SLOWDOWN"
@@ -67,8 +67,8 @@ def hook_dir() -> str | None:
 
 def register() -> None:
     """vLLM general-plugin entry point: patch `BaseModelLoader.load_model` when a hook is wanted."""
-    if routes.random_mxfp4_wanted():
-        routes.install_random_mxfp4()  # before load_model runs: the loader's weights are filled inside it
+    if dummy_mxfp4.random_mxfp4_wanted():
+        dummy_mxfp4.install_random_mxfp4()  # before load_model runs: the loader's weights are filled inside it
     if hold_gib() <= 0 and not slowdown_wanted() and not routes.routes_file():
         return
     from vllm.model_executor.model_loader.base_loader import (
