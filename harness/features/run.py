@@ -19,6 +19,7 @@ from harness.features.spec import Criterion, Feature
 from harness.kernelpath.breakdown import Breakdown, breakdown, plot_breakdowns
 from harness.kernelpath.check import profile_decode_window
 from harness.perf.clocks import ClockSampler
+from harness.perf.regression import THRESHOLDS_FILE, load_thresholds
 from harness.session.suite import RunningServer, Suite
 
 
@@ -84,7 +85,9 @@ class FeatureResult:
                 "seconds": round(self.seconds, 1), "notes": self.notes}
 
 
-def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side) -> list[CriterionVerdict]:
+def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side,
+              spread_of: Callable[[str], float] = lambda metric: 0.0) -> list[CriterionVerdict]:
+    """`spread_of(metric)`: the platform's recorded boot-to-boot spread (`Thresholds.spread_of`)."""
     out = []
     for c in criteria:
         if c.kind in ("memory", "boot"):
@@ -92,7 +95,8 @@ def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side) 
             out.append(judge_number(c, sum(b) / len(b) if b else None, max(k) if k else None))
         else:
             v = judge_samples(c, baseline.value(c.metric) if c.relative else None, candidate.value(c.metric),
-                              drift=baseline.drift(c.metric) if c.relative else None)
+                              drift=baseline.drift(c.metric) if c.relative else None,
+                              boot_spread=spread_of(c.metric) if c.relative else 0.0)
             unresolved = "; ".join(f"{s.role}: {s.unresolved[c.metric]}" for s in (baseline, candidate)
                                    if c.metric in s.unresolved)
             if unresolved and v.status is not Status.ERROR:  # rounds below the GPU's loaded clock: never judged
@@ -192,11 +196,12 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
     if len([b for b in breakdown.values() if b]) == 2:
         plot_breakdowns({c: Breakdown.from_json(b) for c, b in breakdown.items()}, out_dir / "breakdown.png")
     save_sides(out_dir / "samples.json", [base_side, cand_side])
-    verdicts = judge_all(f.criteria, base_side, cand_side)
+    spread_of = load_thresholds(THRESHOLDS_FILE, suite.platform.name).spread_of
+    verdicts = judge_all(f.criteria, base_side, cand_side, spread_of)
     # a required level that ran nothing (every test skipped, e.g. level 2 on dummy weights) cannot say: inconclusive
     level_status = [Status.PASS if o.status == "PASS" else Status.FAIL if o.status == "FAIL" else Status.INCONCLUSIVE
                     for o in levels.values()]
-    gate, gate_status = gate_verdicts(f, judge_all(f.gate, base_side, cand_side) if f.gate else [], levels)
+    gate, gate_status = gate_verdicts(f, judge_all(f.gate, base_side, cand_side, spread_of) if f.gate else [], levels)
     result = FeatureResult(f, overall([v.status for v in verdicts] + level_status), verdicts, levels, gate,
                            gate_status, [base_side, cand_side], order=order, breakdown=breakdown,
                            seconds=time.monotonic() - started, **common)

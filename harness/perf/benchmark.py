@@ -6,16 +6,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.core.paths import REPO
 from harness.engine.process_memory import MemorySampler
 from harness.engine.server_metrics import scrape, spec_decode_between
 from harness.kernelpath.traces import profile
 from harness.perf import bench, memory, metadata
 from harness.perf.clocks import ClockSampler
-from harness.perf.regression import load_thresholds
+from harness.perf.regression import THRESHOLDS_FILE, load_thresholds
 from harness.session.suite import RunningServer, Suite
-
-THRESHOLDS_FILE = REPO / "baselines" / "thresholds.yaml"
 
 
 def round_policy(platform_name: str) -> tuple[bench.RoundPolicy, float | None]:

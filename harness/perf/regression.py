@@ -35,6 +35,7 @@ import yaml
 
 from harness.core import stats
 from harness.core.errors import SuiteError
+from harness.core.paths import BASELINE_ROOT
 from harness.core.platform import is_valid_selector, platform_matches
 from harness.perf import metrics as perf
 from harness.core.store import identity_problem, regen_command
@@ -42,6 +43,7 @@ from harness.perf.baselines import is_finite_number, platform_key
 
 STATUSES = ("pass", "fail", "inconclusive", "improved")
 MEMORY_METRIC = "memory_peak_gb"  # informational since schema 2 (on GPUs it is vLLM's reservation)
+THRESHOLDS_FILE = BASELINE_ROOT / "thresholds.yaml"
 USED_MEMORY = "memory_used_gib"
 KV_CAPACITY = "kv_capacity_tokens"
 GIB = 1024 ** 3
@@ -535,9 +537,11 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
                                if e.get("unresolved")) or None
         v = compare_metric(name, b["samples"], c["samples"], bool(b["higher_is_better"]), thresholds,
                            unit=str(b.get("unit") or ""), config=config, unresolved=unresolved,
-                           boot_spread=thresholds.spread_of(name))
+                           boot_spread=0.0 if thresholds.advisory else thresholds.spread_of(name))
         verdicts.append(_out_of_family(v, thresholds, config) or v)
     if thresholds.advisory:
+        # A timing verdict here is a warning, never a failure, so it needs no boot spread to keep from failing an
+        # unchanged run; a change beyond the threshold stays visible as a warning instead of "inconclusive".
         why = advisory_reason(current.get("platform"))
         verdicts = [replace(v, advisory=True, advisory_reason=why) for v in verdicts]
     verdicts += compare_memory_section(baseline, current, thresholds, config)
