@@ -2,7 +2,8 @@
 # CI: the CUDA kernels built for every architecture we ship, on a CPU machine (no GPU, no system CUDA).
 # 1. installs the pinned nvcc wheels (requirements-kernels-build.txt) into the suite's venv, once per pin (stamp);
 # 2. compiles kernels/csrc/mxfp4_mma.cu for sm_90a and sm_121a (GB10) with that nvcc, both at once;
-# 3. prints the static SASS counts of the decode loops per architecture and checks them against
+# 3. compiles the Triton kernels (decode GEMVs, the packed prefill GEMM) for the same arches with the installed Triton;
+# 4. prints the static SASS counts of their loops per architecture and checks them against
 #    kernels/sass_budget.yaml.
 # Exit status: 0 built and within budget; 1 a build or the budget failed; 2 the toolchain could not be installed.
 # tests/level1_5_kernels/test_kernel_build.py checks the same (and that a build using what sm_121a lacks fails);
@@ -26,7 +27,7 @@ if [ ! -f "$stamp" ]; then
 fi
 t1=$(date +%s)
 echo "build_kernels: toolchain ready in $((t1 - t0)) s"
-"$py" -m kernels.tools.sass_count --cuda --arch 90a --arch 121a --check-budget
+"$py" -m kernels.tools.sass_count --arch 90a --arch 121a --check-budget
 rc=$?
 echo "build_kernels: build + counts in $(( $(date +%s) - t1 )) s (rc $rc)"
 exit $rc

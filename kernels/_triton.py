@@ -9,6 +9,7 @@ just slow: tests keep shapes small there).
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
 import torch
 
@@ -20,7 +21,23 @@ import triton.language as tl  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-__all__ = ["triton", "tl", "INTERPRET", "check_device", "_dot_bf16", "_round_bf16"]
+__all__ = ["triton", "tl", "INTERPRET", "check_device", "_dot_bf16", "_round_bf16", "StaticCountCase"]
+
+
+class StaticCountCase(NamedTuple):
+    """One Triton kernel configuration for kernels.tools.sass_count (compiled for an arch without a GPU)."""
+
+    name: str  # also its key in kernels/sass_budget.yaml
+    fn: Any  # the @triton.jit kernel
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    num_warps: int
+    words_per_pass: float  # 32-bit weight words one thread consumes per pass of the loop
+    marker: str  # an opcode substring the loop's math contains (HFMA2, MMA: HMMA on sm_12x, HGMMA on sm_90)
+    # arguments the JIT specializes as multiples of 16 at the shapes served (16-byte-aligned torch pointers, gpt-oss
+    # dims and strides): without them the compiled loop computes masks and scalar loads it never runs with
+    divisible: tuple[str, ...] = ()
+    num_stages: int = 1
 
 
 def check_device(*tensors: torch.Tensor) -> None:

@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from ._triton import INTERPRET, _dot_bf16, _round_bf16, check_device, tl, triton
+from ._triton import INTERPRET, StaticCountCase, _dot_bf16, _round_bf16, check_device, tl, triton
 from .mxfp4 import as_packed, dequantize_mxfp4
 from .packed import PackedMXFP4, pack_mxfp4, prepare_activation
 from .packed_mm import mxfp4_mm_packed
@@ -588,9 +588,8 @@ def mxfp4_linear(
     return y.reshape(*lead, y.shape[-1])
 
 
-def static_count_cases():
-    """(name, kernel, signature, constexprs, num_warps, words per thread per loop pass, loop marker)
-    for kernels.tools.sass_count: the old fma16 rows kernel at its tuned lm_head config and the packed one."""
+def static_count_cases() -> list[StaticCountCase]:
+    """For kernels.tools.sass_count: the old fma16 rows kernel at its tuned lm_head config and the packed one."""
     rows_sig = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": "*u8", "b_ptr": "*fp32", "out_ptr": "*bf16",
                 "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32",
                 "stride_om": "i32", "HAS_BIAS": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
@@ -598,9 +597,14 @@ def static_count_cases():
     packed_sig = {"xq_ptr": "*i32", "xdown_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": "*fp32",
                   "out_ptr": "*bf16", "N": "i32", "n_tiles": "i32", "KC": "i32", "stride_om": "i32",
                   "HAS_BIAS": "constexpr", "BT": "constexpr", "INTERPRETED": "constexpr"}
+    def ptrs(sig: dict[str, str]) -> tuple[str, ...]:
+        return tuple(a for a, t in sig.items() if t.startswith("*"))
+
     return [
-        ("fma16 rows (before) 16x512, 2 warps", _mxfp4_gemv_rows_kernel, rows_sig,
-         {"HAS_BIAS": False, "BLOCK_N": 16, "BLOCK_K": 512, "INTERPRETED": False}, 2, 16 * 512 / 8 / 64, "HFMA2"),
-        ("packed_fma BT=4, 4 warps", _mxfp4_packed_fma_kernel, packed_sig,
-         {"HAS_BIAS": False, "BT": 4, "INTERPRETED": False}, 4, 4 * 32 * 4 / 128, "HFMA2"),
+        StaticCountCase("fma16 rows (before) 16x512, 2 warps", _mxfp4_gemv_rows_kernel, rows_sig,
+                        {"HAS_BIAS": False, "BLOCK_N": 16, "BLOCK_K": 512, "INTERPRETED": False}, 2, 16 * 512 / 8 / 64,
+                        "HFMA2", ptrs(rows_sig) + ("K", "stride_xm", "stride_wn", "stride_om")),
+        StaticCountCase("packed_fma BT=4, 4 warps", _mxfp4_packed_fma_kernel, packed_sig,
+                        {"HAS_BIAS": False, "BT": 4, "INTERPRETED": False}, 4, 4 * 32 * 4 / 128, "HFMA2",
+                        ptrs(packed_sig) + ("N", "stride_om")),
     ]

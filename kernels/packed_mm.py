@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import INTERPRET, _dot_bf16, _round_bf16, check_device, tl, triton
+from ._triton import INTERPRET, StaticCountCase, _dot_bf16, _round_bf16, check_device, tl, triton
 from .packed import PackedMXFP4
 from .reference import SWIGLU_ALPHA, SWIGLU_LIMIT
 from .tuning import get_config
@@ -126,6 +126,34 @@ def _packed_mm_kernel(
             tl.store(optr, res, mask=omask)  # fp32 partial per slot, summed by the caller
         else:
             tl.store(optr, _round_bf16(res, INTERPRETED), mask=omask)
+
+
+_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": "*fp32", "wt_ptr": "*fp32", "rows_ptr": "*i32",
+              "bexp_ptr": "*i32", "out_ptr": "*bf16", "n_rows_x": "i32", "N": "i32", "K": "i32", "n_tiles": "i32",
+              "KC": "i32", "stride_xm": "i32", "stride_om": "i32", "stride_we": "i32", "stride_se": "i32",
+              "stride_be": "i32", "X_DIV": "constexpr", "GROUPED": "constexpr", "HAS_BIAS": "constexpr",
+              "SWIGLU": "constexpr", "HAS_WEIGHT": "constexpr", "BM": "constexpr", "BT": "constexpr", "alpha": "fp32",
+              "limit": "fp32", "INTERPRETED": "constexpr"}
+# what the JIT sees as multiples of 16 when it serves gpt-oss (hidden and intermediate 2880, qkv 5120, o_proj K 4096,
+# torch's 16-byte-aligned allocations); n_tiles (N / 16), KC (K / 64) and the row count are not
+_DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "b_ptr", "wt_ptr", "rows_ptr", "bexp_ptr", "out_ptr", "N", "K", "stride_xm",
+              "stride_om", "stride_we", "stride_se", "stride_be")
+
+
+def static_count_cases(arch: str) -> list[StaticCountCase]:
+    """For kernels.tools.sass_count: the three launches prefill runs (dense layers, MoE gate_up, MoE down) at this
+    arch's tuned config (tuning.yaml packed_mm), BM at its largest (prefill's tokens per expert reach it)."""
+    cfg = get_config("packed_mm", arch)
+    bm, bt, warps = int(cfg.get("block_m", 64)), int(cfg.get("block_tiles", 4)), int(cfg.get("num_warps", 4))
+    words = bt * 16 * 64 / 8 / (warps * 32)
+    base = {"X_DIV": 1, "GROUPED": False, "HAS_BIAS": False, "SWIGLU": False, "HAS_WEIGHT": False, "BM": bm, "BT": bt,
+            "INTERPRETED": False}
+    variants = [(f"packed_mm dense BM={bm} BT={bt}", {"HAS_BIAS": True}),
+                (f"packed_mm moe gate_up BM={bm} BT={bt}", {"X_DIV": 4, "GROUPED": True, "HAS_BIAS": True, "SWIGLU": True}),
+                (f"packed_mm moe down BM={bm} BT={bt}", {"GROUPED": True, "HAS_BIAS": True, "HAS_WEIGHT": True})]
+    sig = dict(_SIGNATURE)
+    return [StaticCountCase(name, _packed_mm_kernel, sig, {**base, **extra}, warps, words, "MMA", _DIVISIBLE,
+                            int(cfg.get("num_stages", 2))) for name, extra in variants]
 
 
 def _cfg(config: dict | None) -> dict:

@@ -1,11 +1,13 @@
-"""The static SASS budget of the CUDA decode loops: kernels/sass_budget.yaml, checked on every CI run.
+"""The static SASS budget of the decode and prefill loops: kernels/sass_budget.yaml, checked on every CI run.
 
-The decode kernels are bound by bytes on GB10 and close to issue-bound on an H200 (kernels/NOTES.md): a change
-that adds instructions per weight word to the chunk loop costs time before any GPU run would show it. The
-budget holds, per architecture and kernel variant, the hot-loop and whole-loop instructions per 32-bit weight
-word that kernels/tools/sass_count.py counted when it was recorded, with the nvcc version that built them;
-a count above recorded x (1 + margin) is a violation. Counts from another nvcc are not comparable, so a
-version mismatch is a violation too (re-record after bumping requirements-kernels-build.txt).
+The decode kernels are bound by bytes on GB10 and close to issue-bound on an H200, and the prefill GEMM on the packed
+bytes (kernels/packed_mm.py) is issue-bound on an H100 (kernels/NOTES.md): a change that adds instructions per weight
+word to a loop costs time before any GPU run would show it. The budget holds, per architecture and kernel variant,
+the hot-loop and whole-loop instructions per 32-bit weight word that kernels/tools/sass_count.py counted when it was
+recorded: the CUDA kernels (`counts`) with the nvcc that built them, the Triton kernels (`triton_counts`) with the
+Triton that compiled them (torch's pin in requirements-cpu.txt; the GPU machines may run another, so these are a
+proxy there). A count above recorded x (1 + margin) is a violation. Counts from another compiler are not comparable,
+so a version mismatch is a violation too (re-record after bumping requirements-kernels-build.txt or torch).
 """
 
 from __future__ import annotations
@@ -15,49 +17,59 @@ from pathlib import Path
 import yaml
 
 BUDGET_FILE = Path(__file__).resolve().parents[1] / "sass_budget.yaml"
-MARGIN = 0.05  # +5%: nvcc's scheduling of the same source is deterministic; this leaves room for a small edit
+MARGIN = 0.05  # +5%: the compilers' scheduling of the same source is deterministic; this leaves room for a small edit
 METRICS = {"hot": "instr_per_word", "loop": "loop_instr_per_word"}  # budget key -> sass_count row key
-RERECORD = "python -m kernels.tools.sass_count --cuda --arch 90a --arch 121a --write-budget"
+RERECORD = "python -m kernels.tools.sass_count --arch 90a --arch 121a --write-budget"
 
 _HEADER = f"""\
-# Static SASS budget of the CUDA decode loops (kernels/tools/sass_budget.py says why; CI checks it:
-# .ci/build_kernels.sh and tests/level1_5_kernels/test_kernel_build.py).
-# Per architecture and kernel variant mxfp4_kernel<MODE,NT,RW,RT,PF>: instructions per 32-bit weight word of the
-# chunk loop, `hot` (its per-chunk source lines) and `loop` (every instruction in the loop body), as
-# kernels/tools/sass_count.py counted them with the nvcc below. A count above value x (1 + margin) fails.
+# Static SASS budget of the CUDA decode loops and the Triton loops (kernels/tools/sass_budget.py says why; CI checks
+# it: .ci/build_kernels.sh and tests/level1_5_kernels/test_kernel_build.py).
+# Per architecture and kernel variant (CUDA: mxfp4_kernel<MODE,NT,RW,RT,PF>; Triton: the case names of
+# gemv.static_count_cases and packed_mm.static_count_cases): instructions per 32-bit weight word of the loop, `hot`
+# (its per-chunk source lines) and `loop` (every instruction in the loop body), as kernels/tools/sass_count.py
+# counted them with the nvcc / Triton below. A count above value x (1 + margin) fails.
 # Written by `{RERECORD}`:
 # re-record when a change is meant to cost more (and say why in the commit), or after a compiler bump.
 """
+
+SECTIONS = {"cuda": ("nvcc", "counts"), "triton": ("triton", "triton_counts")}  # kind -> (version key, counts key)
 
 
 def load(path: Path = BUDGET_FILE) -> dict:
     with open(path) as f:
         data = yaml.safe_load(f) or {}
-    if not isinstance(data.get("counts"), dict) or "nvcc" not in data:
-        raise ValueError(f"{path}: needs `nvcc` and `counts` (re-record: {RERECORD})")
+    for version_key, counts_key in SECTIONS.values():
+        if not isinstance(data.get(counts_key), dict) or version_key not in data:
+            raise ValueError(f"{path}: needs `{version_key}` and `{counts_key}` (re-record: {RERECORD})")
     return data
 
 
-def record(rows_by_arch: dict[str, list[dict]], nvcc_version: str, path: Path = BUDGET_FILE,
-           margin: float = MARGIN) -> Path:
-    """Write the counts of `rows_by_arch` (sass_count.cuda_counts per arch) as the budget."""
-    counts = {f"sm_{arch}": {r["variant"]: {**{k: r[v] for k, v in METRICS.items()}, "what": r["kernel"]} for r in rows}
-              for arch, rows in rows_by_arch.items()}
-    body = yaml.safe_dump({"nvcc": nvcc_version, "margin": margin, "counts": counts}, sort_keys=False,
-                          default_flow_style=None, width=120)
+def _by_arch(rows_by_arch: dict[str, list[dict]]) -> dict:
+    return {f"sm_{arch}": {r["variant"]: {**{k: r[v] for k, v in METRICS.items()}, "what": r["kernel"]} for r in rows}
+            for arch, rows in rows_by_arch.items()}
+
+
+def record(rows_by_arch: dict[str, list[dict]], nvcc_version: str, triton_rows: dict[str, list[dict]],
+           triton_version: str, path: Path = BUDGET_FILE, margin: float = MARGIN) -> Path:
+    """Write the counts (sass_count.cuda_counts / triton_counts per arch) as the budget."""
+    body = yaml.safe_dump({"nvcc": nvcc_version, "triton": triton_version, "margin": margin,
+                           "counts": _by_arch(rows_by_arch), "triton_counts": _by_arch(triton_rows)},
+                          sort_keys=False, default_flow_style=None, width=120)
     path.write_text(_HEADER + body)
     return path
 
 
-def check(rows_by_arch: dict[str, list[dict]], budget: dict, nvcc_version: str) -> list[str]:
-    """One line per violation: a count over budget, a variant missing on either side, another nvcc."""
-    if str(budget["nvcc"]) != nvcc_version:
-        return [f"the budget was recorded with nvcc {budget['nvcc']}, these counts come from nvcc {nvcc_version}: "
-                f"build with requirements-kernels-build.txt's nvcc, or re-record: {RERECORD}"]
+def check(rows_by_arch: dict[str, list[dict]], budget: dict, version: str, kind: str = "cuda") -> list[str]:
+    """One line per violation of the `kind` section ("cuda": version = nvcc's, "triton": Triton's): a count over
+    budget, a variant missing on either side, another compiler version."""
+    version_key, counts_key = SECTIONS[kind]
+    if str(budget[version_key]) != version:
+        return [f"the {kind} budget was recorded with {version_key} {budget[version_key]}, these counts come from "
+                f"{version_key} {version}: build with the pinned one, or re-record: {RERECORD}"]
     margin = float(budget.get("margin", MARGIN))
     out = []
     for arch, rows in rows_by_arch.items():
-        want = budget["counts"].get(f"sm_{arch}")
+        want = budget[counts_key].get(f"sm_{arch}")
         if want is None:
             out.append(f"sm_{arch}: no budget recorded; re-record: {RERECORD}")
             continue

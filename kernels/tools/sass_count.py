@@ -12,8 +12,9 @@ predicated-off and branched-over hot code is counted). `python -m kernels.tools.
 the real number on a GPU.
 
 The CUDA source is built by kernels/tools/build.py (the nvcc wheel of requirements-kernels-build.txt when
-installed, one `-gencode` per --arch). --check-budget compares the CUDA counts with kernels/sass_budget.yaml
-(CI: .ci/build_kernels.sh); --write-budget records them there.
+installed, one `-gencode` per --arch); the Triton kernels are compiled by the installed Triton for the same arches,
+with the arguments the JIT would specialize as multiples of 16 marked so. --check-budget compares both with
+kernels/sass_budget.yaml (CI: .ci/build_kernels.sh); --write-budget records them there.
 """
 
 from __future__ import annotations
@@ -178,21 +179,24 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
     return out
 
 
-def triton_counts(arch: int = 90, tc: build.Toolchain | None = None) -> list[dict]:
-    """Compile the Triton decode kernels for sm_<arch> without a GPU and count their loops."""
+def triton_counts(arch: int = 90, tc: build.Toolchain | None = None, cases=None) -> list[dict]:
+    """Compile the Triton kernels for sm_<arch> without a GPU and count their loops: the decode GEMVs
+    (gemv.static_count_cases) and the prefill GEMMs on the same packed bytes (packed_mm.static_count_cases, at
+    this arch's tuned config), or `cases`. Arguments the JIT would specialize as multiples of 16 are passed as such."""
     nvdisasm = str(tc.nvdisasm) if tc and tc.nvdisasm else _tool("nvdisasm")
     os.environ["TRITON_INTERPRET"] = "0"  # compile, do not interpret (must precede importing gemv)
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from .. import gemv
+    from .. import gemv, packed_mm
 
     target = GPUTarget("cuda", arch, 32)
     results = []
-    cases = gemv.static_count_cases()
-    for name, fn, signature, constexprs, num_warps, words_per_pass, marker in cases:
-        src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-        k = triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": 1})
+    for case in cases if cases is not None else gemv.static_count_cases() + packed_mm.static_count_cases(f"sm_{arch}"):
+        names = list(case.signature)
+        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in case.divisible}
+        src = triton.compiler.ASTSource(fn=case.fn, signature=case.signature, constexprs=case.constexprs, attrs=attrs)
+        k = triton.compile(src, target=target, options={"num_warps": case.num_warps, "num_stages": case.num_stages})
         with tempfile.TemporaryDirectory() as d:
             cubin = os.path.join(d, "k.cubin")
             Path(cubin).write_bytes(k.asm["cubin"])
@@ -200,9 +204,18 @@ def triton_counts(arch: int = 90, tc: build.Toolchain | None = None) -> list[dic
                                   text=True).stdout
         funcs = parse_nvdisasm(text)
         ins = next(iter(funcs.values()))
-        n, _ = hot_loop(ins, marker)
-        results.append(summarize(f"triton {triton.__version__} {name}", ins, marker, words_per_pass / n, set()))
+        found = hot_loop(ins, case.marker)
+        if found is None:
+            raise RuntimeError(f"sm_{arch} {case.name}: no loop containing {case.marker} in its SASS")
+        row = summarize(f"triton {triton.__version__} {case.name}", ins, case.marker, case.words_per_pass / found[0], set())
+        results.append({"variant": case.name, **row})
     return results
+
+
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
 
 
 def print_rows(rows: list[dict], arch: str) -> None:
@@ -220,13 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvcc", help="build with this nvcc instead of the wheel's (kernels/tools/build.py)")
     budget = ap.add_mutually_exclusive_group()
     budget.add_argument("--check-budget", action="store_true",
-                        help="exit 1 when a CUDA hot loop exceeds kernels/sass_budget.yaml")
-    budget.add_argument("--write-budget", action="store_true", help="record the CUDA counts in kernels/sass_budget.yaml")
+                        help="exit 1 when a CUDA or Triton hot loop exceeds kernels/sass_budget.yaml")
+    budget.add_argument("--write-budget", action="store_true", help="record the CUDA and Triton counts in kernels/sass_budget.yaml")
     args = ap.parse_args(argv)
     archs = args.arch or ["90a"]
     both = not (args.cuda or args.triton)
-    if args.triton and not args.cuda and (args.check_budget or args.write_budget):
-        ap.error("the budget covers the CUDA kernels: add --cuda")
+    if not both and (args.check_budget or args.write_budget):
+        ap.error("the budget covers the CUDA and the Triton kernels: drop --cuda / --triton")
     try:
         tc = build.find_toolchain(args.nvcc) if (args.cuda or both) else None
     except build.ToolchainMissing as ex:
@@ -241,21 +254,23 @@ def main(argv: list[str] | None = None) -> int:
         except build.BuildError as ex:
             print(f"sass_count: {ex}", file=sys.stderr)
             return 1
+    tri: dict[str, list[dict]] = {}
     for arch in archs:
-        rows = cuda.get(arch, [])
         if args.triton or both:
-            rows = rows + triton_counts(int(re.sub(r"\D", "", arch)), tc)
-        print_rows(rows, arch)
+            tri[arch] = triton_counts(int(re.sub(r"\D", "", arch)), tc)
+        print_rows(cuda.get(arch, []) + tri.get(arch, []), arch)
     if args.write_budget:
-        path = sass_budget.record(cuda, tc.version)
+        path = sass_budget.record(cuda, tc.version, tri, triton_version())
         print(f"sass_count: recorded {', '.join(f'sm_{a}' for a in cuda)} in {path}")
     if args.check_budget:
-        problems = sass_budget.check(cuda, sass_budget.load(), tc.version)
+        budget = sass_budget.load()
+        problems = sass_budget.check(cuda, budget, tc.version) + sass_budget.check(tri, budget, triton_version(), "triton")
         for line in problems:
             print(f"SASS BUDGET EXCEEDED: {line}")
         if problems:
             return 1
-        print(f"sass_count: every hot loop within kernels/sass_budget.yaml ({', '.join(f'sm_{a}' for a in cuda)})")
+        print(f"sass_count: every hot loop within kernels/sass_budget.yaml ({', '.join(f'sm_{a}' for a in cuda)}; "
+              f"CUDA and Triton)")
     return 0
 
 

@@ -6,7 +6,10 @@ H200) and sm_121a (GB10) with the pinned nvcc wheel (requirements-kernels-build.
     reason, while the same instruction alone builds for sm_100a (so the failure is the architecture's, not a typo);
     and the instruction facts the GB10 plans rely on (tuning.yaml sm_121 notes) hold for this nvcc;
 (c) the hot loops stay within kernels/sass_budget.yaml (both arches), and a copy whose decode grows by two
-    instructions per weight word fails that check.
+    instructions per weight word fails that check;
+(d) the same for the Triton loops (the prefill GEMM on the packed bytes, the decode GEMVs), compiled for both arches
+    by the installed Triton in a child process (this one runs Triton's interpreter), with one more FADD per
+    decoded element pair as the test of the test.
 
 Without the wheel the tests skip and say what to install; SUITE_REQUIRE_NVCC=1 (CI: .ci/build_kernels.sh installs
 it first) turns that skip into a failure, as SUITE_REQUIRE_ACTIONLINT=1 does for the workflow lint. Only the
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,3 +159,57 @@ def test_ci_builds_what_the_gpus_build_at_first_use():
 
     assert {arch_target(9, 0), arch_target(12, 1)} == set(build.ARCHS)
     assert arch_target(8, 0) == "80", "parts without an `a` target build the plain one"
+
+
+# Child process: the kernels must be decorated with TRITON_INTERPRET=0 to compile, and this process interprets them.
+TRITON_ROWS = """
+import importlib.util, json, sys
+from kernels.tools import sass_count
+arch, module = sys.argv[1], sys.argv[2]
+cases = None
+if module:
+    spec = importlib.util.spec_from_file_location("packed_mm_mutated", module)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cases = mod.static_count_cases("sm_" + arch.rstrip("a"))
+print(json.dumps({"version": sass_count.triton_version(), "rows": sass_count.triton_counts(int(arch.rstrip("a")), None, cases)}))
+"""
+
+
+def _triton_rows(arch: str, module: Path | None = None) -> tuple[str, list[dict]]:
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", TRITON_ROWS, arch, str(module or "")], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=build.SRC.parents[2])
+    assert done.returncode == 0, f"compiling the Triton kernels for sm_{arch} failed:\n{done.stderr[-3000:]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return out["version"], out["rows"]
+
+
+def test_the_triton_loops_stay_within_the_sass_budget(toolchain, record_property):
+    budget = sass_budget.load()
+    for arch in build.ARCHS:
+        version, rows = _triton_rows(arch)
+        assert any(r["variant"].startswith("packed_mm moe gate_up") for r in rows), [r["variant"] for r in rows]
+        sass_count.print_rows(rows, arch)
+        record_property(f"triton_sass_sm_{arch}", json.dumps({r["variant"]: r["instr_per_word"] for r in rows}))
+        problems = sass_budget.check({arch: rows}, budget, version, "triton")
+        assert not problems, "\n".join(problems)
+
+
+# One FADD per decoded element pair in packed_mm's decode: +4 instructions per weight word, +5.9% on sm_90a and
+# +7% on sm_121a at the tuned config (one FADD per element would be +12% / +14%).
+TRITON_BLOAT = ("    hi = (v >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)\n",
+                "    hi = (v >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32) + 0.0\n")
+
+
+def test_the_budget_fails_a_prefill_loop_that_grew(toolchain, tmp_path):
+    src = (build.SRC.parents[1] / "packed_mm.py").read_text()
+    assert src.count(TRITON_BLOAT[0]) == 1, "packed_mm's decode changed: update TRITON_BLOAT to a line of its body"
+    mutated = tmp_path / "packed_mm_bloated.py"
+    mutated.write_text(src.replace("from .", "from kernels.").replace(*TRITON_BLOAT))
+    budget = sass_budget.load()
+    for arch in build.ARCHS:
+        version, rows = _triton_rows(arch, mutated)
+        problems = sass_budget.check({arch: rows}, budget, version, "triton")
+        over = {line.split(" (")[0].split(" ", 1)[1] for line in problems if "> budget" in line}
+        assert over == {r["variant"] for r in rows}, problems
