@@ -151,9 +151,10 @@ def static_count_cases(arch: str) -> list[StaticCountCase]:
     variants = [(f"packed_mm dense BM={bm} BT={bt}", {"HAS_BIAS": True}),
                 (f"packed_mm moe gate_up BM={bm} BT={bt}", {"X_DIV": 4, "GROUPED": True, "HAS_BIAS": True, "SWIGLU": True}),
                 (f"packed_mm moe down BM={bm} BT={bt}", {"GROUPED": True, "HAS_BIAS": True, "HAS_WEIGHT": True})]
-    sig = dict(_SIGNATURE)
+    # down writes one fp32 row per slot (summed over the k slots afterwards); the others write bf16
+    sigs = [dict(_SIGNATURE, out_ptr="*fp32" if extra.get("HAS_WEIGHT") else "*bf16") for _, extra in variants]
     return [StaticCountCase(name, _packed_mm_kernel, sig, {**base, **extra}, warps, words, "MMA", _DIVISIBLE,
-                            int(cfg.get("num_stages", 2))) for name, extra in variants]
+                            int(cfg.get("num_stages", 2))) for (name, extra), sig in zip(variants, sigs)]
 
 
 def _cfg(config: dict | None) -> dict:
