@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -138,8 +139,11 @@ def main() -> int:
             results[name] = measure(suite, name, extra, {RANDOM_MXFP4_ENV: "1"} if a.valid_weights else None)
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
+        # kernel settings the servers inherited (e.g. KERNELS_PACKED_MM_* from kernels.tools.bench_prefill --env-out)
+        kenv = {k: v for k, v in sorted(os.environ.items()) if k.startswith("KERNELS_")}
         res_file.write_text(json.dumps({"model": a.model, "platform": suite.platform.name,
-                                        "device": suite.platform.device, "results": results}, indent=1))
+                                        "device": suite.platform.device, "kernel_env": kenv, "results": results},
+                                       indent=1))
         md = [f"# Kernels plugin end to end: {a.model} on {suite.platform.device} ({suite.platform.name})", "",
               "Engine clock, medians after warm-up; ratio against the first config.", ""] + table(results, order)
         md += ["", "Kernel time per generated token (us), one profiled batch-1 request of "

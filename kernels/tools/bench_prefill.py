@@ -1,0 +1,169 @@
+"""Prefill-size GEMMs on the packed layout against what stock vLLM runs there, in one process:
+`python -m kernels.tools.bench_prefill [--m 2048] [--out F.json] [--env-out best.env]`.
+
+Why: the served model's prefill (pp2048) ran at ~0.5x stock with `kernels.packed_mm`, and a change to that kernel
+counts only when it closes that gap against stock measured in the same run. Stock's paths at these shapes:
+BF16 dense layers through cuBLAS (`torch.matmul`), the MoE through vLLM's Triton MoE (OpenAI triton_kernels
+`matmul_ogs` on its swizzled MXFP4), imported from the installed vLLM.
+
+Method: gpt-oss-120b shapes (kernels/cases.py) at M tokens; the MoE routes each token to 4 of 128 experts from
+random router logits (uniform routing: every expert's weights are read, as in a real prefill). Calls are captured
+in CUDA graphs and timed with CUDA events after warm-up, median of `--reps` replays (`timing.time_calls`). Every
+packed_mm configuration of the grid (mode x block_m x block_tiles x num_warps x num_stages) is timed; the best MoE
+configuration is written as KERNELS_PACKED_MM_* lines (`--env-out`) so that a served run can take it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+import torch
+
+from ..cases import LINEAR_SHAPES, MOE
+from .timing import time_calls
+
+# (mode, block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block (pick_block_m)
+GRID = [(mode, bm, bt, w, st) for mode, (bm, bt, w), st in itertools.product(
+    ("bf16", "f16_blocks"), [(64, 4, 4), (64, 8, 4), (64, 8, 8), (128, 4, 4), (128, 8, 8)], (3,))]
+
+
+def _cfg(mode: str, bm: int, bt: int, w: int, st: int) -> dict:
+    from ..tuning import get_config
+
+    return {**get_config("packed_mm"), "mode": mode, "block_m": bm, "block_tiles": bt, "num_warps": w,
+            "num_stages": st}
+
+
+def _name(c: tuple) -> str:
+    return "{}_bm{}_bt{}_w{}_s{}".format(*c)
+
+
+def _timed(what: str, calls, reps: int, inner: int) -> float:
+    try:
+        return round(time_calls(calls, reps, inner), 1)
+    except Exception as ex:  # noqa: BLE001 - one configuration failing (shared memory, registers) must not lose the rest
+        print(f"  {what}: FAILED {type(ex).__name__}: {str(ex)[:200]}", file=sys.stderr, flush=True)
+        return float("nan")
+
+
+def bench_dense(m: int, reps: int) -> list[dict]:
+    from ..packed import pack_mxfp4
+    from ..packed_mm import mxfp4_mm_packed
+    from ..testing import generator, random_mxfp4
+
+    g = generator(7, "cuda")
+    rows = []
+    for name in ("qkv", "o_proj"):
+        n, k = LINEAR_SHAPES[name]
+        w, s = random_mxfp4((n, k), g)
+        p = pack_mxfp4(w, s)
+        wbf = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+        x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        res = {"shape": name, "M": m, "N": n, "K": k,
+               "us_bf16_cublas": _timed("cublas", [lambda: torch.matmul(x, wbf.T, out=out)], reps, 4)}
+        for c in GRID:
+            cfg = _cfg(*c)
+            res[f"us_{_name(c)}"] = _timed(_name(c), [lambda cfg=cfg: mxfp4_mm_packed(x, p, out=out, config=cfg)], reps, 4)
+        rows.append(res)
+        best = min((c for c in GRID if res[f"us_{_name(c)}"] == res[f"us_{_name(c)}"]),
+                   key=lambda c: res[f"us_{_name(c)}"], default=None)
+        res["best"] = _name(best) if best else None
+        if best:
+            res["best_over_stock"] = round(res["us_bf16_cublas"] / res[f"us_{_name(best)}"], 3)
+        print(f"  {name} M={m}: cuBLAS bf16 {res['us_bf16_cublas']} us; " +
+              ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID), flush=True)
+        del p, wbf
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _vllm_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, x, logits, k):
+    """The MoE through vLLM's Triton backend (triton_kernels matmul_ogs), as kernels.tools.bench does at M=1."""
+    try:  # vLLM 0.26 moved the module under fused_moe/experts/
+        from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
+    except ImportError:
+        from vllm.model_executor.layers.fused_moe.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
+    from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
+    from vllm.model_executor.layers.fused_moe.config import mxfp4_w4a16_moe_quant_config
+    from vllm.model_executor.layers.quantization.utils.mxfp4_utils import _swizzle_mxfp4
+
+    w13, w13_flex, w13_scale = _swizzle_mxfp4(gu_p, gu_s, num_warps=8)
+    w2, w2_flex, w2_scale = _swizzle_mxfp4(d_p, d_s, num_warps=8)
+    qc = mxfp4_w4a16_moe_quant_config(
+        w1_bias=gu_b, w2_bias=d_b, w1_scale=PrecisionConfig(weight_scale=w13_scale, flex_ctx=FlexCtx(rhs_data=w13_flex)),
+        w2_scale=PrecisionConfig(weight_scale=w2_scale, flex_ctx=FlexCtx(rhs_data=w2_flex)))
+    return lambda: triton_kernel_moe_forward(hidden_states=x, w1=w13, w2=w2, gating_output=logits, topk=k,
+                                             renormalize=True, global_num_experts=gu_p.shape[0], expert_map=None,
+                                             quant_config=qc)
+
+
+def bench_moe(m: int, reps: int) -> dict:
+    from ..moe import pack_moe_experts
+    from ..packed_mm import mxfp4_moe_packed_mm
+    from ..testing import generator, random_mxfp4
+
+    e, k, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
+    g = generator(11, "cuda")
+    gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
+    d_p, d_s = random_mxfp4((e, h, inter), g)
+    gu_b = torch.randn(e, 2 * inter, generator=g, device="cuda") * 0.1
+    d_b = torch.randn(e, h, generator=g, device="cuda") * 0.1
+    gu_q, d_q = pack_moe_experts(gu_p, gu_s, d_p, d_s)
+    x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
+    logits = torch.randn(m, e, generator=g, device="cuda").to(torch.bfloat16)
+    top = torch.topk(logits.float(), k, dim=-1)
+    ids, wts = top.indices.to(torch.int32), torch.softmax(top.values, -1)
+    out = torch.empty(m, h, dtype=torch.bfloat16, device="cuda")
+    hits = torch.bincount(ids.flatten().long(), minlength=e)
+    res = {"M": m, "experts": e, "top_k": k, "experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max())}
+    try:
+        res["us_vllm_triton"] = _timed("vllm triton", [_vllm_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, x, logits, k)], reps, 2)
+    except Exception as ex:  # noqa: BLE001 - vLLM absent or its API moved: say so, keep ours
+        res["vllm_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+        res["us_vllm_triton"] = float("nan")
+    for c in GRID:
+        cfg = _cfg(*c)
+        res[f"us_{_name(c)}"] = _timed(_name(c), [lambda cfg=cfg: mxfp4_moe_packed_mm(
+            x, ids, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg)], reps, 2)
+    ok = [c for c in GRID if res[f"us_{_name(c)}"] == res[f"us_{_name(c)}"]]
+    best = min(ok, key=lambda c: res[f"us_{_name(c)}"], default=None)
+    res["best"] = _name(best) if best else None
+    res["best_cfg"] = best
+    if best:
+        res["best_over_stock"] = round(res["us_vllm_triton"] / res[f"us_{_name(best)}"], 3)
+    print(f"  MoE M={m} ({res['experts_hit']} experts hit): vLLM triton {res['us_vllm_triton']} us; " +
+          ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID), flush=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--m", type=int, default=2048, help="tokens (prefill chunk)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", help="write the results as JSON")
+    ap.add_argument("--env-out", help="write the best MoE configuration as KERNELS_PACKED_MM_* lines")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_prefill needs a CUDA GPU (it times kernels); nothing measured", file=sys.stderr)
+        return 2
+    print(f"{torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
+          f"torch {torch.__version__}", flush=True)
+    res = {"device": torch.cuda.get_device_name(), "moe": bench_moe(a.m, a.reps), "dense": bench_dense(a.m, a.reps)}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    best = res["moe"].get("best_cfg")
+    if a.env_out and best:
+        mode, bm, bt, w, st = best
+        with open(a.env_out, "w") as f:
+            f.write(f"export KERNELS_PACKED_MM_MODE={mode} KERNELS_PACKED_MM_BLOCK_M={bm} "
+                    f"KERNELS_PACKED_MM_BLOCK_TILES={bt} KERNELS_PACKED_MM_NUM_WARPS={w} KERNELS_PACKED_MM_NUM_STAGES={st}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
