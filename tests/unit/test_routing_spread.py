@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import routing_spread as rs  # noqa: E402
 
@@ -70,6 +72,65 @@ def test_valid_dummy_mxfp4_fills_only_expert_layers_with_codes_and_finite_scales
     first = experts.w2_weight.clone()
     dummy_mxfp4.fill_valid_mxfp4(model, seed=5)
     assert torch.equal(experts.w2_weight, first), "the same seed must give the same weights (comparable runs)"
+
+
+class RMSNorm(torch.nn.Module):  # the class name the hook recognises, as vLLM's
+    def __init__(self, h: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(h))
+
+    def forward(self, x):
+        return x * x.pow(2).mean(-1, keepdim=True).add(1e-5).rsqrt() * self.weight
+
+
+def _experts_hit(seed: int, scaled: bool) -> int:
+    """A gpt-oss router on a 120b-sized layer (hidden 2880, 128 experts, top-4), as the dummy loader leaves it
+    (uniform +-1e-3 everywhere) or after the hook's scaled init; 256 distinct token embeddings -> experts hit."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "site"))
+    from suite_testhooks import dummy_mxfp4
+
+    torch.manual_seed(seed)
+    model = torch.nn.ModuleDict({"embed": torch.nn.Embedding(256, 2880), "norm": RMSNorm(2880),
+                                 "router": torch.nn.Linear(2880, 128)})
+    for p in model.parameters():
+        torch.nn.init.uniform_(p, -1e-3, 1e-3)  # vLLM's dummy loader
+    if scaled:
+        assert dummy_mxfp4.fill_scaled_floats(model, seed=seed) == 4
+    model = model.to(torch.bfloat16)
+    with torch.no_grad():
+        logits = model["router"](model["norm"](model["embed"](torch.arange(256))))
+    return len(torch.topk(logits.float(), 4, dim=-1).indices.unique())
+
+
+def test_dummy_weights_collapse_routing_and_the_scaled_init_spreads_it():
+    """What the H100 run showed (gpt-oss-120b shape: 4 experts for 90% of the slots even with random expert codes),
+    reproduced on one router: the dummy loader's +-1e-3 norm weights shrink the router's input until its bias
+    decides the top-4 for every token. After the hook's init, 256 tokens reach most of the 128 experts (uniform
+    routing of 1024 slots reaches ~124)."""
+    seed = 11
+    assert _experts_hit(seed, scaled=False) <= 8
+    assert _experts_hit(seed, scaled=True) >= 100
+
+
+def test_the_scaled_init_sets_norms_biases_and_matrices():
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "site"))
+    from suite_testhooks import dummy_mxfp4
+
+    model = torch.nn.ModuleDict({"norm": RMSNorm(64), "proj": torch.nn.Linear(1024, 512)})
+    codes = torch.nn.Parameter(torch.zeros(4, 8, dtype=torch.uint8), requires_grad=False)
+    model["proj"].register_parameter("w13_weight", codes)
+    sinks = torch.nn.Parameter(torch.full((8,), 5e-4))
+    model["norm"].register_parameter("sinks", sinks)
+    assert dummy_mxfp4.fill_scaled_floats(model) == 3
+    assert torch.equal(model["norm"].weight, torch.ones(64))
+    assert torch.equal(model["proj"].bias, torch.zeros(512))
+    assert abs(float(model["proj"].weight.detach().std()) * 1024**0.5 - 1.0) < 0.05
+    assert torch.equal(codes, torch.zeros(4, 8, dtype=torch.uint8)), "integer tensors are fill_valid_mxfp4's"
+    assert torch.equal(sinks, torch.full((8,), 5e-4)), "1-D non-bias parameters keep their values"
 
 
 def test_the_harness_and_the_hooks_name_the_same_variables():

@@ -1,9 +1,14 @@
-"""Test hook: valid random MXFP4 experts in a dummy-loaded model (SUITE_HOOK_RANDOM_MXFP4=1).
+"""Test hook: valid random weights in a dummy-loaded model (SUITE_HOOK_RANDOM_MXFP4=1).
 
-vLLM's dummy loader (`--load-format dummy`) fills floating-point tensors only: the uint8 codes and E8M0 scales of
-the MXFP4 experts keep their zeros, every expert outputs just its bias, and routing collapses onto the same few
-experts (measured with `routes.py` / scripts/routing_spread.py). This hook wraps the dummy loader so those
-tensors get random codes and finite scales before the quant methods repack them.
+vLLM's dummy loader (`--load-format dummy`) fills floating-point tensors with uniform values in [-1e-3, 1e-3]
+and leaves the uint8 codes and E8M0 scales of the MXFP4 experts at zero. Routing then collapses onto the same
+four experts in every layer (scripts/routing_spread.py, gpt-oss-120b shape on an H100): the RMSNorm weights
+(~1e-3) shrink the router's input until its logits (~2e-5) are far below its bias (~1e-3), so the bias alone picks
+the top-4 for every token; random expert codes alone did not change that (measured: still 4 experts for 90% of
+the slots). This hook wraps the dummy loader so that, before the quant methods repack anything, the experts get
+random codes and finite scales and the floating-point weights a scaled random init (norm weights 1, matrices
+N(0, 1/fan_in), biases 0): unit-scale activations, router logits ~N(0, 1) that differ per token, attention that
+mixes context, so routing spreads as in a load-balanced trained model.
 """
 from __future__ import annotations
 
@@ -45,8 +50,36 @@ def fill_valid_mxfp4(model, seed: int = 1234) -> int:
     return filled
 
 
+def fill_scaled_floats(model, seed: int = 4321) -> int:
+    """Scaled random init of every floating-point weight of a dummy-loaded model: norm weights (modules whose class
+    name ends in "Norm") 1, biases 0, matrices (2-D or more) N(0, 1/fan_in) with fan_in the last dim; other
+    floating-point parameters (e.g. attention sinks) keep the dummy loader's values. Returns how many parameters
+    changed. Integer tensors (MXFP4 codes, scales) are left to fill_valid_mxfp4."""
+    import torch
+
+    changed = 0
+    with torch.no_grad():
+        for i, module in enumerate(model.modules()):
+            is_norm = type(module).__name__.endswith("Norm")
+            for name, p in module.named_parameters(recurse=False):
+                if not (isinstance(p, torch.Tensor) and p.is_floating_point() and p.numel()):
+                    continue
+                if is_norm and name == "weight":
+                    p.fill_(1.0)
+                elif name == "bias" or name.endswith("_bias"):
+                    p.zero_()
+                elif p.dim() >= 2:
+                    g = torch.Generator(device=p.device)
+                    g.manual_seed(seed + i)
+                    p.normal_(0.0, p.shape[-1] ** -0.5, generator=g)
+                else:
+                    continue
+                changed += 1
+    return changed
+
+
 def install_random_mxfp4() -> None:
-    """Wrap vLLM's dummy loader so the MXFP4 experts get valid random values before the quant methods repack them."""
+    """Wrap vLLM's dummy loader so the model gets valid random weights before the quant methods repack them."""
     from vllm.model_executor.model_loader.dummy_loader import DummyModelLoader
 
     if getattr(DummyModelLoader.load_weights, _MARK, False):
@@ -57,7 +90,9 @@ def install_random_mxfp4() -> None:
     def load_weights(self, model, model_config):
         original(self, model, model_config)
         n = fill_valid_mxfp4(model)
-        print(f"suite_testhooks: random MXFP4 codes and scales in {n} MoE layers", flush=True)
+        f = fill_scaled_floats(model)
+        print(f"suite_testhooks: random MXFP4 codes and scales in {n} MoE layers, scaled init of {f} floating-point "
+              "weights", flush=True)
 
     setattr(load_weights, _MARK, True)
     DummyModelLoader.load_weights = load_weights
