@@ -25,12 +25,10 @@ slots of a token are summed in a fixed order afterwards (deterministic, no atomi
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ._triton import INTERPRET, StaticCountCase, _dot_bf16, _round_bf16, check_device, tl, triton
-from .packed import PackedMXFP4, activation_scale
+from .packed import PackedMXFP4
 from .reference import SWIGLU_ALPHA, SWIGLU_LIMIT
 from .tuning import get_config
 
@@ -66,62 +64,16 @@ def _decode_chunk(w_ptr, s_ptr, tiles, c, KC):
 
 
 @triton.jit
-def _decode_chunk_f16(w_ptr, s_ptr, tiles, c, KC):
-    """Row tiles `tiles` [BT] x K chunk c -> the chunk's two 32-wide blocks as fp16 W [BT*16, 32] holding
-    value * 2**-14 exactly, and their fp32 scales [BT*16] = 2**(s - 127): (w0, w1, s0, s1). Same loads and
-    decode as `_decode_chunk`, but no per-element multiply or conversion: the scale goes on the dot's partial."""
-    BT: tl.constexpr = tiles.shape[0]
-    g = tl.arange(0, 8)[None, :, None, None]
-    t = tl.arange(0, 4)[None, None, :, None]
-    j = tl.arange(0, 4)[None, None, None, :]
-    base = (tiles[:, None, None, None] * KC + c) * 32
-    w = tl.load(w_ptr + (base + 4 * g + t) * 4 + j).to(tl.uint32, bitcast=True)  # [BT, g, t, j]
-    m = 0x8E008E00
-    o0 = (w << 2) & m
-    o1 = (w ^ (w << 6)) & m
-    o2 = (w ^ (w << 9)) & m
-    o3 = (w ^ ((w << 13) | (w >> 19))) & m
-    v = tl.join(tl.join(o0, o2), tl.join(o1, o3))  # [BT, g, t, j, kh8, g8]
-    v = tl.reshape(tl.permute(v, (0, 5, 1, 3, 4, 2)), (BT * 16, 32))  # [row, pair column 8j + 4kh8 + t]
-    lo = (v & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
-    hi = (v >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
-    vals = tl.reshape(tl.join(lo, hi), (BT * 16, 2, 32))  # [row, block, column within the block]
-    w0, w1 = tl.split(tl.permute(vals, (0, 2, 1)))
-    gs = tl.arange(0, 8)[None, :, None, None]
-    bh = tl.arange(0, 2)[None, None, :, None]
-    rh = tl.arange(0, 2)[None, None, None, :]
-    sb = tl.load(s_ptr + ((tiles[:, None, None, None] * KC + c) * 8 + gs) * 4 + 2 * bh + rh)  # [BT, g, blk, g8]
-    sb = tl.reshape(tl.permute(sb, (0, 3, 1, 2)), (BT * 16, 2)).to(tl.int32)
-    s0, s1 = tl.split((sb << 23).to(tl.float32, bitcast=True))
-    return w0, w1, s0, s1
-
-
-@triton.jit
-def _dot_f16(a, b, INTERPRETED: tl.constexpr):
-    """a @ b for fp16 a, b, fp32 result (products of fp16 values are exact in fp32)."""
-    if INTERPRETED:
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        r = tl.dot(a, b, out_dtype=tl.float32)
-    return r
-
-
-@triton.jit
 def _packed_mm_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, wt_ptr, rows_ptr, bexp_ptr, out_ptr, xd_ptr,
-    n_rows_x, N, K, n_tiles, KC, stride_xm, stride_om, stride_we, stride_se, stride_be, x_down, out_up,
+    x_ptr, w_ptr, s_ptr, b_ptr, wt_ptr, rows_ptr, bexp_ptr, out_ptr,
+    n_rows_x, N, K, n_tiles, KC, stride_xm, stride_om, stride_we, stride_se, stride_be,
     X_DIV: tl.constexpr, GROUPED: tl.constexpr, HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, BM: tl.constexpr, BT: tl.constexpr, alpha, limit, INTERPRETED: tl.constexpr,
-    F16: tl.constexpr, HAS_XD: tl.constexpr,
 ):  # fmt: skip
     """out[row] = epilogue(x[row // X_DIV] @ W[e]^T) for the BM rows of block pid_m.
 
     GROUPED: rows_ptr holds each block's rows (sorted slots; n_rows_x = padding sentinel) and
-    bexp_ptr its expert (-1: an unused block). Otherwise rows are pid_m*BM + i and e = 0.
-    F16: x is fp16 holding x * up per x row (x * 2**(14 - L) per token, or gate_up's h * 2**8); one fp16 dot per
-    32-wide block, its partial times the block's scale, and 2**14 / up (xd_ptr per x row if HAS_XD, else x_down)
-    at the end. A non-weighted output is then stored as fp16 times out_up (gate_up's h for the next F16 GEMM).
-    Otherwise x is bf16 and W is scaled per element to bf16 (the first version, kept to compare)."""
+    bexp_ptr its expert (-1: an unused block). Otherwise rows are pid_m*BM + i and e = 0."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     if GROUPED:
@@ -139,29 +91,12 @@ def _packed_mm_kernel(
         se = s_ptr + e.to(tl.int64) * stride_se
         kk = tl.arange(0, 64)
         acc = tl.zeros((BM, BT * 16), dtype=tl.float32)
-        if F16:
-            kb = tl.arange(0, 32)
-            for c in range(0, KC):
-                w0, w1, s0, s1 = _decode_chunk_f16(we, se, tiles_c, c, KC)
-                kcol = c * 64 + kb
-                xt = tl.load(x_ptr + xrows[:, None] * stride_xm + kcol[None, :],
-                             mask=row_ok[:, None] & (kcol < K)[None, :], other=0.0)
-                acc += _dot_f16(xt, tl.trans(w0), INTERPRETED) * s0[None, :]
-                kcol = kcol + 32
-                xt = tl.load(x_ptr + xrows[:, None] * stride_xm + kcol[None, :],
-                             mask=row_ok[:, None] & (kcol < K)[None, :], other=0.0)
-                acc += _dot_f16(xt, tl.trans(w1), INTERPRETED) * s1[None, :]
-            if HAS_XD:
-                acc = acc * tl.load(xd_ptr + xrows)[:, None]
-            else:
-                acc = acc * x_down
-        else:
-            for c in range(0, KC):
-                kcol = c * 64 + kk
-                xt = tl.load(x_ptr + xrows[:, None] * stride_xm + kcol[None, :],
-                             mask=row_ok[:, None] & (kcol < K)[None, :], other=0.0)
-                wt = _decode_chunk(we, se, tiles_c, c, KC).to(tl.bfloat16)
-                acc = _dot_bf16(xt, tl.trans(wt), acc, INTERPRETED)
+        for c in range(0, KC):
+            kcol = c * 64 + kk
+            xt = tl.load(x_ptr + xrows[:, None] * stride_xm + kcol[None, :],
+                         mask=row_ok[:, None] & (kcol < K)[None, :], other=0.0)
+            wt = _decode_chunk(we, se, tiles_c, c, KC).to(tl.bfloat16)
+            acc = _dot_bf16(xt, tl.trans(wt), acc, INTERPRETED)
         cols = pid_n * BT * 16 + tl.arange(0, BT * 16)  # packed row order
         if SWIGLU:
             # packed row 16r + 8*g8 + g is original row 2*(8r + g) + g8: gate (g8 = 0) / up (g8 = 1)
@@ -189,78 +124,45 @@ def _packed_mm_kernel(
         omask = row_ok[:, None] & (ocols < n_out)[None, :]
         if HAS_WEIGHT:
             tl.store(optr, res, mask=omask)  # fp32 partial per slot, summed by the caller
-        elif F16 and SWIGLU:
-            tl.store(optr, (res * out_up).to(tl.float16), mask=omask)
         else:
             tl.store(optr, _round_bf16(res, INTERPRETED), mask=omask)
 
 
 _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*u8", "b_ptr": "*fp32", "wt_ptr": "*fp32", "rows_ptr": "*i32",
-              "bexp_ptr": "*i32", "out_ptr": "*bf16", "xd_ptr": "*fp32", "n_rows_x": "i32", "N": "i32", "K": "i32",
-              "n_tiles": "i32", "KC": "i32", "stride_xm": "i32", "stride_om": "i32", "stride_we": "i32",
-              "stride_se": "i32", "stride_be": "i32", "x_down": "fp32", "out_up": "fp32", "X_DIV": "constexpr",
-              "GROUPED": "constexpr", "HAS_BIAS": "constexpr", "SWIGLU": "constexpr", "HAS_WEIGHT": "constexpr",
-              "BM": "constexpr", "BT": "constexpr", "alpha": "fp32", "limit": "fp32", "INTERPRETED": "constexpr",
-              "F16": "constexpr", "HAS_XD": "constexpr"}
+              "bexp_ptr": "*i32", "out_ptr": "*bf16", "n_rows_x": "i32", "N": "i32", "K": "i32", "n_tiles": "i32",
+              "KC": "i32", "stride_xm": "i32", "stride_om": "i32", "stride_we": "i32", "stride_se": "i32",
+              "stride_be": "i32", "X_DIV": "constexpr", "GROUPED": "constexpr", "HAS_BIAS": "constexpr",
+              "SWIGLU": "constexpr", "HAS_WEIGHT": "constexpr", "BM": "constexpr", "BT": "constexpr", "alpha": "fp32",
+              "limit": "fp32", "INTERPRETED": "constexpr"}
 # what the JIT sees as multiples of 16 when it serves gpt-oss (hidden and intermediate 2880, qkv 5120, o_proj K 4096,
 # torch's 16-byte-aligned allocations); n_tiles (N / 16), KC (K / 64) and the row count are not
-_DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "b_ptr", "wt_ptr", "rows_ptr", "bexp_ptr", "out_ptr", "xd_ptr", "N", "K",
-              "stride_xm", "stride_om", "stride_we", "stride_se", "stride_be")
-MODES = ("bf16", "f16_blocks")
+_DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "b_ptr", "wt_ptr", "rows_ptr", "bexp_ptr", "out_ptr", "N", "K", "stride_xm",
+              "stride_om", "stride_we", "stride_se", "stride_be")
 
 
 def static_count_cases(arch: str) -> list[StaticCountCase]:
     """For kernels.tools.sass_count: the three launches prefill runs (dense layers, MoE gate_up, MoE down) at this
-    arch's tuned config (tuning.yaml packed_mm), BM at its largest (prefill's tokens per expert reach it), in both
-    modes (the budget guards the one served and the one it is compared with)."""
+    arch's tuned config (tuning.yaml packed_mm), BM at its largest (prefill's tokens per expert reach it)."""
     cfg = get_config("packed_mm", arch)
     bm, bt, warps = int(cfg.get("block_m", 64)), int(cfg.get("block_tiles", 4)), int(cfg.get("num_warps", 4))
     words = bt * 16 * 64 / 8 / (warps * 32)
     base = {"X_DIV": 1, "GROUPED": False, "HAS_BIAS": False, "SWIGLU": False, "HAS_WEIGHT": False, "BM": bm, "BT": bt,
-            "INTERPRETED": False, "F16": False, "HAS_XD": False}
+            "INTERPRETED": False}
     variants = [(f"packed_mm dense BM={bm} BT={bt}", {"HAS_BIAS": True}),
                 (f"packed_mm moe gate_up BM={bm} BT={bt}", {"X_DIV": 4, "GROUPED": True, "HAS_BIAS": True, "SWIGLU": True}),
                 (f"packed_mm moe down BM={bm} BT={bt}", {"GROUPED": True, "HAS_BIAS": True, "HAS_WEIGHT": True})]
-    cases = []
-    for f16 in (False, True):
-        for name, extra in variants:
-            ce = {**base, **extra, "F16": f16, "HAS_XD": f16 and not extra.get("HAS_WEIGHT")}
-            # down writes one fp32 row per slot (summed over the k slots afterwards); f16 gate_up writes fp16 h
-            out = "*fp32" if extra.get("HAS_WEIGHT") else ("*fp16" if f16 and extra.get("SWIGLU") else "*bf16")
-            sig = dict(_SIGNATURE, out_ptr=out, x_ptr="*fp16" if f16 else "*bf16")
-            cases.append(StaticCountCase(name + (" f16_blocks" if f16 else ""), _packed_mm_kernel, sig, ce, warps,
-                                         words, "MMA", _DIVISIBLE, int(cfg.get("num_stages", 2))))
-    return cases
+    # down writes one fp32 row per slot (summed over the k slots afterwards); the others write bf16
+    sigs = [dict(_SIGNATURE, out_ptr="*fp32" if extra.get("HAS_WEIGHT") else "*bf16") for _, extra in variants]
+    return [StaticCountCase(name, _packed_mm_kernel, sig, {**base, **extra}, warps, words, "MMA", _DIVISIBLE,
+                            int(cfg.get("num_stages", 2))) for (name, extra), sig in zip(variants, sigs)]
 
 
 def _cfg(config: dict | None) -> dict:
-    cfg = config or get_config("packed_mm")
-    if cfg.get("mode", "bf16") not in MODES:
-        raise ValueError(f"packed_mm mode {cfg.get('mode')!r} is not one of {MODES} (kernels/tuning.yaml packed_mm.mode "
-                         "or KERNELS_PACKED_MM_MODE)")
-    return cfg
-
-
-def _f16(cfg: dict) -> bool:
-    return cfg.get("mode", "bf16") == "f16_blocks"
-
-
-def h_up(limit: float) -> float:
-    """The power of two gate_up's fp16 h is stored times: |h| <= (limit + 1) * limit after gpt-oss's clamps
-    (gate <= limit, |up| <= limit), so h * h_up stays below 2**15 and fp16 keeps 11 bits of every h above 2**-14."""
-    return float(2.0 ** math.floor(math.log2(2.0**15 / ((limit + 1.0) * limit))))
-
-
-def f16_activation(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (fp16 x * 2**(14 - L_m), fp32 2**L_m) per token (packed.activation_scale): exact for bf16 x
-    down to 2**-28 of the token's max, the form the decode kernels read too."""
-    up, down = activation_scale(x)
-    return (x.to(torch.float32) * up[:, None]).to(torch.float16), down
+    return config or get_config("packed_mm")
 
 
 def _launch(x, p: PackedMXFP4, bias, out, *, rows=None, bexp=None, n_blocks=None, x_div=1, weights=None,
-            swiglu=False, bm: int, cfg: dict, alpha=SWIGLU_ALPHA, limit=SWIGLU_LIMIT, xd=None, x_down=1.0,
-            out_up=1.0):
+            swiglu=False, bm: int, cfg: dict, alpha=SWIGLU_ALPHA, limit=SWIGLU_LIMIT):
     bt = int(cfg.get("block_tiles", 4))
     grouped = rows is not None
     n_rows = x.shape[0] * x_div  # grouped: the padding sentinel S = M*k is one past the last slot
@@ -269,13 +171,12 @@ def _launch(x, p: PackedMXFP4, bias, out, *, rows=None, bexp=None, n_blocks=None
     dummy = out
     _packed_mm_kernel[grid](
         x, p.words, p.scales, bias if bias is not None else dummy, weights if weights is not None else dummy,
-        rows if grouped else dummy, bexp if grouped else dummy, out, xd if xd is not None else dummy,
+        rows if grouped else dummy, bexp if grouped else dummy, out,
         n_rows, p.n, p.k, p.n_tiles, p.k_chunks, x.stride(0), out.stride(0),
         p.words.stride(0) if per_e else 0, p.scales.stride(0) if per_e else 0,
-        bias.stride(0) if (bias is not None and bias.dim() == 2) else 0, float(x_down), float(out_up),
+        bias.stride(0) if (bias is not None and bias.dim() == 2) else 0,
         X_DIV=x_div, GROUPED=grouped, HAS_BIAS=bias is not None, SWIGLU=swiglu, HAS_WEIGHT=weights is not None,
         BM=bm, BT=bt, alpha=float(alpha), limit=float(limit), INTERPRETED=INTERPRET,
-        F16=_f16(cfg), HAS_XD=xd is not None,
         num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 2)),
     )  # fmt: skip
     return out
@@ -290,12 +191,9 @@ def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None =
         raise ValueError(f"shape mismatch: x {tuple(x.shape)} for packed weights of K={p.k}")
     check_device(x, p.words, p.scales, bias)
     cfg = _cfg(config)
+    x = x.to(torch.bfloat16).contiguous()
     if out is None:
         out = torch.empty((x.shape[0], p.n), dtype=torch.bfloat16, device=x.device)
-    if _f16(cfg):
-        xs, xd = f16_activation(x)
-        return _launch(xs, p, bias, out, bm=int(cfg.get("block_m", 64)), cfg=cfg, xd=xd)
-    x = x.to(torch.bfloat16).contiguous()
     return _launch(x, p, bias, out, bm=int(cfg.get("block_m", 64)), cfg=cfg)
 
 
@@ -355,21 +253,13 @@ def mxfp4_moe_packed_mm(x: torch.Tensor, expert_ids: torch.Tensor, expert_weight
     bm = pick_block_m(slots, n_exp, cfg)
     rows, bexp, n_blocks = align_by_expert(expert_ids, n_exp, bm)
     inter = gate_up.n // 2
-    f16 = _f16(cfg)
-    h = torch.empty((slots, inter), dtype=torch.float16 if f16 else torch.bfloat16, device=x.device)
-    hu = h_up(limit) if f16 else 1.0
-    if f16:
-        xs, xd = f16_activation(x)
-        _launch(xs, gate_up, gate_up_bias, h, rows=rows, bexp=bexp, n_blocks=n_blocks, x_div=top_k, swiglu=True,
-                bm=bm, cfg=cfg, alpha=alpha, limit=limit, xd=xd, out_up=hu)
-    else:
-        _launch(x, gate_up, gate_up_bias, h, rows=rows, bexp=bexp, n_blocks=n_blocks, x_div=top_k, swiglu=True,
-                bm=bm, cfg=cfg, alpha=alpha, limit=limit)
+    h = torch.empty((slots, inter), dtype=torch.bfloat16, device=x.device)
+    _launch(x, gate_up, gate_up_bias, h, rows=rows, bexp=bexp, n_blocks=n_blocks, x_div=top_k, swiglu=True,
+            bm=bm, cfg=cfg, alpha=alpha, limit=limit)
     # slots of skipped experts (-1) are never written: zero weight and zero rows keep them out of the sum
     wts = torch.where(expert_ids >= 0, expert_weights.float(), 0.0).reshape(-1).contiguous()
     y = torch.zeros((slots, hdim), dtype=torch.float32, device=x.device)
-    _launch(h, down, down_bias, y, rows=rows, bexp=bexp, n_blocks=n_blocks, x_div=1, weights=wts, bm=bm, cfg=cfg,
-            x_down=2.0**14 / hu)
+    _launch(h, down, down_bias, y, rows=rows, bexp=bexp, n_blocks=n_blocks, x_div=1, weights=wts, bm=bm, cfg=cfg)
     total = y.view(m, top_k, hdim).sum(dim=1)  # fixed order over the k slots
     if out is None:
         return total.to(torch.bfloat16)

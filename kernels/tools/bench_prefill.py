@@ -9,8 +9,8 @@ BF16 dense layers through cuBLAS (`torch.matmul`), the MoE through vLLM's Triton
 Method: gpt-oss-120b shapes (kernels/cases.py) at M tokens; the MoE routes each token to 4 of 128 experts from
 random router logits (uniform routing: every expert's weights are read, as in a real prefill). Calls are captured
 in CUDA graphs and timed with CUDA events after warm-up, median of `--reps` replays (`timing.time_calls`). Every
-packed_mm configuration of the grid (mode x block_m x block_tiles x num_warps x num_stages) is timed; the best MoE
-configuration is written as KERNELS_PACKED_MM_* lines (`--env-out`) so that a served run can take it.
+packed_mm tiling of the grid (block_m x block_tiles x num_warps x num_stages) is timed; the best MoE tiling is
+written as KERNELS_PACKED_MM_* lines (`--env-out`) so that a served run can take it.
 """
 
 from __future__ import annotations
@@ -25,21 +25,19 @@ import torch
 from ..cases import LINEAR_SHAPES, MOE
 from .timing import time_calls
 
-# (mode, block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block (pick_block_m)
-# (the first is tuning.yaml's sm_90 entry; the others the static counts' best per token, kernels/NOTES.md)
-GRID = [(mode, bm, bt, w, st) for mode, (bm, bt, w), st in itertools.product(
-    ("bf16", "f16_blocks"), [(64, 4, 4), (64, 8, 4), (128, 8, 8)], (3,))]
+# (block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block (pick_block_m). The first
+# is tuning.yaml's default entry; the others the static counts' best per token (kernels/NOTES.md)
+GRID = [(bm, bt, w, st) for (bm, bt, w), st in itertools.product([(64, 4, 4), (64, 8, 4), (128, 8, 8)], (3,))]
 
 
-def _cfg(mode: str, bm: int, bt: int, w: int, st: int) -> dict:
+def _cfg(bm: int, bt: int, w: int, st: int) -> dict:
     from ..tuning import get_config
 
-    return {**get_config("packed_mm"), "mode": mode, "block_m": bm, "block_tiles": bt, "num_warps": w,
-            "num_stages": st}
+    return {**get_config("packed_mm"), "block_m": bm, "block_tiles": bt, "num_warps": w, "num_stages": st}
 
 
 def _name(c: tuple) -> str:
-    return "{}_bm{}_bt{}_w{}_s{}".format(*c)
+    return "bm{}_bt{}_w{}_s{}".format(*c)
 
 
 def _timed(what: str, calls, reps: int, inner: int) -> float:
@@ -76,7 +74,8 @@ def bench_dense(m: int, reps: int) -> list[dict]:
         if best:
             res["best_over_stock"] = round(res["us_bf16_cublas"] / res[f"us_{_name(best)}"], 3)
         print(f"  {name} M={m}: cuBLAS bf16 {res['us_bf16_cublas']} us; " +
-              ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID), flush=True)
+              ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID) +
+              f"; best {res['best']} = {res.get('best_over_stock')}x stock's speed", flush=True)
         del p, wbf
     torch.cuda.empty_cache()
     return rows
@@ -137,7 +136,8 @@ def bench_moe(m: int, reps: int) -> dict:
     if best:
         res["best_over_stock"] = round(res["us_vllm_triton"] / res[f"us_{_name(best)}"], 3)
     print(f"  MoE M={m} ({res['experts_hit']} experts hit): vLLM triton {res['us_vllm_triton']} us; " +
-          ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID), flush=True)
+          ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID) +
+          f"; best {res['best']} = {res.get('best_over_stock')}x stock's speed", flush=True)
     return res
 
 
@@ -159,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(res, f, indent=1)
     best = res["moe"].get("best_cfg")
     if a.env_out and best:
-        mode, bm, bt, w, st = best
+        bm, bt, w, st = best
         with open(a.env_out, "w") as f:
-            f.write(f"export KERNELS_PACKED_MM_MODE={mode} KERNELS_PACKED_MM_BLOCK_M={bm} "
+            f.write(f"export KERNELS_PACKED_MM_BLOCK_M={bm} "
                     f"KERNELS_PACKED_MM_BLOCK_TILES={bt} KERNELS_PACKED_MM_NUM_WARPS={w} KERNELS_PACKED_MM_NUM_STAGES={st}\n")
     return 0
 

@@ -17,22 +17,14 @@ import torch
 from kernels import reference
 from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_NMSE
 from kernels.packed import pack_mxfp4
-from kernels.packed_mm import MODES as MODES_
 from kernels.packed_mm import align_by_expert, mxfp4_mm_packed, mxfp4_moe_packed_mm
-from kernels.tuning import get_config
 from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
 
 from .test_kernel_moe import _packed_case
 
 pytestmark = pytest.mark.level1_5
 
-# both forms of the loop (kernels/packed_mm.py): bf16 (W scaled per element) and f16_blocks (the scale on each 32-wide
-# block's partial); the served one is tuning.yaml's packed_mm.mode
-MODES = pytest.mark.parametrize("mode", MODES_)
 
-
-def _mode(mode: str) -> dict:
-    return {**get_config("packed_mm"), "mode": mode}
 
 def _dense_case(m: int, n: int, k: int, seed: int, dev: str = DEV):
     g = generator(seed, dev)
@@ -43,27 +35,25 @@ def _dense_case(m: int, n: int, k: int, seed: int, dev: str = DEV):
     return x, pack_mxfp4(w, s), bias, ref
 
 
-@MODES
 @pytest.mark.parametrize("m,n,k", [(37, 48, 192), (17, 40, 96), (5, 16, 64)])
-def test_dense_matches_reference(m, n, k, mode):
+def test_dense_matches_reference(m, n, k):
     """Ragged token blocks (37 = 2x16 + 5), a ragged row tile (40) and a padded K chunk (96)."""
     seed = fresh_seed()
     x, p, bias, ref = _dense_case(m, n, k, seed)
     out = poisoned((m, n), torch.bfloat16, DEV)
-    mxfp4_mm_packed(x, p, bias, out=out, config=_mode(mode))
-    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm {mode} M={m} N={n} K={k}")
+    mxfp4_mm_packed(x, p, bias, out=out)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm M={m} N={n} K={k}")
 
 
-@MODES
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("m,e,h,inter,k,x_scale,skip", [(20, 6, 64, 96, 3, 40.0, True), (33, 4, 64, 64, 2, 1.0, False)])
-def test_moe_matches_reference(m, e, h, inter, k, x_scale, skip, mode):
+def test_moe_matches_reference(m, e, h, inter, k, x_scale, skip):
     """Grouped path: clamps (x * 40), a skipped slot (-1), ragged I, k not a power of two."""
     seed = fresh_seed()
     x, ids, wts, gu, dn, p, ref = _packed_case(m, e, h, inter, k, seed, x_scale, skip)
     out = poisoned((m, h), torch.bfloat16, DEV)
-    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=_mode(mode))
-    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm {mode} MoE M={m} E={e} k={k}")
+    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE M={m} E={e} k={k}")
 
 
 @pytest.mark.parametrize("m,e,k,bm", [(1, 4, 2, 16), (37, 8, 4, 4), (64, 128, 4, 64), (9, 3, 3, 2)])
@@ -89,31 +79,29 @@ def test_align_by_expert_places_every_slot_once(m, e, k, bm):
 
 
 @pytest.mark.gpu
-@MODES
 @pytest.mark.parametrize("name", ["qkv", "o_proj", "lm_head"])
 @pytest.mark.parametrize("m", [17, 256, 2048])
-def test_dense_gpt_oss_shapes(name, m, mode):
+def test_dense_gpt_oss_shapes(name, m):
     if name == "lm_head" and m > 256:
         pytest.skip("lm_head runs on the sampled positions only (M <= batch size); 2048 would only time the reference")
     n, k = LINEAR_SHAPES[name]
     seed = fresh_seed()
     x, p, bias, ref = _dense_case(m, n, k, seed, "cuda")
     out = poisoned((m, n), torch.bfloat16, "cuda")
-    mxfp4_mm_packed(x, p, bias, out=out, config=_mode(mode))
-    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm {mode} {name} M={m}")
+    mxfp4_mm_packed(x, p, bias, out=out)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm {name} M={m}")
 
 
 @pytest.mark.gpu
-@MODES
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("m", [17, 32, 512, 2048])
-def test_moe_gpt_oss_120b_shapes(m, mode):
+def test_moe_gpt_oss_120b_shapes(m):
     seed = fresh_seed()
     x, ids, wts, gu, dn, p, ref = _packed_case(m, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, seed, 1.0, True,
                                                dev="cuda")
     out = poisoned((m, MOE.hidden), torch.bfloat16, "cuda")
-    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=_mode(mode))
-    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm {mode} MoE 120b M={m}")
+    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE 120b M={m}")
 
 
 @pytest.mark.gpu
@@ -139,14 +127,7 @@ def test_moe_is_captured_by_a_cuda_graph():
     assert torch.equal(captured, run(x2, ids2, wts2)), f"graph replay differs from eager (seed={seed})"
 
 
-def test_an_unknown_mode_names_the_setting():
-    x, p, bias, _ = _dense_case(17, 16, 64, fresh_seed())
-    with pytest.raises(ValueError, match="KERNELS_PACKED_MM_MODE"):
-        mxfp4_mm_packed(x, p, bias, config=_mode("fp8"))
-
-
-@MODES
-def test_the_bound_catches_a_wrong_fragment_order(mode):
+def test_the_bound_catches_a_wrong_fragment_order():
     """Test of the test: the same weights with two lanes' words swapped (a layout bug the decode would not notice)
     must fail the dense bound, and the gate_up rows of every tile rotated by four (row g read as g + 4) must fail
     the MoE bound."""
@@ -157,11 +138,10 @@ def test_the_bound_catches_a_wrong_fragment_order(mode):
     words = p.words.clone()
     words[..., [0, 5], :] = words[..., [5, 0], :]
     with pytest.raises(AssertionError, match="NMSE"):
-        assert_close_nmse(mxfp4_mm_packed(x, PackedMXFP4(words, p.scales, p.n, p.k), bias, config=_mode(mode)), ref, GEMV_NMSE, seed, "mutant")
+        assert_close_nmse(mxfp4_mm_packed(x, PackedMXFP4(words, p.scales, p.n, p.k), bias), ref, GEMV_NMSE, seed, "mutant")
     x, ids, wts, gu, dn, pm, ref = _packed_case(20, 4, 64, 64, 2, seed)
     w = gu.words.clone().reshape(*gu.words.shape[:-2], 8, 4, 4)
     swapped = PackedMXFP4(w.roll(4, dims=-3).reshape(gu.words.shape), gu.scales, gu.n, gu.k, gu.paired)
     with pytest.raises(AssertionError, match="NMSE"):
-        assert_close_nmse(mxfp4_moe_packed_mm(x, ids, wts, swapped, pm["gate_up_bias"], dn, pm["down_bias"],
-                                              config=_mode(mode)), ref,
+        assert_close_nmse(mxfp4_moe_packed_mm(x, ids, wts, swapped, pm["gate_up_bias"], dn, pm["down_bias"]), ref,
                           MOE_NMSE, seed, "mutant")
