@@ -114,9 +114,9 @@ def main() -> int:
     ap.add_argument("--gpu-memory-utilization", action="append", default=[], metavar="CONFIG=FRACTION",
                     help="per-config override of the flavour's fraction")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--valid-weights", action="store_true", help="random MXFP4 codes and finite scales in the experts "
-                    "of a dummy-loaded model (SUITE_HOOK_RANDOM_MXFP4=1; vLLM's dummy loader leaves them zero and "
-                    "routing collapses onto a few experts, scripts/routing_spread.py)")
+    ap.add_argument("--valid-weights", action="store_true", help="valid random weights in a dummy-loaded model "
+                    "(SUITE_HOOK_RANDOM_MXFP4=1: random expert codes, finite scales, scaled float init); with vLLM's "
+                    "dummy weights routing collapses onto four experts per layer (scripts/routing_spread.py)")
     ap.add_argument("--boot-timeout", type=float, default=900)
     a = ap.parse_args()
     out = Path(a.out)

@@ -88,8 +88,9 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--gpu-memory-utilization", default=None, help="override the flavour's fraction (0.70 cannot hold "
                     "the gpt-oss-120b shape on an 80 GB GPU)")
-    ap.add_argument("--valid-weights", action="store_true", help="random MXFP4 codes and finite scales in the experts "
-                    "of a dummy-loaded model (the test hook's SUITE_HOOK_RANDOM_MXFP4=1): vLLM's dummy loader leaves them zero")
+    ap.add_argument("--valid-weights", action="store_true", help="valid random weights in a dummy-loaded model (the test "
+                    "hook's SUITE_HOOK_RANDOM_MXFP4=1: random expert codes, finite scales, scaled float init): vLLM's dummy "
+                    "loader's +-1e-3 floats let the router bias pick the same top-4 for every token")
     ap.add_argument("--boot-timeout", type=float, default=900)
     a = ap.parse_args()
     out = Path(a.out)
@@ -130,7 +131,7 @@ def main() -> int:
                "top_share_median": tops[len(tops) // 2], "top_share_max": tops[-1], "uniform_reference": ref}
     (out / "routes.json").write_text(json.dumps({"summary": summary, "per_layer": per_layer}, indent=1))
     md = [f"# Routing spread: {a.model}, {a.config} on {suite.platform.device}"
-          f"{' (random valid MXFP4 experts)' if a.valid_weights else ''}", "",
+          f"{' (valid random weights: SUITE_HOOK_RANDOM_MXFP4)' if a.valid_weights else ''}", "",
           f"{first['slots']} routed slots per layer over a window of one batch-1 request and {a.concurrency} "
           f"concurrent ones ({a.tokens} tokens each; eager: {after.get('eager')}).", "",
           "| | experts hit | busiest expert's share | normalised entropy | experts for 90% |", "|---|---|---|---|---|",

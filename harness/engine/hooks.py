@@ -23,7 +23,7 @@ HOLD_ENV = "SUITE_HOOK_HOLD_GIB"
 SLOWDOWN_ENV = "SUITE_HOOK_SLOWDOWN"
 DIR_ENV = "SUITE_HOOK_DIR"
 ROUTES_ENV = "SUITE_HOOK_ROUTES"  # plugins/site/suite_testhooks/routes.py: per-layer expert counts to this file
-RANDOM_MXFP4_ENV = "SUITE_HOOK_RANDOM_MXFP4"  # suite_testhooks/dummy_mxfp4.py: valid random dummy MXFP4 experts
+RANDOM_MXFP4_ENV = "SUITE_HOOK_RANDOM_MXFP4"  # suite_testhooks/dummy_mxfp4.py: valid random weights under --load-format dummy
 CONTROL_FILE = "slowdown.json"
 
 

@@ -19,9 +19,11 @@ no-op unless its own variable is set:
   SUITE_HOOK_ROUTES=FILE    count the experts each MoE layer routes to and write them to FILE once per step
                             (`routes.py`; needs --enforce-eager). Installed after the model is loaded, so it
                             wraps whatever other plugins put on vLLM's MoE method.
-  SUITE_HOOK_RANDOM_MXFP4=1 with --load-format dummy: random E2M1 codes and finite E8M0 scales in the MXFP4
-                            experts (vLLM's dummy loader leaves those uint8 tensors zero, which collapses
-                            routing onto the same few experts; `dummy_mxfp4.py`).
+  SUITE_HOOK_RANDOM_MXFP4=1 with --load-format dummy: valid random weights (`dummy_mxfp4.py`): random E2M1
+                            codes and finite E8M0 scales in the MXFP4 experts (the dummy loader leaves them
+                            zero) and a scaled init of the floating-point weights (norms 1, biases 0, matrices
+                            N(0, 1/fan_in)); with the dummy loader's +-1e-3 floats the router bias picks the
+                            same four experts for every token.
   SUITE_HOOK_DIR=DIR        where the control file is read and the acknowledgements are written:
                             `ack-<pid>.json` says what this process applied (hold, mode, seq, a, b).
 """
