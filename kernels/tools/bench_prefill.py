@@ -63,10 +63,12 @@ def bench_dense(m: int, reps: int) -> list[dict]:
         x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
         out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
         res = {"shape": name, "M": m, "N": n, "K": k,
-               "us_bf16_cublas": _timed("cublas", [lambda: torch.matmul(x, wbf.T, out=out)], reps, 4)}
+               "us_bf16_cublas": _timed("cublas", [lambda x=x, wbf=wbf, out=out: torch.matmul(x, wbf.T, out=out)],
+                                        reps, 4)}
         for c in GRID:
             cfg = _cfg(*c)
-            res[f"us_{_name(c)}"] = _timed(_name(c), [lambda cfg=cfg: mxfp4_mm_packed(x, p, out=out, config=cfg)], reps, 4)
+            res[f"us_{_name(c)}"] = _timed(_name(c), [lambda cfg=cfg, x=x, p=p, out=out: mxfp4_mm_packed(
+                x, p, out=out, config=cfg)], reps, 4)
         rows.append(res)
         best = min((c for c in GRID if res[f"us_{_name(c)}"] == res[f"us_{_name(c)}"]),
                    key=lambda c: res[f"us_{_name(c)}"], default=None)
@@ -76,7 +78,6 @@ def bench_dense(m: int, reps: int) -> list[dict]:
         print(f"  {name} M={m}: cuBLAS bf16 {res['us_bf16_cublas']} us; " +
               ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID) +
               f"; best {res['best']} = {res.get('best_over_stock')}x stock's speed", flush=True)
-        del p, wbf
     torch.cuda.empty_cache()
     return rows
 
@@ -84,9 +85,13 @@ def bench_dense(m: int, reps: int) -> list[dict]:
 def _vllm_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, x, logits, k):
     """The MoE through vLLM's Triton backend (triton_kernels matmul_ogs), as kernels.tools.bench does at M=1."""
     try:  # vLLM 0.26 moved the module under fused_moe/experts/
-        from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
+        from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import (
+            triton_kernel_moe_forward,
+        )
     except ImportError:
-        from vllm.model_executor.layers.fused_moe.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
+        from vllm.model_executor.layers.fused_moe.gpt_oss_triton_kernels_moe import (
+            triton_kernel_moe_forward,
+        )
     from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
     from vllm.model_executor.layers.fused_moe.config import mxfp4_w4a16_moe_quant_config
     from vllm.model_executor.layers.quantization.utils.mxfp4_utils import _swizzle_mxfp4
