@@ -34,3 +34,27 @@ def test_verified_falls_back_to_the_family_and_is_not_a_launch_parameter():
     for kernel in ("gemv", "moe", "quant"):
         cfg = tuning.get_config(kernel, "sm_121")
         assert "verified" not in cfg and "evidence" not in cfg, cfg
+
+
+def test_an_environment_override_is_seen_when_set_changed_and_removed(monkeypatch):
+    """The lookup filters os.environ's raw store for speed (the lm_head runs it every decode step); it must still
+    see every change of a KERNELS_* variable at the next call."""
+    from kernels.tuning import get_config
+
+    base = get_config("packed_mm", "sm_90")["block_m"]
+    monkeypatch.setenv("KERNELS_PACKED_MM_BLOCK_M", "32")
+    assert get_config("packed_mm", "sm_90")["block_m"] == 32
+    monkeypatch.setenv("KERNELS_PACKED_MM_BLOCK_M", "128")
+    assert get_config("packed_mm", "sm_90")["block_m"] == 128
+    monkeypatch.delenv("KERNELS_PACKED_MM_BLOCK_M")
+    assert get_config("packed_mm", "sm_90")["block_m"] == base
+
+
+def test_a_caller_changing_its_config_does_not_change_the_next_one():
+    from kernels.tuning import get_config
+
+    cfg = get_config("gemv", "sm_90")
+    cfg["packed"]["impl"] = "changed"
+    cfg["block_n"] = "changed"
+    again = get_config("gemv", "sm_90")
+    assert again["packed"].get("impl") != "changed" and again["block_n"] != "changed"
