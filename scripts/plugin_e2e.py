@@ -114,9 +114,9 @@ def main() -> int:
     ap.add_argument("--gpu-memory-utilization", action="append", default=[], metavar="CONFIG=FRACTION",
                     help="per-config override of the flavour's fraction")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--valid-weights", action="store_true", help="valid random weights in a dummy-loaded model "
-                    "(SUITE_HOOK_RANDOM_MXFP4=1: random expert codes, finite scales, scaled float init); with vLLM's "
-                    "dummy weights routing collapses onto four experts per layer (scripts/routing_spread.py)")
+    ap.add_argument("--vllm-dummy-weights", action="store_true", help="a shape model with vLLM's own dummy weights "
+                    "(SUITE_HOOK_RANDOM_MXFP4=0) instead of the valid random ones the shape aliases get: routing then "
+                    "collapses onto four experts per layer and flatters every MoE kernel")
     ap.add_argument("--boot-timeout", type=float, default=900)
     a = ap.parse_args()
     out = Path(a.out)
@@ -136,7 +136,7 @@ def main() -> int:
         extra = ["--gpu-memory-utilization", util[name]] if name in util else []
         print(f"plugin_e2e: {name} {' '.join(extra)}", flush=True)
         try:
-            results[name] = measure(suite, name, extra, {RANDOM_MXFP4_ENV: "1"} if a.valid_weights else None)
+            results[name] = measure(suite, name, extra, {RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else None)
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
         # kernel settings the servers inherited (e.g. KERNELS_PACKED_MM_* from kernels.tools.bench_prefill --env-out)

@@ -88,9 +88,9 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--gpu-memory-utilization", default=None, help="override the flavour's fraction (0.70 cannot hold "
                     "the gpt-oss-120b shape on an 80 GB GPU)")
-    ap.add_argument("--valid-weights", action="store_true", help="valid random weights in a dummy-loaded model (the test "
-                    "hook's SUITE_HOOK_RANDOM_MXFP4=1: random expert codes, finite scales, scaled float init): vLLM's dummy "
-                    "loader's +-1e-3 floats let the router bias pick the same top-4 for every token")
+    ap.add_argument("--vllm-dummy-weights", action="store_true", help="a shape model with vLLM's own dummy weights "
+                    "(SUITE_HOOK_RANDOM_MXFP4=0) instead of the valid random ones the shape aliases get: reproduces the "
+                    "collapsed routing (the router bias picks the same top-4 for every token)")
     ap.add_argument("--boot-timeout", type=float, default=900)
     a = ap.parse_args()
     out = Path(a.out)
@@ -99,7 +99,7 @@ def main() -> int:
     try:
         suite = Suite.create(a.config, a.model, None, None, str(out / "suite-run"), a.boot_timeout)
         target = next(t for t in suite.targets() if t.name == a.config)
-        env = {ROUTES_ENV: str(routes), **({RANDOM_MXFP4_ENV: "1"} if a.valid_weights else {})}
+        env = {ROUTES_ENV: str(routes), **({RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else {})}
         with suite.boot(target, tag="__routes", env_extra=env,
                         args_extra=["--enforce-eager"] + (["--gpu-memory-utilization", a.gpu_memory_utilization]
                                                           if a.gpu_memory_utilization else [])) as running:
@@ -125,13 +125,13 @@ def main() -> int:
     ref = uniform_reference(first["slots"] // top_k, top_k, first["experts"])
     ents = sorted(v["entropy"] for v in per_layer.values() if v["entropy"] is not None)
     tops = sorted(v["top_share"] for v in per_layer.values() if v["top_share"] is not None)
-    summary = {"model": a.model, "config": a.config, "valid_weights": a.valid_weights, "platform": suite.platform.name, "device": suite.platform.device,
+    summary = {"model": a.model, "config": a.config, "weights": "vllm dummy" if a.vllm_dummy_weights else "model default", "platform": suite.platform.name, "device": suite.platform.device,
                "eager": after.get("eager"), "layers": len(per_layer), "slots_per_layer": first["slots"],
                "entropy_median": ents[len(ents) // 2], "entropy_min": ents[0],
                "top_share_median": tops[len(tops) // 2], "top_share_max": tops[-1], "uniform_reference": ref}
     (out / "routes.json").write_text(json.dumps({"summary": summary, "per_layer": per_layer}, indent=1))
     md = [f"# Routing spread: {a.model}, {a.config} on {suite.platform.device}"
-          f"{' (valid random weights: SUITE_HOOK_RANDOM_MXFP4)' if a.valid_weights else ''}", "",
+          f"{' (vLLM dummy weights, SUITE_HOOK_RANDOM_MXFP4=0)' if a.vllm_dummy_weights else ''}", "",
           f"{first['slots']} routed slots per layer over a window of one batch-1 request and {a.concurrency} "
           f"concurrent ones ({a.tokens} tokens each; eager: {after.get('eager')}).", "",
           "| | experts hit | busiest expert's share | normalised entropy | experts for 90% |", "|---|---|---|---|---|",

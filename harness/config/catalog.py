@@ -380,9 +380,11 @@ class Flavour:
         must = {p for _, exp in entries for p in exp.get("must") or []}
         return must | {p for _, exp in entries for p in exp.get("also_runs") or []} if must else set()
 
-    def resolve(self, config: Config, platform_name: str, model_args: dict | None = None) -> ServerSpec:
-        """Env vars, flags and expectations for `config` (call `runnable` first)."""
-        env = dict(self.env)
+    def resolve(self, config: Config, platform_name: str, model_args: dict | None = None,
+                model_env: dict[str, str] | None = None) -> ServerSpec:
+        """Env vars, flags and expectations for `config` (call `runnable` first). Precedence, lowest first: the
+        flavour's env and args, the model's (a shape model's test hook, its --load-format), the config's axes."""
+        env = {**self.env, **(model_env or {})}
         args: dict[str, Any] = dict(self.args)
         args.update(model_args or {})
         logs: list[str] = []

@@ -241,7 +241,8 @@ class Suite:
         ok, reason = self.flavour.runnable(config, self.platform.name, model.path if model else None)
         if not ok:
             return Target(name, config, None, False, f"{reason} [platform {self.platform.name}]")
-        return Target(name, config, self.flavour.resolve(config, self.platform.name, model.args if model else {}), True, "")
+        spec = self.flavour.resolve(config, self.platform.name, model.args if model else {}, model.env if model else {})
+        return Target(name, config, spec, True, "")
 
     def targets(self) -> list[Target]:
         return [self.target(c) for c in self.selected()]
