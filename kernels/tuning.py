@@ -83,7 +83,7 @@ def _kernels_env() -> list[tuple[str, str]]:
     so this filters os.environ's undecoded store (POSIX) first."""
     data = getattr(os.environ, "_data", None)
     if isinstance(data, dict) and all(isinstance(k, bytes) for k in list(data)[:1]):
-        return sorted((k.decode(), v.decode()) for k, v in data.items() if k.startswith(b"KERNELS_"))
+        return sorted((os.fsdecode(k), os.fsdecode(v)) for k, v in list(data.items()) if k.startswith(b"KERNELS_"))
     return sorted((k, v) for k, v in os.environ.items() if k.startswith("KERNELS_"))
 
 

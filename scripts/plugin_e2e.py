@@ -77,6 +77,15 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
                 "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40]}
 
 
+def mixed_setting(results: dict[str, dict], setting: dict) -> str | None:
+    """Why an --out's earlier results may not share a table with this run's (None: they may)."""
+    for name, r in results.items():
+        then = {k: r.get(k) for k in setting}
+        if "metrics" in r and then != setting:
+            return f"holds {name} measured with {then}, this run is {setting}"
+    return None
+
+
 def _cell(b: dict, key: str) -> str:
     """A breakdown number, or '-' for results written before the breakdown had it (an earlier --out)."""
     return "-" if b.get(key) is None else f"{b[key]:.0f}"
@@ -130,20 +139,26 @@ def main() -> int:
     except SuiteError as e:
         print(f"plugin_e2e: {e}")
         return 2
+    # what a result was measured with: kept per result, so a resumed --out never mixes weights or kernel settings
+    # (e.g. KERNELS_PACKED_MM_* from kernels.tools.bench_prefill --env-out) in one table
+    setting = {"weights": "vllm dummy" if a.vllm_dummy_weights else f"model default ({suite.model.fingerprint})",
+               "kernel_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KERNELS_")}}
+    mixed = mixed_setting(results, setting)
+    if mixed:
+        print(f"plugin_e2e: {out} {mixed}: use another --out (one table, one setting)")
+        return 2
     for name in order:
         if "metrics" in results.get(name, {}):
             continue
         extra = ["--gpu-memory-utilization", util[name]] if name in util else []
         print(f"plugin_e2e: {name} {' '.join(extra)}", flush=True)
         try:
-            results[name] = measure(suite, name, extra, {RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else None)
+            results[name] = {**measure(suite, name, extra, {RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else None),
+                             **setting}
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
-        # kernel settings the servers inherited (e.g. KERNELS_PACKED_MM_* from kernels.tools.bench_prefill --env-out)
-        kenv = {k: v for k, v in sorted(os.environ.items()) if k.startswith("KERNELS_")}
         res_file.write_text(json.dumps({"model": a.model, "platform": suite.platform.name,
-                                        "device": suite.platform.device, "kernel_env": kenv, "results": results},
-                                       indent=1))
+                                        "device": suite.platform.device, "results": results}, indent=1))
         md = [f"# Kernels plugin end to end: {a.model} on {suite.platform.device} ({suite.platform.name})", "",
               "Engine clock, medians after warm-up; ratio against the first config.", ""] + table(results, order)
         md += ["", "Kernel time per generated token (us), one profiled batch-1 request of "

@@ -25,6 +25,22 @@ DIR_ENV = "SUITE_HOOK_DIR"
 ROUTES_ENV = "SUITE_HOOK_ROUTES"  # plugins/site/suite_testhooks/routes.py: per-layer expert counts to this file
 RANDOM_MXFP4_ENV = "SUITE_HOOK_RANDOM_MXFP4"  # suite_testhooks/dummy_mxfp4.py: valid random weights under --load-format dummy
 CONTROL_FILE = "slowdown.json"
+RANDOM_MXFP4_LOG = "suite_testhooks: random MXFP4 codes"  # what dummy_mxfp4.py prints in every process it fills
+
+
+def random_weights_problem(env: dict[str, str], argv: list[str], log_text: str) -> str | None:
+    """Why a server asked for valid random weights (a shape model) may not be measured: the hook must have printed
+    its line, or the model routes every token to the same experts while its records claim the hook's fingerprint.
+    None: nothing asked for, not a dummy load, or the hook ran."""
+    if env.get(RANDOM_MXFP4_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+        return None
+    dummy = any(a == "--load-format=dummy" or (a == "--load-format" and i + 1 < len(argv) and argv[i + 1] == "dummy")
+                for i, a in enumerate(argv))
+    if not dummy or RANDOM_MXFP4_LOG in log_text:
+        return None
+    return (f"{RANDOM_MXFP4_ENV}=1 asked for valid random weights but the server log has no '{RANDOM_MXFP4_LOG}' line: "
+            f"the test hooks did not run (plugins/site must be on the server's PYTHONPATH; harness.engine.hooks."
+            f"server_env puts it there), so the model would route every token to the same four experts")
 
 
 def server_env(hook_dir: Path, base_env: dict[str, str] | None = None) -> dict[str, str]:

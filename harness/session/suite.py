@@ -283,6 +283,12 @@ class Suite:
             record.update(ok=False, error=str(e).splitlines()[0])
             self._record_boot(record)
             raise
+        problem = hooks.random_weights_problem(env, args, log.read_text(errors="replace") if log.is_file() else "")
+        if problem:
+            proc.stop()
+            record.update(ok=False, error=problem)
+            self._record_boot(record)
+            raise SuiteError(problem)
         record.update(ok=True, boot_seconds=round(proc.boot_seconds, 1))
         self._record_boot(record)
         return RunningServer(proc.url, proc.served_name, target, log, proc, proc.boot_seconds, trace_dir)

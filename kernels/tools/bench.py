@@ -233,36 +233,43 @@ def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_route
     return res
 
 
-def vllm_triton_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, router_w, router_b, xs, reps, n_routes, k) -> dict:
-    """The same layer through vLLM's triton MoE (OpenAI triton_kernels matmul_ogs), imported from the
-    installed vLLM; router logits by torch (vLLM computes them with its own GEMM before the MoE)."""
+def vllm_triton_moe_fn(gu_p, gu_s, gu_b, d_p, d_s, d_b, k):
+    """vLLM's triton MoE (OpenAI triton_kernels matmul_ogs) on these checkpoint-layout experts, imported from the
+    installed vLLM: -> fn(x, router_logits) -> out. Raises ImportError / AttributeError where it is not offered."""
+    try:  # vLLM 0.26 moved the module under fused_moe/experts/
+        from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
+    except ImportError:
+        from vllm.model_executor.layers.fused_moe.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
+    from vllm.model_executor.layers.quantization.utils.mxfp4_utils import _swizzle_mxfp4
+    from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
+
+    e = gu_p.shape[0]
+    w13, w13_flex, w13_scale = _swizzle_mxfp4(gu_p, gu_s, num_warps=8)
+    w2, w2_flex, w2_scale = _swizzle_mxfp4(d_p, d_s, num_warps=8)
+    pc1 = PrecisionConfig(weight_scale=w13_scale, flex_ctx=FlexCtx(rhs_data=w13_flex))
+    pc2 = PrecisionConfig(weight_scale=w2_scale, flex_ctx=FlexCtx(rhs_data=w2_flex))
+    kwargs = {}
     try:
-        try:  # vLLM 0.26 moved the module under fused_moe/experts/
-            from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
-        except ImportError:
-            from vllm.model_executor.layers.fused_moe.gpt_oss_triton_kernels_moe import triton_kernel_moe_forward
-        from vllm.model_executor.layers.quantization.utils.mxfp4_utils import _swizzle_mxfp4
-        from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
+        from vllm.model_executor.layers.fused_moe.config import mxfp4_w4a16_moe_quant_config
 
-        e = gu_p.shape[0]
-        w13, w13_flex, w13_scale = _swizzle_mxfp4(gu_p, gu_s, num_warps=8)
-        w2, w2_flex, w2_scale = _swizzle_mxfp4(d_p, d_s, num_warps=8)
-        pc1 = PrecisionConfig(weight_scale=w13_scale, flex_ctx=FlexCtx(rhs_data=w13_flex))
-        pc2 = PrecisionConfig(weight_scale=w2_scale, flex_ctx=FlexCtx(rhs_data=w2_flex))
-        kwargs = {}
-        try:
-            from vllm.model_executor.layers.fused_moe.config import mxfp4_w4a16_moe_quant_config
+        kwargs["quant_config"] = mxfp4_w4a16_moe_quant_config(w1_bias=gu_b, w2_bias=d_b, w1_scale=pc1, w2_scale=pc2)
+    except ImportError:  # older vLLM: precision configs and biases as arguments
+        kwargs.update(w1_precision=pc1, w2_precision=pc2, w1_bias=gu_b, w2_bias=d_b)
 
-            kwargs["quant_config"] = mxfp4_w4a16_moe_quant_config(w1_bias=gu_b, w2_bias=d_b, w1_scale=pc1, w2_scale=pc2)
-        except ImportError:  # older vLLM: precision configs and biases as arguments
-            kwargs.update(w1_precision=pc1, w2_precision=pc2, w1_bias=gu_b, w2_bias=d_b)
+    def fn(xx, logits):
+        return triton_kernel_moe_forward(hidden_states=xx, w1=w13, w2=w2, gating_output=logits, topk=k,
+                                         renormalize=True, global_num_experts=e, expert_map=None, **kwargs)
 
-        def call(xx):
-            logits = torch.nn.functional.linear(xx, router_w, router_b)
-            return triton_kernel_moe_forward(hidden_states=xx, w1=w13, w2=w2, gating_output=logits, topk=k,
-                                             renormalize=True, global_num_experts=e, expert_map=None, **kwargs)
+    return fn
 
-        us = time_calls([lambda xx=xx: call(xx) for xx in xs], reps, n_routes * 2)
+
+def vllm_triton_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, router_w, router_b, xs, reps, n_routes, k) -> dict:
+    """The same layer through vLLM's triton MoE, router logits by torch (vLLM computes them with its own GEMM
+    before the MoE)."""
+    try:
+        fn = vllm_triton_moe_fn(gu_p, gu_s, gu_b, d_p, d_s, d_b, k)
+        calls = [lambda xx=xx: fn(xx, torch.nn.functional.linear(xx, router_w, router_b)) for xx in xs]
+        us = time_calls(calls, reps, n_routes * 2)
         print(f"  moe M=1 vLLM triton (with router GEMM): {us:.1f} us", flush=True)
         return {"us_with_router": round(us, 2)}
     except Exception as ex:  # noqa: BLE001 - not installed / API moved: say so, keep the rest

@@ -10,7 +10,10 @@ Method: gpt-oss-120b shapes (kernels/cases.py) at M tokens; the MoE routes each 
 random router logits (uniform routing: every expert's weights are read, as in a real prefill). Calls are captured
 in CUDA graphs and timed with CUDA events after warm-up, median of `--reps` replays (`timing.time_calls`). Every
 packed_mm tiling of the grid (block_m x block_tiles x num_warps x num_stages) is timed; the best MoE tiling is
-written as KERNELS_PACKED_MM_* lines (`--env-out`) so that a served run can take it.
+written as KERNELS_PACKED_MM_* lines (`--env-out`) so that a served run can take it; those apply to every packed_mm
+launch of the server, the dense layers' too (which may prefer another tiling: see the dense rows). Stock's MoE time
+includes its routing from the logits; ours gets the ids precomputed. Where vLLM's Triton MoE is not offered (sm_121)
+its time is NaN with the reason printed, and no ratio is given.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 import torch
 
 from ..cases import LINEAR_SHAPES, MOE
+from .bench import vllm_triton_moe_fn
 from .timing import time_calls
 
 # (block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block (pick_block_m). The first
@@ -73,37 +77,13 @@ def bench_dense(m: int, reps: int) -> list[dict]:
         best = min((c for c in GRID if res[f"us_{_name(c)}"] == res[f"us_{_name(c)}"]),
                    key=lambda c: res[f"us_{_name(c)}"], default=None)
         res["best"] = _name(best) if best else None
-        if best:
+        if best and res["us_bf16_cublas"] == res["us_bf16_cublas"]:
             res["best_over_stock"] = round(res["us_bf16_cublas"] / res[f"us_{_name(best)}"], 3)
         print(f"  {name} M={m}: cuBLAS bf16 {res['us_bf16_cublas']} us; " +
               ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID) +
               f"; best {res['best']} = {res.get('best_over_stock')}x stock's speed", flush=True)
     torch.cuda.empty_cache()
     return rows
-
-
-def _vllm_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, x, logits, k):
-    """The MoE through vLLM's Triton backend (triton_kernels matmul_ogs), as kernels.tools.bench does at M=1."""
-    try:  # vLLM 0.26 moved the module under fused_moe/experts/
-        from vllm.model_executor.layers.fused_moe.experts.gpt_oss_triton_kernels_moe import (
-            triton_kernel_moe_forward,
-        )
-    except ImportError:
-        from vllm.model_executor.layers.fused_moe.gpt_oss_triton_kernels_moe import (
-            triton_kernel_moe_forward,
-        )
-    from triton_kernels.matmul_ogs import FlexCtx, PrecisionConfig
-    from vllm.model_executor.layers.fused_moe.config import mxfp4_w4a16_moe_quant_config
-    from vllm.model_executor.layers.quantization.utils.mxfp4_utils import _swizzle_mxfp4
-
-    w13, w13_flex, w13_scale = _swizzle_mxfp4(gu_p, gu_s, num_warps=8)
-    w2, w2_flex, w2_scale = _swizzle_mxfp4(d_p, d_s, num_warps=8)
-    qc = mxfp4_w4a16_moe_quant_config(
-        w1_bias=gu_b, w2_bias=d_b, w1_scale=PrecisionConfig(weight_scale=w13_scale, flex_ctx=FlexCtx(rhs_data=w13_flex)),
-        w2_scale=PrecisionConfig(weight_scale=w2_scale, flex_ctx=FlexCtx(rhs_data=w2_flex)))
-    return lambda: triton_kernel_moe_forward(hidden_states=x, w1=w13, w2=w2, gating_output=logits, topk=k,
-                                             renormalize=True, global_num_experts=gu_p.shape[0], expert_map=None,
-                                             quant_config=qc)
 
 
 def bench_moe(m: int, reps: int) -> dict:
@@ -126,7 +106,8 @@ def bench_moe(m: int, reps: int) -> dict:
     hits = torch.bincount(ids.flatten().long(), minlength=e)
     res = {"M": m, "experts": e, "top_k": k, "experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max())}
     try:
-        res["us_vllm_triton"] = _timed("vllm triton", [_vllm_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, x, logits, k)], reps, 2)
+        fn = vllm_triton_moe_fn(gu_p, gu_s, gu_b, d_p, d_s, d_b, k)
+        res["us_vllm_triton"] = _timed("vllm triton", [lambda: fn(x, logits)], reps, 2)
     except Exception as ex:  # noqa: BLE001 - vLLM absent or its API moved: say so, keep ours
         res["vllm_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
         res["us_vllm_triton"] = float("nan")
@@ -138,7 +119,7 @@ def bench_moe(m: int, reps: int) -> dict:
     best = min(ok, key=lambda c: res[f"us_{_name(c)}"], default=None)
     res["best"] = _name(best) if best else None
     res["best_cfg"] = best
-    if best:
+    if best and res["us_vllm_triton"] == res["us_vllm_triton"]:  # stock measured (not NaN)
         res["best_over_stock"] = round(res["us_vllm_triton"] / res[f"us_{_name(best)}"], 3)
     print(f"  MoE M={m} ({res['experts_hit']} experts hit): vLLM triton {res['us_vllm_triton']} us; " +
           ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID) +
@@ -162,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
+    if not res["moe"].get("best") or not all(r.get("best") for r in res["dense"]):
+        print("bench_prefill: a shape had no configuration that ran (see FAILED above)", file=sys.stderr)
+        return 1
     best = res["moe"].get("best_cfg")
     if a.env_out and best:
         bm, bt, w, st = best

@@ -141,3 +141,4 @@ def test_the_harness_and_the_hooks_name_the_same_variables():
     from suite_testhooks import dummy_mxfp4, routes
 
     assert (hooks.ROUTES_ENV, hooks.RANDOM_MXFP4_ENV) == (routes.ROUTES_ENV, dummy_mxfp4.RANDOM_MXFP4_ENV)
+    assert hooks.RANDOM_MXFP4_LOG == dummy_mxfp4.LOG_LINE, "the harness would look for a line the hook never prints"

@@ -7,17 +7,13 @@ aliases set the test hook that gives them valid random weights, and name that in
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
 from harness.config.catalog import Catalog
 from harness.core.store import identity_problem
 from harness.engine.hooks import RANDOM_MXFP4_ENV
-from harness.engine.models import SHAPE_FINGERPRINT, resolve_model
-
-REPO = Path(__file__).resolve().parents[2]
+from harness.engine.models import ALIASES, SHAPE_FINGERPRINT, Model, resolve_model
+from harness.session.suite import Suite
 
 
 @pytest.mark.parametrize("alias", ["gpt-oss-120b-shape", "gpt-oss-20b-shape"])
@@ -28,26 +24,48 @@ def test_a_shape_alias_asks_for_valid_random_weights_and_names_them(alias, tmp_p
     assert model.fingerprint == SHAPE_FINGERPRINT
 
 
-def test_the_embedded_model_needs_no_hook(tmp_path):
-    assert resolve_model("tiny-gpt-oss", tmp_path).env == {}
+def test_the_embedded_model_needs_no_hook():
+    assert all("env" not in spec for spec in ALIASES.values() if "compact" in spec)
+    assert Model("m", "path").env == {}
 
 
-def test_the_model_env_reaches_the_server_and_a_config_can_override_it():
+def test_the_model_env_reaches_every_config_the_suite_boots(tmp_path):
+    """Through the suite, as every level boots its servers (Suite.target -> the server spec's env)."""
+    suite = Suite.create("cpu-bf16", "gpt-oss-120b-shape", None, None, str(tmp_path / "run"), 60)
+    (target,) = suite.targets()
+    assert target.spec is not None and target.spec.env.get(RANDOM_MXFP4_ENV) == "1"
+
+
+def test_the_model_env_overrides_the_flavours():
     catalog = Catalog()
-    flavour = catalog.flavour("upstream")
-    config = catalog.parse("triton-bf16")
-    spec = flavour.resolve(config, "sm_90", {"--load-format": "dummy"}, {RANDOM_MXFP4_ENV: "1"})
-    assert spec.env.get(RANDOM_MXFP4_ENV) == "1"
-    assert "--load-format" in spec.args
+    flavour = catalog.flavour("cpu")
+    config = catalog.parse("cpu-bf16")
+    (name, value), *_ = flavour.env.items()
+    spec = flavour.resolve(config, "cpu", {}, {name: "from-model", RANDOM_MXFP4_ENV: "1"})
+    assert spec.env[name] == "from-model" and spec.env[RANDOM_MXFP4_ENV] == "1"
+    assert flavour.resolve(config, "cpu", {}, {}).env[name] == value
 
 
 def test_baselines_measured_on_the_collapsed_routing_are_refused_by_name():
-    """The H200 shape baselines were recorded before the hook (no fingerprint): a shape run must refuse them with
-    the reason, not compare a 4-expert MoE with a spread one."""
-    recorded = yaml.safe_load((REPO / "baselines/nvidia-h200/gpt-oss-120b-shape/gemv-bf16.yaml").read_text())
-    assert recorded.get("model_fingerprint") is None
-    why = identity_problem(recorded, {"model_fingerprint": SHAPE_FINGERPRINT}, "baseline", "gpt-oss-120b-shape")
+    """Records from before the hook carry no fingerprint (the H200 shape baselines): a shape run must refuse them
+    with the reason, not compare a 4-expert MoE with a spread one; a record of the same init is accepted."""
+    before = {"model": "gpt-oss-120b-shape", "model_fingerprint": None}
+    why = identity_problem(before, {"model_fingerprint": SHAPE_FINGERPRINT}, "baseline", "gpt-oss-120b-shape")
     assert why is not None and "other weights" in why and SHAPE_FINGERPRINT in why
     same = identity_problem({"model_fingerprint": SHAPE_FINGERPRINT}, {"model_fingerprint": SHAPE_FINGERPRINT},
                             "baseline", "gpt-oss-120b-shape")
     assert same is None, "a baseline of the same init must be accepted"
+
+
+def test_a_shape_server_whose_hook_did_not_run_is_refused():
+    """The fingerprint is a claim; the server log is the evidence. Asked for valid weights on a dummy load, a log
+    without the hook's line must stop the run with the fix named; with the line, or without the ask, it passes."""
+    from harness.engine.hooks import RANDOM_MXFP4_LOG, random_weights_problem
+
+    ask, argv = {RANDOM_MXFP4_ENV: "1"}, ["--load-format", "dummy", "--max-model-len", "16384"]
+    why = random_weights_problem(ask, argv, "INFO ... model loaded\n")
+    assert why is not None and "PYTHONPATH" in why
+    assert random_weights_problem(ask, ["--load-format=dummy"], "") is not None
+    assert random_weights_problem(ask, argv, f"(EngineCore pid=1) {RANDOM_MXFP4_LOG} and scales in 36 MoE layers") is None
+    assert random_weights_problem({RANDOM_MXFP4_ENV: "0"}, argv, "") is None, "--vllm-dummy-weights turns it off"
+    assert random_weights_problem(ask, ["--max-model-len", "4096"], "") is None, "a real checkpoint is not filled"
