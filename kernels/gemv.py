@@ -470,10 +470,10 @@ def mxfp4_gemv_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None
     if x.dim() != 2 or x.shape[1] != p.k:
         raise ValueError(f"shape mismatch: x {tuple(x.shape)} for packed weights of K={p.k}")
     check_device(x, p.words, p.scales, bias)
-    if config is None:
-        base = get_config("gemv")
-        config = {**base, **base.get("packed", {})}
     cfg = config
+    if not cfg:  # one lookup: this runs on every eager lm_head call
+        base = get_config("gemv")
+        cfg = {**base, **base.get("packed", {})}
     x = x.to(torch.bfloat16).contiguous()
     m = x.shape[0]
     if out is None:

@@ -82,7 +82,7 @@ def _kernels_env() -> list[tuple[str, str]]:
     decode step: decoding every variable of os.environ cost ~27 us there and a deepcopy ~17 us (CPU, 35 variables),
     so this filters os.environ's undecoded store (POSIX) first."""
     data = getattr(os.environ, "_data", None)
-    if isinstance(data, dict) and all(isinstance(k, bytes) for k in list(data)[:1]):
+    if os.name == "posix" and isinstance(data, dict):  # CPython keeps POSIX environ as bytes there
         return sorted((os.fsdecode(k), os.fsdecode(v)) for k, v in list(data.items()) if k.startswith(b"KERNELS_"))
     return sorted((k, v) for k, v in os.environ.items() if k.startswith("KERNELS_"))
 

@@ -28,15 +28,20 @@ CONTROL_FILE = "slowdown.json"
 RANDOM_MXFP4_LOG = "suite_testhooks: random MXFP4 codes"  # what dummy_mxfp4.py prints in every process it fills
 
 
-def random_weights_problem(env: dict[str, str], argv: list[str], log_text: str) -> str | None:
+def _on(env: dict[str, str], name: str) -> bool:
+    """A hook switch as the hooks read it (suite_testhooks)."""
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def random_weights_problem(env: dict[str, str], argv: list[str], log: Path) -> str | None:
     """Why a server asked for valid random weights (a shape model) may not be measured: the hook must have printed
-    its line, or the model routes every token to the same experts while its records claim the hook's fingerprint.
-    None: nothing asked for, not a dummy load, or the hook ran."""
-    if env.get(RANDOM_MXFP4_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+    its line in the server log, or the model routes every token to the same experts while its records claim the
+    hook's fingerprint. None: nothing asked for, not a dummy load, or the hook ran. The log is read only when asked."""
+    if not _on(env, RANDOM_MXFP4_ENV):
         return None
     dummy = any(a == "--load-format=dummy" or (a == "--load-format" and i + 1 < len(argv) and argv[i + 1] == "dummy")
                 for i, a in enumerate(argv))
-    if not dummy or RANDOM_MXFP4_LOG in log_text:
+    if not dummy or (log.is_file() and RANDOM_MXFP4_LOG in log.read_text(errors="replace")):
         return None
     return (f"{RANDOM_MXFP4_ENV}=1 asked for valid random weights but the server log has no '{RANDOM_MXFP4_LOG}' line: "
             f"the test hooks did not run (plugins/site must be on the server's PYTHONPATH; harness.engine.hooks."
@@ -67,7 +72,7 @@ def hooks_requested(env: dict[str, str] | None = None) -> dict[str, bool]:
         hold = float(env.get(HOLD_ENV, "0") or 0) > 0
     except ValueError:
         hold = False
-    slow = env.get(SLOWDOWN_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    slow = _on(env, SLOWDOWN_ENV)
     return {"hold": hold, "slowdown": slow}
 
 

@@ -283,7 +283,7 @@ class Suite:
             record.update(ok=False, error=str(e).splitlines()[0])
             self._record_boot(record)
             raise
-        problem = hooks.random_weights_problem(env, args, log.read_text(errors="replace") if log.is_file() else "")
+        problem = hooks.random_weights_problem(env, args, log)
         if problem:
             proc.stop()
             record.update(ok=False, error=problem)

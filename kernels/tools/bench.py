@@ -146,20 +146,30 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
     return rows
 
 
-def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_router: bool = True) -> dict:
-    """impls: "packed" = the rebuilt pipeline on packed experts (CUDA: gate_up+SwiGLU, down+combine;
-    with router: + the one-launch route kernel), others = the old Triton mxfp4_moe impls."""
-    from ..moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed, pack_moe_experts
+def random_moe_layer(seed: int) -> tuple:
+    """A gpt-oss-120b MoE layer (kernels/cases.py MOE) of random MXFP4 experts on the GPU: checkpoint layout and
+    biases (gate_up / down) plus our packed copies -> (gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, generator)."""
+    from ..moe import pack_moe_experts
     from ..testing import generator, random_mxfp4
-    from ..tuning import get_config
 
-    e, k, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
-    g = generator(99, "cuda")
+    e, h, inter = MOE.experts, MOE.hidden, MOE.inter
+    g = generator(seed, "cuda")
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
     gu_b = torch.randn(e, 2 * inter, generator=g, device="cuda") * 0.1
     d_b = torch.randn(e, h, generator=g, device="cuda") * 0.1
     gu_q, d_q = pack_moe_experts(gu_p, gu_s, d_p, d_s)
+    return gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g
+
+
+def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_router: bool = True) -> dict:
+    """impls: "packed" = the rebuilt pipeline on packed experts (CUDA: gate_up+SwiGLU, down+combine;
+    with router: + the one-launch route kernel), others = the old Triton mxfp4_moe impls."""
+    from ..moe import moe_forward, moe_forward_packed, mxfp4_moe, mxfp4_moe_packed
+    from ..tuning import get_config
+
+    e, k, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
+    gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g = random_moe_layer(99)
     gu_per_expert = 2 * inter * (h // 2 + h // 32)  # packed codes + scales of gate_up's rows
     per_expert = gu_per_expert + h * (inter // 2 + inter // 32)
     floor_bytes = k * per_expert

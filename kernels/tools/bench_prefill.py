@@ -26,7 +26,7 @@ import sys
 import torch
 
 from ..cases import LINEAR_SHAPES, MOE
-from .bench import vllm_triton_moe_fn
+from .bench import random_moe_layer, vllm_triton_moe_fn
 from .timing import time_calls
 
 # (block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block (pick_block_m). The first
@@ -52,6 +52,19 @@ def _timed(what: str, calls, reps: int, inner: int) -> float:
         return float("nan")
 
 
+def _best(res: dict, stock_key: str, label: str) -> tuple | None:
+    """Fastest grid entry that ran (NaN: it failed) into res["best"], its speed over stock's (when stock ran) into
+    res["best_over_stock"]; prints the section's line. -> the entry, or None."""
+    best = min((c for c in GRID if res[f"us_{_name(c)}"] == res[f"us_{_name(c)}"]),
+               key=lambda c: res[f"us_{_name(c)}"], default=None)
+    res["best"] = _name(best) if best else None
+    if best and res[stock_key] == res[stock_key]:  # stock measured (not NaN)
+        res["best_over_stock"] = round(res[stock_key] / res[f"us_{_name(best)}"], 3)
+    print(f"  {label} {res[stock_key]} us; " + ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID) +
+          f"; best {res['best']} = {res.get('best_over_stock')}x stock's speed", flush=True)
+    return best
+
+
 def bench_dense(m: int, reps: int) -> list[dict]:
     from ..packed import pack_mxfp4
     from ..packed_mm import mxfp4_mm_packed
@@ -74,30 +87,16 @@ def bench_dense(m: int, reps: int) -> list[dict]:
             res[f"us_{_name(c)}"] = _timed(_name(c), [lambda cfg=cfg, x=x, p=p, out=out: mxfp4_mm_packed(
                 x, p, out=out, config=cfg)], reps, 4)
         rows.append(res)
-        best = min((c for c in GRID if res[f"us_{_name(c)}"] == res[f"us_{_name(c)}"]),
-                   key=lambda c: res[f"us_{_name(c)}"], default=None)
-        res["best"] = _name(best) if best else None
-        if best and res["us_bf16_cublas"] == res["us_bf16_cublas"]:
-            res["best_over_stock"] = round(res["us_bf16_cublas"] / res[f"us_{_name(best)}"], 3)
-        print(f"  {name} M={m}: cuBLAS bf16 {res['us_bf16_cublas']} us; " +
-              ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID) +
-              f"; best {res['best']} = {res.get('best_over_stock')}x stock's speed", flush=True)
+        _best(res, "us_bf16_cublas", f"{name} M={m}: cuBLAS bf16")
     torch.cuda.empty_cache()
     return rows
 
 
 def bench_moe(m: int, reps: int) -> dict:
-    from ..moe import pack_moe_experts
     from ..packed_mm import mxfp4_moe_packed_mm
-    from ..testing import generator, random_mxfp4
 
-    e, k, h, inter = MOE.experts, MOE.top_k, MOE.hidden, MOE.inter
-    g = generator(11, "cuda")
-    gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
-    d_p, d_s = random_mxfp4((e, h, inter), g)
-    gu_b = torch.randn(e, 2 * inter, generator=g, device="cuda") * 0.1
-    d_b = torch.randn(e, h, generator=g, device="cuda") * 0.1
-    gu_q, d_q = pack_moe_experts(gu_p, gu_s, d_p, d_s)
+    e, k, h = MOE.experts, MOE.top_k, MOE.hidden
+    gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g = random_moe_layer(11)
     x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
     logits = torch.randn(m, e, generator=g, device="cuda").to(torch.bfloat16)
     top = torch.topk(logits.float(), k, dim=-1)
@@ -115,15 +114,7 @@ def bench_moe(m: int, reps: int) -> dict:
         cfg = _cfg(*c)
         res[f"us_{_name(c)}"] = _timed(_name(c), [lambda cfg=cfg: mxfp4_moe_packed_mm(
             x, ids, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg)], reps, 2)
-    ok = [c for c in GRID if res[f"us_{_name(c)}"] == res[f"us_{_name(c)}"]]
-    best = min(ok, key=lambda c: res[f"us_{_name(c)}"], default=None)
-    res["best"] = _name(best) if best else None
-    res["best_cfg"] = best
-    if best and res["us_vllm_triton"] == res["us_vllm_triton"]:  # stock measured (not NaN)
-        res["best_over_stock"] = round(res["us_vllm_triton"] / res[f"us_{_name(best)}"], 3)
-    print(f"  MoE M={m} ({res['experts_hit']} experts hit): vLLM triton {res['us_vllm_triton']} us; " +
-          ", ".join(f"{_name(c)} {res[f'us_{_name(c)}']}" for c in GRID) +
-          f"; best {res['best']} = {res.get('best_over_stock')}x stock's speed", flush=True)
+    res["best_cfg"] = _best(res, "us_vllm_triton", f"MoE M={m} ({res['experts_hit']} experts hit): vLLM triton")
     return res
 
 

@@ -57,15 +57,18 @@ def test_baselines_measured_on_the_collapsed_routing_are_refused_by_name():
     assert same is None, "a baseline of the same init must be accepted"
 
 
-def test_a_shape_server_whose_hook_did_not_run_is_refused():
+def test_a_shape_server_whose_hook_did_not_run_is_refused(tmp_path):
     """The fingerprint is a claim; the server log is the evidence. Asked for valid weights on a dummy load, a log
     without the hook's line must stop the run with the fix named; with the line, or without the ask, it passes."""
     from harness.engine.hooks import RANDOM_MXFP4_LOG, random_weights_problem
 
     ask, argv = {RANDOM_MXFP4_ENV: "1"}, ["--load-format", "dummy", "--max-model-len", "16384"]
-    why = random_weights_problem(ask, argv, "INFO ... model loaded\n")
+    without, with_line, missing = tmp_path / "without.log", tmp_path / "with.log", tmp_path / "missing.log"
+    without.write_text("INFO ... model loaded\n")
+    with_line.write_text(f"(EngineCore pid=1) {RANDOM_MXFP4_LOG} and scales in 36 MoE layers\n")
+    why = random_weights_problem(ask, argv, without)
     assert why is not None and "PYTHONPATH" in why
-    assert random_weights_problem(ask, ["--load-format=dummy"], "") is not None
-    assert random_weights_problem(ask, argv, f"(EngineCore pid=1) {RANDOM_MXFP4_LOG} and scales in 36 MoE layers") is None
-    assert random_weights_problem({RANDOM_MXFP4_ENV: "0"}, argv, "") is None, "--vllm-dummy-weights turns it off"
-    assert random_weights_problem(ask, ["--max-model-len", "4096"], "") is None, "a real checkpoint is not filled"
+    assert random_weights_problem(ask, ["--load-format=dummy"], missing) is not None
+    assert random_weights_problem(ask, argv, with_line) is None
+    assert random_weights_problem({RANDOM_MXFP4_ENV: "0"}, argv, without) is None, "--vllm-dummy-weights turns it off"
+    assert random_weights_problem(ask, ["--max-model-len", "4096"], without) is None, "a real checkpoint is not filled"
