@@ -74,7 +74,10 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
                 "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": kernels,
                 "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")},
-                "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40]}
+                "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40],
+                # whether vLLM overlapped the host's next step with the GPU's current one: the first thing to know
+                # when the GPU waits for the host
+                "scheduling_lines": [ln.strip()[-160:] for ln in log.splitlines() if "sync scheduling" in ln][:4]}
 
 
 def mixed_setting(results: dict[str, dict], setting: dict) -> str | None:
@@ -163,9 +166,10 @@ def main() -> int:
               "Engine clock, medians after warm-up; ratio against the first config.", ""] + table(results, order)
         md += ["", "Kernel time per generated token (us), one profiled batch-1 request of "
                f"{BREAKDOWN_TOKENS} tokens; GPU idle = trace wall time - union of the kernels "
-               f"(`{PLOT_NAME}`):", "",
-               "| config | ms/token (tg32) | MoE | dense | attention | other | kernels total | GPU idle | launches |",
-               "|---|---|---|---|---|---|---|---|---|"]
+               f"(`{PLOT_NAME}`); waiting for the host = the idle between kernels of different host launches "
+               "(graph replays, eager kernels), the rest lies inside one graph replay:", "",
+               "| config | ms/token (tg32) | MoE | dense | attention | other | kernels total | GPU idle | of which waiting "
+               "for the host | launches |", "|---|---|---|---|---|---|---|---|---|---|"]
         for c in order:
             r = results.get(c, {})
             b, tg = r.get("kernel_breakdown"), r.get("metrics", {}).get("tg32", {}).get("median")
@@ -173,7 +177,8 @@ def main() -> int:
                 u = b["us_per_token"]
                 md.append(f"| {c} | {1000 / tg:.2f} | {u['moe']:.0f} | {u['dense']:.0f} | {u['attention']:.0f} | "
                           f"{u['other']:.0f} | {b['total_us_per_token']:.0f} | {_cell(b, 'idle_us_per_token')} | "
-                          f"{_cell(b, 'launches_per_token')} |" if tg else f"| {c} | n/a | | | | | | | |")
+                          f"{_cell(b, 'host_wait_us_per_token')} | {_cell(b, 'launches_per_token')} |"
+                          if tg else f"| {c} | n/a | | | | | | | | |")
         (out / "e2e.md").write_text("\n".join(md) + "\n")
         drawn = {c: Breakdown.from_json(results[c]["kernel_breakdown"]) for c in order
                  if "wall_us_per_token" in (results.get(c, {}).get("kernel_breakdown") or {})}

@@ -55,6 +55,10 @@ class Breakdown:
     host_launches_per_token: float | None  # cudaLaunchKernel & co (None: the trace has no CUDA runtime events)
     graph_launches_per_token: float | None  # cudaGraphLaunch (None: as above)
     top: list[TopKernel]
+    # GPU idle between two kernels of different host launches (a graph replay, an eager kernel): the GPU waiting for
+    # the host to launch the next thing; the rest of the idle lies inside one launch (a graph's node-to-node gaps).
+    # None: the trace's kernels carry no correlation ids
+    host_wait_us_per_token: float | None = None
 
     @property
     def idle_us_per_token(self) -> float:
@@ -111,17 +115,20 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         start, d = float(ev["ts"]), float(ev.get("dur", 0.0))
         calls[ev["name"]] += 1
         dur[ev["name"]] += d
-        spans.append((start, start + d))
-    spans.sort()
-    busy, (run_start, run_end) = 0.0, spans[0]
-    for start, end in spans[1:]:  # merge overlapping intervals: kernels on several streams count once
+        spans.append((start, start + d, (ev.get("args") or {}).get("correlation")))
+    spans.sort(key=lambda s: (s[0], s[1]))
+    has_correlation = all(c is not None for _, _, c in spans)
+    busy, host_wait, (run_start, run_end, run_corr) = 0.0, 0.0, spans[0]
+    for start, end, corr in spans[1:]:  # merge overlapping intervals: kernels on several streams count once
         if start > run_end:
             busy += run_end - run_start
-            run_start, run_end = start, end
-        else:
-            run_end = max(run_end, end)
+            if corr != run_corr:  # the kernel that ended the busy run and the next one came from different launches
+                host_wait += start - run_end
+            run_start, run_end, run_corr = start, end, corr
+        elif end > run_end:
+            run_end, run_corr = end, corr
     busy += run_end - run_start
-    wall = max(end for _, end in spans) - spans[0][0]
+    wall = max(end for _, end, _ in spans) - spans[0][0]
 
     category = {name: categorise(name, categories) for name in calls}
     by_category = dict.fromkeys(KERNEL_CATEGORIES, 0.0)
@@ -136,7 +143,8 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         launches_per_token=len(kernels) / tokens,
         host_launches_per_token=sum(n in HOST_LAUNCHES for n in runtime) / tokens if has_runtime else None,
         graph_launches_per_token=runtime.count("cudaGraphLaunch") / tokens if has_runtime else None,
-        top=[TopKernel(n[:NAME_WIDTH], calls[n], dur[n] / tokens, category[n]) for n in ranked])
+        top=[TopKernel(n[:NAME_WIDTH], calls[n], dur[n] / tokens, category[n]) for n in ranked],
+        host_wait_us_per_token=host_wait / tokens if has_correlation else None)
 
 
 SEGMENT_COLOURS = {"moe": "tab:blue", "dense": "tab:orange", "attention": "tab:green", "other": "tab:gray",

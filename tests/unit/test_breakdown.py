@@ -144,6 +144,26 @@ def test_per_token_numbers_and_the_busy_union(tmp_path, categories):
     assert again["idle_us_per_token"] == 9.0 and Breakdown.from_json(again) == b
 
 
+def _kc(name: str, ts: float, dur: float, corr: int, stream: int = 7) -> dict:
+    return {**_k(name, ts, dur, stream), "args": {"correlation": corr}}
+
+
+def test_idle_between_launches_is_told_from_idle_inside_one(tmp_path, categories):
+    # Step 1: graph replay (correlation 1) 0-10, gap 2, 12-20, then the host waits 30 us; an eager kernel
+    # (correlation 2) 50-55, then 5 us later step 2's replay (correlation 3) 60-70, gap 4, 74-80 with a kernel on a
+    # second stream 72-78 nested inside the run (it must not end it).
+    events = [_kc(MOE_OGS, 0, 10, 1), _kc(NVJET, 12, 8, 1), _kc("eager_lm_head", 50, 5, 2),
+              _kc(MOE_OGS, 60, 10, 3), _kc(NVJET, 74, 6, 3), _kc(FA3, 72, 6, 3, stream=13)]
+    b = breakdown(_trace(tmp_path, events), categories, tokens=2)
+    assert b.wall_us_per_token == 40.0 and b.idle_us_per_token == (2 + 30 + 5 + 2) / 2
+    assert b.host_wait_us_per_token == (30 + 5) / 2  # the in-graph gaps (10-12, 70-72) stay out
+    # A/A: the same timeline in one launch has no host wait; without correlation ids it is unknown, not zero
+    one = [{**e, "args": {"correlation": 9}} for e in events]
+    assert breakdown(_trace(tmp_path, one), categories, tokens=2).host_wait_us_per_token == 0.0
+    bare = [{k: v for k, v in e.items() if k != "args"} for e in events]
+    assert breakdown(_trace(tmp_path, bare), categories, tokens=2).host_wait_us_per_token is None
+
+
 def test_a_window_keeps_the_events_that_start_inside_it(tmp_path, categories):
     b = breakdown(_trace(tmp_path, EVENTS), categories, tokens=1, window=(119, 135))
     assert b.us_per_token == {"moe": 0.0, "dense": 0.0, "attention": 5.0, "other": 2.0}
