@@ -17,6 +17,7 @@ why not when it cannot be used.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 import functools
 import hashlib
 import os
@@ -99,7 +100,11 @@ def _load(src: str = "") -> ctypes.CDLL:
         if r.returncode:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
         os.replace(tmp, so)
-    lib = ctypes.CDLL(str(so))
+    # PyDLL: the calls keep the GIL. A launch returns in microseconds; a plain CDLL call releases the GIL, and where
+    # another thread of the process runs Python (vLLM's EngineCore: output handling beside the step loop) the
+    # caller may then wait for it to hand the GIL back, on every eager call (vLLM computes the logits outside
+    # its CUDA graphs, every decode step)
+    lib = ctypes.PyDLL(str(so))
     P, I, LL, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
     lib.mxfp4_launch.restype = I
     lib.mxfp4_launch.argtypes = [I, I, P, LL, P, P, LL, LL, P, I, LL, P, LL, P, I, I, P, P,
@@ -212,29 +217,50 @@ def gemv_tiling(m: int, p, cfg: dict, sms: int) -> tuple[int, int, int]:
     return v, items, max(1, min(items, sms * per_sm))
 
 
-def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict) -> torch.Tensor:
-    """y = x @ W^T (+ bias) on tensor cores. x [M, K] bf16 contiguous, M <= 16; p PackedMXFP4 (2-D)."""
+@dataclass(frozen=True)
+class GemvPlan:
+    """What one M's launch of the dense GEMV needs besides its pointers: resolved once per (weight, M) by a caller
+    that runs the same weight many times (kernels.gemv.PackedLinear), per call otherwise."""
+    lib: ctypes.CDLL
+    m: int
+    variant: int
+    grid: int
+    smem: int
+    ksplit: int
+    xprep: str  # "kernel": a prep launch then the GEMV (programmatic dependent launch); "cta": one launch
+
+
+def gemv_plan(m: int, p, cfg: dict) -> GemvPlan:
     xprep = cfg.get("xprep", "auto")
     if xprep not in ("auto", "kernel", "cta"):
         raise ValueError(f"gemv.packed.xprep must be auto, kernel or cta (kernels/tuning.yaml), got {xprep!r}")
-    lib = _load(cfg.get("cuda_src", ""))
-    m, k = x.shape
     if m > 16:
         raise ValueError(f"the tensor-core GEMV serves M <= 16, got {m}")
-    dev = x.device.index or 0
-    sms = _sms(dev)
-    v, _, grid = gemv_tiling(m, p, cfg, sms)
+    lib = _load(cfg.get("cuda_src", ""))
+    v, _, grid = gemv_tiling(m, p, cfg, _sms(p.words.device.index or 0))
     nt, rw, rt, pf = VARIANTS[v]
-    ksplit = WARPS // rw
-    smem = _smem(m, p.k_chunks, rt, nt)
-    bk, b = _param_kind(bias)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    args = (MODE_DENSE, v, x.data_ptr(), x.stride(0), p.words.data_ptr(), p.scales.data_ptr(), 0, 0,
-            b.data_ptr() if b is not None else None, bk, 0, out.data_ptr(), out.stride(0), None, 0, 0,
-            None, None, m, p.n, k, p.n_tiles, p.k_chunks, 1, ksplit, 0.0, 0.0, grid, smem, stream)
     if xprep == "auto":  # H200 bench, same run: the prep kernel wins from M = 2 (qkv M=8 9.4 vs 14.0 us), loses
         xprep = "kernel" if m >= 2 else "cta"  # ~0.5 us at M = 1, where x fits in registers (one load per thread)
-    if xprep == "kernel" and hasattr(lib, "mxfp4_launch2"):
+    if xprep == "kernel" and not hasattr(lib, "mxfp4_launch2"):
+        xprep = "cta"  # a source older than the once-per-call activation prep (A/B runs load those)
+    return GemvPlan(lib, m, v, grid, _smem(m, p.k_chunks, rt, nt), WARPS // rw, xprep)
+
+
+def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict,
+         plan: GemvPlan | None = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias) on tensor cores. x [M, K] bf16 contiguous, M <= 16; p PackedMXFP4 (2-D)."""
+    m, k = x.shape
+    if plan is None:
+        plan = gemv_plan(m, p, cfg)
+    elif plan.m != m:
+        raise ValueError(f"a launch plan for M={plan.m} used for M={m}")
+    lib = plan.lib
+    bk, b = _param_kind(bias)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    args = (MODE_DENSE, plan.variant, x.data_ptr(), x.stride(0), p.words.data_ptr(), p.scales.data_ptr(), 0, 0,
+            b.data_ptr() if b is not None else None, bk, 0, out.data_ptr(), out.stride(0), None, 0, 0,
+            None, None, m, p.n, k, p.n_tiles, p.k_chunks, 1, plan.ksplit, 0.0, 0.0, plan.grid, plan.smem, stream)
+    if plan.xprep == "kernel":
         # The activation's fragments prepared once (xprep_kernel), not in each of the persistent CTAs;
         # the GEMV starts early (programmatic dependent launch), waits for them and copies them before
         # issuing its weight prefetch.

@@ -559,6 +559,44 @@ def mxfp4_gemv(
     return out
 
 
+class PackedLinear:
+    """One packed MXFP4 weight served many times (a model's layer): x [..., K] -> [..., N] bf16. The decode
+    kernels up to `threshold` tokens (tensor cores on a GPU), `packed_mm.mxfp4_mm_packed` above, on the same
+    packed bytes. The tuning config is read once and each M's launch plan made on its first call: vLLM computes
+    the logits outside its CUDA graphs, so the lm_head runs this on the host every decode step, and a config
+    lookup plus launch sizing per call cost more host time than the kernel's GPU time (H100: 119 us against
+    ~95)."""
+
+    def __init__(self, packed: PackedMXFP4, threshold: int | None = None):
+        base = get_config("gemv")
+        self.p = packed
+        self.threshold = int(base["small_m_threshold"]) if threshold is None else int(threshold)
+        self.cfg = {**base, **base.get("packed", {})}
+        self._plans: dict[int, object] = {}
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.p
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        m = x2.shape[0]
+        if m > self.threshold:  # the same packed bytes on tensor cores: no second copy of the weights for large M
+            y = mxfp4_mm_packed(x2, p, bias)
+        elif x2.shape[1] != p.k or not _use_cuda(x2, self.cfg):
+            y = mxfp4_gemv_packed(x2, p, bias, config=self.cfg)  # checks the shapes; the portable path
+        else:
+            from . import cuda_ext
+
+            if x2.device != p.words.device:
+                raise ValueError(f"x is on {x2.device}, the packed weights on {p.words.device}")
+            plan = self._plans.get(m)
+            if plan is None:
+                plan = self._plans[m] = cuda_ext.gemv_plan(m, p, self.cfg)
+            x2 = x2.to(torch.bfloat16).contiguous()
+            y = cuda_ext.gemv(x2, p, bias, torch.empty((m, p.n), dtype=torch.bfloat16, device=x2.device), self.cfg,
+                              plan)
+        return y.reshape(*lead, p.n)
+
+
 def mxfp4_linear(
     x: torch.Tensor,
     packed: torch.Tensor | PackedMXFP4,
@@ -569,20 +607,16 @@ def mxfp4_linear(
     """Dispatcher: x [..., K] bf16 -> [..., N] bf16.
 
     `packed` is either checkpoint-layout weights (+ `scales`) or a PackedMXFP4 from `pack_mxfp4`
-    (scales ignored): the latter runs the repacked kernels (tensor cores on a GPU, M <= 16) and above the
-    threshold `packed_mm.mxfp4_mm_packed` (tensor cores, the same packed bytes). Checkpoint layout:
-    M (tokens) <= threshold -> low-M kernel; larger M -> dequantize to BF16 + torch.matmul. Threshold from tuning.yaml
+    (scales ignored): the latter runs `PackedLinear` (the repacked kernels up to the threshold, packed_mm above;
+    hold a PackedLinear instead to call one weight many times). Checkpoint layout: M (tokens) <= threshold ->
+    low-M kernel; larger M -> dequantize to BF16 + torch.matmul. Threshold from tuning.yaml
     (gemv.small_m_threshold, env KERNELS_GEMV_SMALL_M_THRESHOLD) unless given.
     """
+    if isinstance(packed, PackedMXFP4):
+        return PackedLinear(packed, small_m_threshold)(x, bias)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     thr = small_m_threshold if small_m_threshold is not None else int(get_config("gemv")["small_m_threshold"])
-    if isinstance(packed, PackedMXFP4):
-        if x2.shape[0] <= thr:
-            y = mxfp4_gemv_packed(x2, packed, bias)
-        else:  # the same packed bytes on tensor cores: no second copy of the weights for large M
-            y = mxfp4_mm_packed(x2, packed, bias)
-        return y.reshape(*lead, y.shape[-1])
     if x2.shape[0] <= thr:
         y = mxfp4_gemv(x2, packed, scales, bias)
     else:

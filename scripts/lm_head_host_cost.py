@@ -4,7 +4,8 @@
 vLLM computes the logits outside its CUDA graphs, so with `SUITE_KERNELS=moe,dense` the plugin's lm_head op runs
 its Python and its launch on the host every decode step. This times that host work per call (the time the call
 takes to return, the GPU queue never full) and the GPU time per call (CUDA events around the loop), for the
-plugin's custom op, the kernel function it wraps, and `torch.nn.functional.linear` on the BF16 weight:
+plugin's custom op (what torch.compile puts in the CUDA graphs), the plugin's eager path (what vLLM's logits call
+runs) and `torch.nn.functional.linear` on the BF16 weight:
 
     python3 scripts/lm_head_host_cost.py [--calls 300] [--out FILE.json]
 
@@ -56,7 +57,7 @@ def main() -> int:
         print("lm_head_host_cost: needs a CUDA GPU (it times our CUDA kernels' host path); run it on the GPU machine")
         return 2
     import suite_kernels
-    from kernels.gemv import mxfp4_linear
+    from kernels.gemv import PackedLinear
     from kernels.mxfp4 import quantize_mxfp4
     from kernels.packed import pack_mxfp4
 
@@ -66,12 +67,13 @@ def main() -> int:
     results = {"device": torch.cuda.get_device_name(), "threshold": threshold, "calls": a.calls, "rows": []}
     for name, (n, k) in SHAPES.items():
         w = (torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).to(torch.bfloat16)
-        p = pack_mxfp4(*quantize_mxfp4(w.float()))
+        linear = PackedLinear(pack_mxfp4(*quantize_mxfp4(w.float())), threshold)
+        p = linear.p
         for m in (1, 4):
             x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
             variants = {
                 "plugin op (torch.ops.suite_kernels.mxfp4_linear)": lambda: op(x, p.words, p.scales, None, n, k, threshold),
-                "kernels.gemv.mxfp4_linear": lambda: mxfp4_linear(x, p, None, None, small_m_threshold=threshold),
+                "plugin eager path (suite_kernels.dense_forward)": lambda: suite_kernels.dense_forward(linear, x),
                 "stock F.linear BF16": lambda: torch.nn.functional.linear(x, w),
             }
             for variant, fn in variants.items():

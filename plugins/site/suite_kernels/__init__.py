@@ -217,6 +217,20 @@ def patch_moe(cls, threshold: int) -> None:
 # -------------------------------------------------------------------------------------------- dense
 
 
+_linears: dict[int, object] = {}  # words.data_ptr() -> kernels.gemv.PackedLinear of a layer swapped at load
+
+
+def _linear_for(words, scales, n: int, k: int, max_m: int):
+    """The layer's PackedLinear (made at load), or one made now for packed tensors this plugin did not make."""
+    lin = _linears.get(words.data_ptr())
+    if lin is None or (lin.p.n, lin.p.k, lin.threshold) != (n, k, max_m):
+        from kernels.gemv import PackedLinear
+        from kernels.packed import PackedMXFP4
+
+        lin = PackedLinear(PackedMXFP4(words, scales, n, k), max_m)
+    return lin
+
+
 def _linear_op():
     """`torch.ops.suite_kernels.mxfp4_linear`: a custom op, so that torch.compile (vLLM compiles the
     decoder layers) treats our kernel as one opaque call instead of tracing into ctypes launches."""
@@ -230,19 +244,21 @@ def _linear_op():
     @torch.library.custom_op("suite_kernels::mxfp4_linear", mutates_args=(), schema=(
         "(Tensor x, Tensor words, Tensor scales, Tensor? bias, SymInt n, SymInt k, SymInt max_m) -> Tensor"))
     def mxfp4_linear(x, words, scales, bias, n, k, max_m):
-        from kernels.gemv import mxfp4_linear as linear
-        from kernels.packed import PackedMXFP4
-
-        x2 = x.reshape(-1, k)
-        _note_path(n, k, x2.shape[0], "decode kernels" if x2.shape[0] <= max_m else "packed_mm")
-        y = linear(x2, PackedMXFP4(words, scales, n, k), None, bias, small_m_threshold=max_m)
-        return y.reshape(*x.shape[:-1], n).to(x.dtype)
+        return dense_forward(_linear_for(words, scales, n, k, max_m), x, bias)
 
     @mxfp4_linear.register_fake
     def _(x, words, scales, bias, n, k, max_m):
         return x.new_empty((*x.shape[:-1], n))
 
     return torch.ops.suite_kernels.mxfp4_linear
+
+
+def dense_forward(linear, x, bias=None):
+    """A dense layer on our kernels: `linear` is the layer's kernels.gemv.PackedLinear."""
+    p = linear.p
+    m = x.numel() // p.k
+    _note_path(p.n, p.k, m, "decode kernels" if m <= linear.threshold else "packed_mm")
+    return linear(x, bias).to(x.dtype)
 
 
 _seen_paths: set[tuple] = set()
@@ -262,8 +278,15 @@ _dense_classes: dict[type, type] = {}
 
 
 def _dense_apply(self, layer, x, bias=None):
-    p, threshold, op = getattr(self, DENSE_ATTR)
-    return op(x, p.words, p.scales, bias, p.n, p.k, threshold)
+    import torch
+
+    linear, op = getattr(self, DENSE_ATTR)
+    if torch.compiler.is_compiling():  # traced by torch.compile: one opaque op in the graph
+        p = linear.p
+        return op(x, p.words, p.scales, bias, p.n, p.k, linear.threshold)
+    # eager (vLLM's logits every decode step, --enforce-eager): the same function without the custom op's
+    # dispatch, which costs ~55 us of host time per call (H100 host, scripts/lm_head_host_cost.py)
+    return dense_forward(linear, x, bias)
 
 
 def dense_method(original, layer, threshold: int):
@@ -271,6 +294,7 @@ def dense_method(original, layer, threshold: int):
     checks still see an unquantized method) with `apply` replaced: the MXFP4 copy of the weight for every M
     (the caller frees the BF16 weight)."""
     _import_kernels()
+    from kernels.gemv import PackedLinear
     from kernels.mxfp4 import quantize_mxfp4
     from kernels.packed import pack_mxfp4
 
@@ -279,7 +303,9 @@ def dense_method(original, layer, threshold: int):
     method = copy.copy(original)
     method.__class__ = cls
     q, s = quantize_mxfp4(layer.weight.data.float())
-    setattr(method, DENSE_ATTR, (pack_mxfp4(q, s), int(threshold), _linear_op()))
+    linear = PackedLinear(pack_mxfp4(q, s), int(threshold))
+    _linears[linear.p.words.data_ptr()] = linear
+    setattr(method, DENSE_ATTR, (linear, _linear_op()))
     return method
 
 
