@@ -179,6 +179,12 @@ def main() -> int:
                           f"{u['other']:.0f} | {b['total_us_per_token']:.0f} | {_cell(b, 'idle_us_per_token')} | "
                           f"{_cell(b, 'host_wait_us_per_token')} | {_cell(b, 'launches_per_token')} |"
                           if tg else f"| {c} | n/a | | | | | | | | |")
+        for c in order:  # where each step's host time goes (the GPU waits for it): vLLM's phase ranges, ops, runtime
+            host = ((results.get(c) or {}).get("kernel_breakdown") or {}).get("host_top") or []
+            if host:
+                md += ["", f"Host time per token, {c} (inclusive: vLLM's phase ranges hold the calls inside them):", ""]
+                md += [f"- {h['name'][:100]} ({h['category']}): {h['us_per_token']:.0f} us, "
+                       f"{h['calls_per_token']:.2f} calls" for h in host[:10]]
         (out / "e2e.md").write_text("\n".join(md) + "\n")
         drawn = {c: Breakdown.from_json(results[c]["kernel_breakdown"]) for c in order
                  if "wall_us_per_token" in (results.get(c, {}).get("kernel_breakdown") or {})}

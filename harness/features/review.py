@@ -165,26 +165,34 @@ def _breakdown(result: FeatureResult, rel: Path) -> str:
     lines = ["Kernel time per generated token at batch 1 in a profiled decode window, by category (categories from the "
              "flavours' kernel families); **GPU busy** = that kernel time over the decode step of the unprofiled rounds "
              "(1 / tg, engine clock); the profiled window's own busy share (union of kernel intervals over its wall "
-             "time) also holds the profiler's host cost between steps; kernel launches per token.", "",
+             "time) also holds the profiler's host cost between steps; **waiting for the host** = the window's GPU idle "
+             "between kernels of different host launches (graph replays, eager kernels), per token; kernel launches per "
+             "token.", "",
              "| config | " + " | ".join(("moe", "dense", "attention", "other")) + " | kernels us/token | step us "
-             "(unprofiled) | GPU busy | busy in the profiled window | launches/token |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "(unprofiled) | GPU busy | busy in the profiled window | waiting for the host us/token | launches/token |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for config, b in result.breakdown.items():
         if not b:
-            lines.append(f"| {config} | n/a | | | | | | | | |")
+            lines.append(f"| {config} | n/a | | | | | | | | | |")
             continue
         cat = b.get("us_per_token", {})
         busy = b.get("busy_fraction_unprofiled")
         lines.append(f"| {config} | " + " | ".join(_fmt(cat.get(k)) for k in ("moe", "dense", "attention", "other"))
                      + f" | {_fmt(b.get('total_us_per_token'))} | {_fmt(b.get('step_us_unprofiled'))} | "
                      f"{_fmt(busy * 100) + '%' if busy is not None else 'n/a'} | "
-                     f"{_fmt((b.get('busy_fraction') or 0) * 100)}% | {_fmt(b.get('launches_per_token'))} |")
+                     f"{_fmt((b.get('busy_fraction') or 0) * 100)}% | {_fmt(b.get('host_wait_us_per_token'))} | "
+                     f"{_fmt(b.get('launches_per_token'))} |")
     for config, b in result.breakdown.items():
         top = (b or {}).get("top") or []
         if top:
             lines += ["", f"Top kernels, {config}:", ""]
             lines += [f"- {t.get('name', '')[:100]} ({t.get('category', '')}): {_fmt(t.get('us_per_token'))} us/token, "
                       f"{t.get('calls', '')} calls" for t in top[:8]]
+        host = (b or {}).get("host_top") or []
+        if host:  # where the host's step time goes (vLLM's phase ranges, operators, runtime calls; ranges nest)
+            lines += ["", f"Host time per token, {config} (inclusive; vLLM's phase ranges hold the calls inside them):", ""]
+            lines += [f"- {h.get('name', '')[:100]} ({h.get('category', '')}): {_fmt(h.get('us_per_token'))} us/token, "
+                      f"{_fmt(h.get('calls_per_token'))} calls/token" for h in host[:10]]
     plot = Path(result.artifacts) / "breakdown.png"
     if plot.is_file():
         lines += ["", f"![decode time per token]({_rel_link(plot, rel)})"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +41,19 @@ class TopKernel:
     category: str
 
 
+# host-side events: vLLM's own phase ranges (user_annotation: "gpu_model_runner: forward", "...: sample"), the
+# operators and the CUDA runtime calls; their time says where a step's host time goes when the GPU waits for it
+HOST_CATEGORIES = ("user_annotation", "cpu_op", "cuda_runtime", "python_function")
+
+
+@dataclass
+class HostRange:
+    name: str  # digits folded to N ("execute_context_N(N)..."), truncated to NAME_WIDTH
+    category: str  # the trace's cat
+    calls_per_token: float
+    us_per_token: float  # inclusive: a range's time includes what runs inside it
+
+
 @dataclass
 class Breakdown:
     """Per generated token, in microseconds unless said otherwise."""
@@ -59,6 +73,7 @@ class Breakdown:
     # the host to launch the next thing; the rest of the idle lies inside one launch (a graph's node-to-node gaps).
     # None: the trace's kernels carry no correlation ids
     host_wait_us_per_token: float | None = None
+    host_top: list[HostRange] | None = None  # the host events with the most time (None: a trace without any)
 
     @property
     def idle_us_per_token(self) -> float:
@@ -71,8 +86,10 @@ class Breakdown:
     @classmethod
     def from_json(cls, data: dict) -> "Breakdown":
         # idle is derived; the feature verdicts add the unprofiled step's numbers beside these fields
-        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "top"}
-        return cls(**fields, top=[TopKernel(**t) for t in data["top"]])
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k not in ("top", "host_top")}
+        host = data.get("host_top")
+        return cls(**fields, top=[TopKernel(**t) for t in data["top"]],
+                   host_top=None if host is None else [HostRange(**h) for h in host])
 
 
 def categorise(name: str, categories: Categories) -> str:
@@ -96,13 +113,20 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         raise SuiteError(f"breakdown: tokens is {tokens!r}; pass the number of decode steps in the profiled window (>= 1)")
     lo, hi = window if window is not None else (float("-inf"), float("inf"))
     kernels, runtime = [], []
+    host_calls: dict[tuple[str, str], int] = defaultdict(int)
+    host_dur: dict[tuple[str, str], float] = defaultdict(float)
     for ev in read_trace(Path(trace_path)).get("traceEvents", []):
         if "ts" not in ev or not lo <= float(ev["ts"]) < hi:
             continue
         if ev.get("cat") == "kernel" and "name" in ev:
             kernels.append(ev)
-        elif ev.get("cat") == "cuda_runtime":
+            continue
+        if ev.get("cat") == "cuda_runtime":
             runtime.append(ev.get("name", ""))
+        if ev.get("cat") in HOST_CATEGORIES and ev.get("ph") == "X":
+            key = (re.sub(r"\d+", "N", ev.get("name", ""))[:NAME_WIDTH], ev["cat"])
+            host_calls[key] += 1
+            host_dur[key] += float(ev.get("dur", 0.0))
     if not kernels:
         where = f" between {lo} and {hi} us" if window is not None else ""
         raise SuiteError(f"breakdown: no GPU kernel events in {trace_path}{where}; profile a CUDA server "
@@ -144,7 +168,9 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         host_launches_per_token=sum(n in HOST_LAUNCHES for n in runtime) / tokens if has_runtime else None,
         graph_launches_per_token=runtime.count("cudaGraphLaunch") / tokens if has_runtime else None,
         top=[TopKernel(n[:NAME_WIDTH], calls[n], dur[n] / tokens, category[n]) for n in ranked],
-        host_wait_us_per_token=host_wait / tokens if has_correlation else None)
+        host_wait_us_per_token=host_wait / tokens if has_correlation else None,
+        host_top=[HostRange(n, c, host_calls[(n, c)] / tokens, host_dur[(n, c)] / tokens)
+                  for n, c in sorted(host_dur, key=lambda key: -host_dur[key])[:top]] if host_dur else None)
 
 
 SEGMENT_COLOURS = {"moe": "tab:blue", "dense": "tab:orange", "attention": "tab:green", "other": "tab:gray",

@@ -9,7 +9,7 @@ import pytest
 
 from harness.config.catalog import AXIS_CATEGORIES, CONFIG_DIR, Catalog
 from harness.core.errors import SuiteError
-from harness.kernelpath.breakdown import Breakdown, breakdown, categorise, plot_breakdowns
+from harness.kernelpath.breakdown import Breakdown, HostRange, breakdown, categorise, plot_breakdowns
 
 MOE_OGS = "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x256x128x1_swiglu"
 NVJET = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"
@@ -140,6 +140,10 @@ def test_per_token_numbers_and_the_busy_union(tmp_path, categories):
     assert (b.top[0].name, b.top[0].calls, b.top[0].us_per_token, b.top[0].category) == (MOE_OGS, 2, 10.0, "moe")
     assert [t.category for t in b.top] == ["moe", "dense", "attention", "dense", "other"]
     assert len(b.top[2].name) == 120  # FA3's name, truncated
+    # host time: the operator's 500 us first, then the runtime calls (2 us each), per token and folded by name
+    assert b.host_top[0] == HostRange("aten::mm", "cpu_op", 0.5, 250.0)
+    assert b.host_top[1] == HostRange("cudaGraphLaunch", "cuda_runtime", 1.0, 2.0)
+    assert {h.name for h in b.host_top} == {"aten::mm", "cudaGraphLaunch", "cudaLaunchKernel", "cudaStreamSynchronize"}
     again = json.loads(json.dumps(b.to_json()))
     assert again["idle_us_per_token"] == 9.0 and Breakdown.from_json(again) == b
 
@@ -174,6 +178,7 @@ def test_a_window_keeps_the_events_that_start_inside_it(tmp_path, categories):
 def test_without_runtime_events_launch_counts_are_unknown(tmp_path, categories):
     b = breakdown(_trace(tmp_path, [e for e in EVENTS if e["cat"] == "kernel"]), categories, tokens=2)
     assert b.graph_launches_per_token is None and b.host_launches_per_token is None and b.launches_per_token == 3.0
+    assert b.host_top is None
 
 
 @pytest.mark.parametrize("events, tokens, message", [

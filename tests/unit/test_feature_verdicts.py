@@ -222,7 +222,8 @@ def test_both_servers_up_with_breakdowns_gives_a_verdict_and_a_plot(tmp_path, mo
     from harness.features import run as feature_run
     from harness.config.catalog import Catalog
     from harness.features.spec import ad_hoc
-    from harness.kernelpath.breakdown import Breakdown, TopKernel
+    from harness.features.review import render
+    from harness.kernelpath.breakdown import Breakdown, HostRange, TopKernel
 
     class Measuring(_Measurer):
         def measure_round(self, side, running, profiled=False):
@@ -234,12 +235,17 @@ def test_both_servers_up_with_breakdowns_gives_a_verdict_and_a_plot(tmp_path, mo
     feature = ad_hoc("triton-bf16-ngram", "triton-bf16", "tg32 >= +10%", Catalog(), "upstream")
     monkeypatch.setattr(feature_run, "Measurer", lambda *a: Measuring([]))
     b = Breakdown("t.json", 64, {"moe": 1000.0, "dense": 1000.0, "attention": 300.0, "other": 200.0}, 2500.0, 3000.0,
-                  2500.0, 0.83, 900.0, None, None, [TopKernel("k", 64, 1000.0, "moe")]).to_json()
+                  2500.0, 0.83, 900.0, None, None, [TopKernel("k", 64, 1000.0, "moe")], 412.0,
+                  [HostRange("gpu_model_runner: sample", "user_annotation", 1.0, 321.0)]).to_json()
     r = feature_run.run_feature(suite, feature, 4, False, {}, lambda c, t, e=None, beside=False: _Running(t, []),
                                 [], 60.0, profile=lambda running: dict(b), run_levels_fn=lambda *a: {})
     assert r.criteria[0].status is Status.PASS, r.criteria
     assert {round(x["busy_fraction_unprofiled"], 2) for x in r.breakdown.values()} == {0.75, 1.0}
     assert (tmp_path / "features" / feature.name / "breakdown.png").is_file()
+    # the review says how long the GPU waited for the host and where the host's step time went
+    text = render(r, None, tmp_path / "FEATURE_x.md")
+    assert "waiting for the host us/token" in text and "| 412.0 |" in text, text
+    assert "- gpu_model_runner: sample (user_annotation): 321.0 us/token, 1.00 calls/token" in text, text
 
 
 def test_the_baseline_boots_drift_widens_the_ci_before_it_is_held_to_the_target():
