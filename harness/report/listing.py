@@ -5,6 +5,7 @@ from collections import defaultdict
 
 from harness.config.catalog import CONFIG_DIR, Flavour
 from harness.core.errors import SuiteError
+from harness.engine.models import Model
 from harness.session.suite import Suite
 
 LEVELS = ("level1", "level1_5", "level2", "level3", "level4", "level5", "level6")
@@ -29,8 +30,13 @@ def _kernel_platforms(flavour: Flavour) -> list[str]:
 
 def list_configs(suite: Suite) -> str:
     cat, here = suite.catalog, suite.platform.name
+    model = suite.model_or_error
+    # what the model itself sets on every server (a shape alias: dummy load, the valid-weights hook), before the configs
+    model_sets = " ".join([f"{k}={v}" for k, v in model.env.items()] + [f"{k} {v}" for k, v in model.args.items()]
+                          ) if isinstance(model, Model) else ""
     lines = [
-        f"platform: {here} ({suite.platform.device}); flavour used here: {suite.flavour.name}; model: {getattr(suite.model_or_error, 'alias', suite.model_or_error)}",
+        f"platform: {here} ({suite.platform.device}); flavour used here: {suite.flavour.name}; model: "
+        f"{getattr(model, 'alias', model)}" + (f" (sets {model_sets})" if model_sets else ""),
         "flavours: " + "; ".join(f"{f.name} = {f.about}" for f in cat.flavours.values()),
         "",
     ]

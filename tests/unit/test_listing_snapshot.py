@@ -23,6 +23,17 @@ def test_list_configs_output_is_reviewed(snapshot):
     assert list_configs(suite) == snapshot
 
 
+def test_the_listing_says_what_the_model_itself_sets():
+    """A shape alias boots with vLLM's dummy load and the valid-weights hook whatever the config: the listing says so."""
+    from harness.engine.models import resolve_model
+
+    catalog = Catalog()
+    model = resolve_model("gpt-oss-120b-shape", Path("/nonexistent"))
+    suite = Suite(catalog, Platform("sm_90", "H100", (9, 0)), catalog.flavour("upstream"), model, Path("/nonexistent"), None)
+    head = list_configs(suite).splitlines()[0]
+    assert "model: gpt-oss-120b-shape (sets SUITE_HOOK_RANDOM_MXFP4=1 --load-format dummy" in head, head
+
+
 def test_a_level_run_that_deselects_this_test_does_not_exit_red():
     """A green level run must exit 0: the unused-snapshot report must not turn it red."""
     repo = Path(__file__).resolve().parents[2]
