@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A job longer than one call to a lent GPU machine (10 minutes a command): the first call starts it in the
 # background in its own session, every call (the first included) waits for it up to WAIT seconds and prints its
-# log's tail; when it has ended, its artifacts (ARTIFACT globs) are packed into $OUT/NAME.tgz.
+# log's tail and packs its artifacts so far (ARTIFACT globs) and its log into $OUT/NAME.tgz and $OUT/NAME.log, so a
+# machine lost between two calls loses only what came after the last one.
 #   bash scripts/gpu_bg.sh NAME WAIT 'ARTIFACT GLOBS' -- command args...
 # Calls must follow each other while the machine is held (it keeps /tmp only while it is up).
 set -uo pipefail
@@ -15,12 +16,12 @@ fi
 deadline=$((SECONDS + wait_s))
 while [ ! -f "$dir/rc" ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
 grep -vE "^\((APIServer|EngineCore|Worker)|^(INFO|WARNING|DEBUG)" "$dir/log" | tail -40
+cp "$dir/log" "${OUT:-/tmp}/$name.log"
+# shellcheck disable=SC2086
+tar czf "${OUT:-/tmp}/$name.tgz" --exclude='*.pt.trace.json.gz' --exclude='pip_freeze.txt' $globs 2>/dev/null
 if [ -f "$dir/rc" ]; then
   echo "== $name ended, rc $(cat "$dir/rc")"
-  cp "$dir/log" "${OUT:-/tmp}/$name.log"
-  # shellcheck disable=SC2086
-  tar czf "${OUT:-/tmp}/$name.tgz" --exclude='*.pt.trace.json.gz' --exclude='pip_freeze.txt' $globs 2>/dev/null
   pgrep -af "vllm.entrypoints" && echo "LEFTOVER vLLM PROCESSES" || echo "no vLLM process left"
 else
-  echo "== $name still running after ${wait_s}s: call again with the same NAME"
+  echo "== $name still running after ${wait_s}s (artifacts so far in $name.tgz): call again with the same NAME"
 fi
