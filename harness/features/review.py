@@ -188,6 +188,10 @@ def _breakdown(result: FeatureResult, rel: Path) -> str:
             lines += ["", f"Top kernels, {config}:", ""]
             lines += [f"- {t.get('name', '')[:100]} ({t.get('category', '')}): {_fmt(t.get('us_per_token'))} us/token, "
                       f"{t.get('calls', '')} calls" for t in top[:8]]
+        excl = (b or {}).get("exclusive_us_per_token")
+        if excl:  # a kernel started early by programmatic dependent launch holds its wait in its duration
+            lines += ["", f"Kernel time with overlaps counted once (for the earlier kernel), {config}: "
+                      + ", ".join(f"{k} {_fmt(v)}" for k, v in excl.items()) + " us/token"]
         host = (b or {}).get("host_top") or []
         if host:  # where the host's step time goes (vLLM's phase ranges, operators, runtime calls; ranges nest)
             lines += ["", f"Host time per token, {config} (inclusive; vLLM's phase ranges hold the calls inside them):", ""]

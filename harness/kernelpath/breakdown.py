@@ -74,6 +74,10 @@ class Breakdown:
     # None: the trace's kernels carry no correlation ids
     host_wait_us_per_token: float | None = None
     host_top: list[HostRange] | None = None  # the host events with the most time (None: a trace without any)
+    # kernel time by category with overlaps counted once: while kernels overlap, the time goes to the one that started
+    # first. A kernel launched early by programmatic dependent launch waits for its predecessor, so its duration
+    # holds part of the predecessor's: the summed `us_per_token` counts that twice. These sum to busy_us_per_token.
+    exclusive_us_per_token: dict[str, float] | None = None
 
     @property
     def idle_us_per_token(self) -> float:
@@ -158,6 +162,10 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
     by_category = dict.fromkeys(KERNEL_CATEGORIES, 0.0)
     for name, d in dur.items():
         by_category[category[name]] = by_category.get(category[name], 0.0) + d / tokens
+    exclusive = dict.fromkeys(by_category, 0.0)
+    for cat, us in _exclusive_time(sorted((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0)),
+                                           category[ev["name"]]) for ev in kernels)).items():
+        exclusive[cat] += us / tokens
     ranked = sorted(calls, key=lambda n: -dur[n])[:top]
     has_runtime = bool(runtime)
     return Breakdown(
@@ -170,7 +178,34 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         top=[TopKernel(n[:NAME_WIDTH], calls[n], dur[n] / tokens, category[n]) for n in ranked],
         host_wait_us_per_token=host_wait / tokens if has_correlation else None,
         host_top=[HostRange(n, c, host_calls[(n, c)] / tokens, host_dur[(n, c)] / tokens)
-                  for n, c in sorted(host_dur, key=lambda key: -host_dur[key])[:top]] if host_dur else None)
+                  for n, c in sorted(host_dur, key=lambda key: -host_dur[key])[:top]] if host_dur else None,
+        exclusive_us_per_token=exclusive)
+
+
+def _exclusive_time(spans: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Time per category with overlaps counted once, given (start, end, category) sorted by start: each stretch of
+    time goes to the running kernel that started first (the one a PDL-launched successor waits for)."""
+    out: dict[str, float] = defaultdict(float)
+    active: list[tuple[float, float, str]] = []
+    i, n = 0, len(spans)
+    t = spans[0][0] if spans else 0.0
+    while i < n or active:
+        active = [a for a in active if a[1] > t]
+        if not active:
+            if i == n:
+                break
+            t = max(t, spans[i][0])
+        while i < n and spans[i][0] <= t:
+            if spans[i][1] > t:
+                active.append(spans[i])
+            i += 1
+        if not active:
+            continue
+        owner = min(active)  # the earliest start
+        nxt = min(min(a[1] for a in active), spans[i][0] if i < n else float("inf"))
+        out[owner[2]] += nxt - t
+        t = nxt
+    return out
 
 
 SEGMENT_COLOURS = {"moe": "tab:blue", "dense": "tab:orange", "attention": "tab:green", "other": "tab:gray",
@@ -189,8 +224,9 @@ def plot_breakdowns(named: Mapping[str, Breakdown], path: str | os.PathLike) -> 
     xs = list(range(len(named)))
     bottom = [0.0] * len(named)
     for segment, colour in SEGMENT_COLOURS.items():
-        heights = [b.idle_us_per_token if segment == "GPU idle" else b.us_per_token.get(segment, 0.0)
-                   for b in named.values()]
+        # overlaps counted once where the breakdown has them, so a bar's height is its wall time
+        heights = [b.idle_us_per_token if segment == "GPU idle" else
+                   (b.exclusive_us_per_token or b.us_per_token).get(segment, 0.0) for b in named.values()]
         ax.bar(xs, heights, 0.6, bottom=bottom, label=segment, color=colour, edgecolor="black", linewidth=0.5,
                hatch="//" if segment == "GPU idle" else None)
         bottom = [b + h for b, h in zip(bottom, heights)]

@@ -140,6 +140,9 @@ def test_per_token_numbers_and_the_busy_union(tmp_path, categories):
     assert (b.top[0].name, b.top[0].calls, b.top[0].us_per_token, b.top[0].category) == (MOE_OGS, 2, 10.0, "moe")
     assert [t.category for t in b.top] == ["moe", "dense", "attention", "dense", "other"]
     assert len(b.top[2].name) == 120  # FA3's name, truncated
+    # overlaps counted once, the earlier kernel keeping the shared time: 105-110 is moe's, 142-145 inside moe's 140-150
+    assert b.exclusive_us_per_token == {"moe": 10.0, "dense": 2.5, "attention": 2.5, "other": 1.0}
+    assert sum(b.exclusive_us_per_token.values()) == b.busy_us_per_token
     # host time: the operator's 500 us first, then the runtime calls (2 us each), per token and folded by name
     assert b.host_top[0] == HostRange("aten::mm", "cpu_op", 0.5, 250.0)
     assert b.host_top[1] == HostRange("cudaGraphLaunch", "cuda_runtime", 1.0, 2.0)
@@ -166,6 +169,16 @@ def test_idle_between_launches_is_told_from_idle_inside_one(tmp_path, categories
     assert breakdown(_trace(tmp_path, one), categories, tokens=2).host_wait_us_per_token == 0.0
     bare = [{k: v for k, v in e.items() if k != "args"} for e in events]
     assert breakdown(_trace(tmp_path, bare), categories, tokens=2).host_wait_us_per_token is None
+
+
+def test_a_kernel_launched_early_by_pdl_does_not_count_its_wait(tmp_path, categories):
+    """Programmatic dependent launch starts a kernel before its predecessor ends; its recorded duration then holds
+    the wait. Summed durations count that twice; the exclusive times do not (A/A: without overlap they agree)."""
+    topk, gate_up, down = _k(MOE_OGS, 0, 6), _k(MOE_OGS, 1, 24), _k(MOE_OGS, 20, 15)  # gate_up waits 1-6, down 20-25
+    b = breakdown(_trace(tmp_path, [topk, gate_up, down]), categories, tokens=1)
+    assert b.us_per_token["moe"] == 45.0 and b.exclusive_us_per_token["moe"] == 35.0 == b.busy_us_per_token
+    apart = breakdown(_trace(tmp_path, [_k(MOE_OGS, 0, 6), _k(MOE_OGS, 10, 24), _k(FA3, 40, 15)]), categories, tokens=1)
+    assert apart.exclusive_us_per_token == {k: v for k, v in apart.us_per_token.items()}
 
 
 def test_a_window_keeps_the_events_that_start_inside_it(tmp_path, categories):

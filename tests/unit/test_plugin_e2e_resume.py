@@ -23,3 +23,32 @@ def test_results_of_other_weights_or_kernel_settings_are_refused():
     assert "BLOCK_M" in plugin_e2e.mixed_setting(tiled, NOW)
     older = {"triton-bf16": {"metrics": {}}}  # written before results said what they were measured with
     assert plugin_e2e.mixed_setting(older, NOW) is not None
+
+
+def test_the_report_shows_the_wait_for_the_host_the_exclusive_moe_time_and_the_host_ranges(tmp_path):
+    """e2e.md from a breakdown of a synthetic trace (PDL-style overlap, two launches, one host range): every row has
+    the header's number of cells; an older result without the new numbers shows '-' instead of failing."""
+    import gzip
+    import json
+
+    from harness.config.catalog import Catalog
+    from harness.kernelpath.breakdown import breakdown
+
+    trace = tmp_path / "t.pt.trace.json.gz"
+    moe = "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x256x128x1_swiglu"
+    events = [{"ph": "X", "cat": "kernel", "name": moe, "ts": ts, "dur": d, "args": {"correlation": c}}
+              for ts, d, c in ((0, 10, 1), (5, 10, 1), (40, 10, 2))]
+    events.append({"ph": "X", "cat": "user_annotation", "name": "gpu_model_runner: sample", "ts": 16, "dur": 20})
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    b = breakdown(trace, Catalog().kernel_categories(), 1).to_json()
+    old = {k: v for k, v in b.items() if k not in ("host_wait_us_per_token", "exclusive_us_per_token", "host_top")}
+    results = {"triton-bf16": {"boot_s": 1.0, "metrics": {"tg32": {"median": 200.0}}, "kernel_breakdown": b},
+               "gemv-bf16": {"boot_s": 1.0, "metrics": {"tg32": {"median": 250.0}}, "kernel_breakdown": old}}
+    md = plugin_e2e.markdown(results, ["triton-bf16", "gemv-bf16"], "x")
+    rows = [ln for ln in md if ln.startswith("| triton-bf16 | 5.00") or ln.startswith("| gemv-bf16 | 4.00")]
+    head = next(ln for ln in md if ln.startswith("| config | ms/token"))
+    assert len(rows) == 2 and all(r.count("|") == head.count("|") for r in rows), (head, rows)
+    assert rows[0] == "| triton-bf16 | 5.00 | 30 | 25 | 0 | 0 | 0 | 30 | 25 | 25 | 3 |", rows[0]
+    assert " - | 0 | 0 | 0 | 30 | 25 | - | 3 |" in rows[1], rows[1]
+    assert "- gpu_model_runner: sample (user_annotation): 20 us, 1.00 calls" in md
