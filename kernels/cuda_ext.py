@@ -100,11 +100,7 @@ def _load(src: str = "") -> ctypes.CDLL:
         if r.returncode:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
         os.replace(tmp, so)
-    # PyDLL: the calls keep the GIL. A launch returns in microseconds; a plain CDLL call releases the GIL, and where
-    # another thread of the process runs Python (vLLM's EngineCore: output handling beside the step loop) the
-    # caller may then wait for it to hand the GIL back, on every eager call (vLLM computes the logits outside
-    # its CUDA graphs, every decode step)
-    lib = ctypes.PyDLL(str(so))
+    lib = ctypes.CDLL(str(so))
     P, I, LL, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
     lib.mxfp4_launch.restype = I
     lib.mxfp4_launch.argtypes = [I, I, P, LL, P, P, LL, LL, P, I, LL, P, LL, P, I, I, P, P,
@@ -223,11 +219,13 @@ class GemvPlan:
     that runs the same weight many times (kernels.gemv.PackedLinear), per call otherwise."""
     lib: ctypes.CDLL
     m: int
+    tiling: tuple[int, int, int]  # the weight's (n, n_tiles, k_chunks): grid and shared memory were sized for them
     variant: int
     grid: int
     smem: int
     ksplit: int
     xprep: str  # "kernel": a prep launch then the GEMV (programmatic dependent launch); "cta": one launch
+    pdl: int  # the device can take programmatic dependent launch (until a launch with it fails: _pdl_ok)
 
 
 def gemv_plan(m: int, p, cfg: dict) -> GemvPlan:
@@ -243,7 +241,8 @@ def gemv_plan(m: int, p, cfg: dict) -> GemvPlan:
         xprep = "kernel" if m >= 2 else "cta"  # ~0.5 us at M = 1, where x fits in registers (one load per thread)
     if xprep == "kernel" and not hasattr(lib, "mxfp4_launch2"):
         xprep = "cta"  # a source older than the once-per-call activation prep (A/B runs load those)
-    return GemvPlan(lib, m, v, grid, _smem(m, p.k_chunks, rt, nt), WARPS // rw, xprep)
+    return GemvPlan(lib, m, (p.n, p.n_tiles, p.k_chunks), v, grid, _smem(m, p.k_chunks, rt, nt), WARPS // rw, xprep,
+                    int(torch.cuda.get_device_capability(p.words.device)[0] >= 9))
 
 
 def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict,
@@ -252,8 +251,9 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
     m, k = x.shape
     if plan is None:
         plan = gemv_plan(m, p, cfg)
-    elif plan.m != m:
-        raise ValueError(f"a launch plan for M={plan.m} used for M={m}")
+    elif (plan.m, plan.tiling) != (m, (p.n, p.n_tiles, p.k_chunks)):
+        raise ValueError(f"a launch plan for M={plan.m} and weight tiling {plan.tiling} used for M={m} and "
+                         f"{(p.n, p.n_tiles, p.k_chunks)}")
     lib = plan.lib
     bk, b = _param_kind(bias)
     stream = torch.cuda.current_stream(x.device).cuda_stream
@@ -268,8 +268,8 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
         xdown = torch.empty(m, dtype=torch.float32, device=x.device)
         _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, k, p.k_chunks, frag.data_ptr(), xdown.data_ptr(), stream),
                "mxfp4 activation prep launch")
-        err, _ = _launch_pdl(lambda pdl: lib.mxfp4_launch2(*args, pdl, frag.data_ptr(), xdown.data_ptr()),
-                             int(_pdl_works(x.device)), x.device)
+        pdl = plan.pdl if _pdl_ok.get(x.device.index or 0) is not False else 0
+        err, _ = _launch_pdl(lambda pdl: lib.mxfp4_launch2(*args, pdl, frag.data_ptr(), xdown.data_ptr()), pdl, x.device)
     else:
         err = lib.mxfp4_launch(*args, 0)
     _check(err, "mxfp4 gemv launch")

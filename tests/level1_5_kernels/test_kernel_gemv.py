@@ -180,6 +180,27 @@ def test_linear_dispatcher_takes_packed_weights():
         assert_close_nmse(out[0], reference.mxfp4_linear_ref(x[0], packed, scales, b), bound, seed, f"packed M={m}")
 
 
+def test_a_held_packed_linear_serves_every_m_and_reuses_its_plans():
+    """PackedLinear (a served layer: config and launch plans made once) against the fp32 reference, each M twice so a
+    second call runs the plan the first one made; stacked experts are refused, not served as expert 0."""
+    from kernels.gemv import PackedLinear
+    from kernels.packed import pack_mxfp4
+
+    seed = fresh_seed()
+    g = generator(seed, DEV)
+    packed, scales = random_mxfp4((40, 64), g)
+    b = torch.randn(40, generator=g, device=DEV)
+    lin = PackedLinear(pack_mxfp4(packed, scales), 4)
+    for m, bound in ((1, GEMV_NMSE), (3, GEMV_NMSE), (9, MATMUL_NMSE), (1, GEMV_NMSE), (3, GEMV_NMSE)):
+        x = torch.randn(1, m, 64, generator=g, device=DEV).to(torch.bfloat16)
+        out = lin(x, b)
+        assert out.shape == (1, m, 40) and out.dtype == torch.bfloat16
+        assert_close_nmse(out[0], reference.mxfp4_linear_ref(x[0], packed, scales, b), bound, seed, f"held M={m}")
+    stacked, stacked_scales = random_mxfp4((2, 40, 64), g)
+    with pytest.raises(ValueError, match="one dense matrix"):
+        PackedLinear(pack_mxfp4(stacked, stacked_scales))
+
+
 def test_gemv_accepts_checkpoint_blocks_layout():
     seed = fresh_seed()
     g = generator(seed, DEV)

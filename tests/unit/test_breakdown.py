@@ -158,9 +158,10 @@ def _kc(name: str, ts: float, dur: float, corr: int, stream: int = 7) -> dict:
 def test_idle_between_launches_is_told_from_idle_inside_one(tmp_path, categories):
     # Step 1: graph replay (correlation 1) 0-10, gap 2, 12-20, then the host waits 30 us; an eager kernel
     # (correlation 2) 50-55, then 5 us later step 2's replay (correlation 3) 60-70, gap 4, 74-80 with a kernel on a
-    # second stream 72-78 nested inside the run (it must not end it).
+    # second stream 72-78 nested inside the run (it must not end it), and a kernel of another launch nested in 60-70.
     events = [_kc(MOE_OGS, 0, 10, 1), _kc(NVJET, 12, 8, 1), _kc("eager_lm_head", 50, 5, 2),
-              _kc(MOE_OGS, 60, 10, 3), _kc(NVJET, 74, 6, 3), _kc(FA3, 72, 6, 3, stream=13)]
+              _kc(MOE_OGS, 60, 10, 3), _kc(NVJET, 74, 6, 3), _kc(FA3, 72, 6, 3, stream=13),
+              _kc("side_stream_kernel", 62, 2, 99, stream=17)]  # nested in 60-70 from another launch: ends nothing
     b = breakdown(_trace(tmp_path, events), categories, tokens=2)
     assert b.wall_us_per_token == 40.0 and b.idle_us_per_token == (2 + 30 + 5 + 2) / 2
     assert b.host_wait_us_per_token == (30 + 5) / 2  # the in-graph gaps (10-12, 70-72) stay out

@@ -25,10 +25,11 @@ def test_list_configs_output_is_reviewed(snapshot):
 
 def test_the_listing_says_what_the_model_itself_sets():
     """A shape alias boots with vLLM's dummy load and the valid-weights hook whatever the config: the listing says so."""
-    from harness.engine.models import resolve_model
+    from harness.engine.models import ALIASES, SHAPE_ENV, Model
 
-    catalog = Catalog()
-    model = resolve_model("gpt-oss-120b-shape", Path("/nonexistent"))
+    catalog = Catalog()  # the alias's own args and env, without writing its checkpoint files
+    model = Model("gpt-oss-120b-shape", "/nonexistent", dict(ALIASES["gpt-oss-120b-shape"]["args"]), "dummy",
+                  env=dict(SHAPE_ENV))
     suite = Suite(catalog, Platform("sm_90", "H100", (9, 0)), catalog.flavour("upstream"), model, Path("/nonexistent"), None)
     head = list_configs(suite).splitlines()[0]
     assert "model: gpt-oss-120b-shape (sets SUITE_HOOK_RANDOM_MXFP4=1 --load-format dummy" in head, head

@@ -29,6 +29,7 @@ import functools
 import os
 import re
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,13 +218,14 @@ def patch_moe(cls, threshold: int) -> None:
 # -------------------------------------------------------------------------------------------- dense
 
 
-_linears: dict[int, object] = {}  # words.data_ptr() -> kernels.gemv.PackedLinear of a layer swapped at load
+# words.data_ptr() -> kernels.gemv.PackedLinear of a layer swapped at load; weak, so a freed layer's entry goes with it
+_linears: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _linear_for(words, scales, n: int, k: int, max_m: int):
     """The layer's PackedLinear (made at load), or one made now for packed tensors this plugin did not make."""
     lin = _linears.get(words.data_ptr())
-    if lin is None or (lin.p.n, lin.p.k, lin.threshold) != (n, k, max_m):
+    if lin is None or (lin.p.n, lin.p.k, lin.threshold, lin.p.scales.data_ptr()) != (n, k, max_m, scales.data_ptr()):
         from kernels.gemv import PackedLinear
         from kernels.packed import PackedMXFP4
 
@@ -285,7 +287,7 @@ def _dense_apply(self, layer, x, bias=None):
         p = linear.p
         return op(x, p.words, p.scales, bias, p.n, p.k, linear.threshold)
     # eager (vLLM's logits every decode step, --enforce-eager): the same function without the custom op's
-    # dispatch, which costs ~55 us of host time per call (H100 host, scripts/lm_head_host_cost.py)
+    # dispatch, which costs ~30 us of host time per call (H100 host: 79 against 47 us, scripts/lm_head_host_cost.py)
     return dense_forward(linear, x, bias)
 
 
