@@ -189,9 +189,16 @@ def _smem(m_rows: int, kc: int, rt: int, nt: int) -> int:
 _pdl_ok: dict[int, bool] = {}  # device -> programmatic dependent launch works (learned from a failed launch)
 
 
+@functools.lru_cache(maxsize=None)
+def _major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
 def _pdl_works(device: torch.device) -> bool:
-    """Programmatic dependent launch: sm_90 and later, unless a launch with it failed on this device."""
-    return torch.cuda.get_device_capability(device)[0] >= 9 and _pdl_ok.get(device.index or 0) is not False
+    """Programmatic dependent launch: sm_90 and later, unless a launch with it failed on this device. Asked on every
+    launch, eager ones included: the capability is read once per device."""
+    index = device.index or 0
+    return _major(index) >= 9 and _pdl_ok.get(index) is not False
 
 
 def _launch_pdl(launch, pdl: int, device: torch.device) -> tuple[int, int]:
@@ -225,7 +232,6 @@ class GemvPlan:
     smem: int
     ksplit: int
     xprep: str  # "kernel": a prep launch then the GEMV (programmatic dependent launch); "cta": one launch
-    pdl: int  # the device can take programmatic dependent launch (until a launch with it fails: _pdl_ok)
 
 
 def gemv_plan(m: int, p, cfg: dict) -> GemvPlan:
@@ -241,8 +247,7 @@ def gemv_plan(m: int, p, cfg: dict) -> GemvPlan:
         xprep = "kernel" if m >= 2 else "cta"  # ~0.5 us at M = 1, where x fits in registers (one load per thread)
     if xprep == "kernel" and not hasattr(lib, "mxfp4_launch2"):
         xprep = "cta"  # a source older than the once-per-call activation prep (A/B runs load those)
-    return GemvPlan(lib, m, (p.n, p.n_tiles, p.k_chunks), v, grid, _smem(m, p.k_chunks, rt, nt), WARPS // rw, xprep,
-                    int(torch.cuda.get_device_capability(p.words.device)[0] >= 9))
+    return GemvPlan(lib, m, (p.n, p.n_tiles, p.k_chunks), v, grid, _smem(m, p.k_chunks, rt, nt), WARPS // rw, xprep)
 
 
 def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: dict,
@@ -268,8 +273,8 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
         xdown = torch.empty(m, dtype=torch.float32, device=x.device)
         _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, k, p.k_chunks, frag.data_ptr(), xdown.data_ptr(), stream),
                "mxfp4 activation prep launch")
-        pdl = plan.pdl if _pdl_ok.get(x.device.index or 0) is not False else 0
-        err, _ = _launch_pdl(lambda pdl: lib.mxfp4_launch2(*args, pdl, frag.data_ptr(), xdown.data_ptr()), pdl, x.device)
+        err, _ = _launch_pdl(lambda pdl: lib.mxfp4_launch2(*args, pdl, frag.data_ptr(), xdown.data_ptr()),
+                             int(_pdl_works(x.device)), x.device)
     else:
         err = lib.mxfp4_launch(*args, 0)
     _check(err, "mxfp4 gemv launch")

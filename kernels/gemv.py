@@ -584,13 +584,11 @@ class PackedLinear:
         plan = self._plans.get(m)  # made only where the CUDA path applied once, so it applies now
         if m > self.threshold:  # the same packed bytes on tensor cores: no second copy of the weights for large M
             y = mxfp4_mm_packed(x2, p, bias)
-        elif plan is None and (x2.shape[1] != p.k or not _use_cuda(x2, self.cfg)):
-            y = mxfp4_gemv_packed(x2, p, bias, config=self.cfg)  # checks the shapes; the portable path
+        elif x2.shape[1] != p.k or (plan is None and not _use_cuda(x2, self.cfg)):
+            y = mxfp4_gemv_packed(x2, p, bias, config=self.cfg)  # the portable path; raises on a shape mismatch
         else:
             from . import cuda_ext
 
-            if x2.shape[1] != p.k:
-                raise ValueError(f"shape mismatch: x {tuple(x2.shape)} for packed weights of K={p.k}")
             for t in (x2, bias):  # a pointer from another device would be an illegal address in the kernel
                 if t is not None and t.device != p.words.device:
                     raise ValueError(f"a tensor on {t.device} for packed weights on {p.words.device}")

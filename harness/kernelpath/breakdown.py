@@ -143,11 +143,11 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         start, d = float(ev["ts"]), float(ev.get("dur", 0.0))
         calls[ev["name"]] += 1
         dur[ev["name"]] += d
-        spans.append((start, start + d, (ev.get("args") or {}).get("correlation")))
+        spans.append((start, start + d, (ev.get("args") or {}).get("correlation"), ev["name"]))
     spans.sort(key=lambda s: (s[0], s[1]))
-    has_correlation = all(c is not None for _, _, c in spans)
-    busy, host_wait, (run_start, run_end, run_corr) = 0.0, 0.0, spans[0]
-    for start, end, corr in spans[1:]:  # merge overlapping intervals: kernels on several streams count once
+    has_correlation = all(c is not None for _, _, c, _ in spans)
+    busy, host_wait, (run_start, run_end, run_corr, _) = 0.0, 0.0, spans[0]
+    for start, end, corr, _ in spans[1:]:  # merge overlapping intervals: kernels on several streams count once
         if start > run_end:
             busy += run_end - run_start
             if corr != run_corr:  # the kernel that ended the busy run and the next one came from different launches
@@ -156,15 +156,14 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         elif end > run_end:
             run_end, run_corr = end, corr
     busy += run_end - run_start
-    wall = max(end for _, end, _ in spans) - spans[0][0]
+    wall = max(end for _, end, _, _ in spans) - spans[0][0]
 
     category = {name: categorise(name, categories) for name in calls}
     by_category = dict.fromkeys(KERNEL_CATEGORIES, 0.0)
     for name, d in dur.items():
         by_category[category[name]] = by_category.get(category[name], 0.0) + d / tokens
     exclusive = dict.fromkeys(by_category, 0.0)
-    for cat, us in _exclusive_time(sorted((float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0)),
-                                           category[ev["name"]]) for ev in kernels)).items():
+    for cat, us in _exclusive_time([(start, end, category[name]) for start, end, _, name in spans]).items():
         exclusive[cat] += us / tokens
     ranked = sorted(calls, key=lambda n: -dur[n])[:top]
     has_runtime = bool(runtime)
