@@ -110,6 +110,10 @@ def _load(src: str = "") -> ctypes.CDLL:
         lib.mxfp4_launch2.argtypes = lib.mxfp4_launch.argtypes + [P, P]
         lib.mxfp4_xprep.restype = I
         lib.mxfp4_xprep.argtypes = [P, LL, I, I, I, P, P, P]
+    if hasattr(lib, "mxfp4_prefill"):  # absent from sources older than the CUDA prefill (A/B runs load those)
+        lib.mxfp4_prefill.restype = I
+        lib.mxfp4_prefill.argtypes = [I, I, P, P, F, P, P, I, I, I, P, P, LL, LL, P, I, LL, P, LL, I, P, I, I, I, F, F,
+                                      P]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
     if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
@@ -387,3 +391,51 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
                            grid2, smem2, stream, pdl)
     _check(err, "mxfp4 moe down launch")
     return out
+
+
+# Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT) = 8 * NT token rows per CTA, RT row tiles per warp.
+PF_VARIANTS = [(8, 1), (8, 2), (4, 1), (4, 2)]
+
+
+def prefill_available() -> tuple[bool, str]:
+    ok, why = available()
+    if ok and not hasattr(_load(), "mxfp4_prefill"):
+        return False, "the compiled source has no mxfp4_prefill"
+    return ok, why
+
+
+def activation_frags(x: torch.Tensor, kc: int, src: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] bf16 (any M) -> (fragments int32 [M, kc * 32], 2**L float32 [M]): packed.prepare_activation's form,
+    one CTA per row (xprep_kernel)."""
+    lib = _load(src)
+    x = x.to(torch.bfloat16)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    frag = torch.empty((m, kc * 32), dtype=torch.int32, device=x.device)
+    xdown = torch.empty(m, dtype=torch.float32, device=x.device)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, k, kc, frag.data_ptr(), xdown.data_ptr(), stream),
+           "mxfp4 activation prep launch")
+    return frag, xdown
+
+
+def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Tensor | None, xmul: float, p,
+                   bias: torch.Tensor | None, out: torch.Tensor, *, n_rows: int, n_blocks: int,
+                   rows: torch.Tensor | None = None, bexp: torch.Tensor | None = None, x_div: int = 1,
+                   kc_h: int = 0, wts: torch.Tensor | None = None, alpha: float = 0.0, limit: float = 0.0,
+                   src: str = "") -> None:
+    """One launch of the prefill kernel (mxfp4_prefill): dense (rows None) or one MoE half over align_by_expert's
+    blocks. `out`: dense bf16 [M, N]; gate_up int32 h fragments [S, kc_h * 32]; down float32 [S, N]."""
+    lib = _load(src)
+    stacked = p.words.dim() == 5
+    bk, b = _param_kind(bias)
+    stream = torch.cuda.current_stream(frag.device).cuda_stream
+    err = lib.mxfp4_prefill(
+        mode, variant, frag.data_ptr(), xdown.data_ptr() if xdown is not None else None, float(xmul),
+        rows.data_ptr() if rows is not None else None, bexp.data_ptr() if bexp is not None else None, x_div, n_rows,
+        n_blocks, p.words.data_ptr(), p.scales.data_ptr(), p.words[0].numel() // 4 if stacked else 0,
+        p.scales[0].numel() // 4 if stacked else 0, b.data_ptr() if b is not None else None, bk,
+        b.stride(0) if (b is not None and b.dim() == 2) else 0, out.data_ptr(), out.stride(0), kc_h,
+        wts.data_ptr() if wts is not None else None, p.n, p.n_tiles, p.k_chunks, float(alpha), float(limit), stream)
+    _check(err, "mxfp4 prefill launch")

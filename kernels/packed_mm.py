@@ -15,6 +15,11 @@ E8M0 scales in fp32 and feeds bf16 to `tl.dot` against the bf16 activations (fp3
 value times its power-of-two scale is exact in bf16, so the product is the reference's dequantized
 matmul up to fp32 summation order.
 
+On a GPU with the CUDA extension the same computation runs as `csrc/mxfp4_mma.cu`'s prefill kernel (`impl: cuda`,
+the default there; `impl: triton` keeps this one): the decoded words stay in registers as mma.sync operands and only
+the activations go through shared memory, where the Triton kernel is bound by moving every decoded fragment through
+shared memory. Here, on CPU (interpreter) and where nvcc is missing, the Triton kernel is the path.
+
 MoE (`mxfp4_moe_packed_mm`): the token slots are sorted by expert and padded per expert to BM
 (`align_by_expert`, torch ops only: no host sync, so CUDA graphs can capture it, as vLLM's
 `moe_align_block_size` does for its fused MoE); a program reads its block's expert id and gathers its
@@ -182,6 +187,30 @@ def _launch(x, p: PackedMXFP4, bias, out, *, rows=None, bexp=None, n_blocks=None
     return out
 
 
+def _cuda_prefill(x: torch.Tensor, cfg: dict) -> bool:
+    """The CUDA prefill kernel serves this call: a GPU tensor, `impl` cuda (the default) and an extension that
+    builds. Otherwise the Triton kernel (the CPU interpreter's path, and the fallback where nvcc is missing)."""
+    impl = cfg.get("impl", "cuda")
+    if impl not in ("cuda", "triton"):
+        raise ValueError(f"packed_mm.impl must be cuda or triton (kernels/tuning.yaml), got {impl!r}")
+    if INTERPRET or not x.is_cuda or impl != "cuda":
+        return False
+    from . import cuda_ext
+
+    return cuda_ext.prefill_available()[0]
+
+
+def _cuda_variant(cfg: dict, rows_per_block: int) -> int:
+    """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else 64 token rows per CTA
+    when blocks fill them (dense, MoE with >= 48 slots per expert on average), else 32; RT `cuda_row_tiles`."""
+    from .cuda_ext import PF_VARIANTS
+
+    if "cuda_variant" in cfg:
+        return int(cfg["cuda_variant"])
+    nt = 8 if rows_per_block >= 48 else 4
+    return PF_VARIANTS.index((nt, int(cfg.get("cuda_row_tiles", 2))))
+
+
 def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None = None,
                     out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
     """y = x @ W^T (+ bias), x [M, K] bf16, W one packed matrix -> [M, N] bf16, any M (tensor cores)."""
@@ -192,8 +221,18 @@ def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None =
     check_device(x, p.words, p.scales, bias)
     cfg = _cfg(config)
     x = x.to(torch.bfloat16).contiguous()
+    m = x.shape[0]
     if out is None:
-        out = torch.empty((x.shape[0], p.n), dtype=torch.bfloat16, device=x.device)
+        out = torch.empty((m, p.n), dtype=torch.bfloat16, device=x.device)
+    if m and _cuda_prefill(x, cfg):
+        from . import cuda_ext
+
+        v = _cuda_variant(cfg, m)
+        frag, xdown = cuda_ext.activation_frags(x, p.k_chunks)
+        bm = 8 * cuda_ext.PF_VARIANTS[v][0]
+        cuda_ext.prefill_launch(cuda_ext.MODE_DENSE, v, frag, xdown, 1.0, p, bias, out, n_rows=m,
+                                n_blocks=-(-m // bm))
+        return out
     return _launch(x, p, bias, out, bm=int(cfg.get("block_m", 64)), cfg=cfg)
 
 
@@ -250,6 +289,8 @@ def mxfp4_moe_packed_mm(x: torch.Tensor, expert_ids: torch.Tensor, expert_weight
     x = x.to(torch.bfloat16).contiguous()
     n_exp = gate_up.words.shape[0]
     slots = m * top_k
+    if slots and _cuda_prefill(x, cfg):
+        return _moe_cuda(x, expert_ids, expert_weights, gate_up, gate_up_bias, down, down_bias, out, cfg, alpha, limit)
     bm = pick_block_m(slots, n_exp, cfg)
     rows, bexp, n_blocks = align_by_expert(expert_ids, n_exp, bm)
     inter = gate_up.n // 2
@@ -260,6 +301,39 @@ def mxfp4_moe_packed_mm(x: torch.Tensor, expert_ids: torch.Tensor, expert_weight
     wts = torch.where(expert_ids >= 0, expert_weights.float(), 0.0).reshape(-1).contiguous()
     y = torch.zeros((slots, hdim), dtype=torch.float32, device=x.device)
     _launch(h, down, down_bias, y, rows=rows, bexp=bexp, n_blocks=n_blocks, x_div=1, weights=wts, bm=bm, cfg=cfg)
+    total = y.view(m, top_k, hdim).sum(dim=1)  # fixed order over the k slots
+    if out is None:
+        return total.to(torch.bfloat16)
+    out.copy_(total)
+    return out
+
+
+def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias, down: PackedMXFP4, down_bias, out,
+              cfg: dict, alpha: float, limit: float) -> torch.Tensor:
+    """mxfp4_moe_packed_mm on the CUDA prefill kernel: gate_up + SwiGLU writes h as f16 * 2**8 fragments (the
+    decode kernels' form, |h| <= (limit + 1) * limit < 2**6 for gpt-oss), down one fp32 row per slot with its
+    routing weight, and the k slots of a token are summed in a fixed order, as the Triton path does."""
+    from . import cuda_ext
+
+    m, hdim = x.shape
+    top_k = expert_ids.shape[1]
+    slots = m * top_k
+    n_exp = gate_up.words.shape[0]
+    v = _cuda_variant(cfg, -(-slots // n_exp))
+    bm = 8 * cuda_ext.PF_VARIANTS[v][0]
+    rows, bexp, n_blocks = align_by_expert(expert_ids, n_exp, bm)
+    frag, xdown = cuda_ext.activation_frags(x, gate_up.k_chunks)
+    kc_h = down.k_chunks
+    # pairs past the intermediate size up to kc_h * 32 are never written: zero them unless there are none
+    alloc = torch.empty if (gate_up.n // 2) % 64 == 0 else torch.zeros
+    h = alloc((slots, kc_h * 32), dtype=torch.int32, device=x.device)
+    cuda_ext.prefill_launch(cuda_ext.MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots,
+                            n_blocks=n_blocks, rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit)
+    wts = torch.where(expert_ids >= 0, expert_weights.float(), 0.0).reshape(-1).contiguous()
+    y = torch.zeros((slots, hdim), dtype=torch.float32, device=x.device)
+    # h is stored * 2**8 and the decoded weights are value * 2**-14: products come out * 2**-6
+    cuda_ext.prefill_launch(cuda_ext.MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots,
+                            n_blocks=n_blocks, rows=rows, bexp=bexp, x_div=1, wts=wts)
     total = y.view(m, top_k, hdim).sum(dim=1)  # fixed order over the k slots
     if out is None:
         return total.to(torch.bfloat16)

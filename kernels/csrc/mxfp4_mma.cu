@@ -1006,6 +1006,253 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
   if (threadIdx.x == 0) *counter = 0;
 }
 
+// ---- Prefill: M > 16 from the same packed bytes ------------------------------------------------------
+// The decode kernels' inner step (one weight word per lane = its m16n8k16 A fragment, 8 integer instructions to
+// decode, one FFMA per accumulator per MX block for the E8M0 scale) with NT x 8 token columns per CTA instead of
+// one or two: each decoded fragment feeds NT mma.sync. The activation fragments (f16, xprep_kernel's layout, or h
+// as gate_up writes it) of the CTA's BM = 8 * NT rows are staged chunk by chunk in shared memory with cp.async
+// (PF_STAGES deep), read back with 16-byte loads; the weights stream into registers PF_W chunks ahead. Why not
+// Triton's tensor-core GEMM on these bytes (packed_mm.py): it moves every decoded fragment from the decode's
+// register layout to the dot operand's layout through shared memory, and is bound by that (Nsight Compute on the
+// qkv launch: L1/TEX 89%, issue 42%; kernels/NOTES.md "Prefill on the packed layout"). Here the weights never
+// touch shared memory, as in Marlin's large-M path (vLLM csrc/quantization/marlin: B fragments dequantized in
+// registers, A tiles staged by cp.async).
+//
+// A CTA is 8 warps; warp w takes row tiles (blockIdx.y * 8 + w) * RT + [0, RT) against all BM rows of block
+// blockIdx.x. Rows: dense, blockIdx.x * BM + i; grouped (MoE), rows[blockIdx.x * BM + i] from align_by_expert (a
+// slot, or >= n_rows for padding), expert bexp[blockIdx.x] (-1: nothing to do).
+constexpr int PF_STAGES = 3;
+constexpr int PF_W = 2;        // weight chunks in flight per warp
+// u32 per staged row: one chunk (32) + 4 of padding. A quarter-warp's 16-byte loads then touch rows g, g+1 at
+// lane offsets t * 32 bytes: without the padding rows g and g+1 start on the same bank (2-way conflict).
+constexpr int PF_ROW = 36;
+
+struct PfArgs {
+  const uint32_t* xfrag;  // [rows_x][kc][32] u32 f16 pairs
+  const float* xdown;     // [rows_x] 2**L of each activation row, or null: xmul for all
+  float xmul;
+  const int* rows;        // grouped: [n_blocks * BM]; null: dense
+  const int* bexp;        // grouped: [n_blocks]
+  int x_div;              // activation row of a slot = slot / x_div
+  int n_rows;             // dense: M; grouped: slots (S; rows >= S are padding)
+  const uint4* words;
+  const uint32_t* scales;
+  long long wstride_e, sstride_e;  // per expert, in uint4 / u32 units
+  const void* bias;
+  int bias_kind;
+  long long bstride_e;
+  void* out;              // dense: bf16 [M][so]; gate_up: h fragments u32 [S][kc_h][32] (f16 * 2**8); down: f32 [S][so]
+  long long so;
+  int kc_h;
+  const float* wts;       // down: routing weight per slot
+  int N, n_tiles, kc;
+  float alpha, limit;
+};
+
+// Two CTAs per SM (<= 128 registers) only for the smallest tile: NT 8 RT 1 spills at 128 (nvcc 13, sm_90a).
+template <int MODE, int NT, int RT>
+__global__ void __launch_bounds__(THREADS, NT * RT <= 4 ? 2 : 1) mxfp4_pf_kernel(const PfArgs a) {
+  constexpr int BM = NT * 8;
+  constexpr int PIECES = BM * 8;  // 16-byte pieces per staged chunk
+  constexpr int CP = (PIECES + THREADS - 1) / THREADS;
+  extern __shared__ __align__(16) uint32_t smem[];  // [PF_STAGES][BM][PF_ROW]
+  __shared__ int srow[BM];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int blk = blockIdx.x;
+  int e = 0;
+  if (a.bexp) {
+    e = a.bexp[blk];
+    if (e < 0) return;  // the whole CTA: no barrier is reached
+  }
+  if (threadIdx.x < BM) {
+    const int r = a.rows ? a.rows[blk * BM + threadIdx.x] : blk * BM + threadIdx.x;
+    srow[threadIdx.x] = r < a.n_rows ? r : -1;
+  }
+  __syncthreads();
+  // This thread's staging pieces: row q / 8, 16 bytes q % 8 of it. Padding rows copy the block's first row (always
+  // a real one: align_by_expert pads an expert's run at its end): their columns are computed and never stored.
+  const uint32_t* src[CP];
+  uint32_t dst[CP];
+  bool cp_on[CP];
+#pragma unroll
+  for (int u = 0; u < CP; ++u) {
+    const int q = threadIdx.x + u * THREADS, r = min(q >> 3, BM - 1);
+    const int row = srow[r] >= 0 ? srow[r] : srow[0];
+    cp_on[u] = q < PIECES;
+    src[u] = a.xfrag + ((long long)(row / a.x_div) * a.kc) * 32 + (q & 7) * 4;
+    dst[u] = (uint32_t)__cvta_generic_to_shared(smem + r * PF_ROW + (q & 7) * 4);
+  }
+  auto stage = [&](int c) {
+    const uint32_t off = (uint32_t)((c % PF_STAGES) * BM * PF_ROW * 4);
+#pragma unroll
+    for (int u = 0; u < CP; ++u)
+      if (cp_on[u]) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst[u] + off), "l"(src[u] + c * 32));
+  };
+  auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
+
+  const int tile0 = (blockIdx.y * WARPS + warp) * RT;
+  const bool wact = tile0 < a.n_tiles;
+  const uint4* wp[RT];
+  const uint32_t* sp[RT];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const long long tl = min(tile0 + rt, a.n_tiles - 1);
+    wp[rt] = a.words + e * a.wstride_e + tl * a.kc * 32 + lane;
+    sp[rt] = a.scales + e * a.sstride_e + tl * a.kc * 8 + g;
+  }
+  uint4 wb[PF_W][RT];
+  uint32_t sb[PF_W][RT];
+#pragma unroll
+  for (int p = 0; p < PF_W; ++p)
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      wb[p][rt] = make_uint4(0u, 0u, 0u, 0u);
+      sb[p][rt] = 0u;
+      if (wact && p < a.kc) {
+        wb[p][rt] = __ldg(wp[rt] + p * 32);
+        sb[p][rt] = __ldg(sp[rt] + p * 8);
+      }
+    }
+#pragma unroll
+  for (int s = 0; s < PF_STAGES - 1; ++s) {
+    if (s < a.kc) stage(s);
+    commit();
+  }
+  float acc[RT][NT][4];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.f;
+
+  for (int c0 = 0; c0 < a.kc; c0 += PF_W) {
+#pragma unroll
+    for (int p = 0; p < PF_W; ++p) {
+      const int c = c0 + p;
+      if (c < a.kc) {  // the same in every thread: the barrier below is reached by all
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(PF_STAGES - 2) : "memory");
+        __syncthreads();  // chunk c is staged; every warp is done with chunk c - 1, whose buffer is refilled next
+        if (c + PF_STAGES - 1 < a.kc) stage(c + PF_STAGES - 1);
+        commit();
+        if (wact) {
+          const uint32_t* xs = smem + (c % PF_STAGES) * BM * PF_ROW + g * PF_ROW + t * 8;
+          uint32_t af[RT][4][4];
+          float sc[RT][4];
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt) {
+            decode4(wb[p][rt].x, af[rt][0]);
+            decode4(wb[p][rt].y, af[rt][1]);
+            decode4(wb[p][rt].z, af[rt][2]);
+            decode4(wb[p][rt].w, af[rt][3]);
+            const uint32_t sv = sb[p][rt];  // (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): see chunk_mma
+            sc[rt][0] = __uint_as_float((sv << 23) & 0x7F800000u);
+            sc[rt][1] = __uint_as_float((sv << 15) & 0x7F800000u);
+            sc[rt][2] = __uint_as_float((sv << 7) & 0x7F800000u);
+            sc[rt][3] = __uint_as_float((sv >> 1) & 0x7F800000u);
+          }
+          const int cw = c + PF_W;  // refill this weight slot now: its registers were just decoded
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt)
+            if (cw < a.kc) {
+              wb[p][rt] = __ldg(wp[rt] + cw * 32);
+              sb[p][rt] = __ldg(sp[rt] + cw * 8);
+            }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint4 u0 = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW);
+            const uint4 u1 = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW + 4);
+            const uint32_t xb[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt)
+#pragma unroll
+              for (int bh = 0; bh < 2; ++bh) {
+                float d[4];
+                mma16816(d, af[rt][2 * bh], xb[4 * bh], xb[4 * bh + 1], 0.f, 0.f, 0.f, 0.f);
+                mma16816(d, af[rt][2 * bh + 1], xb[4 * bh + 2], xb[4 * bh + 3], d[0], d[1], d[2], d[3]);
+                const float s0 = sc[rt][2 * bh], s1 = sc[rt][2 * bh + 1];
+                acc[rt][nt][0] = fmaf(d[0], s0, acc[rt][nt][0]);
+                acc[rt][nt][1] = fmaf(d[1], s0, acc[rt][nt][1]);
+                acc[rt][nt][2] = fmaf(d[2], s1, acc[rt][nt][2]);
+                acc[rt][nt][3] = fmaf(d[3], s1, acc[rt][nt][3]);
+              }
+          }
+        }
+      }
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  if (!wact) return;
+
+  // ---- epilogue: lane (g, t) holds rows (16 tl + g, 16 tl + g + 8) x columns (8 nt + 2t, 8 nt + 2t + 1) ----
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const int tl = tile0 + rt;
+    const bool tile_ok = tl < a.n_tiles;  // the same in all lanes (gate_up's shuffle below needs all of them)
+    if (MODE == MODE_GATEUP) {
+      const int i = tl * 8 + g;  // h column: packed rows g / g + 8 are gate_i / up_i
+      const bool ok = a.bias_kind && tile_ok && i < a.N / 2;
+      const float bg = ok ? load_param(a.bias, a.bias_kind, e * a.bstride_e + 2 * i) : 0.f;
+      const float bu = ok ? load_param(a.bias, a.bias_kind, e * a.bstride_e + 2 * i + 1) : 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float h[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int slot = srow[nt * 8 + 2 * t + j];
+          const float xd = a.xdown ? a.xdown[max(slot, 0) / a.x_div] : a.xmul;
+          float gate = fmaf(acc[rt][nt][j], xd, bg), up = fmaf(acc[rt][nt][2 + j], xd, bu);
+          gate = fminf(gate, a.limit);
+          up = fminf(fmaxf(up, -a.limit), a.limit);
+          h[j] = (up + 1.f) * (gate / (1.f + expf(-gate * a.alpha)));
+        }
+        // h columns i and i ^ 1 of one token make one u32 (f16 pair): lanes g and g ^ 1 (lane ^ 4) trade halves,
+        // the even lane keeps token 2t, the odd one token 2t + 1.
+        const bool odd = g & 1;
+        const float other = __shfl_xor_sync(0xffffffffu, odd ? h[0] : h[1], 4);
+        const int slot = srow[nt * 8 + 2 * t + (odd ? 1 : 0)];
+        if (tile_ok && slot >= 0) {
+          __half2 v = odd ? __floats2half2_rn(other * 256.f, h[1] * 256.f) : __floats2half2_rn(h[0] * 256.f, other * 256.f);
+          reinterpret_cast<uint32_t*>(a.out)[(long long)slot * a.kc_h * 32 + frag_index(i >> 1)] = *reinterpret_cast<uint32_t*>(&v);
+        }
+      }
+      continue;
+    }
+    if (!tile_ok) continue;
+    const int r0 = tl * 16 + g, r1 = r0 + 8;
+    float b0 = 0.f, b1 = 0.f;
+    if (a.bias_kind) {
+      if (r0 < a.N) b0 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r0);
+      if (r1 < a.N) b1 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r1);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int row = srow[nt * 8 + 2 * t + j];
+        if (row < 0) continue;
+        if (MODE == MODE_DENSE) {
+          const float xd = a.xdown ? a.xdown[row / a.x_div] : a.xmul;
+          __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(a.out) + row * a.so;
+          if (r0 < a.N) o[r0] = __float2bfloat16_rn(fmaf(acc[rt][nt][j], xd, b0));
+          if (r1 < a.N) o[r1] = __float2bfloat16_rn(fmaf(acc[rt][nt][2 + j], xd, b1));
+        } else {  // down: one fp32 row per slot, routing weight applied; the caller sums a token's slots in order
+          const float xd = a.xdown ? a.xdown[row / a.x_div] : a.xmul, w = a.wts[row];
+          float* o = reinterpret_cast<float*>(a.out) + row * a.so;
+          if (r0 < a.N) o[r0] = fmaf(acc[rt][nt][j], xd, b0) * w;
+          if (r1 < a.N) o[r1] = fmaf(acc[rt][nt][2 + j], xd, b1) * w;
+        }
+      }
+  }
+}
+
+template <int MODE, int NT, int RT>
+cudaError_t pf_launch(const PfArgs& a, int n_blocks, int groups, cudaStream_t stream) {
+  const size_t smem = (size_t)PF_STAGES * NT * 8 * PF_ROW * 4;
+  mxfp4_pf_kernel<MODE, NT, RT><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
 template <int MODE, int NT, int RW, int RT, int PF>
 cudaError_t launch(const Args& a, int grid, size_t smem, cudaStream_t stream, int pdl) {
   auto kern = mxfp4_kernel<MODE, NT, RW, RT, PF>;
@@ -1082,11 +1329,38 @@ int mxfp4_launch(int mode, int variant, const __nv_bfloat16* x, long long sx, co
                        nullptr, nullptr);
 }
 
-// x [M, K] bf16 (M <= 16) -> xfrag [M][kc * 32] u32 and xdown [M] for mxfp4_launch2 (one CTA per row).
+// x [M, K] bf16 -> xfrag [M][kc * 32] u32 and xdown [M] for mxfp4_launch2 and mxfp4_prefill (one CTA per row).
 int mxfp4_xprep(const __nv_bfloat16* x, long long sx, int M, int K, int kc, void* xfrag, float* xdown, void* stream) {
-  if (M < 1 || M > 16) return (int)cudaErrorInvalidValue;
+  if (M < 1) return (int)cudaErrorInvalidValue;  // one CTA per row: any M (prefill prepares its rows with it too)
   xprep_kernel<<<M, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(x, sx, K, kc, reinterpret_cast<uint32_t*>(xfrag), xdown);
   return (int)cudaGetLastError();
+}
+
+// Prefill (M > 16): variant = index into PF_VARIANTS (NT, RT) below; kernels/cuda_ext.py keeps the same list.
+// rows / bexp null: dense. Returns a CUDA error code.
+typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
+#define PF_TABLE(MODE) pf_launch<MODE, 8, 1>, pf_launch<MODE, 8, 2>, pf_launch<MODE, 4, 1>, pf_launch<MODE, 4, 2>
+
+int mxfp4_pf_num_variants() { return 4; }
+
+int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, float xmul, const int* rows,
+                  const int* bexp, int x_div, int n_rows, int n_blocks, const void* words, const void* scales,
+                  long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
+                  void* out, long long so, int kc_h, const float* wts, int N, int n_tiles, int kc, float alpha,
+                  float limit, void* stream) {
+  static const pf_fn table[3][4] = {{PF_TABLE(MODE_DENSE)}, {PF_TABLE(MODE_GATEUP)}, {PF_TABLE(MODE_DOWN)}};
+  static const int rts[4] = {1, 2, 1, 2};
+  if (variant < 0 || variant >= 4 || mode < 0 || mode > 2 || n_blocks < 1 || x_div < 1) return (int)cudaErrorInvalidValue;
+  PfArgs a;
+  a.xfrag = reinterpret_cast<const uint32_t*>(xfrag); a.xdown = xdown; a.xmul = xmul;
+  a.rows = rows; a.bexp = bexp; a.x_div = x_div; a.n_rows = n_rows;
+  a.words = reinterpret_cast<const uint4*>(words); a.scales = reinterpret_cast<const uint32_t*>(scales);
+  a.wstride_e = wstride_e; a.sstride_e = sstride_e;
+  a.bias = bias; a.bias_kind = bias_kind; a.bstride_e = bstride_e;
+  a.out = out; a.so = so; a.kc_h = kc_h; a.wts = wts;
+  a.N = N; a.n_tiles = n_tiles; a.kc = kc; a.alpha = alpha; a.limit = limit;
+  const int groups = (n_tiles + WARPS * rts[variant] - 1) / (WARPS * rts[variant]);
+  return (int)table[mode][variant](a, n_blocks, groups, reinterpret_cast<cudaStream_t>(stream));
 }
 
 int mxfp4_route(const __nv_bfloat16* x, long long sx, const void* w, int w_kind, const void* b, int b_kind,

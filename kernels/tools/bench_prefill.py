@@ -13,7 +13,9 @@ packed_mm tiling of the grid (block_m x block_tiles x num_warps x num_stages) is
 written as KERNELS_PACKED_MM_* lines (`--env-out`) so that a served run can take it; those apply to every packed_mm
 launch of the server, the dense layers' too (which may prefer another tiling: see the dense rows). Stock's MoE time
 includes its routing from the logits; ours gets the ids precomputed. Where vLLM's Triton MoE is not offered (sm_121)
-its time is NaN with the reason printed, and no ratio is given.
+its time is NaN with the reason printed, and no ratio is given. The CUDA prefill kernel (`impl: cuda`, every
+`cuda_ext.PF_VARIANTS` tiling) is timed in the same process as the Triton tilings; where it cannot be built its
+entries are NaN with the reason.
 """
 
 from __future__ import annotations
@@ -29,19 +31,38 @@ from ..cases import LINEAR_SHAPES, MOE
 from .bench import random_moe_layer, vllm_triton_moe_fn
 from .timing import time_calls
 
-# (block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block (pick_block_m). The first
-# is tuning.yaml's default entry; the others the static counts' best per token (kernels/NOTES.md)
-GRID = [(bm, bt, w, st) for (bm, bt, w), st in itertools.product([(64, 4, 4), (64, 8, 4), (128, 8, 8)], (3,))]
+# Triton: ("triton", block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block
+# (pick_block_m). The first is tuning.yaml's default entry; the others the static counts' best per token
+# (kernels/NOTES.md). CUDA: ("cuda", variant) for each (NT, RT) of cuda_ext.PF_VARIANTS.
+GRID = [("triton", bm, bt, w, st) for (bm, bt, w), st in itertools.product([(64, 4, 4), (64, 8, 4), (128, 8, 8)], (3,))]
+GRID += [("cuda", v) for v in range(4)]
 
 
-def _cfg(bm: int, bt: int, w: int, st: int) -> dict:
+def _cfg(c: tuple) -> dict:
     from ..tuning import get_config
 
-    return {**get_config("packed_mm"), "block_m": bm, "block_tiles": bt, "num_warps": w, "num_stages": st}
+    base = get_config("packed_mm")
+    if c[0] == "cuda":
+        return {**base, "impl": "cuda", "cuda_variant": c[1]}
+    _, bm, bt, w, st = c
+    return {**base, "impl": "triton", "block_m": bm, "block_tiles": bt, "num_warps": w, "num_stages": st}
 
 
 def _name(c: tuple) -> str:
-    return "bm{}_bt{}_w{}_s{}".format(*c)
+    if c[0] == "cuda":
+        from ..cuda_ext import PF_VARIANTS
+
+        return "cuda_nt{}_rt{}".format(*PF_VARIANTS[c[1]])
+    return "bm{}_bt{}_w{}_s{}".format(*c[1:])
+
+
+def env_lines(c: tuple) -> str:
+    """The KERNELS_PACKED_MM_* overrides that make a served run use grid entry c."""
+    if c[0] == "cuda":
+        return f"export KERNELS_PACKED_MM_IMPL=cuda KERNELS_PACKED_MM_CUDA_VARIANT={c[1]}\n"
+    _, bm, bt, w, st = c
+    return (f"export KERNELS_PACKED_MM_IMPL=triton KERNELS_PACKED_MM_BLOCK_M={bm} KERNELS_PACKED_MM_BLOCK_TILES={bt} "
+            f"KERNELS_PACKED_MM_NUM_WARPS={w} KERNELS_PACKED_MM_NUM_STAGES={st}\n")
 
 
 def _timed(what: str, calls, reps: int, inner: int) -> float:
@@ -50,6 +71,20 @@ def _timed(what: str, calls, reps: int, inner: int) -> float:
     except Exception as ex:  # noqa: BLE001 - one configuration failing (shared memory, registers) must not lose the rest
         print(f"  {what}: FAILED {type(ex).__name__}: {str(ex)[:200]}", file=sys.stderr, flush=True)
         return float("nan")
+
+
+def _time_entry(c: tuple, call, reps: int, inner: int) -> float:
+    """call(cfg) timed for grid entry c; a CUDA entry where the prefill kernel cannot be built is NaN (with the
+    reason), never the Triton fallback under a CUDA name."""
+    if c[0] == "cuda":
+        from ..cuda_ext import prefill_available
+
+        ok, why = prefill_available()
+        if not ok:
+            print(f"  {_name(c)}: not built ({why[:200]})", file=sys.stderr, flush=True)
+            return float("nan")
+    cfg = _cfg(c)
+    return _timed(_name(c), [lambda: call(cfg)], reps, inner)
 
 
 def _best(res: dict, stock_key: str, label: str) -> tuple | None:
@@ -83,9 +118,8 @@ def bench_dense(m: int, reps: int) -> list[dict]:
                "us_bf16_cublas": _timed("cublas", [lambda x=x, wbf=wbf, out=out: torch.matmul(x, wbf.T, out=out)],
                                         reps, 4)}
         for c in GRID:
-            cfg = _cfg(*c)
-            res[f"us_{_name(c)}"] = _timed(_name(c), [lambda cfg=cfg, x=x, p=p, out=out: mxfp4_mm_packed(
-                x, p, out=out, config=cfg)], reps, 4)
+            res[f"us_{_name(c)}"] = _time_entry(c, lambda cfg, x=x, p=p, out=out: mxfp4_mm_packed(
+                x, p, out=out, config=cfg), reps, 4)
         rows.append(res)
         _best(res, "us_bf16_cublas", f"{name} M={m}: cuBLAS bf16")
     torch.cuda.empty_cache()
@@ -111,9 +145,8 @@ def bench_moe(m: int, reps: int) -> dict:
         res["vllm_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
         res["us_vllm_triton"] = float("nan")
     for c in GRID:
-        cfg = _cfg(*c)
-        res[f"us_{_name(c)}"] = _timed(_name(c), [lambda cfg=cfg: mxfp4_moe_packed_mm(
-            x, ids, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg)], reps, 2)
+        res[f"us_{_name(c)}"] = _time_entry(c, lambda cfg: mxfp4_moe_packed_mm(
+            x, ids, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg), reps, 2)
     res["best_cfg"] = _best(res, "us_vllm_triton", f"MoE M={m} ({res['experts_hit']} experts hit): vLLM triton")
     return res
 
@@ -139,10 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     best = res["moe"].get("best_cfg")
     if a.env_out and best:
-        bm, bt, w, st = best
         with open(a.env_out, "w") as f:
-            f.write(f"export KERNELS_PACKED_MM_BLOCK_M={bm} "
-                    f"KERNELS_PACKED_MM_BLOCK_TILES={bt} KERNELS_PACKED_MM_NUM_WARPS={w} KERNELS_PACKED_MM_NUM_STAGES={st}\n")
+            f.write(env_lines(best))
     return 0
 
 

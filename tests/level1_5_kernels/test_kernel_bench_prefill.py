@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from kernels.packed_mm import _cuda_variant
 from kernels.tools import bench_prefill
 from kernels.tuning import get_config
 
@@ -18,8 +19,24 @@ def test_the_grid_includes_the_served_tiling(monkeypatch):
     for var in [v for v in os.environ if v.startswith("KERNELS_PACKED_MM_") or v == "KERNELS_TUNING"]:
         monkeypatch.delenv(var)
     cfg = get_config("packed_mm", "sm_90")
-    served = (cfg["block_m"], cfg["block_tiles"], cfg["num_warps"], cfg["num_stages"])
-    assert served in bench_prefill.GRID, f"the served sm_90 tiling {served} is not timed against stock"
+    triton = ("triton", cfg["block_m"], cfg["block_tiles"], cfg["num_warps"], cfg["num_stages"])
+    assert triton in bench_prefill.GRID, f"the sm_90 Triton tiling {triton} is not timed against stock"
+    for rows in (16, 64, 2048):  # the CUDA kernel's pick for MoE blocks of few / many slots and for dense layers
+        served = ("cuda", _cuda_variant(cfg, rows))
+        assert served in bench_prefill.GRID, f"the CUDA tiling served at {rows} rows per block, {served}, is not timed"
+
+
+def test_env_lines_select_the_entry(monkeypatch):
+    """The --env-out lines a served run takes must select that entry's implementation and tiling."""
+    for var in [v for v in os.environ if v.startswith("KERNELS_PACKED_MM_") or v == "KERNELS_TUNING"]:
+        monkeypatch.delenv(var)
+    for c in (bench_prefill.GRID[0], ("cuda", 3)):
+        for kv in bench_prefill.env_lines(c).split()[1:]:
+            k, v = kv.split("=")
+            monkeypatch.setenv(k, v)
+        cfg = get_config("packed_mm", "sm_90")
+        want = bench_prefill._cfg(c)
+        assert {k: cfg[k] for k in want} == want, c
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")

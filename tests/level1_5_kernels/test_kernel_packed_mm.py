@@ -18,6 +18,7 @@ from kernels import reference
 from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_NMSE
 from kernels.packed import pack_mxfp4
 from kernels.packed_mm import align_by_expert, mxfp4_mm_packed, mxfp4_moe_packed_mm
+from kernels.tuning import get_config
 from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
 
 from .test_kernel_moe import _packed_case
@@ -78,30 +79,69 @@ def test_align_by_expert_places_every_slot_once(m, e, k, bm):
     assert int((bexp >= 0).sum()) == int(((counts + bm - 1) // bm).sum()), f"blocks per expert (seed={seed})"
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["qkv", "o_proj", "lm_head"])
-@pytest.mark.parametrize("m", [17, 256, 2048])
-def test_dense_gpt_oss_shapes(name, m):
-    if name == "lm_head" and m > 256:
-        pytest.skip("lm_head runs on the sampled positions only (M <= batch size); 2048 would only time the reference")
-    n, k = LINEAR_SHAPES[name]
-    seed = fresh_seed()
-    x, p, bias, ref = _dense_case(m, n, k, seed, "cuda")
-    out = poisoned((m, n), torch.bfloat16, "cuda")
-    mxfp4_mm_packed(x, p, bias, out=out)
-    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm {name} M={m}")
+def _impl_cfg(impl: str, variant: int | None = None) -> dict:
+    """packed_mm's config with the implementation forced; `cuda` skips (with the reason) where it cannot be built,
+    so a CUDA test never passes on the Triton fallback."""
+    cfg = {**get_config("packed_mm"), "impl": impl}
+    if impl == "cuda":
+        from kernels import cuda_ext
+
+        ok, why = cuda_ext.prefill_available()
+        if not ok:
+            pytest.skip(f"CUDA prefill kernel not available: {why}")
+        if variant is not None:
+            cfg["cuda_variant"] = variant
+    return cfg
 
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+def test_cuda_prefill_tilings_match_reference(variant):
+    """Every tiling of the CUDA prefill kernel (cuda_ext.PF_VARIANTS: 64 or 32 token rows per CTA, 1 or 2 row
+    tiles per warp): dense with ragged token blocks (100), a ragged row tile (40), a padded K chunk (96), more row
+    tiles than one CTA takes (N 600); MoE with clamps (x * 40), a skipped slot, a ragged I (96), k = 3."""
+    seed = fresh_seed()
+    cfg = _impl_cfg("cuda", variant)
+    for m, n, k in ((100, 40, 96), (70, 600, 192)):
+        x, p, bias, ref = _dense_case(m, n, k, seed, "cuda")
+        out = poisoned((m, n), torch.bfloat16, "cuda")
+        mxfp4_mm_packed(x, p, bias, out=out, config=cfg)
+        assert_close_nmse(out, ref, GEMV_NMSE, seed, f"CUDA prefill variant {variant} dense M={m} N={n} K={k}")
+    x, ids, wts, gu, dn, pm, ref = _packed_case(70, 6, 64, 96, 3, seed, 40.0, True, dev="cuda")
+    out = poisoned((70, 64), torch.bfloat16, "cuda")
+    mxfp4_moe_packed_mm(x, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], out=out, config=cfg)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["cuda", "triton"])
+@pytest.mark.parametrize("name", ["qkv", "o_proj", "lm_head"])
+@pytest.mark.parametrize("m", [17, 256, 2048])
+def test_dense_gpt_oss_shapes(name, m, impl):
+    if name == "lm_head" and m > 256:
+        pytest.skip("lm_head runs on the sampled positions only (M <= batch size); 2048 would only time the reference")
+    cfg = _impl_cfg(impl)
+    n, k = LINEAR_SHAPES[name]
+    seed = fresh_seed()
+    x, p, bias, ref = _dense_case(m, n, k, seed, "cuda")
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    mxfp4_mm_packed(x, p, bias, out=out, config=cfg)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm ({impl}) {name} M={m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("impl", ["cuda", "triton"])
 @pytest.mark.parametrize("m", [17, 32, 512, 2048])
-def test_moe_gpt_oss_120b_shapes(m):
+def test_moe_gpt_oss_120b_shapes(m, impl):
+    cfg = _impl_cfg(impl)
     seed = fresh_seed()
     x, ids, wts, gu, dn, p, ref = _packed_case(m, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, seed, 1.0, True,
                                                dev="cuda")
     out = poisoned((m, MOE.hidden), torch.bfloat16, "cuda")
-    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out)
-    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE 120b M={m}")
+    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm ({impl}) MoE 120b M={m}")
 
 
 @pytest.mark.gpu
