@@ -393,14 +393,22 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     return out
 
 
-# Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT) = 8 * NT token rows per CTA, RT row tiles per warp.
-PF_VARIANTS = [(8, 1), (8, 2), (4, 1), (4, 2)]
+# Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT, CTAS) = 8 * NT token rows per CTA, RT row tiles
+# per warp, registers capped for CTAS CTAs per SM.
+PF_VARIANTS = [(8, 2, 1), (4, 2, 1)]
+
+
+def source_pf_variants(text: str) -> list[tuple[int, int, int]]:
+    """The (NT, RT, CTAS) table of a kernel source's PF_TABLE macro, in order."""
+    return [tuple(int(v) for v in m.groups()) for m in re.finditer(r"pf_launch<MODE, (\d+), (\d+), (\d+)>", text)]
 
 
 def prefill_available() -> tuple[bool, str]:
     ok, why = available()
     if ok and not hasattr(_load(), "mxfp4_prefill"):
         return False, "the compiled source has no mxfp4_prefill"
+    if ok and source_pf_variants(SRC.read_text()) != PF_VARIANTS:
+        return False, f"{SRC.name}'s PF_TABLE is not cuda_ext.PF_VARIANTS {PF_VARIANTS}"
     return ok, why
 
 

@@ -195,20 +195,21 @@ def _cuda_prefill(x: torch.Tensor, cfg: dict) -> bool:
         raise ValueError(f"packed_mm.impl must be cuda or triton (kernels/tuning.yaml), got {impl!r}")
     if INTERPRET or not x.is_cuda or impl != "cuda":
         return False
-    from . import cuda_ext
+    from .cuda_ext import prefill_available
 
-    return cuda_ext.prefill_available()[0]
+    return prefill_available()[0]
 
 
 def _cuda_variant(cfg: dict, rows_per_block: int) -> int:
     """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else 64 token rows per CTA
-    when blocks fill them (dense, MoE with >= 48 slots per expert on average), else 32; RT `cuda_row_tiles`."""
+    when blocks fill them (dense, MoE with >= 48 slots per expert on average), else 32, with the tuning's RT
+    (`cuda_row_tiles`) and CTAs per SM (`cuda_ctas_per_sm`)."""
     from .cuda_ext import PF_VARIANTS
 
     if "cuda_variant" in cfg:
         return int(cfg["cuda_variant"])
     nt = 8 if rows_per_block >= 48 else 4
-    return PF_VARIANTS.index((nt, int(cfg.get("cuda_row_tiles", 2))))
+    return PF_VARIANTS.index((nt, int(cfg.get("cuda_row_tiles", 2)), int(cfg.get("cuda_ctas_per_sm", 1))))
 
 
 def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None = None,
@@ -225,13 +226,12 @@ def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None =
     if out is None:
         out = torch.empty((m, p.n), dtype=torch.bfloat16, device=x.device)
     if m and _cuda_prefill(x, cfg):
-        from . import cuda_ext
+        from .cuda_ext import MODE_DENSE, PF_VARIANTS, activation_frags, prefill_launch
 
         v = _cuda_variant(cfg, m)
-        frag, xdown = cuda_ext.activation_frags(x, p.k_chunks)
-        bm = 8 * cuda_ext.PF_VARIANTS[v][0]
-        cuda_ext.prefill_launch(cuda_ext.MODE_DENSE, v, frag, xdown, 1.0, p, bias, out, n_rows=m,
-                                n_blocks=-(-m // bm))
+        frag, xdown = activation_frags(x, p.k_chunks)
+        bm = 8 * PF_VARIANTS[v][0]
+        prefill_launch(MODE_DENSE, v, frag, xdown, 1.0, p, bias, out, n_rows=m, n_blocks=-(-m // bm))
         return out
     return _launch(x, p, bias, out, bm=int(cfg.get("block_m", 64)), cfg=cfg)
 
@@ -313,26 +313,26 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     """mxfp4_moe_packed_mm on the CUDA prefill kernel: gate_up + SwiGLU writes h as f16 * 2**8 fragments (the
     decode kernels' form, |h| <= (limit + 1) * limit < 2**6 for gpt-oss), down one fp32 row per slot with its
     routing weight, and the k slots of a token are summed in a fixed order, as the Triton path does."""
-    from . import cuda_ext
+    from .cuda_ext import MODE_DOWN, MODE_GATEUP, PF_VARIANTS, activation_frags, prefill_launch
 
     m, hdim = x.shape
     top_k = expert_ids.shape[1]
     slots = m * top_k
     n_exp = gate_up.words.shape[0]
     v = _cuda_variant(cfg, -(-slots // n_exp))
-    bm = 8 * cuda_ext.PF_VARIANTS[v][0]
+    bm = 8 * PF_VARIANTS[v][0]
     rows, bexp, n_blocks = align_by_expert(expert_ids, n_exp, bm)
-    frag, xdown = cuda_ext.activation_frags(x, gate_up.k_chunks)
+    frag, xdown = activation_frags(x, gate_up.k_chunks)
     kc_h = down.k_chunks
     # pairs past the intermediate size up to kc_h * 32 are never written: zero them unless there are none
     alloc = torch.empty if (gate_up.n // 2) % 64 == 0 else torch.zeros
     h = alloc((slots, kc_h * 32), dtype=torch.int32, device=x.device)
-    cuda_ext.prefill_launch(cuda_ext.MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots,
+    prefill_launch(MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots,
                             n_blocks=n_blocks, rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit)
     wts = torch.where(expert_ids >= 0, expert_weights.float(), 0.0).reshape(-1).contiguous()
     y = torch.zeros((slots, hdim), dtype=torch.float32, device=x.device)
     # h is stored * 2**8 and the decoded weights are value * 2**-14: products come out * 2**-6
-    cuda_ext.prefill_launch(cuda_ext.MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots,
+    prefill_launch(MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots,
                             n_blocks=n_blocks, rows=rows, bexp=bexp, x_div=1, wts=wts)
     total = y.view(m, top_k, hdim).sum(dim=1)  # fixed order over the k slots
     if out is None:

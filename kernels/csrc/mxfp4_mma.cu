@@ -1049,9 +1049,10 @@ struct PfArgs {
   float alpha, limit;
 };
 
-// Two CTAs per SM (<= 128 registers) only for the smallest tile: NT 8 RT 1 spills at 128 (nvcc 13, sm_90a).
-template <int MODE, int NT, int RT>
-__global__ void __launch_bounds__(THREADS, NT * RT <= 4 ? 2 : 1) mxfp4_pf_kernel(const PfArgs a) {
+// CTAS: CTAs per SM the registers are capped for (2: <= 128 registers, so a CTA waiting at its per-chunk barrier
+// leaves the other one issuing).
+template <int MODE, int NT, int RT, int CTAS>
+__global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a) {
   constexpr int BM = NT * 8;
   constexpr int PIECES = BM * 8;  // 16-byte pieces per staged chunk
   constexpr int CP = (PIECES + THREADS - 1) / THREADS;
@@ -1137,45 +1138,46 @@ __global__ void __launch_bounds__(THREADS, NT * RT <= 4 ? 2 : 1) mxfp4_pf_kernel
         commit();
         if (wact) {
           const uint32_t* xs = smem + (c % PF_STAGES) * BM * PF_ROW + g * PF_ROW + t * 8;
-          uint32_t af[RT][4][4];
-          float sc[RT][4];
+          // One MX block (two k-steps) at a time: its two decoded words per row tile and, per token tile, the one
+          // 16-byte half of the lane's staged fragments it needs. Decoding the whole chunk first held twice the
+          // fragments and the x words (NT 8 RT 2: 243 registers, one CTA of 8 warps per SM, issue slots 39% busy and
+          // 0.57 eligible warps per scheduler in Nsight Compute on the H100).
 #pragma unroll
-          for (int rt = 0; rt < RT; ++rt) {
-            decode4(wb[p][rt].x, af[rt][0]);
-            decode4(wb[p][rt].y, af[rt][1]);
-            decode4(wb[p][rt].z, af[rt][2]);
-            decode4(wb[p][rt].w, af[rt][3]);
-            const uint32_t sv = sb[p][rt];  // (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): see chunk_mma
-            sc[rt][0] = __uint_as_float((sv << 23) & 0x7F800000u);
-            sc[rt][1] = __uint_as_float((sv << 15) & 0x7F800000u);
-            sc[rt][2] = __uint_as_float((sv << 7) & 0x7F800000u);
-            sc[rt][3] = __uint_as_float((sv >> 1) & 0x7F800000u);
-          }
-          const int cw = c + PF_W;  // refill this weight slot now: its registers were just decoded
+          for (int bh = 0; bh < 2; ++bh) {
+            uint32_t af[RT][2][4];
+            float s0[RT], s1[RT];
 #pragma unroll
-          for (int rt = 0; rt < RT; ++rt)
-            if (cw < a.kc) {
-              wb[p][rt] = __ldg(wp[rt] + cw * 32);
-              sb[p][rt] = __ldg(sp[rt] + cw * 8);
+            for (int rt = 0; rt < RT; ++rt) {
+              decode4(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
+              decode4(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
+              // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): see chunk_mma
+              const uint32_t sv = bh ? sb[p][rt] >> 16 : sb[p][rt];
+              s0[rt] = __uint_as_float((sv << 23) & 0x7F800000u);
+              s1[rt] = __uint_as_float((sv << 15) & 0x7F800000u);
+            }
+            if (bh == 1) {  // this weight slot is decoded: refill it with chunk c + PF_W
+              const int cw = c + PF_W;
+#pragma unroll
+              for (int rt = 0; rt < RT; ++rt)
+                if (cw < a.kc) {
+                  wb[p][rt] = __ldg(wp[rt] + cw * 32);
+                  sb[p][rt] = __ldg(sp[rt] + cw * 8);
+                }
             }
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint4 u0 = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW);
-            const uint4 u1 = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW + 4);
-            const uint32_t xb[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint4 u = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW + 4 * bh);
 #pragma unroll
-            for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-              for (int bh = 0; bh < 2; ++bh) {
+              for (int rt = 0; rt < RT; ++rt) {
                 float d[4];
-                mma16816(d, af[rt][2 * bh], xb[4 * bh], xb[4 * bh + 1], 0.f, 0.f, 0.f, 0.f);
-                mma16816(d, af[rt][2 * bh + 1], xb[4 * bh + 2], xb[4 * bh + 3], d[0], d[1], d[2], d[3]);
-                const float s0 = sc[rt][2 * bh], s1 = sc[rt][2 * bh + 1];
-                acc[rt][nt][0] = fmaf(d[0], s0, acc[rt][nt][0]);
-                acc[rt][nt][1] = fmaf(d[1], s0, acc[rt][nt][1]);
-                acc[rt][nt][2] = fmaf(d[2], s1, acc[rt][nt][2]);
-                acc[rt][nt][3] = fmaf(d[3], s1, acc[rt][nt][3]);
+                mma16816(d, af[rt][0], u.x, u.y, 0.f, 0.f, 0.f, 0.f);
+                mma16816(d, af[rt][1], u.z, u.w, d[0], d[1], d[2], d[3]);
+                acc[rt][nt][0] = fmaf(d[0], s0[rt], acc[rt][nt][0]);
+                acc[rt][nt][1] = fmaf(d[1], s0[rt], acc[rt][nt][1]);
+                acc[rt][nt][2] = fmaf(d[2], s1[rt], acc[rt][nt][2]);
+                acc[rt][nt][3] = fmaf(d[3], s1[rt], acc[rt][nt][3]);
               }
+            }
           }
         }
       }
@@ -1246,10 +1248,10 @@ __global__ void __launch_bounds__(THREADS, NT * RT <= 4 ? 2 : 1) mxfp4_pf_kernel
   }
 }
 
-template <int MODE, int NT, int RT>
+template <int MODE, int NT, int RT, int CTAS>
 cudaError_t pf_launch(const PfArgs& a, int n_blocks, int groups, cudaStream_t stream) {
   const size_t smem = (size_t)PF_STAGES * NT * 8 * PF_ROW * 4;
-  mxfp4_pf_kernel<MODE, NT, RT><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
+  mxfp4_pf_kernel<MODE, NT, RT, CTAS><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -1336,21 +1338,24 @@ int mxfp4_xprep(const __nv_bfloat16* x, long long sx, int M, int K, int kc, void
   return (int)cudaGetLastError();
 }
 
-// Prefill (M > 16): variant = index into PF_VARIANTS (NT, RT) below; kernels/cuda_ext.py keeps the same list.
-// rows / bexp null: dense. Returns a CUDA error code.
+// Prefill (M > 16): variant = index into PF_TABLE's (NT, RT, CTAS) below; kernels/cuda_ext.py keeps the same list
+// (PF_VARIANTS). rows / bexp null: dense. Returns a CUDA error code.
 typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
-#define PF_TABLE(MODE) pf_launch<MODE, 8, 1>, pf_launch<MODE, 8, 2>, pf_launch<MODE, 4, 1>, pf_launch<MODE, 4, 2>
+// H100, M=2048 (bench_prefill, same process): NT 8 RT 2 fastest on the MoE, qkv and o_proj; NT 4 serves MoE blocks of
+// fewer slots. Dropped after that bench (slower on all three): NT 8 RT 1, NT 4 RT 1 and NT 8 RT 2 at 2 CTAs per SM.
+#define PF_N 2
+#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1>, pf_launch<MODE, 4, 2, 1>
+static const int PF_RT[PF_N] = {2, 2};
 
-int mxfp4_pf_num_variants() { return 4; }
+int mxfp4_pf_num_variants() { return PF_N; }
 
 int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, float xmul, const int* rows,
                   const int* bexp, int x_div, int n_rows, int n_blocks, const void* words, const void* scales,
                   long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
                   void* out, long long so, int kc_h, const float* wts, int N, int n_tiles, int kc, float alpha,
                   float limit, void* stream) {
-  static const pf_fn table[3][4] = {{PF_TABLE(MODE_DENSE)}, {PF_TABLE(MODE_GATEUP)}, {PF_TABLE(MODE_DOWN)}};
-  static const int rts[4] = {1, 2, 1, 2};
-  if (variant < 0 || variant >= 4 || mode < 0 || mode > 2 || n_blocks < 1 || x_div < 1) return (int)cudaErrorInvalidValue;
+  static const pf_fn table[3][PF_N] = {{PF_TABLE(MODE_DENSE)}, {PF_TABLE(MODE_GATEUP)}, {PF_TABLE(MODE_DOWN)}};
+  if (variant < 0 || variant >= PF_N || mode < 0 || mode > 2 || n_blocks < 1 || x_div < 1) return (int)cudaErrorInvalidValue;
   PfArgs a;
   a.xfrag = reinterpret_cast<const uint32_t*>(xfrag); a.xdown = xdown; a.xmul = xmul;
   a.rows = rows; a.bexp = bexp; a.x_div = x_div; a.n_rows = n_rows;
@@ -1359,7 +1364,7 @@ int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, 
   a.bias = bias; a.bias_kind = bias_kind; a.bstride_e = bstride_e;
   a.out = out; a.so = so; a.kc_h = kc_h; a.wts = wts;
   a.N = N; a.n_tiles = n_tiles; a.kc = kc; a.alpha = alpha; a.limit = limit;
-  const int groups = (n_tiles + WARPS * rts[variant] - 1) / (WARPS * rts[variant]);
+  const int groups = (n_tiles + WARPS * PF_RT[variant] - 1) / (WARPS * PF_RT[variant]);
   return (int)table[mode][variant](a, n_blocks, groups, reinterpret_cast<cudaStream_t>(stream));
 }
 

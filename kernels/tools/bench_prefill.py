@@ -33,9 +33,9 @@ from .timing import time_calls
 
 # Triton: ("triton", block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block
 # (pick_block_m). The first is tuning.yaml's default entry; the others the static counts' best per token
-# (kernels/NOTES.md). CUDA: ("cuda", variant) for each (NT, RT) of cuda_ext.PF_VARIANTS.
+# (kernels/NOTES.md). CUDA: ("cuda", variant) for each (NT, RT, CTAS) of cuda_ext.PF_VARIANTS.
 GRID = [("triton", bm, bt, w, st) for (bm, bt, w), st in itertools.product([(64, 4, 4), (64, 8, 4), (128, 8, 8)], (3,))]
-GRID += [("cuda", v) for v in range(4)]
+GRID += [("cuda", 0), ("cuda", 1)]  # cuda_ext.PF_VARIANTS (the .cu compiles that table)
 
 
 def _cfg(c: tuple) -> dict:
@@ -52,7 +52,7 @@ def _name(c: tuple) -> str:
     if c[0] == "cuda":
         from ..cuda_ext import PF_VARIANTS
 
-        return "cuda_nt{}_rt{}".format(*PF_VARIANTS[c[1]])
+        return "cuda_nt{}_rt{}_ctas{}".format(*PF_VARIANTS[c[1]])
     return "bm{}_bt{}_w{}_s{}".format(*c[1:])
 
 

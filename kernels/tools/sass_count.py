@@ -143,12 +143,20 @@ CUDA_VARIANTS = {  # mangled template args <MODE, NT, RW, RT, PF> -> (descriptio
     "ILi1ELi1ELi2ELi1ELi4E": ("moe gate_up NT=1 KSPLIT=4 PF=4 (default until 2026-11-26)", 1),
     "ILi2ELi1ELi1ELi1ELi8E": ("moe down NT=1 PF=8 (default)", 1),
 }
+# The prefill kernel mxfp4_pf_kernel<MODE, NT, RT, CTAS> (M > 16): the served tilings (tuning.yaml packed_mm).
+PF_VARIANTS = {
+    "ILi0ELi8ELi2ELi1EE": ("prefill dense NT=8 RT=2 (default)", 8),
+    "ILi1ELi8ELi2ELi1EE": ("prefill moe gate_up NT=8 RT=2 (>= 48 slots per expert)", 8),
+    "ILi2ELi8ELi2ELi1EE": ("prefill moe down NT=8 RT=2 (>= 48 slots per expert)", 8),
+    "ILi1ELi4ELi2ELi1EE": ("prefill moe gate_up NT=4 RT=2 (fewer slots per expert)", 4),
+    "ILi2ELi4ELi2ELi1EE": ("prefill moe down NT=4 RT=2 (fewer slots per expert)", 4),
+}
 
 
-def variant_id(mangled: str) -> str:
+def variant_id(mangled: str, kernel: str = "mxfp4_kernel") -> str:
     """'ILi0ELi1ELi8ELi2ELi5E' -> 'mxfp4_kernel<0,1,8,2,5>' (MODE, NT, RW, RT, PF), as Nsight Compute names it."""
     args = re.findall(r"Li(\d+)E", mangled)
-    return f"mxfp4_kernel<{','.join(args)}>"
+    return f"{kernel}<{','.join(args)}>"
 
 
 def cuda_counts(arch: str = "90a", tc: build.Toolchain | None = None, src: Path = build.SRC) -> list[dict]:
@@ -167,15 +175,20 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
                  ("__device__ __forceinline__ void ld_stream_v4_if", "^}"),
                  ("__device__ __forceinline__ void ld_stream_u32_if", "^}"),
                  ("__device__ __forceinline__ void chunk_mma", "^}"), ("__device__ __forceinline__ void load_xb", "^}"),
-                 ("auto issue = [&]", "  };"), ("    for (int i0 = 0; i0 < np; i0 += PF) {", "issue(wb[p], sb[p]);")):
+                 ("auto issue = [&]", "  };"), ("    for (int i0 = 0; i0 < np; i0 += PF) {", "issue(wb[p], sb[p]);"),
+                 # prefill: the chunk loop and the activation staging it calls
+                 ("  auto stage = [&](int c) {", "  };"),
+                 ("  for (int c0 = 0; c0 < a.kc; c0 += PF_W) {", 'asm volatile("cp.async.wait_all;')):
         hot |= _lines_matching(src, a, b)
     all_lines = set(range(1, len(src.read_text().splitlines()) + 1))
     cold = all_lines - hot
     out = []
-    for key, (desc, nt) in CUDA_VARIANTS.items():
-        name = next((f for f in funcs if key in f), None)
-        if name:
-            out.append({"variant": variant_id(key), **summarize(f"cuda {desc}", funcs[name], "HMMA", 1.0 / nt, cold)})
+    for kernel, table in (("mxfp4_kernel", CUDA_VARIANTS), ("mxfp4_pf_kernel", PF_VARIANTS)):
+        for key, (desc, nt) in table.items():
+            name = next((f for f in funcs if f"{kernel}{key}" in f), None)
+            if name:
+                out.append({"variant": variant_id(key, kernel),
+                            **summarize(f"cuda {desc}", funcs[name], "HMMA", 1.0 / nt, cold)})
     return out
 
 

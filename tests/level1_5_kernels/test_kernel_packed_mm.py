@@ -96,10 +96,9 @@ def _impl_cfg(impl: str, variant: int | None = None) -> dict:
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+@pytest.mark.parametrize("variant", [0, 1])
 def test_cuda_prefill_tilings_match_reference(variant):
-    """Every tiling of the CUDA prefill kernel (cuda_ext.PF_VARIANTS: 64 or 32 token rows per CTA, 1 or 2 row
-    tiles per warp): dense with ragged token blocks (100), a ragged row tile (40), a padded K chunk (96), more row
+    """Every tiling of the CUDA prefill kernel (cuda_ext.PF_VARIANTS: 64 or 32 token rows per CTA): dense with ragged token blocks (100), a ragged row tile (40), a padded K chunk (96), more row
     tiles than one CTA takes (N 600); MoE with clamps (x * 40), a skipped slot, a ragged I (96), k = 3."""
     seed = fresh_seed()
     cfg = _impl_cfg("cuda", variant)
