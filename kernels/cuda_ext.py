@@ -403,11 +403,18 @@ def source_pf_variants(text: str) -> list[tuple[int, int, int]]:
     return [tuple(int(v) for v in m.groups()) for m in re.finditer(r"pf_launch<MODE, (\d+), (\d+), (\d+)>", text)]
 
 
+@functools.lru_cache(maxsize=None)
+def _pf_table_matches() -> bool:
+    return source_pf_variants(SRC.read_text()) == PF_VARIANTS
+
+
 def prefill_available() -> tuple[bool, str]:
+    """Asked on every large-M packed_mm call (eager ones too: the lm_head above 16 sequences), so nothing here may
+    read a file more than once."""
     ok, why = available()
     if ok and not hasattr(_load(), "mxfp4_prefill"):
         return False, "the compiled source has no mxfp4_prefill"
-    if ok and source_pf_variants(SRC.read_text()) != PF_VARIANTS:
+    if ok and not _pf_table_matches():
         return False, f"{SRC.name}'s PF_TABLE is not cuda_ext.PF_VARIANTS {PF_VARIANTS}"
     return ok, why
 
