@@ -327,13 +327,13 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     # pairs past the intermediate size up to kc_h * 32 are never written: zero them unless there are none
     alloc = torch.empty if (gate_up.n // 2) % 64 == 0 else torch.zeros
     h = alloc((slots, kc_h * 32), dtype=torch.int32, device=x.device)
-    prefill_launch(MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots,
-                            n_blocks=n_blocks, rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit)
+    prefill_launch(MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
+                   rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit)
     wts = torch.where(expert_ids >= 0, expert_weights.float(), 0.0).reshape(-1).contiguous()
     y = torch.zeros((slots, hdim), dtype=torch.float32, device=x.device)
     # h is stored * 2**8 and the decoded weights are value * 2**-14: products come out * 2**-6
-    prefill_launch(MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots,
-                            n_blocks=n_blocks, rows=rows, bexp=bexp, x_div=1, wts=wts)
+    prefill_launch(MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
+                   bexp=bexp, x_div=1, wts=wts)
     total = y.view(m, top_k, hdim).sum(dim=1)  # fixed order over the k slots
     if out is None:
         return total.to(torch.bfloat16)
