@@ -66,6 +66,16 @@ def source_variants(text: str) -> list[tuple[int, int, int, int]]:
             for m in re.finditer(r"launch<MODE, (\d+), (\d+), (\d+), (\d+)>", text)]
 
 
+# Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT, CTAS) = 8 * NT token rows per CTA, RT row tiles
+# per warp, registers capped for CTAS CTAs per SM.
+PF_VARIANTS = [(8, 2, 1), (4, 2, 1)]
+
+
+def source_pf_variants(text: str) -> list[tuple[int, int, int]]:
+    """The (NT, RT, CTAS) table of a kernel source's PF_TABLE macro, in order."""
+    return [tuple(int(v) for v in m.groups()) for m in re.finditer(r"pf_launch<MODE, (\d+), (\d+), (\d+)>", text)]
+
+
 @functools.lru_cache(maxsize=None)
 def _load(src: str = "") -> ctypes.CDLL:
     """The compiled library of `src` (default: csrc/mxfp4_mma.cu). Another source with the same C API
@@ -79,6 +89,10 @@ def _load(src: str = "") -> ctypes.CDLL:
     if table != VARIANTS:
         raise RuntimeError(f"{src_path}: its variant table {table} is not cuda_ext.VARIANTS {VARIANTS}; "
                            "compare against a source with the same table (edit its NT1/NT2 macros to match)")
+    pf_table = source_pf_variants(src_bytes.decode())
+    if pf_table and pf_table != PF_VARIANTS:  # no table: a source older than the prefill kernel (prefill_available)
+        raise RuntimeError(f"{src_path}: its prefill table {pf_table} is not cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
+                           "edit its PF_TABLE macro to match")
     if os.environ.get("KERNELS_DISABLE_CUDA_EXT"):
         raise RuntimeError("disabled by KERNELS_DISABLE_CUDA_EXT")
     if not torch.cuda.is_available():
@@ -273,10 +287,7 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
         # The activation's fragments prepared once (xprep_kernel), not in each of the persistent CTAs;
         # the GEMV starts early (programmatic dependent launch), waits for them and copies them before
         # issuing its weight prefetch.
-        frag = torch.empty((m, p.k_chunks * 32), dtype=torch.int32, device=x.device)
-        xdown = torch.empty(m, dtype=torch.float32, device=x.device)
-        _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, k, p.k_chunks, frag.data_ptr(), xdown.data_ptr(), stream),
-               "mxfp4 activation prep launch")
+        frag, xdown = _xprep(lib, x, p.k_chunks, stream)
         err, _ = _launch_pdl(lambda pdl: lib.mxfp4_launch2(*args, pdl, frag.data_ptr(), xdown.data_ptr()),
                              int(_pdl_works(x.device)), x.device)
     else:
@@ -393,46 +404,32 @@ def moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu, gu_bias, dn, 
     return out
 
 
-# Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT, CTAS) = 8 * NT token rows per CTA, RT row tiles
-# per warp, registers capped for CTAS CTAs per SM.
-PF_VARIANTS = [(8, 2, 1), (4, 2, 1)]
-
-
-def source_pf_variants(text: str) -> list[tuple[int, int, int]]:
-    """The (NT, RT, CTAS) table of a kernel source's PF_TABLE macro, in order."""
-    return [tuple(int(v) for v in m.groups()) for m in re.finditer(r"pf_launch<MODE, (\d+), (\d+), (\d+)>", text)]
-
-
-@functools.lru_cache(maxsize=None)
-def _pf_table_matches() -> bool:
-    return source_pf_variants(SRC.read_text()) == PF_VARIANTS
-
-
 def prefill_available() -> tuple[bool, str]:
-    """Asked on every large-M packed_mm call (eager ones too: the lm_head above 16 sequences), so nothing here may
-    read a file more than once."""
+    """Asked on every large-M packed_mm call (eager ones too: the lm_head above 16 sequences); `_load` is cached and
+    has checked the source's prefill table."""
     ok, why = available()
     if ok and not hasattr(_load(), "mxfp4_prefill"):
         return False, "the compiled source has no mxfp4_prefill"
-    if ok and not _pf_table_matches():
-        return False, f"{SRC.name}'s PF_TABLE is not cuda_ext.PF_VARIANTS {PF_VARIANTS}"
     return ok, why
 
 
-def activation_frags(x: torch.Tensor, kc: int, src: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] bf16 (any M) -> (fragments int32 [M, kc * 32], 2**L float32 [M]): packed.prepare_activation's form,
-    one CTA per row (xprep_kernel)."""
-    lib = _load(src)
-    x = x.to(torch.bfloat16)
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+def _xprep(lib: ctypes.CDLL, x: torch.Tensor, kc: int, stream) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] bf16, unit stride along K -> (fragments int32 [M, kc * 32], 2**L float32 [M]) by xprep_kernel."""
     m, k = x.shape
     frag = torch.empty((m, kc * 32), dtype=torch.int32, device=x.device)
     xdown = torch.empty(m, dtype=torch.float32, device=x.device)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
     _check(lib.mxfp4_xprep(x.data_ptr(), x.stride(0), m, k, kc, frag.data_ptr(), xdown.data_ptr(), stream),
            "mxfp4 activation prep launch")
     return frag, xdown
+
+
+def activation_frags(x: torch.Tensor, kc: int, src: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (any M) -> (fragments int32 [M, kc * 32], 2**L float32 [M]): packed.prepare_activation's form,
+    one CTA per row (xprep_kernel)."""
+    x = x.to(torch.bfloat16)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return _xprep(_load(src), x, kc, torch.cuda.current_stream(x.device).cuda_stream)
 
 
 def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Tensor | None, xmul: float, p,

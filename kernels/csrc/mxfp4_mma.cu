@@ -736,13 +736,7 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
         xl[nt] = xs + ((long long)brow * a.kc * 4 + t) * 8;
       }
     }
-    float acc[RT][NT][4];
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.f;
+    float acc[RT][NT][4] = {};
 
     for (int i0 = 0; i0 < np; i0 += PF) {
 #pragma unroll
@@ -1119,13 +1113,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
     if (s < a.kc) stage(s);
     commit();
   }
-  float acc[RT][NT][4];
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.f;
+  float acc[RT][NT][4] = {};
 
   for (int c0 = 0; c0 < a.kc; c0 += PF_W) {
 #pragma unroll

@@ -28,6 +28,7 @@ import sys
 import torch
 
 from ..cases import LINEAR_SHAPES, MOE
+from ..cuda_ext import PF_VARIANTS
 from .bench import random_moe_layer, vllm_triton_moe_fn
 from .timing import time_calls
 
@@ -35,7 +36,7 @@ from .timing import time_calls
 # (pick_block_m). The first is tuning.yaml's default entry; the others the static counts' best per token
 # (kernels/NOTES.md). CUDA: ("cuda", variant) for each (NT, RT, CTAS) of cuda_ext.PF_VARIANTS.
 GRID = [("triton", bm, bt, w, st) for (bm, bt, w), st in itertools.product([(64, 4, 4), (64, 8, 4), (128, 8, 8)], (3,))]
-GRID += [("cuda", 0), ("cuda", 1)]  # cuda_ext.PF_VARIANTS (the .cu compiles that table)
+GRID += [("cuda", v) for v in range(len(PF_VARIANTS))]
 
 
 def _cfg(c: tuple) -> dict:
@@ -50,8 +51,6 @@ def _cfg(c: tuple) -> dict:
 
 def _name(c: tuple) -> str:
     if c[0] == "cuda":
-        from ..cuda_ext import PF_VARIANTS
-
         return "cuda_nt{}_rt{}_ctas{}".format(*PF_VARIANTS[c[1]])
     return "bm{}_bt{}_w{}_s{}".format(*c[1:])
 

@@ -16,6 +16,7 @@ import torch
 
 from kernels import reference
 from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_NMSE
+from kernels.cuda_ext import PF_VARIANTS
 from kernels.packed import pack_mxfp4
 from kernels.packed_mm import align_by_expert, mxfp4_mm_packed, mxfp4_moe_packed_mm
 from kernels.tuning import get_config
@@ -96,7 +97,7 @@ def _impl_cfg(impl: str, variant: int | None = None) -> dict:
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("variant", [0, 1])
+@pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
 def test_cuda_prefill_tilings_match_reference(variant):
     """Every tiling of the CUDA prefill kernel (cuda_ext.PF_VARIANTS: 64 or 32 token rows per CTA): dense with ragged token blocks (100), a ragged row tile (40), a padded K chunk (96), more row
     tiles than one CTA takes (N 600); MoE with clamps (x * 40), a skipped slot, a ragged I (96), k = 3."""
