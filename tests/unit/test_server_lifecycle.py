@@ -69,9 +69,12 @@ def test_a_server_leaves_no_temporary_file_behind(tmp_path):
         assert (own / "0123-ipc").exists() and not (Path(tempfile.gettempdir()) / "vllm_dist_0123").exists()
         inductor = (own / "vllm_dist_0123").read_text()
         assert inductor == str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+        # torch's precompiled headers go to <TMPDIR>/torchinductor_<user>: a link to the shared cache
+        assert (own / f"torchinductor_{getpass.getuser()}").resolve() == Path(inductor).resolve()
     finally:
         s.stop(grace_s=2)
     assert not own.exists(), f"teardown left the server's temporary folder {own}"
+    assert Path(inductor).is_dir(), "removing the server's folder must not remove the shared cache it links to"
     assert s.tmpdir is None
 
 
