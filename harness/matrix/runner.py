@@ -21,7 +21,8 @@ from harness.correctness.goldens import GoldenStore
 from harness.correctness.level2 import check_golden_data, run_level2, score
 from harness.kernelpath.check import profile_kernel_path
 from harness.matrix.combinations import Plan
-from harness.session.suite import Suite
+from harness.session.ahead import BootAhead, ahead_allowed
+from harness.session.suite import RunningServer, Suite
 
 WORKLOAD = TESTS_DIR / "level6_matrix" / "workload.yaml"
 SMOKE_PROMPT = "def fibonacci(n):\n    "
@@ -44,6 +45,14 @@ class Runner:
         self.slot = f"gpu{os.environ['CUDA_VISIBLE_DEVICES']}" if suite.platform.is_cuda and os.environ.get("CUDA_VISIBLE_DEVICES") else (
             "gpu-all" if suite.platform.is_cuda else "cpu")
         self.force_regen = force_regen
+        # the next combination boots while this one's checks run (CPU, no xdist): nothing here is timed
+        self.ahead = BootAhead(plan.names(), self._boot, suite.boot_timeout_s + 60, ahead_allowed(suite))
+
+    def _boot(self, name: str) -> RunningServer:
+        return self.suite.boot(self.suite.target(self.plan.combo(name).config), tag="__level6")
+
+    def close(self) -> None:
+        self.ahead.close()
 
     def evidence(self, name: str) -> dict:
         if name in self.memory:
@@ -115,12 +124,10 @@ class Runner:
         return out
 
     def _run(self, name: str) -> dict:
-        combo = self.plan.combo(name)
-        target = self.suite.target(combo.config)
         ev: dict = {"name": name, "slot": self.slot, "worker": self.xdist or "main", "errors": {}}
         started = time.monotonic()
         try:
-            running = self.suite.boot(target, tag="__level6")
+            running = self.ahead.take(name)
         except SuiteError as e:
             ev["errors"]["boot"] = str(e)
             return ev
@@ -145,11 +152,6 @@ class Runner:
             ev["alive_at_end"] = running.process.alive()
         ev["seconds"] = round(time.monotonic() - started, 1)
         return ev
-
-
-def _path_evidence(kp) -> dict:
-    return {"summary": kp.summary.to_json(), "ok": kp.verdict.ok, "problems": kp.verdict.problems,
-            "excused": kp.verdict.excused, "artifact": str(kp.artifact)}
 
 
 def _path_evidence(kp) -> dict:

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from harness.engine.server import (
 # memory on an H200 and failed to boot. The tiny model needs a few GiB; KV-cache size does not matter there.
 SECONDARY_GPU_FRACTION = 0.12
 UNKNOWN_PLATFORM = "unknown"
+_BOOTS_LOCK = threading.Lock()
 
 
 def _run_dir(option: str | None) -> Path:
@@ -294,13 +296,15 @@ class Suite:
         return RunningServer(proc.url, proc.served_name, target, log, proc, proc.boot_seconds, trace_dir)
 
     def _record_boot(self, record: dict) -> None:
-        """boots.json of the run; under xdist each worker writes its own file and the controller merges them."""
-        self.boots.append(record)
-        worker = os.environ.get("PYTEST_XDIST_WORKER")
-        if worker:
-            write_worker_boots(self.run_dir, worker, self.boots)
-        else:
-            (self.run_dir / "boots.json").write_text(json.dumps(self.boots, indent=2))
+        """boots.json of the run; under xdist each worker writes its own file and the controller merges them.
+        Locked: a server may boot on another thread while one is in use (harness.session.ahead)."""
+        with _BOOTS_LOCK:
+            self.boots.append(record)
+            worker = os.environ.get("PYTEST_XDIST_WORKER")
+            if worker:
+                write_worker_boots(self.run_dir, worker, self.boots)
+            else:
+                (self.run_dir / "boots.json").write_text(json.dumps(self.boots, indent=2))
 
     def can_boot_secondary(self) -> tuple[bool, str]:
         """Whether a second server fits beside the shared one on this platform."""

@@ -1,7 +1,8 @@
 """Level 2 must catch real breakage: mutated checkpoints must FAIL the level 2 checks.
 
 Each mutation (harness/engine/mutations.py) copies the model, changes one tensor family, boots it beside the
-config's server and runs the level 2 workload against the original model's golden, by every rule
+config's server (on CPU while the previous mutation's checks run) and runs the level 2 workload against the
+original model's golden, by every rule
 (streams, teacher-forced distributions, perplexity). A mutation that passes means level 2 is blind to
 that kind of bug. The small ones (one layer's expert scales, a 2% logit scale, MXFP4-sized rounding)
 pass an argmax-only check: greedy tokens barely move, so only the distributions can see them.
@@ -24,7 +25,9 @@ from harness.correctness.chat import (
     run_tasks,
 )
 from harness.correctness.level2 import judge, load_workload, run_level2
+from harness.core.errors import SuiteError
 from harness.engine.mutations import LEVEL2, mutated_copy
+from harness.session.ahead import BootAhead, ahead_allowed
 
 # Gross faults must also break what a chat user sees: the chat goldens and the task accuracy.
 CHAT_MUTATIONS = ("router-biased-to-expert-0",)
@@ -32,23 +35,36 @@ CHAT_MUTATIONS = ("router-biased-to-expert-0",)
 pytestmark = [pytest.mark.level2, pytest.mark.server]
 
 
-@pytest.mark.parametrize("mutation", list(LEVEL2))
-def test_mutated_checkpoint_fails_level2(mutation, suite, server, level2_golden, goldens, tmp_path):
+@pytest.fixture(scope="module")
+def mutants(suite, server, tmp_path_factory):
+    """Each mutation's server (a mutated copy of the model, booted beside the config's server); on CPU the next
+    mutation's server boots while this one's level 2 runs (harness/session/ahead.py)."""
     if server.external or not suite.model.has_real_weights or not Path(suite.model.path).is_dir():
         pytest.skip("mutations need a local checkpoint with real weights and a server the suite boots")
+    root = tmp_path_factory.mktemp("mutants")
+
+    def boot(mutation: str):
+        mutant = root / f"{suite.model.alias}-{mutation}"
+        if mutated_copy(Path(suite.model.path), mutant, LEVEL2[mutation]) == 0:
+            raise SuiteError(f"mutation {mutation} changed no tensor: the checkpoint lacks the tensors it targets")
+        return suite.boot(server.target, tag=f"__{mutation}", model_path=str(mutant), beside_shared=True)
+
+    with BootAhead(list(LEVEL2), boot, suite.boot_timeout_s + 60, ahead_allowed(suite)) as ahead:
+        yield ahead
+
+
+@pytest.mark.parametrize("mutation", list(LEVEL2))
+def test_mutated_checkpoint_fails_level2(mutation, suite, mutants, level2_golden, goldens):
     if level2_golden is None:
         pytest.skip("--force-regen rewrites the goldens; the mutations are judged against them on the next run")
-    mutant = tmp_path / f"{suite.model.alias}-{mutation}"
-    changed = mutated_copy(Path(suite.model.path), mutant, LEVEL2[mutation])
-    assert changed > 0, f"mutation {mutation} changed no tensor: the checkpoint lacks the tensors it targets"
     wl = load_workload()
     tol = wl.tolerance(suite.platform.name)
     chat_check = mutation in CHAT_MUTATIONS
-    if chat_check:  # the goldens are read first: a missing one fails before the mutant boots
+    if chat_check:  # the goldens are read first: a missing one fails before the mutant is served
         chat_wl = load_chat_workload()
         chat_golden = goldens.load("chat", "level2", check_chat_golden)
         tasks_golden = goldens.load("tasks", "level2", check_tasks_golden)
-    with suite.boot(server.target, tag=f"__{mutation}", model_path=str(mutant), beside_shared=True) as running:
+    with mutants.take(mutation) as running:
         client = running.client()
         result = run_level2(client, wl, level2_golden)
         if chat_check:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -99,7 +100,7 @@ def workload():
 
 
 @pytest.fixture(scope="session")
-def runner(request: pytest.FixtureRequest, suite: Suite, plan: Plan, level6_dir: Path, workload) -> Runner:
+def runner(request: pytest.FixtureRequest, suite: Suite, plan: Plan, level6_dir: Path, workload) -> Iterator[Runner]:
     if suite.server_url:
         pytest.skip("--server-url: level 6 boots a server per combination, which an external server cannot be")
     config = request.config
@@ -109,4 +110,6 @@ def runner(request: pytest.FixtureRequest, suite: Suite, plan: Plan, level6_dir:
         return parallel.server_slot(suite.run_dir, worker, parallel.all_gpus(config), 1, suite.platform.is_cuda,
                                     timeout_s=timeout_s)
 
-    return Runner(suite, plan, level6_dir, workload, slot, bool(config.getoption("force_regen")))
+    run = Runner(suite, plan, level6_dir, workload, slot, bool(config.getoption("force_regen")))
+    yield run
+    run.close()  # a combination booted ahead and never taken (deselected tests) is stopped
