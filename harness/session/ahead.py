@@ -5,7 +5,8 @@ still stopped by its user (`with ahead.take(key) as running:`), and `close()` st
 taken (a deselected or skipped test).
 
 Only for checks whose verdicts do not depend on speed: a server measured for speed must not share the machine
-with a boot.
+with a boot. A server booted ahead shared the machine while it booted, so its boot time in boots.json is not a
+start-up measurement (level 4's `startup_time_s` comes from the config's own server, never booted ahead).
 """
 from __future__ import annotations
 
