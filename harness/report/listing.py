@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 from harness.config.catalog import CONFIG_DIR, Flavour
 from harness.core.errors import SuiteError
@@ -71,6 +72,18 @@ def list_configs(suite: Suite) -> str:
     return "\n".join(lines)
 
 
+def _own_boots(suite) -> dict[str, dict]:
+    """Each config's boot record for the column: its own server's (`<model>__<config>.log`), else its first. The
+    tagged servers of checks (mutations, level 6, ...) may have booted beside another boot (harness/session/ahead.py)."""
+    out: dict[str, dict] = {}
+    alias = getattr(suite.model_or_error, "alias", None)
+    for b in suite.boots:
+        own = Path(str(b.get("log", ""))).stem == f"{alias}__{b['config']}"
+        if own or b["config"] not in out:
+            out[b["config"]] = b
+    return out
+
+
 def run_summary(suite: Suite, stats: dict) -> str:
     """Outcome counts per configuration and level, with boot times and the platform they came from."""
     table: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
@@ -88,7 +101,7 @@ def run_summary(suite: Suite, stats: dict) -> str:
             table[config][level][idx] += 1
     if not table:
         return ""
-    boots = {b["config"]: b for b in suite.boots}
+    boots = _own_boots(suite)
     used = [lv for lv in LEVELS if any(lv in row for row in table.values())]
     head = f"platform {suite.platform.name} ({suite.platform.device}), flavour {suite.flavour.name}, model {getattr(suite.model_or_error, 'alias', '?')}"
     rows = [head, "config".ljust(34) + "boot s".rjust(8) + "".join(lv.rjust(12) for lv in used)]

@@ -156,6 +156,22 @@ def test_summary_reads_configs_from_xdist_group_suffixed_ids():
     assert "cpu-bf16" in text and "1ok" in text and "42" in text
 
 
+def test_the_summary_shows_each_configs_own_server_boot_not_a_checks():
+    from harness.config.catalog import Catalog
+    from harness.core.platform import Platform
+
+    boots = [{"config": "cpu-bf16", "boot_seconds": 190.0, "log": "/r/servers/tiny-gpt-oss__cpu-bf16__level6.log"},
+             {"config": "cpu-bf16", "boot_seconds": 42.0, "log": "/r/servers/tiny-gpt-oss__cpu-bf16.log"},
+             {"config": "cpu-bf16", "boot_seconds": 170.0, "log": "/r/servers/tiny-gpt-oss__cpu-bf16__fault.log"},
+             {"config": "cpu-bf16-eager", "boot_seconds": 88.0, "log": "/r/servers/tiny-gpt-oss__cpu-bf16-eager__level6.log"}]
+    suite = SimpleNamespace(catalog=Catalog(), platform=Platform("cpu", "test cpu", None), flavour=SimpleNamespace(name="cpu"),
+                            model_or_error=SimpleNamespace(alias="tiny-gpt-oss"), boots=boots, run_dir=Path("/tmp/x"))
+    reps = [SimpleNamespace(when="call", keywords={"level1": 1}, param_id=c, nodeid=f"t.py::t[{c}]")
+            for c in ("cpu-bf16", "cpu-bf16-eager")]
+    rows = {line.split()[0]: line.split()[1] for line in run_summary(suite, {"passed": reps}).splitlines()[2:-1]}
+    assert rows == {"cpu-bf16": "42", "cpu-bf16-eager": "88"}  # a config with no own server: its first boot
+
+
 # -- a real xdist run of a stand-in suite: grouping, loadgroup default, pinning ----------------------
 _STANDIN_CONFTEST = """
 import json, os, sys
