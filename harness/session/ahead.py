@@ -43,6 +43,8 @@ class BootAhead(Generic[K]):
         key after it starts booting."""
         with self._lock:
             fut = self._ahead.pop(key, None)
+            for skipped in [k for k in self._ahead if self._index(k) < self._index(key)]:
+                self._ahead.pop(skipped).add_done_callback(_stop_when_up)  # its test was skipped: never taken
         try:
             if fut is None:
                 return self.boot(key)
@@ -60,8 +62,11 @@ class BootAhead(Generic[K]):
             if nxt is not None and nxt not in self._ahead:
                 self._ahead[nxt] = self._pool.submit(self.boot, nxt)
 
+    def _index(self, key: K) -> int:
+        return self.keys.index(key) if key in self.keys else -1
+
     def _next(self, key: K) -> K | None:
-        i = self.keys.index(key) if key in self.keys else -1
+        i = self._index(key)
         return self.keys[i + 1] if 0 <= i < len(self.keys) - 1 else None
 
     def close(self) -> None:

@@ -92,3 +92,13 @@ def test_a_boot_ahead_that_outlasts_the_timeout_is_a_one_line_error():
         with pytest.raises(SuiteError, match="not up within"):
             ahead.take("b")
     assert [f.key for f in boots.made] == ["a", "b"] and boots.made[1].stopped, "the late server is stopped once up"
+
+
+def test_a_server_booted_ahead_for_a_skipped_test_is_stopped_when_a_later_one_is_taken():
+    boots = Boots()
+    with BootAhead(["a", "b", "c"], boots, timeout_s=10) as ahead:
+        ahead.take("a")  # "b" boots ahead; its test is then skipped
+        time.sleep(0.4)
+        c = ahead.take("c")
+        assert [f.key for f in boots.made if f.stopped] == ["b"], "b would idle beside c until the module ends"
+        assert not c.stopped
