@@ -63,17 +63,23 @@ def source_variants(text: str) -> list[tuple[int, int, int, int]]:
     """The (NT, RW, RT, PF) table a kernel source compiles: the launch<MODE, NT, RW, RT, PF> entries of its
     NT1 / NT2 macros, in order."""
     return [tuple(int(v) for v in m.groups())
-            for m in re.finditer(r"launch<MODE, (\d+), (\d+), (\d+), (\d+)>", text)]
+            for m in re.finditer(r"(?<!pf_)launch<MODE, (\d+), (\d+), (\d+), (\d+)>", text)]
 
 
-# Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT, CTAS) = 8 * NT token rows per CTA, RT row tiles
-# per warp, registers capped for CTAS CTAs per SM.
-PF_VARIANTS = [(8, 2, 1), (4, 2, 1)]
+# Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT, CTAS, FORM) = 8 * NT token rows per CTA, RT row
+# tiles per warp, registers capped for CTAS CTAs per SM; FORM 0 f16 activation fragments (xprep_kernel) with the scale
+# as an FFMA per MX block, FORM 1 bf16 activations as they are with the scale applied to the decoded bf16 weights.
+PF_VARIANTS = [(8, 2, 1, 1), (8, 2, 2, 1), (8, 2, 1, 0)]
+FORM_F16, FORM_BF16 = 0, 1
+# FORM_BF16 multiplies by 2**(b - 1) in bf16 (E8M0 byte b): exact up to b = 128 (weights up to 12 * 2**1); a weight
+# with a larger scale byte is served by FORM_F16 (PackedMXFP4.max_scale).
+BF16_MAX_SCALE = 128
 
 
-def source_pf_variants(text: str) -> list[tuple[int, int, int]]:
-    """The (NT, RT, CTAS) table of a kernel source's PF_TABLE macro, in order."""
-    return [tuple(int(v) for v in m.groups()) for m in re.finditer(r"pf_launch<MODE, (\d+), (\d+), (\d+)>", text)]
+def source_pf_variants(text: str) -> list[tuple[int, ...]]:
+    """The (NT, RT, CTAS, FORM) table of a kernel source's PF_TABLE macro, in order."""
+    return [tuple(int(v) for v in m.groups())
+            for m in re.finditer(r"pf_launch<MODE, (\d+), (\d+), (\d+), (\d+)>", text)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,7 +133,7 @@ def _load(src: str = "") -> ctypes.CDLL:
     if hasattr(lib, "mxfp4_prefill"):  # absent from sources older than the CUDA prefill (A/B runs load those)
         lib.mxfp4_prefill.restype = I
         lib.mxfp4_prefill.argtypes = [I, I, P, P, F, P, P, I, I, I, P, P, LL, LL, P, I, LL, P, LL, I, P, I, I, I, F, F,
-                                      P]
+                                      P, LL, I]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
     if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
@@ -438,8 +444,15 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
                    kc_h: int = 0, wts: torch.Tensor | None = None, alpha: float = 0.0, limit: float = 0.0,
                    src: str = "") -> None:
     """One launch of the prefill kernel (mxfp4_prefill): dense (rows None) or one MoE half over align_by_expert's
-    blocks. `out`: dense bf16 [M, N]; gate_up int32 h fragments [S, kc_h * 32]; down float32 [S, N]."""
+    blocks. FORM_F16 variants: `frag` the f16 fragments of `activation_frags`; `out` dense bf16 [M, N], gate_up int32
+    h fragments [S, kc_h * 32], down float32 [S, N]. FORM_BF16 variants: `frag` bf16 rows [rows, K] (unit stride
+    along K, rows 16-byte aligned), gate_up's `out` bf16 h rows [S, N / 2]."""
     lib = _load(src)
+    bf16 = PF_VARIANTS[variant][3] == FORM_BF16
+    if bf16 and (frag.dtype != torch.bfloat16 or frag.stride(-1) != 1 or frag.stride(0) % 8 or frag.data_ptr() % 16):
+        raise ValueError("the bf16 prefill form reads bf16 rows with unit stride along K, 16-byte aligned")
+    if bf16 and frag.shape[1] != p.k:
+        raise ValueError(f"bf16 activation rows of {frag.shape[1]} columns for weights of K={p.k}")
     stacked = p.words.dim() == 5
     bk, b = _param_kind(bias)
     stream = torch.cuda.current_stream(frag.device).cuda_stream
@@ -449,5 +462,6 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
         n_blocks, p.words.data_ptr(), p.scales.data_ptr(), p.words[0].numel() // 4 if stacked else 0,
         p.scales[0].numel() // 4 if stacked else 0, b.data_ptr() if b is not None else None, bk,
         b.stride(0) if (b is not None and b.dim() == 2) else 0, out.data_ptr(), out.stride(0), kc_h,
-        wts.data_ptr() if wts is not None else None, p.n, p.n_tiles, p.k_chunks, float(alpha), float(limit), stream)
+        wts.data_ptr() if wts is not None else None, p.n, p.n_tiles, p.k_chunks, float(alpha), float(limit), stream,
+        frag.stride(0) if bf16 else 0, frag.shape[1] if bf16 else 0)
     _check(err, "mxfp4 prefill launch")

@@ -154,6 +154,9 @@ class PackedMXFP4:
     n: int
     k: int
     paired: bool = False
+    # Largest E8M0 byte, found once at load by `pack_mxfp4` (the prefill kernel's bf16 form serves bytes <= 128);
+    # None: not known (weights built another way), `scale_max` reads it from the tensor.
+    max_scale: int | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -168,7 +171,14 @@ class PackedMXFP4:
         return self.words.shape[0] if self.words.dim() == 5 else None
 
     def to(self, device) -> "PackedMXFP4":
-        return PackedMXFP4(self.words.to(device), self.scales.to(device), self.n, self.k, self.paired)
+        return PackedMXFP4(self.words.to(device), self.scales.to(device), self.n, self.k, self.paired, self.max_scale)
+
+    def scale_max(self) -> int:
+        """The largest E8M0 byte: `max_scale`, or read from the scales (a host sync; weights from `pack_mxfp4` carry
+        it, so the served model never syncs here)."""
+        if self.max_scale is not None:
+            return self.max_scale
+        return int(self.scales.max()) if self.scales.numel() else 0
 
 
 def _pair_perm(n: int) -> torch.Tensor:
@@ -208,7 +218,7 @@ def pack_mxfp4(w: torch.Tensor, scales: torch.Tensor, paired: bool = False) -> P
         words, sc = words[0], sc[0]
     else:
         words, sc = words.reshape(*lead, nt, kc, 32, 4), sc.reshape(*lead, nt, kc, 8, 4)
-    return PackedMXFP4(words, sc, n, k, paired)
+    return PackedMXFP4(words, sc, n, k, paired, int(s.max()) if s.numel() else 0)
 
 
 def _pack_group(w: torch.Tensor, s: torch.Tensor, n: int, k: int, paired: bool) -> tuple[torch.Tensor, torch.Tensor]:

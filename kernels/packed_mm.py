@@ -200,16 +200,36 @@ def _cuda_prefill(x: torch.Tensor, cfg: dict) -> bool:
     return prefill_available()[0]
 
 
-def _cuda_variant(cfg: dict, rows_per_block: int) -> int:
-    """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else 64 token rows per CTA
-    when blocks fill them (dense, MoE with >= 48 slots per expert on average), else 32, with the tuning's RT
-    (`cuda_row_tiles`) and CTAs per SM (`cuda_ctas_per_sm`)."""
-    from .cuda_ext import PF_VARIANTS
+def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4) -> int:
+    """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else 64 token rows per CTA with
+    the tuning's RT (`cuda_row_tiles`), CTAs per SM (`cuda_ctas_per_sm`, the MoE's `cuda_moe_ctas_per_sm`) and
+    activation form (`cuda_form`). The bf16 form serves weights whose scale bytes it multiplies exactly
+    (cuda_ext.BF16_MAX_SCALE); others take the f16 form at one CTA per SM."""
+    from .cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, PF_VARIANTS
 
     if "cuda_variant" in cfg:
         return int(cfg["cuda_variant"])
-    nt = 8 if rows_per_block >= 48 else 4
-    return PF_VARIANTS.index((nt, int(cfg.get("cuda_row_tiles", 2)), int(cfg.get("cuda_ctas_per_sm", 1))))
+    form = cfg.get("cuda_form", "bf16")
+    if form not in ("bf16", "f16"):
+        raise ValueError(f"packed_mm.cuda_form must be bf16 or f16 (kernels/tuning.yaml), got {form!r}")
+    ctas = int(cfg.get("cuda_moe_ctas_per_sm" if moe else "cuda_ctas_per_sm", 1))
+    if form == "bf16" and all(w.scale_max() <= BF16_MAX_SCALE for w in weights):
+        key = (8, int(cfg.get("cuda_row_tiles", 2)), ctas, FORM_BF16)
+    else:
+        key = (8, int(cfg.get("cuda_row_tiles", 2)), 1, FORM_F16)
+    if key not in PF_VARIANTS:
+        raise ValueError(f"no CUDA prefill tiling (NT, RT, CTAS, FORM) = {key} in cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
+                         "set packed_mm's cuda_row_tiles / cuda_(moe_)ctas_per_sm / cuda_form to one of them")
+    return PF_VARIANTS.index(key)
+
+
+def _activation(x: torch.Tensor, k_chunks: int, variant: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the prefill variant reads: bf16 rows as they are (16-byte aligned), or xprep_kernel's f16 fragments."""
+    from .cuda_ext import FORM_BF16, PF_VARIANTS, activation_frags
+
+    if PF_VARIANTS[variant][3] == FORM_BF16:
+        return (x if x.data_ptr() % 16 == 0 else x.clone()), None
+    return activation_frags(x, k_chunks)
 
 
 def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None = None,
@@ -226,10 +246,10 @@ def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None =
     if out is None:
         out = torch.empty((m, p.n), dtype=torch.bfloat16, device=x.device)
     if m and _cuda_prefill(x, cfg):
-        from .cuda_ext import MODE_DENSE, PF_VARIANTS, activation_frags, prefill_launch
+        from .cuda_ext import MODE_DENSE, PF_VARIANTS, prefill_launch
 
-        v = _cuda_variant(cfg, m)
-        frag, xdown = activation_frags(x, p.k_chunks)
+        v = _cuda_variant(cfg, False, p)
+        frag, xdown = _activation(x, p.k_chunks, v)
         bm = 8 * PF_VARIANTS[v][0]
         prefill_launch(MODE_DENSE, v, frag, xdown, 1.0, p, bias, out, n_rows=m, n_blocks=-(-m // bm))
         return out
@@ -310,30 +330,39 @@ def mxfp4_moe_packed_mm(x: torch.Tensor, expert_ids: torch.Tensor, expert_weight
 
 def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias, down: PackedMXFP4, down_bias, out,
               cfg: dict, alpha: float, limit: float) -> torch.Tensor:
-    """mxfp4_moe_packed_mm on the CUDA prefill kernel: gate_up + SwiGLU writes h as f16 * 2**8 fragments (the
-    decode kernels' form, |h| <= (limit + 1) * limit < 2**6 for gpt-oss), down one fp32 row per slot with its
-    routing weight, and the k slots of a token are summed in a fixed order, as the Triton path does."""
-    from .cuda_ext import MODE_DOWN, MODE_GATEUP, PF_VARIANTS, activation_frags, prefill_launch
+    """mxfp4_moe_packed_mm on the CUDA prefill kernel: gate_up + SwiGLU writes h (bf16 form: bf16 rows [S, I]; f16
+    form: f16 * 2**8 fragments, the decode kernels' form, |h| <= (limit + 1) * limit < 2**6 for gpt-oss), down one
+    fp32 row per slot with its routing weight, and the k slots of a token are summed in a fixed order, as the Triton
+    path does."""
+    from .cuda_ext import FORM_BF16, MODE_DOWN, MODE_GATEUP, PF_VARIANTS, prefill_launch
 
     m, hdim = x.shape
     top_k = expert_ids.shape[1]
     slots = m * top_k
     n_exp = gate_up.words.shape[0]
-    v = _cuda_variant(cfg, -(-slots // n_exp))
+    v = _cuda_variant(cfg, True, gate_up, down)
     bm = 8 * PF_VARIANTS[v][0]
     rows, bexp, n_blocks = align_by_expert(expert_ids, n_exp, bm)
-    frag, xdown = activation_frags(x, gate_up.k_chunks)
-    kc_h = down.k_chunks
-    # pairs past the intermediate size up to kc_h * 32 are never written: zero them unless there are none
-    alloc = torch.empty if (gate_up.n // 2) % 64 == 0 else torch.zeros
-    h = alloc((slots, kc_h * 32), dtype=torch.int32, device=x.device)
-    prefill_launch(MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
-                   rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit)
+    frag, xdown = _activation(x, gate_up.k_chunks, v)
     wts = torch.where(expert_ids >= 0, expert_weights.float(), 0.0).reshape(-1).contiguous()
     y = torch.zeros((slots, hdim), dtype=torch.float32, device=x.device)
-    # h is stored * 2**8 and the decoded weights are value * 2**-14: products come out * 2**-6
-    prefill_launch(MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
-                   bexp=bexp, x_div=1, wts=wts)
+    if PF_VARIANTS[v][3] == FORM_BF16:
+        # rows of skipped slots (-1) are never written and are read only into columns that are never stored
+        h = torch.empty((slots, gate_up.n // 2), dtype=torch.bfloat16, device=x.device)
+        prefill_launch(MODE_GATEUP, v, frag, None, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
+                       rows=rows, bexp=bexp, x_div=top_k, alpha=alpha, limit=limit)
+        prefill_launch(MODE_DOWN, v, h, None, 1.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
+                       bexp=bexp, x_div=1, wts=wts)
+    else:
+        kc_h = down.k_chunks
+        # pairs past the intermediate size up to kc_h * 32 are never written: zero them unless there are none
+        alloc = torch.empty if (gate_up.n // 2) % 64 == 0 else torch.zeros
+        h = alloc((slots, kc_h * 32), dtype=torch.int32, device=x.device)
+        prefill_launch(MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
+                       rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit)
+        # h is stored * 2**8 and the decoded weights are value * 2**-14: products come out * 2**-6
+        prefill_launch(MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
+                       bexp=bexp, x_div=1, wts=wts)
     total = y.view(m, top_k, hdim).sum(dim=1)  # fixed order over the k slots
     if out is None:
         return total.to(torch.bfloat16)

@@ -81,6 +81,48 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(c2), "f"(c3));
 }
 
+// bf16 form of decode4 for the prefill kernel: the fp16 bits of decode4 (sign 15, e1 e0 m at 11..9) with the three
+// magnitude bits moved to bf16's 8..6, so each half is the code's value * 2**-126 (e = 0 lands on bf16 subnormals,
+// as it lands on fp16's). One shift and one LOP3 per register: where C = 1 (bits 15 and 12 of each half) the result
+// takes t (its sign; t is zero at 12), elsewhere t >> 3 (the magnitude; zero outside 8..6 since t is zero at 14..12).
+__device__ __forceinline__ void decode4_bf16(uint32_t w, uint32_t (&a)[4]) {
+  decode4(w, a);
+  constexpr uint32_t C = 0x90009000u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = (a[i] & C) | ((a[i] >> 3) & ~C);
+}
+
+// E8M0 byte b -> bf16x2 {2**(b-1), 2**(b-1)}: times a decoded value * 2**-126 it is value * 2**(b-127), exact
+// (bf16 has fp32's exponent range). Valid for b <= 128 (2**127 is bf16's largest power of two): the host serves
+// weights with a larger scale byte from another path (PackedMXFP4.max_scale). `sel` picks byte 0..3 of sv.
+template <int SEL>
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t sv) {
+  // PRMT puts byte SEL in bytes 0 and 2 (zeros elsewhere); * 128 + 126 * 128 in each half = (b + 126) << 7
+  const uint32_t b = __byte_perm(sv, 0u, 0x4040u | (SEL << 8) | SEL);
+  return b * 128u + 0x3F003F00u;
+}
+
+// a * s in bf16x2 (fma with -0 keeps a zero's sign and works from sm_80; subnormal inputs are kept, which the e = 0
+// codes need).
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t s) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(s), "r"(0x80008000u));
+  return d;
+}
+
+__device__ __forceinline__ void mma16816_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
 __device__ __forceinline__ uint64_t policy_evict_first() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
@@ -1022,7 +1064,7 @@ constexpr int PF_W = 2;        // weight chunks in flight per warp
 constexpr int PF_ROW = 36;
 
 struct PfArgs {
-  const uint32_t* xfrag;  // [rows_x][kc][32] u32 f16 pairs
+  const void* xfrag;      // FORM 0: [rows_x][kc][32] u32 f16 pairs; FORM 1: bf16 rows [rows_x][sx], K used
   const float* xdown;     // [rows_x] 2**L of each activation row, or null: xmul for all
   float xmul;
   const int* rows;        // grouped: [n_blocks * BM]; null: dense
@@ -1039,13 +1081,21 @@ struct PfArgs {
   long long so;
   int kc_h;
   const float* wts;       // down: routing weight per slot
+  long long sx;           // FORM 1: row stride of x in elements (a multiple of 8)
+  int K;                  // FORM 1: columns of x; staged pieces at or past K are zero-filled
   int N, n_tiles, kc;
   float alpha, limit;
 };
 
 // CTAS: CTAs per SM the registers are capped for (2: <= 128 registers, so a CTA waiting at its per-chunk barrier
 // leaves the other one issuing).
-template <int MODE, int NT, int RT, int CTAS>
+// FORM 0: f16 activation fragments (xprep_kernel's, or gate_up's h), the E8M0 scale as one FFMA per accumulator per
+// MX block into a fresh 2-MMA partial (fp16 cannot hold value * 2**-14 * scale). FORM 1: bf16 activations as they
+// are (x rows, or gate_up's h as bf16 rows), read from the staged tile by ldmatrix; the decoded fragment is bf16
+// (value * 2**-126) and is multiplied by its scale in bf16 before the MMA (exact: bf16 has fp32's exponent range,
+// Marlin's order: vLLM csrc/quantization/marlin scales the dequantized B fragment before its mma), so the MMAs
+// accumulate straight into the accumulators: no partials, no FFMA.
+template <int MODE, int NT, int RT, int CTAS, int FORM>
 __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a) {
   constexpr int BM = NT * 8;
   constexpr int PIECES = BM * 8;  // 16-byte pieces per staged chunk
@@ -1059,14 +1109,21 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
     e = a.bexp[blk];
     if (e < 0) return;  // the whole CTA: no barrier is reached
   }
+  bool real = false;
   if (threadIdx.x < BM) {
     const int r = a.rows ? a.rows[blk * BM + threadIdx.x] : blk * BM + threadIdx.x;
-    srow[threadIdx.x] = r < a.n_rows ? r : -1;
+    real = r < a.n_rows;
+    srow[threadIdx.x] = real ? r : -1;
   }
-  __syncthreads();
+  // Token tiles with a real row: padding sits at the end of a block (align_by_expert pads an expert's run at its end;
+  // dense blocks end at M), so the MMAs of the tiles past them are skipped. An expert's run of 70 slots in blocks of
+  // 64 made the second block a full block's MMAs for 6 tokens: about half of all MoE blocks at 2048 tokens and top-4
+  // of 128 experts. The weights are still decoded per block; the tensor pipe does only the real tiles.
+  const int nt_live = (__syncthreads_count(real) + 7) >> 3;
   // This thread's staging pieces: row q / 8, 16 bytes q % 8 of it. Padding rows copy the block's first row (always
   // a real one: align_by_expert pads an expert's run at its end): their columns are computed and never stored.
-  const uint32_t* src[CP];
+  // A chunk of a row is 128 bytes in both forms (32 f16 pairs, or 64 bf16 values).
+  const char* src[CP];
   uint32_t dst[CP];
   bool cp_on[CP];
 #pragma unroll
@@ -1074,14 +1131,21 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
     const int q = threadIdx.x + u * THREADS, r = min(q >> 3, BM - 1);
     const int row = srow[r] >= 0 ? srow[r] : srow[0];
     cp_on[u] = q < PIECES;
-    src[u] = a.xfrag + ((long long)(row / a.x_div) * a.kc) * 32 + (q & 7) * 4;
+    const long long row_bytes = FORM ? a.sx * 2 : (long long)a.kc * 128;
+    src[u] = reinterpret_cast<const char*>(a.xfrag) + (long long)(row / a.x_div) * row_bytes + (q & 7) * 16;
     dst[u] = (uint32_t)__cvta_generic_to_shared(smem + r * PF_ROW + (q & 7) * 4);
   }
   auto stage = [&](int c) {
     const uint32_t off = (uint32_t)((c % PF_STAGES) * BM * PF_ROW * 4);
 #pragma unroll
-    for (int u = 0; u < CP; ++u)
-      if (cp_on[u]) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst[u] + off), "l"(src[u] + c * 32));
+    for (int u = 0; u < CP; ++u) {
+      // bf16 rows end at K: pieces past it are zero-filled (src-size 0 reads nothing), as xprep pads its fragments
+      const int k0 = c * 64 + ((threadIdx.x + u * THREADS) & 7) * 8;
+      const uint32_t bytes = (!FORM || k0 < a.K) ? 16u : 0u;
+      const char* g = (!FORM || k0 < a.K) ? src[u] + c * 128 : src[u];
+      if (cp_on[u])
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst[u] + off), "l"(g), "r"(bytes));
+    }
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 
@@ -1124,7 +1188,51 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
         __syncthreads();  // chunk c is staged; every warp is done with chunk c - 1, whose buffer is refilled next
         if (c + PF_STAGES - 1 < a.kc) stage(c + PF_STAGES - 1);
         commit();
-        if (wact) {
+        if (wact && FORM) {
+          // ldmatrix.x4 of token tile nt and MX block bh: lanes 8i..8i+7 address rows 0..7 of matrix i = k 8i..8i+7 of
+          // the block, so r0 r1 are the B fragment of the block's first k-step and r2 r3 of its second.
+          const uint32_t xs = (uint32_t)__cvta_generic_to_shared(smem + (c % PF_STAGES) * BM * PF_ROW +
+                                                                  (lane & 7) * PF_ROW + (lane >> 3) * 4);
+#pragma unroll
+          for (int bh = 0; bh < 2; ++bh) {
+            uint32_t af[RT][2][4];
+#pragma unroll
+            for (int rt = 0; rt < RT; ++rt) {
+              decode4_bf16(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
+              decode4_bf16(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
+              // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): fragment registers 0, 2 are row g, 1, 3 row g+8
+              const uint32_t sg = bh ? e8m0_bf16x2<2>(sb[p][rt]) : e8m0_bf16x2<0>(sb[p][rt]);
+              const uint32_t sh = bh ? e8m0_bf16x2<3>(sb[p][rt]) : e8m0_bf16x2<1>(sb[p][rt]);
+#pragma unroll
+              for (int j = 0; j < 2; ++j) {
+                af[rt][j][0] = bf16x2_mul(af[rt][j][0], sg);
+                af[rt][j][1] = bf16x2_mul(af[rt][j][1], sh);
+                af[rt][j][2] = bf16x2_mul(af[rt][j][2], sg);
+                af[rt][j][3] = bf16x2_mul(af[rt][j][3], sh);
+              }
+            }
+            if (bh == 1) {
+              const int cw = c + PF_W;
+#pragma unroll
+              for (int rt = 0; rt < RT; ++rt)
+                if (cw < a.kc) {
+                  wb[p][rt] = __ldg(wp[rt] + cw * 32);
+                  sb[p][rt] = __ldg(sp[rt] + cw * 8);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              if (MODE != MODE_DENSE && nt >= nt_live) break;  // the same in the whole CTA
+              uint32_t b0, b1, b2, b3;
+              ldmatrix_x4(xs + (nt * 8 * PF_ROW + bh * 16) * 4, b0, b1, b2, b3);
+#pragma unroll
+              for (int rt = 0; rt < RT; ++rt) {
+                mma16816_bf16(acc[rt][nt], af[rt][0], b0, b1);
+                mma16816_bf16(acc[rt][nt], af[rt][1], b2, b3);
+              }
+            }
+          }
+        } else if (wact) {
           const uint32_t* xs = smem + (c % PF_STAGES) * BM * PF_ROW + g * PF_ROW + t * 8;
           // One MX block (two k-steps) at a time: its two decoded words per row tile and, per token tile, the one
           // 16-byte half of the lane's staged fragments it needs. Decoding the whole chunk first held twice the
@@ -1154,6 +1262,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
             }
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
+              if (MODE != MODE_DENSE && nt >= nt_live) break;  // the same in the whole CTA
               const uint4 u = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW + 4 * bh);
 #pragma unroll
               for (int rt = 0; rt < RT; ++rt) {
@@ -1190,7 +1299,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int slot = srow[nt * 8 + 2 * t + j];
-          const float xd = a.xdown ? a.xdown[max(slot, 0) / a.x_div] : a.xmul;
+          const float xd = FORM ? 1.f : (a.xdown ? a.xdown[max(slot, 0) / a.x_div] : a.xmul);
           float gate = fmaf(acc[rt][nt][j], xd, bg), up = fmaf(acc[rt][nt][2 + j], xd, bu);
           gate = fminf(gate, a.limit);
           up = fminf(fmaxf(up, -a.limit), a.limit);
@@ -1201,7 +1310,10 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
         const bool odd = g & 1;
         const float other = __shfl_xor_sync(0xffffffffu, odd ? h[0] : h[1], 4);
         const int slot = srow[nt * 8 + 2 * t + (odd ? 1 : 0)];
-        if (tile_ok && slot >= 0) {
+        if (FORM && tile_ok && slot >= 0 && (i | 1) < a.N / 2) {  // bf16 rows [S][so]: columns i & ~1, (i & ~1) + 1
+          const __nv_bfloat162 v = odd ? __floats2bfloat162_rn(other, h[1]) : __floats2bfloat162_rn(h[0], other);
+          reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(a.out) + (long long)slot * a.so)[i >> 1] = v;
+        } else if (tile_ok && slot >= 0) {
           __half2 v = odd ? __floats2half2_rn(other * 256.f, h[1] * 256.f) : __floats2half2_rn(h[0] * 256.f, other * 256.f);
           reinterpret_cast<uint32_t*>(a.out)[(long long)slot * a.kc_h * 32 + frag_index(i >> 1)] = *reinterpret_cast<uint32_t*>(&v);
         }
@@ -1222,12 +1334,12 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
         const int row = srow[nt * 8 + 2 * t + j];
         if (row < 0) continue;
         if (MODE == MODE_DENSE) {
-          const float xd = a.xdown ? a.xdown[row / a.x_div] : a.xmul;
+          const float xd = FORM ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul);
           __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(a.out) + row * a.so;
           if (r0 < a.N) o[r0] = __float2bfloat16_rn(fmaf(acc[rt][nt][j], xd, b0));
           if (r1 < a.N) o[r1] = __float2bfloat16_rn(fmaf(acc[rt][nt][2 + j], xd, b1));
         } else {  // down: one fp32 row per slot, routing weight applied; the caller sums a token's slots in order
-          const float xd = a.xdown ? a.xdown[row / a.x_div] : a.xmul, w = a.wts[row];
+          const float xd = FORM ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul), w = a.wts[row];
           float* o = reinterpret_cast<float*>(a.out) + row * a.so;
           if (r0 < a.N) o[r0] = fmaf(acc[rt][nt][j], xd, b0) * w;
           if (r1 < a.N) o[r1] = fmaf(acc[rt][nt][2 + j], xd, b1) * w;
@@ -1236,10 +1348,15 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   }
 }
 
-template <int MODE, int NT, int RT, int CTAS>
+template <int MODE, int NT, int RT, int CTAS, int FORM>
 cudaError_t pf_launch(const PfArgs& a, int n_blocks, int groups, cudaStream_t stream) {
   const size_t smem = (size_t)PF_STAGES * NT * 8 * PF_ROW * 4;
-  mxfp4_pf_kernel<MODE, NT, RT, CTAS><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
+  if (smem > 48 * 1024) {  // NT > 8 tilings: above the default dynamic limit
+    const cudaError_t err = cudaFuncSetAttribute(mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return err;
+  }
+  mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -1326,14 +1443,16 @@ int mxfp4_xprep(const __nv_bfloat16* x, long long sx, int M, int K, int kc, void
   return (int)cudaGetLastError();
 }
 
-// Prefill (M > 16): variant = index into PF_TABLE's (NT, RT, CTAS) below; kernels/cuda_ext.py keeps the same list
+// Prefill (M > 16): variant = index into PF_TABLE's (NT, RT, CTAS, FORM) below; kernels/cuda_ext.py keeps the same list
 // (PF_VARIANTS). rows / bexp null: dense. Returns a CUDA error code.
 typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
-// H100, M=2048 (bench_prefill, same process): NT 8 RT 2 fastest on the MoE, qkv and o_proj; NT 4 serves MoE blocks of
-// fewer slots. Dropped after that bench (slower on all three): NT 8 RT 1, NT 4 RT 1 and NT 8 RT 2 at 2 CTAs per SM.
-#define PF_N 2
-#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1>, pf_launch<MODE, 4, 2, 1>
-static const int PF_RT[PF_N] = {2, 2};
+// bench_prefill, M=2048, gpt-oss-120b shapes, same process (kernels/NOTES.md "The bf16 form"): bf16 NT 8 RT 2 at one CTA
+// per SM fastest on qkv and o_proj, at two CTAs per SM (128 registers) on the MoE; the f16 form serves weights with
+// scale bytes above 128. Dropped after that bench: NT 4 (both forms; the MoE skips empty token tiles instead) and
+// NT 16 RT 1 (one or two CTAs per SM).
+#define PF_N 3
+#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>
+static const int PF_RT[PF_N] = {2, 2, 2};
 
 int mxfp4_pf_num_variants() { return PF_N; }
 
@@ -1341,7 +1460,7 @@ int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, 
                   const int* bexp, int x_div, int n_rows, int n_blocks, const void* words, const void* scales,
                   long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
                   void* out, long long so, int kc_h, const float* wts, int N, int n_tiles, int kc, float alpha,
-                  float limit, void* stream) {
+                  float limit, void* stream, long long sx, int K) {
   static const pf_fn table[3][PF_N] = {{PF_TABLE(MODE_DENSE)}, {PF_TABLE(MODE_GATEUP)}, {PF_TABLE(MODE_DOWN)}};
   if (variant < 0 || variant >= PF_N || mode < 0 || mode > 2 || n_blocks < 1 || x_div < 1) return (int)cudaErrorInvalidValue;
   PfArgs a;
@@ -1352,6 +1471,7 @@ int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, 
   a.bias = bias; a.bias_kind = bias_kind; a.bstride_e = bstride_e;
   a.out = out; a.so = so; a.kc_h = kc_h; a.wts = wts;
   a.N = N; a.n_tiles = n_tiles; a.kc = kc; a.alpha = alpha; a.limit = limit;
+  a.sx = sx; a.K = K;
   const int groups = (n_tiles + WARPS * PF_RT[variant] - 1) / (WARPS * PF_RT[variant]);
   return (int)table[mode][variant](a, n_blocks, groups, reinterpret_cast<cudaStream_t>(stream));
 }

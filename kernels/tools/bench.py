@@ -273,6 +273,57 @@ def vllm_triton_moe_fn(gu_p, gu_s, gu_b, d_p, d_s, d_b, k):
     return fn
 
 
+def vllm_marlin_moe_fn(gu_p, gu_s, gu_b, d_p, d_s, d_b, k):
+    """vLLM's Marlin W4A16 MoE (the MXFP4 backend on sm_12x, GB10; `--moe-backend marlin` elsewhere) on these
+    checkpoint-layout experts, prepared as vLLM 0.26's load path does: I padded to 128 and H to 256 with zeros
+    (fused_moe/oracle/mxfp4.py), `prepare_moe_mxfp4_layer_for_marlin` (quantization/utils/marlin_utils_fp4.py), then
+    `fused_marlin_moe` (fused_moe/experts/marlin_moe.py) with fused_topk routing and the swigluoai activation, the way
+    MarlinExperts.apply calls it. -> fn(x, router_logits) -> out. Raises where it is not offered."""
+    import types
+
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
+    from vllm.model_executor.layers.fused_moe.router.fused_topk_router import fused_topk
+    from vllm.model_executor.layers.quantization.utils.marlin_utils import get_marlin_input_dtype
+    from vllm.model_executor.layers.quantization.utils.marlin_utils_fp4 import prepare_moe_mxfp4_layer_for_marlin
+    from vllm.scalar_type import scalar_types
+
+    e, two_i, h_half = gu_p.shape
+    inter, hid = two_i // 2, h_half * 2
+    ip, hp = -(-inter // 128) * 128, -(-hid // 256) * 256
+
+    def pad(t, shape, dtype):
+        out = torch.zeros(shape, dtype=dtype, device=t.device)
+        out[tuple(slice(0, n) for n in t.shape)].copy_(t)
+        return out
+
+    w13, w13_s, w13_b = pad(gu_p, (e, 2 * ip, hp // 2), torch.uint8), pad(gu_s, (e, 2 * ip, hp // 32), torch.uint8), \
+        pad(gu_b, (e, 2 * ip), torch.bfloat16)
+    w2, w2_s, w2_b = pad(d_p, (e, hp, ip // 2), torch.uint8), pad(d_s, (e, hp, ip // 32), torch.uint8), \
+        pad(d_b, (e, hp), torch.bfloat16)
+    layer = types.SimpleNamespace(params_dtype=torch.bfloat16)  # the only attribute the preparation reads
+    w13, w2, w13_s, w2_s, w13_b, w2_b = prepare_moe_mxfp4_layer_for_marlin(layer, w13, w2, w13_s, w2_s, w13_b, w2_b)
+
+    def moe_sum(inp, out, topk_ids, expert_map):  # MarlinExperts.moe_sum
+        ops.moe_sum(inp, out)
+        return out
+
+    def fn(xx, logits):
+        topk_weights, topk_ids, _ = fused_topk(xx, logits, k, renormalize=True)
+        xp = torch.nn.functional.pad(xx, (0, hp - hid)) if hp != hid else xx.contiguous()
+        out = torch.empty((xx.shape[0], hp), dtype=xx.dtype, device=xx.device)
+        out = fused_marlin_moe(hidden_states=xp, w1=w13, w2=w2, bias1=w13_b, bias2=w2_b, w1_scale=w13_s, w2_scale=w2_s,
+                               topk_weights=topk_weights, topk_ids=topk_ids,
+                               quant_type_id=scalar_types.float4_e2m1f.id, apply_router_weight_on_input=False,
+                               global_num_experts=e, activation=MoEActivation.SWIGLUOAI, moe_sum=moe_sum,
+                               expert_map=None, output=out, is_k_full=True, input_dtype=get_marlin_input_dtype(),
+                               clamp_limit=7.0, gemm1_alpha=1.702, gemm1_beta=1.0)
+        return out[:, :hid]
+
+    return fn
+
+
 def vllm_triton_moe(gu_p, gu_s, gu_b, d_p, d_s, d_b, router_w, router_b, xs, reps, n_routes, k) -> dict:
     """The same layer through vLLM's triton MoE, router logits by torch (vLLM computes them with its own GEMM
     before the MoE)."""

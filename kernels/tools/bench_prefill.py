@@ -29,12 +29,12 @@ import torch
 
 from ..cases import LINEAR_SHAPES, MOE
 from ..cuda_ext import PF_VARIANTS
-from .bench import random_moe_layer, vllm_triton_moe_fn
+from .bench import random_moe_layer, vllm_marlin_moe_fn, vllm_triton_moe_fn
 from .timing import time_calls
 
 # Triton: ("triton", block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block
 # (pick_block_m). The first is tuning.yaml's default entry; the others the static counts' best per token
-# (kernels/NOTES.md). CUDA: ("cuda", variant) for each (NT, RT, CTAS) of cuda_ext.PF_VARIANTS.
+# (kernels/NOTES.md). CUDA: ("cuda", variant) for each (NT, RT, CTAS, FORM) of cuda_ext.PF_VARIANTS.
 GRID = [("triton", bm, bt, w, st) for (bm, bt, w), st in itertools.product([(64, 4, 4), (64, 8, 4), (128, 8, 8)], (3,))]
 GRID += [("cuda", v) for v in range(len(PF_VARIANTS))]
 
@@ -51,7 +51,8 @@ def _cfg(c: tuple) -> dict:
 
 def _name(c: tuple) -> str:
     if c[0] == "cuda":
-        return "cuda_nt{}_rt{}_ctas{}".format(*PF_VARIANTS[c[1]])
+        nt, rt, ctas, form = PF_VARIANTS[c[1]]
+        return f"cuda_nt{nt}_rt{rt}_ctas{ctas}_{'bf16' if form else 'f16'}"
     return "bm{}_bt{}_w{}_s{}".format(*c[1:])
 
 
@@ -143,10 +144,20 @@ def bench_moe(m: int, reps: int) -> dict:
     except Exception as ex:  # noqa: BLE001 - vLLM absent or its API moved: say so, keep ours
         res["vllm_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
         res["us_vllm_triton"] = float("nan")
+    try:  # the stock MoE of sm_12x (GB10), timed here on the same layer
+        fn_m = vllm_marlin_moe_fn(gu_p, gu_s, gu_b, d_p, d_s, d_b, k)
+        res["us_vllm_marlin"] = _timed("vllm marlin", [lambda: fn_m(x, logits)], reps, 2)
+    except Exception as ex:  # noqa: BLE001 - vLLM absent or its API moved: say so, keep the rest
+        res["marlin_error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+        res["us_vllm_marlin"] = float("nan")
     for c in GRID:
         res[f"us_{_name(c)}"] = _time_entry(c, lambda cfg: mxfp4_moe_packed_mm(
             x, ids, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg), reps, 2)
     res["best_cfg"] = _best(res, "us_vllm_triton", f"MoE M={m} ({res['experts_hit']} experts hit): vLLM triton")
+    if res["best_cfg"] and res["us_vllm_marlin"] == res["us_vllm_marlin"]:
+        res["best_over_marlin"] = round(res["us_vllm_marlin"] / res[f"us_{_name(res['best_cfg'])}"], 3)
+        print(f"  MoE M={m}: vLLM marlin {res['us_vllm_marlin']} us; best = {res['best_over_marlin']}x marlin's speed",
+              flush=True)
     return res
 
 

@@ -143,13 +143,15 @@ CUDA_VARIANTS = {  # mangled template args <MODE, NT, RW, RT, PF> -> (descriptio
     "ILi1ELi1ELi2ELi1ELi4E": ("moe gate_up NT=1 KSPLIT=4 PF=4 (default until 2026-11-26)", 1),
     "ILi2ELi1ELi1ELi1ELi8E": ("moe down NT=1 PF=8 (default)", 1),
 }
-# The prefill kernel mxfp4_pf_kernel<MODE, NT, RT, CTAS> (M > 16): the served tilings (tuning.yaml packed_mm).
+# The prefill kernel mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM> (M > 16): the served tilings (tuning.yaml packed_mm;
+# FORM 1 bf16 activations, the default; FORM 0 f16 fragments, for weights with scale bytes above 128).
 PF_VARIANTS = {
-    "ILi0ELi8ELi2ELi1EE": ("prefill dense NT=8 RT=2 (default)", 8),
-    "ILi1ELi8ELi2ELi1EE": ("prefill moe gate_up NT=8 RT=2 (>= 48 slots per expert)", 8),
-    "ILi2ELi8ELi2ELi1EE": ("prefill moe down NT=8 RT=2 (>= 48 slots per expert)", 8),
-    "ILi1ELi4ELi2ELi1EE": ("prefill moe gate_up NT=4 RT=2 (fewer slots per expert)", 4),
-    "ILi2ELi4ELi2ELi1EE": ("prefill moe down NT=4 RT=2 (fewer slots per expert)", 4),
+    "ILi0ELi8ELi2ELi1ELi1EE": ("prefill dense NT=8 RT=2 bf16 (default)", 8),
+    "ILi1ELi8ELi2ELi2ELi1EE": ("prefill moe gate_up NT=8 RT=2 bf16 2 CTAs/SM (default)", 8),
+    "ILi2ELi8ELi2ELi2ELi1EE": ("prefill moe down NT=8 RT=2 bf16 2 CTAs/SM (default)", 8),
+    "ILi0ELi8ELi2ELi1ELi0EE": ("prefill dense NT=8 RT=2 f16 (scale bytes > 128)", 8),
+    "ILi1ELi8ELi2ELi1ELi0EE": ("prefill moe gate_up NT=8 RT=2 f16 (scale bytes > 128)", 8),
+    "ILi2ELi8ELi2ELi1ELi0EE": ("prefill moe down NT=8 RT=2 f16 (scale bytes > 128)", 8),
 }
 
 
@@ -172,6 +174,9 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
     # the next item's address setup (`set_item`, item_info, tile_of), run once per item.
     hot = set()
     for a, b in (("__device__ __forceinline__ void decode4", "^}"), ("__device__ __forceinline__ void mma16816", "^}"),
+                 ("__device__ __forceinline__ void decode4_bf16", "^}"), ("__device__ __forceinline__ uint32_t e8m0_bf16x2", "^}"),
+                 ("__device__ __forceinline__ uint32_t bf16x2_mul", "^}"),
+                 ("__device__ __forceinline__ void mma16816_bf16", "^}"), ("__device__ __forceinline__ void ldmatrix_x4", "^}"),
                  ("__device__ __forceinline__ void ld_stream_v4_if", "^}"),
                  ("__device__ __forceinline__ void ld_stream_u32_if", "^}"),
                  ("__device__ __forceinline__ void chunk_mma", "^}"), ("__device__ __forceinline__ void load_xb", "^}"),

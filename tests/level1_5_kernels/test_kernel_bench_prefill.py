@@ -21,9 +21,9 @@ def test_the_grid_includes_the_served_tiling(monkeypatch):
     cfg = get_config("packed_mm", "sm_90")
     triton = ("triton", cfg["block_m"], cfg["block_tiles"], cfg["num_warps"], cfg["num_stages"])
     assert triton in bench_prefill.GRID, f"the sm_90 Triton tiling {triton} is not timed against stock"
-    for rows in (16, 64, 2048):  # the CUDA kernel's pick for MoE blocks of few / many slots and for dense layers
-        served = ("cuda", _cuda_variant(cfg, rows))
-        assert served in bench_prefill.GRID, f"the CUDA tiling served at {rows} rows per block, {served}, is not timed"
+    for moe in (False, True):  # the CUDA kernel's pick for the dense layers and for the MoE
+        served = ("cuda", _cuda_variant(cfg, moe))
+        assert served in bench_prefill.GRID, f"the CUDA tiling served (moe={moe}), {served}, is not timed"
 
 
 def test_env_lines_select_the_entry(monkeypatch):

@@ -99,8 +99,10 @@ def _impl_cfg(impl: str, variant: int | None = None) -> dict:
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
 def test_cuda_prefill_tilings_match_reference(variant):
-    """Every tiling of the CUDA prefill kernel (cuda_ext.PF_VARIANTS: 64 or 32 token rows per CTA): dense with ragged token blocks (100), a ragged row tile (40), a padded K chunk (96), more row
-    tiles than one CTA takes (N 600); MoE with clamps (x * 40), a skipped slot, a ragged I (96), k = 3."""
+    """Every tiling of the CUDA prefill kernel (cuda_ext.PF_VARIANTS, both activation forms): dense with ragged token
+    blocks (100), a ragged row tile (40), a padded K chunk (96), more row tiles than one CTA takes (N 600); MoE with
+    clamps (x * 40), a skipped slot, a ragged I (96), k = 3, and ~35 slots per expert (blocks of 64 whose last token
+    tiles are skipped)."""
     seed = fresh_seed()
     cfg = _impl_cfg("cuda", variant)
     for m, n, k in ((100, 40, 96), (70, 600, 192)):
@@ -112,6 +114,53 @@ def test_cuda_prefill_tilings_match_reference(variant):
     out = poisoned((70, 64), torch.bfloat16, "cuda")
     mxfp4_moe_packed_mm(x, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], out=out, config=cfg)
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE")
+
+
+def test_bf16_form_serves_only_scale_bytes_it_multiplies_exactly():
+    """The bf16 form multiplies the decoded weight by 2**(b - 1) in bf16, exact up to b = 128: a weight with a larger
+    scale byte must go to the f16 form, for the dense layers and for the MoE (both halves), whether `pack_mxfp4`
+    recorded the largest byte or it is read from the tensor."""
+    from kernels.cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16
+    from kernels.packed import PackedMXFP4
+    from kernels.packed_mm import _cuda_variant
+
+    cfg = {k: v for k, v in get_config("packed_mm").items() if k != "cuda_variant"}
+    g = generator(fresh_seed(), "cpu")
+
+    def packed(top: int, record: bool) -> PackedMXFP4:
+        w, s = random_mxfp4((16, 64), g, top - 3, top + 1)
+        s[0, 0] = top
+        p = pack_mxfp4(w, s)
+        assert p.max_scale == top
+        return p if record else PackedMXFP4(p.words, p.scales, p.n, p.k, p.paired)
+
+    def form(moe: bool, *ws: PackedMXFP4, **over) -> int:
+        return PF_VARIANTS[_cuda_variant({**cfg, "cuda_form": "bf16", **over}, moe, *ws)][3]
+
+    for record in (True, False):
+        ok, big = packed(BF16_MAX_SCALE, record), packed(BF16_MAX_SCALE + 1, record)
+        assert form(False, ok) == FORM_BF16 and form(True, ok, ok) == FORM_BF16
+        assert form(False, big) == FORM_F16, "a scale byte of 129 would overflow the bf16 multiply"
+        assert form(True, ok, big) == FORM_F16 and form(True, big, ok) == FORM_F16
+        assert form(False, ok, cuda_form="f16") == FORM_F16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("top", [128, 129])
+def test_cuda_prefill_at_the_bf16_scale_edge(top):
+    """Scale bytes up to `top` (the largest one in row 0): 128 is the bf16 form's largest (its multiplier 2**127 is
+    bf16's largest power of two), 129 must be served by the f16 form. Both agree with the fp32 reference."""
+    seed = fresh_seed()
+    cfg = _impl_cfg("cuda")
+    g = generator(seed, "cuda")
+    m, n, k = 70, 48, 128
+    w, s = random_mxfp4((n, k), g, top - 4, top + 1)
+    s[0, 0] = top
+    x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+    ref = reference.mxfp4_linear_ref(x, w, s, None)
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    mxfp4_mm_packed(x, pack_mxfp4(w, s), None, out=out, config=cfg)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"CUDA prefill, scale bytes up to {top}")
 
 
 @pytest.mark.gpu
