@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 
 from harness.config.catalog import CONFIG_DIR, Flavour
 from harness.core.errors import SuiteError
@@ -73,13 +72,11 @@ def list_configs(suite: Suite) -> str:
 
 
 def _own_boots(suite) -> dict[str, dict]:
-    """Each config's boot record for the column: its own server's (`<model>__<config>.log`), else its first. The
+    """Each config's boot record for the column: its own server's (untagged, `Suite.boot`), else its first. The
     tagged servers of checks (mutations, level 6, ...) may have booted beside another boot (harness/session/ahead.py)."""
     out: dict[str, dict] = {}
-    alias = getattr(suite.model_or_error, "alias", None)
     for b in suite.boots:
-        own = Path(str(b.get("log", ""))).stem == f"{alias}__{b['config']}"
-        if own or b["config"] not in out:
+        if not b.get("tag") or b["config"] not in out:
             out[b["config"]] = b
     return out
 

@@ -276,7 +276,9 @@ class Suite:
         # plugins/site on PYTHONPATH: the test-only vLLM hooks (no-ops unless SUITE_HOOK_* is set)
         env = {**hooks.server_env(hooks.hook_dir_of(self.run_dir, key)), **target.spec.env, **(env_extra or {})}
         proc = VllmServer(model_path or self.model.path, args, env, log, boot_timeout_s=self.boot_timeout_s)
-        record = {"config": target.name, "model": self.model.alias, "platform": self.platform.name, "log": str(log)}
+        # tag "": the config's own server (the summary's boot column); others are checks' servers (mutations, ...)
+        record = {"config": target.name, "tag": tag, "model": self.model.alias, "platform": self.platform.name,
+                  "log": str(log)}
         if self.platform.is_cuda:  # which GPUs it got: under xdist each worker pins its own (harness.plugin.parallel)
             record["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))
         try:

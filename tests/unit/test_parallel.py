@@ -160,10 +160,10 @@ def test_the_summary_shows_each_configs_own_server_boot_not_a_checks():
     from harness.config.catalog import Catalog
     from harness.core.platform import Platform
 
-    boots = [{"config": "cpu-bf16", "boot_seconds": 190.0, "log": "/r/servers/tiny-gpt-oss__cpu-bf16__level6.log"},
-             {"config": "cpu-bf16", "boot_seconds": 42.0, "log": "/r/servers/tiny-gpt-oss__cpu-bf16.log"},
-             {"config": "cpu-bf16", "boot_seconds": 170.0, "log": "/r/servers/tiny-gpt-oss__cpu-bf16__fault.log"},
-             {"config": "cpu-bf16-eager", "boot_seconds": 88.0, "log": "/r/servers/tiny-gpt-oss__cpu-bf16-eager__level6.log"}]
+    boots = [{"config": "cpu-bf16", "tag": "__level6", "boot_seconds": 190.0},
+             {"config": "cpu-bf16", "tag": "", "boot_seconds": 42.0},
+             {"config": "cpu-bf16", "tag": "__fault", "boot_seconds": 170.0},
+             {"config": "cpu-bf16-eager", "tag": "__level6", "boot_seconds": 88.0}]
     suite = SimpleNamespace(catalog=Catalog(), platform=Platform("cpu", "test cpu", None), flavour=SimpleNamespace(name="cpu"),
                             model_or_error=SimpleNamespace(alias="tiny-gpt-oss"), boots=boots, run_dir=Path("/tmp/x"))
     reps = [SimpleNamespace(when="call", keywords={"level1": 1}, param_id=c, nodeid=f"t.py::t[{c}]")
