@@ -77,9 +77,10 @@ BF16_MAX_SCALE = 128
 
 
 def source_pf_variants(text: str) -> list[tuple[int, ...]]:
-    """The (NT, RT, CTAS, FORM) table of a kernel source's PF_TABLE macro, in order."""
-    return [tuple(int(v) for v in m.groups())
-            for m in re.finditer(r"pf_launch<MODE, (\d+), (\d+), (\d+), (\d+)>", text)]
+    """The (NT, RT, CTAS, FORM) table of a kernel source's PF_TABLE macro, in order (any number of template
+    arguments is read, so an older source's table is refused as a mismatch instead of read as none)."""
+    return [tuple(int(v) for v in re.findall(r"\d+", m.group(1)))
+            for m in re.finditer(r"pf_launch<MODE((?:, \d+)+)>", text)]
 
 
 @functools.lru_cache(maxsize=None)

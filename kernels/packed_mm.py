@@ -208,7 +208,12 @@ def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4) -> int:
     from .cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, PF_VARIANTS
 
     if "cuda_variant" in cfg:
-        return int(cfg["cuda_variant"])
+        v = int(cfg["cuda_variant"])
+        if PF_VARIANTS[v][3] == FORM_BF16 and any(w.scale_max() > BF16_MAX_SCALE for w in weights):
+            raise ValueError(f"packed_mm cuda_variant {v} is a bf16-form tiling, which cannot multiply scale bytes above "
+                             f"{BF16_MAX_SCALE} (these weights have {max(w.scale_max() for w in weights)}): unset "
+                             "cuda_variant (KERNELS_PACKED_MM_CUDA_VARIANT) or pick an f16-form variant")
+        return v
     form = cfg.get("cuda_form", "bf16")
     if form not in ("bf16", "f16"):
         raise ValueError(f"packed_mm.cuda_form must be bf16 or f16 (kernels/tuning.yaml), got {form!r}")

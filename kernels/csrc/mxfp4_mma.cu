@@ -1142,9 +1142,9 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
       // bf16 rows end at K: pieces past it are zero-filled (src-size 0 reads nothing), as xprep pads its fragments
       const int k0 = c * 64 + ((threadIdx.x + u * THREADS) & 7) * 8;
       const uint32_t bytes = (!FORM || k0 < a.K) ? 16u : 0u;
-      const char* g = (!FORM || k0 < a.K) ? src[u] + c * 128 : src[u];
+      const char* from = (!FORM || k0 < a.K) ? src[u] + c * 128 : src[u];
       if (cp_on[u])
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst[u] + off), "l"(g), "r"(bytes));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst[u] + off), "l"(from), "r"(bytes));
     }
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
@@ -1310,9 +1310,12 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
         const bool odd = g & 1;
         const float other = __shfl_xor_sync(0xffffffffu, odd ? h[0] : h[1], 4);
         const int slot = srow[nt * 8 + 2 * t + (odd ? 1 : 0)];
-        if (FORM && tile_ok && slot >= 0 && (i | 1) < a.N / 2) {  // bf16 rows [S][so]: columns i & ~1, (i & ~1) + 1
-          const __nv_bfloat162 v = odd ? __floats2bfloat162_rn(other, h[1]) : __floats2bfloat162_rn(h[0], other);
-          reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(a.out) + (long long)slot * a.so)[i >> 1] = v;
+        if constexpr (FORM == 1) {
+          // bf16 rows [S][so]: columns i & ~1 and (i & ~1) + 1 (N / 2 is a multiple of 8: paired packing needs N % 16 == 0)
+          if (tile_ok && slot >= 0 && i < a.N / 2) {
+            const __nv_bfloat162 v = odd ? __floats2bfloat162_rn(other, h[1]) : __floats2bfloat162_rn(h[0], other);
+            reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(a.out) + (long long)slot * a.so)[i >> 1] = v;
+          }
         } else if (tile_ok && slot >= 0) {
           __half2 v = odd ? __floats2half2_rn(other * 256.f, h[1] * 256.f) : __floats2half2_rn(h[0] * 256.f, other * 256.f);
           reinterpret_cast<uint32_t*>(a.out)[(long long)slot * a.kc_h * 32 + frag_index(i >> 1)] = *reinterpret_cast<uint32_t*>(&v);

@@ -145,8 +145,9 @@ def test_the_budget_fails_a_build_whose_decode_loop_grew(toolchain, tmp_path):
     rows = sass_count.cuda_counts("121a", toolchain, mutated)
     problems = sass_budget.check({"121a": rows}, sass_budget.load(), toolchain.version)
     over = {line.split()[1] for line in problems if "> budget" in line}
+    # Only the decode loops: one more instruction per decode4 is +2.4% on the prefill loops (42+ instructions per
+    # word at NT 8), inside their 5% margin; the budget catches their growth from ~two instructions per word.
     want = {sass_count.variant_id(k) for k in sass_count.CUDA_VARIANTS}
-    want |= {sass_count.variant_id(k, "mxfp4_pf_kernel") for k, (_, nt) in sass_count.PF_VARIANTS.items() if nt == 4}
     assert over == want, problems
 
 

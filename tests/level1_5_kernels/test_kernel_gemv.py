@@ -408,6 +408,22 @@ def test_cuda_ext_refuses_a_source_with_another_variant_table(tmp_path):
         cuda_ext._load(str(older))
 
 
+def test_cuda_ext_refuses_a_source_with_another_prefill_table(tmp_path):
+    """CPU: the same for the prefill table, including a source from before the activation form was a template
+    argument (three numbers per entry): read as no table, it would run variant 0 as f16 on bf16 rows."""
+    from kernels import cuda_ext
+
+    src = cuda_ext.SRC.read_text()
+    table = src[src.index("#define PF_TABLE(MODE)"):].splitlines()[0]
+    three = table.replace(", 1>", ">").replace(", 0>", ">")
+    for other in (table.replace("pf_launch<MODE, 8, 2, 2, 1>", "pf_launch<MODE, 8, 2, 1, 1>"), three):
+        older = tmp_path / "older_pf.cu"
+        older.write_text(src.replace(table, other))
+        assert cuda_ext.source_pf_variants(older.read_text()), "a table must be read, whatever its arity"
+        with pytest.raises(RuntimeError, match=r"prefill table .* PF_TABLE macro"):
+            cuda_ext._load(str(older))
+
+
 def test_cuda_library_load_is_cached_per_source():
     """CPU: the kernels call cuda_ext._load on every launch, and a load runs `nvcc --version`, hashes the source
     and opens the library; it must be cached per source (a misplaced decorator once left it uncached)."""

@@ -143,6 +143,10 @@ def test_bf16_form_serves_only_scale_bytes_it_multiplies_exactly():
         assert form(False, big) == FORM_F16, "a scale byte of 129 would overflow the bf16 multiply"
         assert form(True, ok, big) == FORM_F16 and form(True, big, ok) == FORM_F16
         assert form(False, ok, cuda_form="f16") == FORM_F16
+        forced = next(i for i, v in enumerate(PF_VARIANTS) if v[3] == FORM_BF16)
+        with pytest.raises(ValueError, match="cannot multiply scale bytes above 128"):
+            _cuda_variant({**cfg, "cuda_variant": forced}, False, big)
+        assert _cuda_variant({**cfg, "cuda_variant": forced}, False, ok) == forced
 
 
 @pytest.mark.gpu

@@ -229,7 +229,11 @@ def _linear_for(words, scales, n: int, k: int, max_m: int):
         from kernels.gemv import PackedLinear
         from kernels.packed import PackedMXFP4
 
-        lin = PackedLinear(PackedMXFP4(words, scales, n, k), max_m)
+        from kernels.cuda_ext import BF16_MAX_SCALE
+
+        # max_scale unknown here and reading it would sync the host (maybe inside a graph capture): claim one above
+        # the bf16 form's limit, so large M takes the f16 form, which serves every scale byte
+        lin = PackedLinear(PackedMXFP4(words, scales, n, k, max_scale=BF16_MAX_SCALE + 1), max_m)
     return lin
 
 
