@@ -1177,6 +1177,15 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
     if (s < a.kc) stage(s);
     commit();
   }
+  // Weight slot p of every row tile <- chunk cw (both forms, once the slot's words are decoded).
+  auto refill = [&](int p, int cw) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+      if (cw < a.kc) {
+        wb[p][rt] = __ldg(wp[rt] + cw * 32);
+        sb[p][rt] = __ldg(sp[rt] + cw * 8);
+      }
+  };
   float acc[RT][NT][4] = {};
 
   for (int c0 = 0; c0 < a.kc; c0 += PF_W) {
@@ -1211,15 +1220,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
                 af[rt][j][3] = bf16x2_mul(af[rt][j][3], sh);
               }
             }
-            if (bh == 1) {
-              const int cw = c + PF_W;
-#pragma unroll
-              for (int rt = 0; rt < RT; ++rt)
-                if (cw < a.kc) {
-                  wb[p][rt] = __ldg(wp[rt] + cw * 32);
-                  sb[p][rt] = __ldg(sp[rt] + cw * 8);
-                }
-            }
+            if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               if (MODE != MODE_DENSE && nt >= nt_live) break;  // the same in the whole CTA
@@ -1251,15 +1252,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
               s0[rt] = __uint_as_float((sv << 23) & 0x7F800000u);
               s1[rt] = __uint_as_float((sv << 15) & 0x7F800000u);
             }
-            if (bh == 1) {  // this weight slot is decoded: refill it with chunk c + PF_W
-              const int cw = c + PF_W;
-#pragma unroll
-              for (int rt = 0; rt < RT; ++rt)
-                if (cw < a.kc) {
-                  wb[p][rt] = __ldg(wp[rt] + cw * 32);
-                  sb[p][rt] = __ldg(sp[rt] + cw * 8);
-                }
-            }
+            if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               if (MODE != MODE_DENSE && nt >= nt_live) break;  // the same in the whole CTA
