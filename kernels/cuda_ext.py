@@ -314,12 +314,27 @@ def _cached_zeros(key: tuple, shape, dtype, device) -> torch.Tensor:
     return t
 
 
+TOPK_MAX_EXPERTS = 256  # csrc/mxfp4_mma.cu TOPK_PL keys per lane x 32 lanes
+TOPK_MAX_K = 8
+
+
+def topk_supported(n_experts: int, top_k: int) -> bool:
+    return 1 <= top_k <= min(TOPK_MAX_K, n_experts) and n_experts <= TOPK_MAX_EXPERTS
+
+
+def _check_topk(n_experts: int, top_k: int) -> None:
+    if not topk_supported(n_experts, top_k):
+        raise ValueError(f"the CUDA top-k takes 1 <= top_k <= min({TOPK_MAX_K}, experts) and experts <= "
+                         f"{TOPK_MAX_EXPERTS}, got top_k={top_k} of {n_experts}; route with torch.topk instead")
+
+
 def route(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor | None, top_k: int, src: str = ""):
     """Router GEMV (weights in their stored dtype) + top-k + softmax in one launch -> (ids int32 [M, k],
     weights float32 [M, k])."""
     lib = _load(src)
     m, h = x.shape
     e = router_w.shape[0]
+    _check_topk(e, top_k)
     wk, w = _param_kind(router_w)
     bk, b = _param_kind(router_b)
     dev = x.device
@@ -341,8 +356,7 @@ def topk_from_logits(logits: torch.Tensor, top_k: int, src: str = ""):
     if logits.dtype not in (torch.float32, torch.bfloat16) or logits.stride(-1) != 1:
         logits = logits.float().contiguous()
     m, e = logits.shape
-    if logits.dtype == torch.bfloat16 and m * e > 2048:
-        logits = logits.float()
+    _check_topk(e, top_k)
     ids = torch.empty((m, top_k), dtype=torch.int32, device=logits.device)
     wts = torch.empty((m, top_k), dtype=torch.float32, device=logits.device)
     stream = torch.cuda.current_stream(logits.device).cuda_stream

@@ -284,10 +284,10 @@ def route_packed(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor
     """(ids int32 [M, k], weights float32 [M, k]). GPU: one CUDA launch reading the router weights in
     their stored dtype; elsewhere the fp32 reference routing."""
     cfg = config or get_config("moe").get("packed", {})
-    if not INTERPRET and x.is_cuda and top_k <= 8 and cfg.get("impl", "cuda") == "cuda":
+    if not INTERPRET and x.is_cuda and cfg.get("impl", "cuda") == "cuda":
         from . import cuda_ext
 
-        if cuda_ext.available()[0]:
+        if cuda_ext.topk_supported(router_w.shape[0], top_k) and cuda_ext.available()[0]:
             return cuda_ext.route(x.to(torch.bfloat16).contiguous(), router_w, router_b, top_k, cfg.get("cuda_src", ""))
     ids, wts = route(x, router_w, router_b, top_k)
     return ids.to(torch.int32), wts

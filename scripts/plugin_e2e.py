@@ -34,6 +34,7 @@ from harness.kernelpath.breakdown import Breakdown, breakdown, plot_breakdowns  
 from harness.kernelpath.traces import profile  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
 from harness.perf import bench  # noqa: E402
+from harness.perf.benchmark import kernel_time_probe  # noqa: E402
 from harness.perf.memory import server_memory  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
 
@@ -44,12 +45,21 @@ WORKLOADS = (
     bench.Workload("concurrent", 16, 32, concurrency=32, runs=4, warmup=2),
     bench.Workload("prefill", 2048, 2, runs=6, warmup=2),
 )
-SHOWN = ("tg32", "tg128", "tg32@c4", "tg32@c32", "pp2048")
+PREFILL_GPU = bench.Workload("prefill", 2048, 1, runs=3, warmup=0)  # pp2048_gpu: GPU kernel time of one prefill
+SHOWN = ("tg32", "tg128", "tg32@c4", "tg32@c32", "pp2048", "pp2048_gpu")
 BREAKDOWN_TOKENS = 64  # one batch-1 request profiled for the kernel-time breakdown
 PLOT_NAME = "breakdown.png"  # one stacked bar per config, the first config first
 
 
-def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str, str] | None = None) -> dict:
+def _summary(entry: dict) -> dict:
+    # the samples and their GPU clocks too: a decode CV of 10-15% (plugin) against 0.1-3% (stock) needs its shape
+    # (one slow round, a drift, two modes) before a cause can be named
+    return {"median": stats.median(entry["samples"]), "cv": stats.cv(entry["samples"]), "n": len(entry["samples"]),
+            "samples": [round(v, 2) for v in entry["samples"]], "rounds": entry.get("rounds")}
+
+
+def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str, str] | None = None,
+            prefill_gpu_only: bool = False) -> dict:
     target = next(t for t in suite.targets() if t.name == name)
     if not target.runnable:
         return {"skipped": target.reason}
@@ -58,13 +68,16 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
         client = running.client(timeout_s=600)
         maker = bench.PromptMaker(client, seed=7)
         metrics: dict[str, dict] = {}
-        for w in WORKLOADS:
+        for w in () if prefill_gpu_only else WORKLOADS:
             m = bench.run_workload(client, maker, w)
             for metric, entry in bench.metrics_for(w, m).items():
-                metrics[metric] = {"median": stats.median(entry["samples"]), "cv": stats.cv(entry["samples"]),
-                                   "n": len(entry["samples"])}
+                metrics[metric] = _summary(entry)
+        if running.trace_dir is not None:
+            # the engine-clock pp2048 holds host time (scheduling, launches) that moved stock's median by 24% between
+            # boots; the kernels' own time is what a prefill kernel changes (the gate's ppN_gpu)
+            metrics["pp2048_gpu"] = _summary(bench.gpu_prefill(client, maker, PREFILL_GPU, kernel_time_probe(running)))
         kernels = None
-        if running.trace_dir is not None:  # the prefill of the 16-token prompt is included (one step)
+        if running.trace_dir is not None and not prefill_gpu_only:  # the 16-token prompt's prefill is included
             w = bench.Workload("decode", 16, BREAKDOWN_TOKENS, runs=1, warmup=0)
             summary = profile(running.url, running.trace_dir, lambda: bench.run_workload(client, maker, w), "kernel")
             # categories from the flavours' data (configs/flavours/*.yaml), see harness/kernelpath/breakdown.py
@@ -122,7 +135,8 @@ def table(results: dict[str, dict], order: list[str]) -> list[str]:
 def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str]:
     """e2e.md's lines: the speed table, then each config's decode-time breakdown and host ranges."""
     md = [f"# Kernels plugin end to end: {title}", "",
-          "Engine clock, medians after warm-up; ratio against the first config.", ""] + table(results, order)
+          "Engine clock (pp2048_gpu: GPU kernel time of one profiled 2048-token prefill), medians after warm-up; "
+          "ratio against the first config.", ""] + table(results, order)
     md += ["", "Kernel time per generated token (us), one profiled batch-1 request of "
            f"{BREAKDOWN_TOKENS} tokens; GPU idle = trace wall time - union of the kernels "
            f"(`{PLOT_NAME}`); waiting for the host = the idle between kernels of different host launches "
@@ -162,6 +176,8 @@ def main() -> int:
                     "(SUITE_HOOK_RANDOM_MXFP4=0) instead of the valid random ones the shape aliases get: routing then "
                     "collapses onto four experts per layer and flatters every MoE kernel")
     ap.add_argument("--boot-timeout", type=float, default=900)
+    ap.add_argument("--prefill-gpu-only", action="store_true",
+                    help="measure pp2048_gpu only (GPU kernel time of a 2048-token prefill; no decode workloads)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -177,7 +193,8 @@ def main() -> int:
     # what a result was measured with: kept per result, so a resumed --out never mixes weights or kernel settings
     # (e.g. KERNELS_PACKED_MM_* from kernels.tools.bench_prefill --env-out) in one table
     setting = {"weights": "vllm dummy" if a.vllm_dummy_weights else f"model default ({suite.model.fingerprint})",
-               "kernel_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KERNELS_")}}
+               "kernel_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KERNELS_")},
+               "workloads": "pp2048_gpu only" if a.prefill_gpu_only else "all"}
     mixed = mixed_setting(results, setting)
     if mixed:
         print(f"plugin_e2e: {out} {mixed}: use another --out (one table, one setting)")
@@ -188,8 +205,8 @@ def main() -> int:
         extra = ["--gpu-memory-utilization", util[name]] if name in util else []
         print(f"plugin_e2e: {name} {' '.join(extra)}", flush=True)
         try:
-            results[name] = {**measure(suite, name, extra, {RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else None),
-                             **setting}
+            results[name] = {**measure(suite, name, extra, {RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else None,
+                                       a.prefill_gpu_only), **setting}
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
         res_file.write_text(json.dumps({"model": a.model, "platform": suite.platform.name,

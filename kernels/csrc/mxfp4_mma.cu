@@ -904,61 +904,80 @@ __global__ void __launch_bounds__(THREADS, min_ctas_per_sm<MODE>()) mxfp4_kernel
 #endif
 }
 
-// Top-k of one row of logits (from shared memory when `sm` is set, else global) + softmax over the
-// k, by one warp; ties go to the lower expert id (torch.topk's order for distinct values).
-__device__ void select_topk(const float* sm, const float* gl, int E, int top_k, int* ids, float* wts, int lane) {
+// Top-k of router logits: one warp per row, the row's logits held as keys in registers (lane l: experts l, l + 32,
+// ...). Keys are the float order as unsigned order, so each pick is one max and one min warp reduction (REDUX)
+// instead of ten shuffles, and nothing goes through shared memory.
+constexpr int TOPK_PL = 8;  // keys per lane: E <= 256 (gpt-oss: 32 and 128)
+
+__device__ __forceinline__ unsigned order_key(float v) {
+  // NaN -> -inf: vLLM's padded CUDA-graph rows carry garbage, and a NaN must never be preferred over a number,
+  // while an all-NaN row still yields k distinct valid ids (the MoE kernels index expert weights with them).
+  // -0 -> +0: they compare equal, so the lower expert id wins, as with float comparisons.
+  if (v != v) v = -INFINITY;
+  if (v == 0.f) v = 0.f;
+  const unsigned u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // -inf -> 0x007FFFFF; 0 is below every key: "taken"
+}
+
+__device__ __forceinline__ float key_value(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+
+// Top-k + softmax over the k, by one warp; ties go to the lower expert id (torch.topk's order for distinct values).
+// Needs top_k <= E (checked by the host entry points): a pick among only taken keys would have no valid id.
+__device__ void select_topk_keys(unsigned (&key)[TOPK_PL], int top_k, int* ids, float* wts, int lane) {
   float sel_v[8];
   int sel_i[8];
-  for (int j = 0; j < top_k; ++j) {
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int q = lane; q < E; q += 32) {
-      float v = sm ? sm[q] : __ldcg(gl + q);
-      // NaN compares false with everything, so a NaN row used to leave the id at 0x7fffffff, and the MoE
-      // kernels read that expert: an illegal address (vLLM's padded CUDA-graph rows carry such garbage).
-      // As -inf it is never preferred over a number, and an all-NaN row still yields k distinct valid ids.
-      if (v != v) v = -INFINITY;
-      bool taken = false;
-      for (int jj = 0; jj < j; ++jj) taken |= (sel_i[jj] == q);
-      if (!taken && (v > bv || (v == bv && q < bi))) { bv = v; bi = q; }
-    }
 #pragma unroll
-    for (int o = 16; o; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+  for (int j = 0; j < 8; ++j) {
+    if (j < top_k) {
+      unsigned best = 0u;
+      unsigned bi = 0xffffffffu;
+#pragma unroll
+      for (int t = 0; t < TOPK_PL; ++t)  // strict >: the lane's lowest expert among equal keys
+        if (key[t] > best) {
+          best = key[t];
+          bi = lane + 32 * t;
+        }
+      const unsigned wmax = __reduce_max_sync(0xffffffffu, best);
+      const unsigned wi = __reduce_min_sync(0xffffffffu, best == wmax ? bi : 0xffffffffu);
+#pragma unroll
+      for (int t = 0; t < TOPK_PL; ++t)
+        if (lane + 32 * t == (int)wi) key[t] = 0u;
+      sel_v[j] = key_value(wmax);
+      sel_i[j] = (int)wi;
     }
-    sel_v[j] = bv;
-    sel_i[j] = bi;
   }
   if (lane == 0) {
     float den = 0.f;
-    for (int j = 0; j < top_k; ++j) den += expf(sel_v[j] - sel_v[0]);
-    for (int j = 0; j < top_k; ++j) {
-      ids[j] = sel_i[j];
-      wts[j] = expf(sel_v[j] - sel_v[0]) / den;
-    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < top_k) den += expf(sel_v[j] - sel_v[0]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < top_k) {
+        ids[j] = sel_i[j];
+        wts[j] = expf(sel_v[j] - sel_v[0]) / den;
+      }
   }
 }
 
-// Routing from router logits another GEMM produced (vLLM's), in one small launch: the served model
-// otherwise ran torch.topk + sort + softmax, ~10.7 us per layer on an H200 (profiled decode step).
+// Routing from router logits another GEMM produced (vLLM's): one warp per row, rows spread over CTAs (a prefill
+// of 2048 tokens is 256 CTAs; one CTA used to walk all rows, 256 per warp). vLLM otherwise ran torch.topk + sort +
+// softmax, ~10.7 us per layer on an H200 (profiled decode step).
 __global__ void __launch_bounds__(THREADS) topk_kernel(const void* logits, int l_kind, long long sl, int* ids, float* wts,
                                                        int M, int E, int top_k) {
-  __shared__ float lsm[2048];
+  pdl_trigger();  // the MoE's gate_up may launch and prepare x now; it waits (griddepcontrol.wait) for these ids
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const bool in_smem = M * E <= 2048;
-  if (in_smem) {
-    for (int q = threadIdx.x; q < M * E; q += THREADS) {
-      const int m = q / E, e = q - m * E;
-      lsm[q] = load_param(logits, l_kind, m * sl + e);
-    }
-    __syncthreads();
-    for (int m = warp; m < M; m += WARPS) select_topk(lsm + m * E, nullptr, E, top_k, ids + m * top_k, wts + m * top_k, lane);
-  } else if (l_kind == 1) {
-    for (int m = warp; m < M; m += WARPS)
-      select_topk(nullptr, reinterpret_cast<const float*>(logits) + m * sl, E, top_k, ids + m * top_k, wts + m * top_k, lane);
-  }  // bf16 logits beyond the shared-memory size: rejected by the host entry point
+  const long long m = (long long)blockIdx.x * WARPS + warp;
+  if (m >= M) return;
+  unsigned key[TOPK_PL];
+#pragma unroll
+  for (int t = 0; t < TOPK_PL; ++t) {
+    const int q = lane + 32 * t;
+    key[t] = q < E ? order_key(load_param(logits, l_kind, m * sl + q)) : 0u;
+  }
+  select_topk_keys(key, top_k, ids + m * top_k, wts + m * top_k, lane);
 }
 
 // Router: logits[m, e] = x[m] . W[e] + b[e] (fp32 from the stored dtype), then top-k + softmax by the
@@ -1031,14 +1050,15 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // All logits into shared memory in one round trip (the selection loop below re-reads them k times).
-  __shared__ float lsm[2048];
-  const bool in_smem = M * E <= 2048;
-  if (in_smem) {
-    for (int q = threadIdx.x; q < M * E; q += THREADS) lsm[q] = __ldcg(logits + q);
-    __syncthreads();
+  for (int m = warp; m < M; m += WARPS) {
+    unsigned key[TOPK_PL];
+#pragma unroll
+    for (int t = 0; t < TOPK_PL; ++t) {
+      const int q = lane + 32 * t;
+      key[t] = q < E ? order_key(__ldcg(logits + m * E + q)) : 0u;  // written by the other CTAs: past L1
+    }
+    select_topk_keys(key, top_k, ids + m * top_k, wts + m * top_k, lane);
   }
-  for (int m = warp; m < M; m += WARPS) select_topk(in_smem ? lsm + m * E : nullptr, logits + m * E, E, top_k, ids + m * top_k, wts + m * top_k, lane);
   if (threadIdx.x == 0) *counter = 0;
 }
 
@@ -1474,7 +1494,7 @@ int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, 
 
 int mxfp4_route(const __nv_bfloat16* x, long long sx, const void* w, int w_kind, const void* b, int b_kind,
                 float* logits, int* counter, int* ids, float* wts, int M, int E, int H, int top_k, void* stream) {
-  if (top_k > 8 || top_k < 1) return (int)cudaErrorInvalidValue;
+  if (top_k > 8 || top_k < 1 || top_k > E || E > 32 * TOPK_PL) return (int)cudaErrorInvalidValue;
   constexpr int epc = WARPS / ROUTE_WPE;
   route_kernel<<<(E + epc - 1) / epc, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
       x, sx, w, w_kind, b, b_kind, logits, counter, ids, wts, M, E, H, top_k);
@@ -1482,9 +1502,10 @@ int mxfp4_route(const __nv_bfloat16* x, long long sx, const void* w, int w_kind,
 }
 
 int mxfp4_topk(const void* logits, int l_kind, long long sl, int* ids, float* wts, int M, int E, int top_k, void* stream) {
-  if (top_k > 8 || top_k < 1 || (l_kind != 1 && l_kind != 2) || (l_kind == 2 && M * E > 2048))
+  if (top_k > 8 || top_k < 1 || top_k > E || E > 32 * TOPK_PL || (l_kind != 1 && l_kind != 2))
     return (int)cudaErrorInvalidValue;
-  topk_kernel<<<1, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(logits, l_kind, sl, ids, wts, M, E, top_k);
+  if (M < 1) return 0;
+  topk_kernel<<<(M + WARPS - 1) / WARPS, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(logits, l_kind, sl, ids, wts, M, E, top_k);
   return (int)cudaGetLastError();
 }
 

@@ -12,7 +12,8 @@ in CUDA graphs and timed with CUDA events after warm-up, median of `--reps` repl
 packed_mm tiling of the grid (block_m x block_tiles x num_warps x num_stages) is timed; the best MoE tiling is
 written as KERNELS_PACKED_MM_* lines (`--env-out`) so that a served run can take it; those apply to every packed_mm
 launch of the server, the dense layers' too (which may prefer another tiling: see the dense rows). Stock's MoE time
-includes its routing from the logits; ours gets the ids precomputed. Where vLLM's Triton MoE is not offered (sm_121)
+includes its routing from the logits; ours gets the ids precomputed, and the routing the plugin runs before it
+(`cuda_ext.topk_from_logits`) is timed on its own, at M and at 1. Where vLLM's Triton MoE is not offered (sm_121)
 its time is NaN with the reason printed, and no ratio is given. The CUDA prefill kernel (`impl: cuda`, every
 `cuda_ext.PF_VARIANTS` tiling) is timed in the same process as the Triton tilings; where it cannot be built its
 entries are NaN with the reason.
@@ -161,19 +162,52 @@ def bench_moe(m: int, reps: int) -> dict:
     return res
 
 
+def bench_topk(ms: list[int], reps: int, src_before: str | None) -> list[dict]:
+    """The plugin's routing from vLLM's bf16 router logits (`cuda_ext.topk_from_logits`, top-4 of 128) at each M, and,
+    with an earlier kernel source, that source's served path in the same process. Sources before the multi-CTA
+    top-k took bf16 logits only up to 2048 values and the plugin converted larger ones to fp32 first, so their
+    time includes that conversion (what the served model ran)."""
+    from ..cuda_ext import topk_from_logits
+
+    e, k = MOE.experts, MOE.top_k
+    g = torch.Generator(device="cuda").manual_seed(13)
+    rows = []
+    for m in ms:
+        logits = torch.randn(m, e, generator=g, device="cuda").to(torch.bfloat16)
+        res = {"M": m, "experts": e, "top_k": k,
+               "us_topk": _timed("top-k", [lambda lg=logits: topk_from_logits(lg, k)], reps, 16)}
+        line = f"  top-{k} of {e} from bf16 logits, M={m}: {res['us_topk']} us"
+        if src_before:
+            def before(lg=logits):
+                return topk_from_logits(lg.float() if lg.numel() > 2048 else lg, k, src=src_before)
+            res["us_topk_before"] = _timed("top-k (before)", [before], reps, 16)
+            line += f", before {res['us_topk_before']} us"
+        print(line, flush=True)
+        rows.append(res)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, default=2048, help="tokens (prefill chunk)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", help="write the results as JSON")
     ap.add_argument("--env-out", help="write the best MoE configuration as KERNELS_PACKED_MM_* lines")
+    ap.add_argument("--cuda-src-before", help="an earlier csrc/mxfp4_mma.cu: its top-k is timed beside today's")
+    ap.add_argument("--only-topk", action="store_true", help="time the routing only (seconds, not minutes)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_prefill needs a CUDA GPU (it times kernels); nothing measured", file=sys.stderr)
         return 2
     print(f"{torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
           f"torch {torch.__version__}", flush=True)
-    res = {"device": torch.cuda.get_device_name(), "moe": bench_moe(a.m, a.reps), "dense": bench_dense(a.m, a.reps)}
+    res = {"device": torch.cuda.get_device_name(), "topk": bench_topk(sorted({1, a.m}), a.reps, a.cuda_src_before)}
+    if a.only_topk:
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0 if all(r["us_topk"] == r["us_topk"] for r in res["topk"]) else 1
+    res.update({"moe": bench_moe(a.m, a.reps), "dense": bench_dense(a.m, a.reps)})
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

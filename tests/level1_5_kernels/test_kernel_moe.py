@@ -259,26 +259,59 @@ def test_route_kernel_matches_reference(m, router_dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("m", [1, 16, 40])
-def test_topk_from_logits_matches_torch(m, dtype):
+@pytest.mark.parametrize("m,e,k", [(1, 128, 4), (16, 128, 4), (40, 128, 4), (2048, 128, 4), (3, 32, 4),
+                                   (9, 256, 8), (5, 40, 1)])
+def test_topk_from_logits_matches_torch(m, e, k, dtype):
     """The plugin's routing from vLLM's router logits: the k largest logits in torch.topk's order, and
     softmax over them to fp32 rounding. Compared by value, not id: bf16 logits tie often (8-bit
     mantissa; an H200 run had a tie at the 4th place among 40 x 128), and either tied expert is a
-    correct top-k. Ids must still be distinct and in range. M=40 x 128 bf16 logits exceed the
-    kernel's shared buffer: the fp32 fallback."""
+    correct top-k. Ids must still be distinct and in range. One warp per row, 8 rows per CTA: M = 40 and
+    2048 (a prefill chunk) span several CTAs, 9 ends inside one; E = 32 (gpt-oss-20b), 128 (120b), 256 (all
+    8 keys of every lane) and 40 (lanes holding 1 or 2 real keys)."""
     _need_cuda_ext()
     from kernels import cuda_ext
 
     seed = fresh_seed()
     g = generator(seed, "cuda")
-    logits = (torch.randn(m, 128, generator=g, device="cuda") * 3).to(dtype)
-    ids, wts = cuda_ext.topk_from_logits(logits, 4)
-    vals, rid = torch.topk(logits.float(), 4, dim=-1)
+    logits = (torch.randn(m, e, generator=g, device="cuda") * 3).to(dtype)
+    ids, wts = cuda_ext.topk_from_logits(logits, k)
+    vals, rid = torch.topk(logits.float(), k, dim=-1)
     assert ids.dtype == torch.int32
-    assert int(ids.min()) >= 0 and int(ids.max()) < 128
-    assert all(len(set(row)) == 4 for row in ids.tolist()), f"seed={seed}: repeated expert"
+    assert int(ids.min()) >= 0 and int(ids.max()) < e
+    assert all(len(set(row)) == k for row in ids.tolist()), f"seed={seed}: repeated expert"
     assert torch.equal(logits.float().gather(1, ids.long()), vals), f"seed={seed}"
     torch.testing.assert_close(wts, torch.softmax(vals, -1), **ROUTE_WEIGHTS_TOL)
+
+
+@pytest.mark.gpu
+def test_topk_ties_go_to_the_lower_expert_id():
+    """Equal logits: the lower expert ids win, in order (the kernel compares order-preserving integer keys, so
+    -0.0 must map to +0.0's key; equal values held by one lane and across lanes)."""
+    _need_cuda_ext()
+    from kernels import cuda_ext
+
+    logits = torch.zeros(4, 128, device="cuda")
+    logits[0, 100:] = 1.0  # 28 equal maxima, lanes 4..31 of the last key
+    logits[1, 1::2] = -0.0  # -0.0 equals +0.0
+    logits[2, 5] = 2.0
+    logits[2, 64:] = 1.0  # lanes 0..31 hold two equal keys each (64 + l and 96 + l)
+    logits[3] = -1.0
+    logits[3, 1::2] = float("nan")  # NaN counts as -inf: the four lowest finite ids
+    for dtype in (torch.float32, torch.bfloat16):
+        ids, _ = cuda_ext.topk_from_logits(logits.to(dtype), 4)
+        assert ids.tolist() == [[100, 101, 102, 103], [0, 1, 2, 3], [5, 64, 65, 66], [0, 2, 4, 6]], dtype
+
+
+def test_cuda_topk_refuses_what_it_cannot_select():
+    """top_k above 8 or above the expert count, or more experts than the kernel's 8 keys per lane hold: a clear
+    ValueError (the plugin then routes with torch.topk), never a launch that would leave ids unset."""
+    from kernels import cuda_ext
+
+    assert cuda_ext.topk_supported(128, 4) and cuda_ext.topk_supported(256, 8) and cuda_ext.topk_supported(2, 2)
+    for e, k in [(128, 9), (3, 4), (257, 4), (128, 0)]:
+        assert not cuda_ext.topk_supported(e, k)
+        with pytest.raises(ValueError, match="torch.topk"):
+            cuda_ext._check_topk(e, k)
 
 
 @pytest.mark.gpu

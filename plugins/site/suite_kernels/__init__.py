@@ -137,11 +137,11 @@ def route_from_logits(router_logits, top_k: int):
     experts renormalised over the top k). (ids int32 [M, k], weights float32 [M, k])."""
     import torch
 
-    if router_logits.is_cuda and top_k <= 8:  # one launch instead of torch's topk + sort + softmax
+    if router_logits.is_cuda:  # one launch instead of torch's topk + sort + softmax
         _import_kernels()
         from kernels import cuda_ext
 
-        if cuda_ext.available()[0]:
+        if cuda_ext.topk_supported(router_logits.shape[-1], top_k) and cuda_ext.available()[0]:
             return cuda_ext.topk_from_logits(router_logits, top_k)
     vals, ids = torch.topk(router_logits.float(), top_k, dim=-1)
     return ids.to(torch.int32), torch.softmax(vals, dim=-1)
