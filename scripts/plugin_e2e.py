@@ -75,7 +75,12 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
         if running.trace_dir is not None:
             # the engine-clock pp2048 holds host time (scheduling, launches) that moved stock's median by 24% between
             # boots; the kernels' own time is what a prefill kernel changes (the gate's ppN_gpu)
-            metrics["pp2048_gpu"] = _summary(bench.gpu_prefill(client, maker, PREFILL_GPU, kernel_time_probe(running)))
+            try:
+                entry = bench.gpu_prefill(client, maker, PREFILL_GPU, kernel_time_probe(running))
+                metrics["pp2048_gpu"] = {**_summary(entry),
+                                         **{k: entry[k] for k in ("unresolved", "flagged") if k in entry}}
+            except SuiteError as e:  # the decode metrics above stay measured
+                metrics["pp2048_gpu"] = {"error": str(e).splitlines()[0][:300]}
         kernels = None
         if running.trace_dir is not None and not prefill_gpu_only:  # the 16-token prompt's prefill is included
             w = bench.Workload("decode", 16, BREAKDOWN_TOKENS, runs=1, warmup=0)
@@ -96,7 +101,7 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
 def mixed_setting(results: dict[str, dict], setting: dict) -> str | None:
     """Why an --out's earlier results may not share a table with this run's (None: they may)."""
     for name, r in results.items():
-        then = {k: r.get(k) for k in setting}
+        then = {k: r.get(k, "all" if k == "workloads" else None) for k in setting}  # before that key: all workloads
         if "metrics" in r and then != setting:
             return f"holds {name} measured with {then}, this run is {setting}"
     return None
