@@ -307,6 +307,8 @@ def test_cuda_topk_refuses_what_it_cannot_select():
     ValueError (the plugin then routes with torch.topk), never a launch that would leave ids unset."""
     from kernels import cuda_ext
 
+    # the Python gate mirrors the kernel's register array: a drift would send E the kernel refuses at serving time
+    assert f"constexpr int TOPK_PL = {cuda_ext.TOPK_MAX_EXPERTS // 32};" in cuda_ext.SRC.read_text()
     assert cuda_ext.topk_supported(128, 4) and cuda_ext.topk_supported(256, 8) and cuda_ext.topk_supported(2, 2)
     for e, k in [(128, 9), (3, 4), (257, 4), (128, 0)]:
         assert not cuda_ext.topk_supported(e, k)
