@@ -83,6 +83,34 @@ def source_pf_variants(text: str) -> list[tuple[int, ...]]:
             for m in re.finditer(r"pf_launch<MODE((?:, \d+)+)>", text)]
 
 
+def build_shared(src_path: Path, src_bytes: bytes | None = None) -> Path:
+    """A shared library of one CUDA source for this device's arch, built by nvcc once and cached by source hash, arch
+    and nvcc version under $KERNELS_CACHE_DIR (or ~/.cache/kernels_mxfp4). RuntimeError says why it cannot be."""
+    if os.environ.get("KERNELS_DISABLE_CUDA_EXT"):
+        raise RuntimeError("disabled by KERNELS_DISABLE_CUDA_EXT")
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device")
+    nvcc = _nvcc()
+    if not nvcc:
+        raise RuntimeError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    src_bytes = src_path.read_bytes() if src_bytes is None else src_bytes
+    arch = _arch()
+    ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(src_bytes + arch.encode() + ver.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "kernels_mxfp4"))
+    cache.mkdir(parents=True, exist_ok=True)
+    so = cache / f"{src_path.stem}_sm{arch}_{key}.so"
+    if not so.exists():
+        tmp = so.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [nvcc, "-O3", f"-arch=sm_{arch}", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
+               "-diag-suppress", "177", "-o", str(tmp), str(src_path)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
+        os.replace(tmp, so)
+    return so
+
+
 @functools.lru_cache(maxsize=None)
 def _load(src: str = "") -> ctypes.CDLL:
     """The compiled library of `src` (default: csrc/mxfp4_mma.cu). Another source with the same C API
@@ -100,28 +128,7 @@ def _load(src: str = "") -> ctypes.CDLL:
     if pf_table and pf_table != PF_VARIANTS:  # no table: a source older than the prefill kernel (prefill_available)
         raise RuntimeError(f"{src_path}: its prefill table {pf_table} is not cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
                            "edit its PF_TABLE macro to match")
-    if os.environ.get("KERNELS_DISABLE_CUDA_EXT"):
-        raise RuntimeError("disabled by KERNELS_DISABLE_CUDA_EXT")
-    if not torch.cuda.is_available():
-        raise RuntimeError("no CUDA device")
-    nvcc = _nvcc()
-    if not nvcc:
-        raise RuntimeError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-    arch = _arch()
-    ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(src_bytes + arch.encode() + ver.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "kernels_mxfp4"))
-    cache.mkdir(parents=True, exist_ok=True)
-    so = cache / f"mxfp4_mma_sm{arch}_{key}.so"
-    if not so.exists():
-        tmp = so.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [nvcc, "-O3", f"-arch=sm_{arch}", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
-               "-diag-suppress", "177", "-o", str(tmp), str(src_path)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
-        os.replace(tmp, so)
-    lib = ctypes.CDLL(str(so))
+    lib = ctypes.CDLL(str(build_shared(src_path, src_bytes)))
     P, I, LL, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
     lib.mxfp4_launch.restype = I
     lib.mxfp4_launch.argtypes = [I, I, P, LL, P, P, LL, LL, P, I, LL, P, LL, P, I, I, P, P,
