@@ -7,9 +7,10 @@ If `mma.sync` alone peaks well below what cuBLAS reaches on a Hopper stand-in, a
 there judges the instruction set, not the kernel, and cannot say how the kernel does on GB10.
 
 Method: `csrc/mma_peak.cu` runs independent bf16 -> fp32 MMA chains on register-resident fragments across every SM,
-at several warps per SM and chain counts; the best is the peak. Each launch's sums are checked, so a loop the
-compiler shortened fails instead of being timed. cuBLAS: `torch.matmul` bf16 at 8192^3 and at the gpt-oss-120b qkv
-prefill shape (2048 x 2880 -> 5120). Device events after warm-up, median of `--reps` (`timing.time_calls`).
+at several warps per SM and chain counts; the best is the peak. The sums of each setting's last launch are checked,
+so a loop the compiler shortened fails instead of being timed. The fragments never leave registers, so the peak is an
+issue-rate ceiling that no kernel feeding its operands from memory reaches. cuBLAS: `x @ W.T` bf16 at 8192^3 and at
+the gpt-oss-120b qkv prefill shape (2048 x 2880 -> 5120). Device events after warm-up, median of `--reps` (`timing.time_calls`).
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ def mma_sync_tflops(reps: int) -> list[dict]:
 def cublas_tflops(reps: int) -> list[dict]:
     rows = []
     for name, (m, k, n) in {"8192^3": (8192, 8192, 8192), "qkv 2048 tokens": (2048, 2880, 5120)}.items():
+        # x @ W.T with W [n, k], as a served linear layer (and bench_prefill) calls it: cuBLAS picks other kernels
+        # for a [k, n] operand (qkv: 97.9 against 81.0 us on an H200)
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        us = time_calls([lambda a=a, b=b: torch.matmul(a, b)], reps, 4)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        us = time_calls([lambda a=a, w=w: torch.matmul(a, w.t())], reps, 4)
         rows.append({"shape": name, "us": us, "tflops": 2 * m * k * n / us / 1e6})
         print(f"cuBLAS bf16    {name:18s}  {us:9.1f} us  {rows[-1]['tflops']:7.1f} TFLOPS", flush=True)
     return rows

@@ -63,7 +63,6 @@ def test_the_kernels_build_for_every_shipped_arch(counts, toolchain, record_prop
         sass_count.print_rows(rows, arch)  # shown with -s / -rA; .ci/build_kernels.sh prints them in every CI log
 
 
-
 def test_the_mma_throughput_probe_builds_for_every_shipped_arch(toolchain):
     # kernels.tools.mma_peak times mma.sync bf16 on a GPU to read a Hopper prefill gate; the instruction is GB10's only
     # tensor-core MMA, so the probe must build for sm_121a as well as for the Hopper stand-in
@@ -71,6 +70,7 @@ def test_the_mma_throughput_probe_builds_for_every_shipped_arch(toolchain):
         cubin = build.compile_cubin(PROBE, arch, toolchain)
         sass = build.disassemble(cubin, toolchain)
         assert "mma_peak_kernel" in sass and "HMMA.16816.F32.BF16" in sass, f"sm_{arch}: no bf16 HMMA probe in the cubin"
+
 
 # TMA gather4 (Blackwell datacenter, sm_100a): rows gathered by index into shared memory. sm_12x has no gather4.
 GATHER4 = r"""
