@@ -112,6 +112,16 @@ def _cell(b: dict, key: str) -> str:
     return "-" if b.get(key) is None else f"{b[key]:.0f}"
 
 
+# A median whose samples spread wider than this is shown with its CV: a 20b run on a shared host had samples at 1.0x
+# and 1.33x stock and a median matching neither, and the table alone read as a clean 1.15x.
+SPREAD_SHOWN = 0.02
+
+
+def _spread(metric: dict) -> str:
+    cv = metric.get("cv")
+    return f", CV {cv:.1%}" if cv is not None and cv == cv and cv > SPREAD_SHOWN else ""
+
+
 def table(results: dict[str, dict], order: list[str]) -> list[str]:
     ref = next((results[c]["metrics"] for c in order if "metrics" in results.get(c, {})), None)
     head = ("| config | boot (s) | used GiB | KV tokens | " + " | ".join(f"{m} tok/s (ratio)" for m in SHOWN)
@@ -129,7 +139,8 @@ def table(results: dict[str, dict], order: list[str]) -> list[str]:
         for m in SHOWN:
             v = r["metrics"].get(m, {}).get("median")
             base = (ref or {}).get(m, {}).get("median")
-            cells.append("n/a" if v is None else f"{v:.1f} ({v / base:.2f}x)" if base else f"{v:.1f}")
+            cells.append("n/a" if v is None else f"{v:.1f} ({v / base:.2f}x{_spread(r['metrics'][m])})" if base
+                         else f"{v:.1f}")
         mem = r.get("memory") or {}
         used, kv = mem.get("used_gib"), mem.get("kv_capacity_tokens")
         lines.append(f"| {c} | {r['boot_s']} | {'-' if used is None else f'{used:.2f}'} | "
@@ -141,7 +152,8 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
     """e2e.md's lines: the speed table, then each config's decode-time breakdown and host ranges."""
     md = [f"# Kernels plugin end to end: {title}", "",
           "Engine clock (pp2048_gpu: GPU kernel time of one profiled 2048-token prefill), medians after warm-up; "
-          "ratio against the first config.", ""] + table(results, order)
+          "ratio against the first config; a CV after the ratio: samples spread more than "
+          f"{SPREAD_SHOWN:.0%}, so the median alone misleads.", ""] + table(results, order)
     md += ["", "Kernel time per generated token (us), one profiled batch-1 request of "
            f"{BREAKDOWN_TOKENS} tokens; GPU idle = trace wall time - union of the kernels "
            f"(`{PLOT_NAME}`); waiting for the host = the idle between kernels of different host launches "

@@ -52,3 +52,13 @@ def test_the_report_shows_the_wait_for_the_host_the_exclusive_moe_time_and_the_h
     assert rows[0] == "| triton-bf16 | 5.00 | 30 | 25 | 0 | 0 | 0 | 30 | 25 | 25 | 3 |", rows[0]
     assert " - | 0 | 0 | 0 | 30 | 25 | - | 3 |" in rows[1], rows[1]
     assert "- gpu_model_runner: sample (user_annotation): 20 us, 1.00 calls" in md
+
+
+def test_the_speed_table_shows_the_spread_of_a_noisy_median():
+    """A median of bimodal samples (a shared host: half at 1.0x stock, half at 1.33x) must not read as a clean ratio;
+    a tight one stays uncluttered."""
+    results = {"triton-bf16": {"boot_s": 1.0, "metrics": {"tg32": {"median": 325.2, "cv": 0.0069}}},
+               "gemv-bf16": {"boot_s": 1.0, "metrics": {"tg32": {"median": 375.0, "cv": 0.1513}}}}
+    rows = plugin_e2e.table(results, ["triton-bf16", "gemv-bf16"])
+    assert "| 325.2 (1.00x) |" in rows[2], rows[2]
+    assert "| 375.0 (1.15x, CV 15.1%) |" in rows[3], rows[3]
