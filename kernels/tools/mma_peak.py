@@ -69,8 +69,9 @@ def mma_sync_tflops(reps: int) -> list[dict]:
 def cublas_tflops(reps: int) -> list[dict]:
     rows = []
     for name, (m, k, n) in {"8192^3": (8192, 8192, 8192), "qkv 2048 tokens": (2048, 2880, 5120)}.items():
-        # x @ W.T with W [n, k], as a served linear layer (and bench_prefill) calls it: cuBLAS picks other kernels
-        # for a [k, n] operand (qkv: 97.9 against 81.0 us on an H200)
+        # x @ W.T with W [n, k], as a served linear layer (and bench_prefill) calls it. Full-scale random bf16: cuBLAS's
+        # time depends on the data (power), so it is not the bench's number (weights x 0.02 there: qkv 81.0 us on an
+        # H200, 96.6 here)
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         us = time_calls([lambda a=a, w=w: torch.matmul(a, w.t())], reps, 4)
