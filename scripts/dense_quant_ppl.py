@@ -7,7 +7,8 @@ one copy of the weights. When its level 2 perplexity moves, this says how much o
 explains, with no GPU and no vLLM: the same quantizer, applied step by step to the BF16 model.
 
 Rows: BF16; the experts through the MXFP4 checkpoint's quantizer (`tiny-gpt-oss-mxfp4`, what every GPU config
-serves); + qkv and o_proj through `quantize_mxfp4`; + lm_head (all of layers=all).
+serves); + qkv and o_proj through `quantize_mxfp4`; + lm_head (all of layers=all); the same architecture untrained,
+against which level 2's "embedded model is trained" bound is set.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def main() -> int:
     rows.append(("+ qkv / o_proj MXFP4", heldout_ppl(model, ids)))
     _round_trip(model.lm_head)
     rows.append(("+ lm_head MXFP4 (layers=all)", heldout_ppl(model, ids)))
+    torch.manual_seed(0)  # level 2's "trained" bound sits between these rows and this one
+    rows.append(("untrained (transformers init, seed 0)", heldout_ppl(GptOssForCausalLM(model.config).to(torch.bfloat16).eval(), ids)))
     print(f"heldout.txt, {ids.shape[1]} tokens")
     for name, ppl in rows:
         print(f"{name:36s} {ppl:9.3f}  ({ppl / rows[1][1] - 1:+.2%} against the MXFP4-experts model)")

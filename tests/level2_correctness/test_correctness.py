@@ -64,11 +64,19 @@ def test_perplexity_matches_golden(level2, reference, tolerance):
 
 
 def test_embedded_model_is_trained(level2, suite):
-    """Its perplexity must be far below the uniform-distribution value (the vocabulary size)."""
+    """Its perplexity must be far below the uniform-distribution value (the vocabulary size): below sqrt(vocab), i.e.
+    training explains at least half the bits of a uniform guess.
+
+    Heldout perplexity (scripts/dense_quant_ppl.py, transformers on CPU): trained BF16 196.9, with the MXFP4 lm_head of
+    gemv-bf16-mxfp4-all 223.7; the same architecture untrained (transformers init) 220,450, about the vocabulary
+    (201,088). The bound, sqrt(201,088) = 448, leaves 2x headroom above the trained model and 490x below an untrained
+    one. The earlier bound, vocab / 1000 = 201, sat 2% above the trained model, so a config's quantization error
+    failed it as "not trained"; drift from the model's own value is test_perplexity_matches_golden's job (0.2%)."""
     if not suite.model.alias.startswith("tiny-gpt-oss"):
         pytest.skip("only the embedded model has a known training state")
     vocab = json.loads((Path(suite.model.path) / "config.json").read_text())["vocab_size"]
-    assert level2.perplexity < vocab / 1000, f"perplexity {level2.perplexity:.1f} is not far below uniform ({vocab})"
+    assert level2.perplexity < vocab ** 0.5, (f"perplexity {level2.perplexity:.1f} is not far below uniform ({vocab}; "
+                                              f"bound sqrt(vocab) = {vocab ** 0.5:.0f}): is the embedded model untrained?")
 
 
 def test_no_nan_or_inf_in_any_logprob(level2):
