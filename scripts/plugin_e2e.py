@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -119,7 +120,7 @@ SPREAD_SHOWN = 0.02
 
 def _spread(metric: dict) -> str:
     cv = metric.get("cv")
-    return f", CV {cv:.1%}" if cv is not None and cv == cv and cv > SPREAD_SHOWN else ""
+    return f", CV {cv:.1%}" if cv is not None and not math.isnan(cv) and cv > SPREAD_SHOWN else ""
 
 
 def table(results: dict[str, dict], order: list[str]) -> list[str]:
