@@ -131,7 +131,7 @@ def table(results: dict[str, dict], order: list[str]) -> list[str]:
     for c in order:
         r = results.get(c)
         if r is None:
-            lines.append(f"| {c} | not measured (time limit) |" + " |" * (len(SHOWN) + 2))
+            lines.append(f"| {c} | not measured yet (the run stopped before it, or is still going) |" + " |" * (len(SHOWN) + 2))
             continue
         if "metrics" not in r:
             lines.append(f"| {c} | {r.get('skipped') or r.get('error')} |" + " |" * (len(SHOWN) + 2))
