@@ -123,6 +123,34 @@ def _spread(metric: dict) -> str:
     return f", CV {cv:.1%}" if cv is not None and not math.isnan(cv) and cv > SPREAD_SHOWN else ""
 
 
+# A batch-1 decode step this much longer than its kernels (per token, from the profiled request) leaves the GPU idle
+# for >= 9% of the step: the step follows vLLM's host side, not the kernels. Stock's 20b step was 1.01x its kernels
+# (3.07 ms against 3.04, H200), the plugin's 1.13-1.18x with tg32 samples from 2.13 to 3.18 ms per token
+# (docs/evidence/sm_90-2026-11-28-h200-second/).
+HOST_BOUND = 1.10
+
+
+def decode_bounds(results: dict[str, dict], order: list[str]) -> list[str]:
+    """Per config: is batch-1 decode (tg32) bound by its kernels or by the host? A host-bound step hides any kernel
+    change and spreads with the host's time per step, so its tg32 ratio and CV judge the host, not the kernels."""
+    lines = []
+    for c in order:
+        r = results.get(c) or {}
+        b, tg = r.get("kernel_breakdown"), r.get("metrics", {}).get("tg32", {})
+        if not b or not tg.get("median") or not b.get("total_us_per_token"):
+            continue
+        kernels_ms, step_ms = b["total_us_per_token"] / 1000, 1000 / tg["median"]
+        samples = [1000 / v for v in tg.get("samples") or [] if v]
+        spread = f" (samples {min(samples):.2f}-{max(samples):.2f})" if samples and _spread(tg) else ""
+        if step_ms > HOST_BOUND * kernels_ms:
+            verdict = (f"host-bound: the GPU waits for vLLM's host side, so tg32 measures the host as much as the "
+                       f"kernels (they alone allow {1000 / kernels_ms:.1f} tok/s)")
+        else:
+            verdict = "kernel-bound: tg32 follows the kernels"
+        lines.append(f"- {c}: tg32 step {step_ms:.2f} ms per token{spread}, kernels {kernels_ms:.2f} ms: {verdict}.")
+    return lines
+
+
 def table(results: dict[str, dict], order: list[str]) -> list[str]:
     ref = next((results[c]["metrics"] for c in order if "metrics" in results.get(c, {})), None)
     head = ("| config | boot (s) | used GiB | KV tokens | " + " | ".join(f"{m} tok/s (ratio)" for m in SHOWN)
@@ -174,6 +202,10 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
                       f"{u['other']:.0f} | {b['total_us_per_token']:.0f} | {_cell(b, 'idle_us_per_token')} | "
                       f"{_cell(b, 'host_wait_us_per_token')} | {_cell(b, 'launches_per_token')} |"
                       if tg else f"| {c} | n/a | | | | | | | | | |")
+    bounds = decode_bounds(results, order)
+    if bounds:
+        md += ["", f"What bounds batch-1 decode (host-bound: the tg32 step is over {HOST_BOUND:.2f}x the kernels' time "
+               "per token of the profiled request):", ""] + bounds
     for c in order:  # where each step's host time goes (the GPU waits for it): vLLM's phase ranges, ops, runtime
         host = ((results.get(c) or {}).get("kernel_breakdown") or {}).get("host_top") or []
         if host:

@@ -62,3 +62,26 @@ def test_the_speed_table_shows_the_spread_of_a_noisy_median():
     rows = plugin_e2e.table(results, ["triton-bf16", "gemv-bf16"])
     assert "| 325.2 (1.00x) |" in rows[2], rows[2]
     assert "| 375.0 (1.15x, CV 15.1%) |" in rows[3], rows[3]
+
+
+def _decode(samples: list[float], kernels_us: float) -> dict:
+    med = sorted(samples)[len(samples) // 2]
+    cv = (sum((s - med) ** 2 for s in samples) / len(samples)) ** 0.5 / med
+    return {"metrics": {"tg32": {"median": med, "cv": cv, "samples": samples}},
+            "kernel_breakdown": {"total_us_per_token": kernels_us}}
+
+
+def test_decode_is_called_host_bound_when_its_step_outlasts_its_kernels():
+    """The 20b shape alone on an H200 (docs/evidence/sm_90-2026-11-28-h200-second/): stock's step is its kernels, the
+    plugin's step follows the host (samples from stock's speed to the kernels' bound). A/A: stock stays kernel-bound;
+    a plugin whose step is its kernels is kernel-bound too, so the rule reads the step, not the config."""
+    results = {"triton-bf16": _decode([326.1, 325.9, 326.3, 324.8, 324.6, 324.8, 325.7, 322.8], 3043),
+               "gemv-bf16-mxfp4-all": _decode([392.0, 314.6, 318.6, 322.6, 392.6, 470.6, 452.5, 448.2], 2170),
+               "fast-and-steady": _decode([455.0, 456.0, 454.0], 2170)}
+    lines = plugin_e2e.decode_bounds(results, list(results))
+    assert len(lines) == 3
+    stock, plugin, steady = lines
+    assert "kernel-bound" in stock and "host-bound" not in stock
+    assert "host-bound" in plugin and "samples 2.12-3.18" in plugin and "460.8 tok/s" in plugin
+    assert "kernel-bound" in steady and "samples" not in steady  # CV under SPREAD_SHOWN: no sample range
+    assert plugin_e2e.decode_bounds({"x": {"error": "boot failed"}}, ["x"]) == []
