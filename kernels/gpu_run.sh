@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One unattended GPU run for issue 12: kernel tests, benchmark, Nsight Compute counters, static SASS
+# One unattended GPU run of the decode kernels: kernel tests, benchmark, Nsight Compute counters, static SASS
 # counts. Everything lands under $OUT (default ./gpu_out). Each stage has its own time limit so one
 # failure cannot eat the others' time (total <= ~8 minutes on an H200).
 #   OUT=/some/dir bash kernels/gpu_run.sh

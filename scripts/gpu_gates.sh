@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Level 4/5 gate evidence on one GPU (issue 10): a fresh baseline, five A/A boots against it, the 2% / 5%
+# Level 4/5 gate evidence on one GPU: a fresh baseline, five A/A boots against it, the 2% / 5%
 # sensitivity curve on decode and prefill, +1.5 GiB held, the llama-benchy cross-check, and a summary.
 #
 #   export PYTHONPATH=/tmp/vllm-site            # vLLM 0.26 staged as in docs/gpu-lab.md
