@@ -131,7 +131,7 @@ HOST_BOUND = 1.10
 
 
 def decode_bounds(results: dict[str, dict], order: list[str]) -> list[str]:
-    """Per config: is batch-1 decode (tg32) bound by its kernels or by the host? A host-bound step hides any kernel
+    """Per config: is batch-1 decode (tg32) bound by its kernels or by the host? A host-bound step hides part of a kernel
     change and spreads with the host's time per step, so its tg32 ratio and CV judge the host, not the kernels."""
     lines = []
     for c in order:
