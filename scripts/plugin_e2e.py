@@ -118,9 +118,13 @@ def _cell(b: dict, key: str) -> str:
 SPREAD_SHOWN = 0.02
 
 
-def _spread(metric: dict) -> str:
+def _noisy(metric: dict) -> bool:
     cv = metric.get("cv")
-    return f", CV {cv:.1%}" if cv is not None and not math.isnan(cv) and cv > SPREAD_SHOWN else ""
+    return cv is not None and not math.isnan(cv) and cv > SPREAD_SHOWN
+
+
+def _spread(metric: dict) -> str:
+    return f", CV {metric['cv']:.1%}" if _noisy(metric) else ""
 
 
 # A batch-1 decode step this much longer than its kernels (per token, from the profiled request) leaves the GPU idle
@@ -141,7 +145,7 @@ def decode_bounds(results: dict[str, dict], order: list[str]) -> list[str]:
             continue
         kernels_ms, step_ms = b["total_us_per_token"] / 1000, 1000 / tg["median"]
         samples = [1000 / v for v in tg.get("samples") or [] if v]
-        spread = f" (samples {min(samples):.2f}-{max(samples):.2f})" if samples and _spread(tg) else ""
+        spread = f" (samples {min(samples):.2f}-{max(samples):.2f})" if samples and _noisy(tg) else ""
         if step_ms > HOST_BOUND * kernels_ms:
             verdict = (f"host-bound: the GPU waits for vLLM's host side, so tg32 measures the host as much as the "
                        f"kernels (they alone allow {1000 / kernels_ms:.1f} tok/s)")
