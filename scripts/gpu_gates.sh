@@ -3,7 +3,7 @@
 # sensitivity curve on decode and prefill, +1.5 GiB held, the llama-benchy cross-check, and a summary.
 #
 #   export PYTHONPATH=/tmp/vllm-site            # vLLM 0.26 staged as in docs/gpu-lab.md
-#   bash scripts/gpu_gates.sh PHASE [PHASE...]  # phases run in order; state is kept in /tmp/suite-art
+#   bash scripts/gpu_gates.sh PHASE [PHASE...]  # phases run in order; state is kept in $STATE (/tmp/suite-art)
 #
 # Phases (each fits a 10-minute call; ~3-4 min per boot of the gpt-oss-120b shape on an H200):
 #   selftest   the plugin's %globaltimer spin: eager, in a CUDA graph, updated after capture (~30 s)
@@ -17,22 +17,23 @@
 #   summary    $OUT/gates-summary.md from every phase so far (every phase also refreshes it)
 #   all        selftest warm baseline aa 5 hooked benchy summary
 # MODEL / CONFIG / WORKLOADS override the defaults (gpt-oss-120b-shape, triton-bf16, the quick GPU set);
-# PYTEST_EXTRA adds pytest options to every run (a plugin config on the 120b shape needs
-# PYTEST_EXTRA=--server-arg=--gpu-memory-utilization=0.93: it holds a second copy of the experts).
+# PYTEST_EXTRA adds pytest options to every run. STATE (default /tmp/suite-art) holds the recorded baselines and
+# the runs ($STATE/gates): give each of several jobs on one host its own.
 # SUITE_GIT_SHA=<sha> records the suite's commit where the tree arrives without .git.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-gpt-oss-120b-shape}
 CONFIG=${CONFIG:-triton-bf16}
 WORKLOADS=${WORKLOADS:-tests/level4_perf/workloads-gpu-quick.yaml}
-ART=/tmp/suite-art/gates
+STATE=${STATE:-/tmp/suite-art}
+ART=$STATE/gates
 OUT=${OUT:-/tmp/gates-out}
 mkdir -p "$ART" "$OUT" runs
 export PYTHONUNBUFFERED=1 SUITE_BOOT_TIMEOUT=${SUITE_BOOT_TIMEOUT:-600}
 unset SUITE_HOOK_HOLD_GIB SUITE_HOOK_SLOWDOWN
 python3 -c "import vllm" 2>/dev/null || { echo "gpu_gates: vLLM is not importable; stage it (docs/gpu-lab.md) and export PYTHONPATH=/tmp/vllm-site"; exit 2; }
 # baselines recorded by earlier calls on this machine (the working tree is re-synced every call)
-[ -d /tmp/suite-art/baselines ] && cp -r /tmp/suite-art/baselines/. baselines/
+[ -d "$STATE/baselines" ] && cp -r "$STATE/baselines/." baselines/
 COMMON=(--model="$MODEL" --config="$CONFIG" --workloads "$WORKLOADS" -p no:cacheprovider -q ${PYTEST_EXTRA:-})
 
 run_pytest() {  # NAME EXPECT -- pytest args
@@ -65,7 +66,7 @@ while [ $i -lt ${#phases[@]} ]; do
       run_pytest warm "discarded" -- -m level4 -k test_benchmark ;;
     baseline)
       run_pytest baseline "Regenerated expected" -- -m "level4 or level5" -k "no_regression" --force-regen
-      mkdir -p /tmp/suite-art/baselines && cp -r baselines/. /tmp/suite-art/baselines/ ;;
+      mkdir -p "$STATE/baselines" && cp -r baselines/. "$STATE/baselines/" ;;
     aa)
       n=1; [[ ${phases[$i]:-} =~ ^[0-9]+$ ]] && { n=${phases[$i]}; i=$((i + 1)); }
       for _ in $(seq "$n"); do
