@@ -124,7 +124,7 @@ class Measurer:
                            "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")}})
 
     def measure_round(self, side: Side, running: RunningServer, profiled: bool = False) -> None:
-        """One round of the unprofiled workloads (`profiled=False`) or of the profiled ones (ppN_gpu). Kept apart:
+        """One round of the unprofiled workloads (`profiled=False`) or of the profiled ones (ppN_gpu, tgN_gpu). Kept apart:
         on an H100 (20b shape) stock tg32 rounds that followed a profiled prefill in the same round ranged 180-304
         tok/s, where rounds without the profiler in between vary by about 0.1%."""
         client, maker = running.client(), self._maker(running)
@@ -136,7 +136,7 @@ class Measurer:
             elif metric.endswith("_gpu"):
                 if not self.on_gpu or running.trace_dir is None:
                     continue  # not measurable here: the criterion is judged an ERROR, never a pass
-                entry = bench.gpu_prefill(client, maker, w, kernel_time_probe(running), self.sampler)
+                entry = bench.gpu_rate(client, maker, w, kernel_time_probe(running), self.sampler)
                 self._take(side, metric, entry)
             else:
                 entries = bench.metrics_for(w, bench.run_workload(client, maker, w, self.sampler))

@@ -357,25 +357,59 @@ def gpu_prefill(client: Client, maker: PromptMaker, w: Workload,
     under the server's profiler and returns the summed kernel microseconds of the trace; the request asks
     for one token, so no decode step is in it. Rounds that ran below the loaded clock are set aside and
     measured again (at most `w.runs` times), as in `run_workload`."""
+    return _kernel_rate(client, maker, w, profile_one, sampler, f"pp{w.pp}_gpu", w.pp, 1, w.pp,
+                        "GPU kernel time of one profiled prefill per round (torch profiler trace)")
+
+
+def gpu_decode(client: Client, maker: PromptMaker, w: Workload,
+               profile_one: Callable[[Callable[[], None]], float], sampler=None) -> dict[str, Any]:
+    """`tgN_gpu`: generated tokens per second of GPU kernel time, one profiled batch-1 request of N tokens per round.
+
+    Why: a config whose kernels finish a decode step before vLLM's host side has the next one ready is
+    host-bound, and its engine-clock tgN then follows the host. On an H200 the plugin's gpt-oss-20b decode took
+    2.17 ms of kernels per token while its tg32 samples of one boot ranged 314.6-470.6 tok/s, and an A/A boot of
+    `gemv-bf16` on the 120b shape came out 15% slower on tg32 with nothing changed; stock's kernel-bound tg32
+    moved by 0.35% in the same run. The kernels' time per token does not follow the host, so this metric gates
+    what a kernel change does to decode. The request's kernel time includes its short prompt's prefill (one
+    step of N + 1): a fixed share, the same in the baseline and the run."""
+    return _kernel_rate(client, maker, w, profile_one, sampler, f"tg{w.tg}_gpu", w.pp, w.tg, w.tg,
+                        f"GPU kernel time of one profiled batch-1 request of {w.pp} prompt + {w.tg} generated tokens "
+                        "per round, its prompt's prefill included (torch profiler trace)")
+
+
+def gpu_rate(client: Client, maker: PromptMaker, w: Workload,
+             profile_one: Callable[[Callable[[], None]], float], sampler=None) -> dict[str, Any]:
+    """The kernel-time metric of a prefill (`ppN_gpu`) or batch-1 decode (`tgN_gpu`) workload."""
+    if w.kind == "prefill":
+        return gpu_prefill(client, maker, w, profile_one, sampler)
+    if w.kind == "decode":
+        return gpu_decode(client, maker, w, profile_one, sampler)
+    raise SuiteError(f"a {w.kind} workload has no kernel-time metric (ppN_gpu and tgN_gpu are prefill and batch-1 decode)")
+
+
+def _kernel_rate(client: Client, maker: PromptMaker, w: Workload, profile_one: Callable[[Callable[[], None]], float],
+                 sampler, name: str, prompt_len: int, max_tokens: int, tokens: int, source: str) -> dict[str, Any]:
+    """`tokens` per second of the summed kernel time of one profiled request (`prompt_len` prompt tokens,
+    `max_tokens` generated) per round, with the clocks of each round."""
     sampler = sampler or _NoClocks()
     samples: list[float] = []
     rounds: list[dict] = []
     flagged: list[dict] = []
     while len(samples) < w.runs and len(flagged) < w.runs:
-        client.complete(maker.make(w.pp), 1, ignore_eos=True)  # warm, as the engine-clock rounds are
-        prompt = maker.make(w.pp)
+        client.complete(maker.make(prompt_len), 1, ignore_eos=True)  # warm, as the engine-clock rounds are
+        prompt = maker.make(prompt_len)
         box = {}
 
         def request() -> None:
             with sampler.round() as rc:
-                client.complete(prompt, 1, ignore_eos=True)
+                client.complete(prompt, max_tokens, ignore_eos=True)
             box["clocks"] = rc
 
         kernel_us = profile_one(request)
         if kernel_us <= 0:
-            raise SuiteError(f"pp{w.pp}_gpu: the profiled prefill recorded no GPU kernel time; is this a GPU server "
+            raise SuiteError(f"{name}: the profiled request recorded no GPU kernel time; is this a GPU server "
                              "started with the suite's --profiler-config?")
-        value, rc = w.pp / (kernel_us / 1e6), box["clocks"]
+        value, rc = tokens / (kernel_us / 1e6), box["clocks"]
         if rc.flagged:
             flagged.append({"value": value, **rc.record()})
             continue
@@ -386,7 +420,7 @@ def gpu_prefill(client: Client, maker: PromptMaker, w: Workload,
         samples = [f.pop("value") for f in flagged]
         rounds, flagged = flagged, []
     entry: dict[str, Any] = {"samples": samples, "unit": "tok/s", "higher_is_better": True, "clock": "kernel",
-                             "source": "GPU kernel time of one profiled prefill per round (torch profiler trace)"}
+                             "source": source}
     if sampler.available:
         entry["rounds"] = rounds
     if flagged:

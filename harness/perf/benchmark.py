@@ -67,8 +67,9 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
                     spec_decode[w.label] = {k: round(v, 4) for k, v in counters.items()}
             if on_gpu and server.trace_dir is not None:  # a server the suite booted, so it can profile
                 for w in workloads:
-                    if w.kind == "prefill" and w.depth == 0:
-                        metrics[f"pp{w.pp}_gpu"] = bench.gpu_prefill(client, maker, w, kernel_time_probe(server), sampler)
+                    if w.kind in ("prefill", "decode") and w.depth == 0:
+                        name = f"pp{w.pp}_gpu" if w.kind == "prefill" else f"tg{w.tg}_gpu"
+                        metrics[name] = bench.gpu_rate(client, maker, w, kernel_time_probe(server), sampler)
     finally:
         clock_info = sampler.describe() if sampler is not None else {
             "available": False, "reason": f"{suite.platform.name}: no GPU clocks to sample"}

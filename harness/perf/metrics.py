@@ -31,7 +31,7 @@ from harness.core.errors import SuiteError
 
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 _NAME = re.compile(
-    r"^(?P<base>pp(?P<pp>\d+)(?:_gpu)?|tg(?P<tg>\d+)|ttft_ms|tpot_ms|itl_ms|e2e_ms)(?:@d(?P<depth>\d+))?(?:@c(?P<conc>\d+))?$"
+    r"^(?P<base>pp(?P<pp>\d+)(?:_gpu)?|tg(?P<tg>\d+)(?:_gpu)?|ttft_ms|tpot_ms|itl_ms|e2e_ms)(?:@d(?P<depth>\d+))?(?:@c(?P<conc>\d+))?$"
 )
 
 
@@ -70,7 +70,7 @@ def parse_metric_name(name: str) -> tuple[str, int]:
     m = _NAME.match(name)
     if not m:
         raise SuiteError(
-            f"unknown metric name {name!r}; expected ppN, ppN_gpu, tgN, ttft_ms, tpot_ms, itl_ms or e2e_ms,"
+            f"unknown metric name {name!r}; expected ppN, ppN_gpu, tgN, tgN_gpu, ttft_ms, tpot_ms, itl_ms or e2e_ms,"
             " optionally with a depth suffix @dD and a concurrency suffix @cC"
         )
     return m.group("base"), int(m.group("depth") or 0)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 from typing import Mapping, Sequence
@@ -49,6 +50,12 @@ KV_CAPACITY = "kv_capacity_tokens"
 GIB = 1024 ** 3
 
 
+# A batch-1 decode step over 1.10x its kernels' time is host-bound. Measured on an H200 (gpt-oss-20b shape, vLLM 0.26):
+# stock's step was 1.01x its kernels (3.07 ms against 3.04), the plugin's 1.18-1.26x with tg32 samples from 2.13 to
+# 3.18 ms per token in one boot.
+HOST_BOUND_RATIO = 1.10
+
+
 @dataclass(frozen=True)
 class Thresholds:
     throughput_drop: float = 0.03  # relative drop of pp*/tg* medians that counts as a regression
@@ -70,6 +77,12 @@ class Thresholds:
     # is far outside anything the platform's A/A runs showed: the baseline is out of family (another machine
     # class, a stale recording), so the verdict says re-record it, never "improved". None: off.
     out_of_family: float | None = None
+    # Batch-1 decode is host-bound when the kernels of a step take less than the step: its tgN_gpu (tokens per
+    # second of kernel time) exceeds its engine-clock tgN by more than this factor on either side. Then tgN follows
+    # vLLM's host side, whose speed moved by host_bound_spread between and within boots with nothing changed, and
+    # tgN_gpu gates the kernels. The same factor names a config host-bound in scripts/plugin_e2e.py.
+    host_bound_ratio: float = HOST_BOUND_RATIO
+    host_bound_spread: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("throughput_drop", "latency_rise", "memory_growth_gb", "max_cv", "kv_capacity_drop",
@@ -95,6 +108,13 @@ class Thresholds:
                              f"or null (got {self.out_of_family!r})")
         if isinstance(self.bootstrap_n, bool) or not isinstance(self.bootstrap_n, int) or self.bootstrap_n < 100:
             raise SuiteError(f"threshold bootstrap_n must be an integer >= 100 (got {self.bootstrap_n!r})")
+        if isinstance(self.host_bound_ratio, bool) or not isinstance(self.host_bound_ratio, (int, float)) \
+                or not self.host_bound_ratio >= 1:
+            raise SuiteError(f"threshold host_bound_ratio must be a factor >= 1 (1.10: the kernels' rate 10% above the "
+                             f"step's; got {self.host_bound_ratio!r})")
+        if isinstance(self.host_bound_spread, bool) or not isinstance(self.host_bound_spread, (int, float)) \
+                or not 0 <= self.host_bound_spread < 1:
+            raise SuiteError(f"threshold host_bound_spread must be a fraction in [0, 1) (got {self.host_bound_spread!r})")
         for name in ("inconclusive_is_failure", "advisory"):
             if not isinstance(getattr(self, name), bool):
                 raise SuiteError(f"threshold {name} must be true or false")
@@ -179,6 +199,7 @@ class Reason(str, Enum):
     NOT_IN_BASELINE = "not_in_baseline"  # measured now, not by the baseline (memory: schema 1)
     SOURCE_MISMATCH = "source_mismatch"  # used memory read from different sources
     OUT_OF_FAMILY = "out_of_family"  # a change far beyond the platform's measured A/A spread: a stale baseline
+    HOST_BOUND = "host_bound"  # engine-clock decode of a host-bound config: it follows the host; tgN_gpu gates it
 
 
 # Reasons whose `detail` does not already show the bootstrap CI (the report adds it beside a failure).
@@ -255,6 +276,7 @@ def compare_metric(
     config: str = "NAME",
     unresolved: str | None = None,
     boot_spread: float = 0.0,
+    host_bound: str | None = None,
 ) -> Verdict:
     """One timing metric. `unresolved` (from the results' entries) makes the verdict "inconclusive" whatever the
     change: the samples ran in conditions that make them unfit to judge (clocks below load).
@@ -262,7 +284,7 @@ def compare_metric(
     `boot_spread` (baseline and current from different boots): the measured A/A spread of this metric
     between boots. When it exceeds the threshold, one boot cannot resolve the threshold: the CI must lie
     beyond threshold + spread to fail (or improve), and short of that the verdict is "inconclusive", never
-    "pass"."""
+    "pass". `host_bound` (why the run's decode is host-bound) says the spread is the host's, not the metric's A/A."""
     base_med, cur_med = stats.median(baseline_samples), stats.median(current_samples)
     if base_med <= 0:
         raise SuiteError(f"baseline median of {name} is {base_med:g}; a rate or latency must be > 0, re-record "
@@ -310,6 +332,13 @@ def compare_metric(
     elif -worse > threshold and significant and ci_better:
         status, reason, detail = "improved", Reason.IMPROVEMENT, change
         fix = f"record a new baseline with: {regen_command('level5', config)}"
+    elif boot_bound and worse <= threshold + boot_spread and host_bound:
+        status, reason = "inconclusive", Reason.HOST_BOUND
+        within_spread = True
+        detail = (f"{name}: host-bound ({host_bound}), so it follows the speed of vLLM's host side, which moves by up "
+                  f"to {boot_spread * 100:.0f}% with nothing changed (baselines/thresholds.yaml host_bound_spread); "
+                  f"the kernels are gated by {name.split('@')[0]}_gpu (median change {delta * 100:+.1f}%, p={p:.3g}, "
+                  f"CI [{lo:.3f}, {hi:.3f}]); a change beyond {(threshold + boot_spread) * 100:.0f}% would fail")
     elif boot_bound and worse <= threshold + boot_spread:
         status, reason = "inconclusive", Reason.BOOT_SPREAD
         within_spread = True
@@ -535,9 +564,13 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
             continue
         unresolved = "; ".join(f"{side}: {e['unresolved']}" for side, e in (("baseline", b), ("current", c))
                                if e.get("unresolved")) or None
+        spread = 0.0 if thresholds.advisory else thresholds.spread_of(name)
+        host_bound = None if thresholds.advisory else host_bound_decode(name, baseline, current, thresholds)
+        if host_bound:
+            spread = max(spread, thresholds.host_bound_spread)
         v = compare_metric(name, b["samples"], c["samples"], bool(b["higher_is_better"]), thresholds,
                            unit=str(b.get("unit") or ""), config=config, unresolved=unresolved,
-                           boot_spread=0.0 if thresholds.advisory else thresholds.spread_of(name))
+                           boot_spread=spread, host_bound=host_bound)
         verdicts.append(_out_of_family(v, thresholds, config) or v)
     if thresholds.advisory:
         # A timing verdict here is a warning, never a failure, so it needs no boot spread to keep from failing an
@@ -546,6 +579,27 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         verdicts = [replace(v, advisory=True, advisory_reason=why) for v in verdicts]
     verdicts += compare_memory_section(baseline, current, thresholds, config)
     return verdicts
+
+
+def host_bound_decode(name: str, baseline: Mapping, current: Mapping, thresholds: Thresholds) -> str | None:
+    """Why engine-clock batch-1 decode `tgN` is host-bound on a side (None when neither side shows it): that side's
+    `tgN_gpu` (tokens per second of its kernel time) exceeds its tgN by more than host_bound_ratio, so the GPU
+    waits for vLLM's host side every step. Needs tgN_gpu on that side: older results cannot say."""
+    if not re.fullmatch(r"tg\d+", name):
+        return None
+    why = []
+    for side_name, side in (("baseline", baseline), ("current", current)):
+        metrics = side.get("metrics") or {}
+        engine, kernel = metrics.get(name), metrics.get(f"{name}_gpu")
+        if not (isinstance(engine, Mapping) and isinstance(kernel, Mapping)):
+            continue
+        try:
+            ratio = stats.median(kernel["samples"]) / stats.median(engine["samples"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            continue
+        if math.isfinite(ratio) and ratio > thresholds.host_bound_ratio:
+            why.append(f"{side_name}: the kernels alone allow {ratio:.2f}x its {name}")
+    return "; ".join(why) or None
 
 
 def unshared_metrics(baseline: Mapping, current: Mapping) -> tuple[list[str], list[str]]:
