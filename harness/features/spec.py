@@ -5,7 +5,7 @@ that must pass, and the phase gates it requires.
 Criteria are one line each, as the users write them in their review files:
   relative to the baseline:  `tg32 >= +10%`, `ttft_p50 <= +3%`, `used_memory <= +1 GB`, `kv_capacity >= -5%`
   absolute:                  `boot_s <= 60`, `ttft_p50_ms <= 500`, `spec_acceptance_length >= 2`
-Metric names are level 4's (`tgN`, `ppN`, `ppN_gpu`, `ttft_ms`, `tpot_ms`, `itl_ms`, `e2e_ms`, with `@dD` / `@cC`
+Metric names are level 4's (`tgN`, `tgN_gpu`, `ppN`, `ppN_gpu`, `ttft_ms`, `tpot_ms`, `itl_ms`, `e2e_ms`, with `@dD` / `@cC`
 suffixes; `<x>_p50` is an alias of `<x>_ms`), plus `used_memory` (GiB, vLLM's accounting), `kv_capacity` (tokens),
 `boot_s` (seconds to /health) and the speculative-decoding counters `spec_acceptance_length` (mean tokens per
 draft step: 1 + accepted / drafts) and `spec_acceptance_rate` (accepted / drafted tokens).

@@ -337,7 +337,7 @@ def compare_metric(
         within_spread = True
         detail = (f"{name}: host-bound ({host_bound}), so it follows the speed of vLLM's host side, which moves by up "
                   f"to {boot_spread * 100:.0f}% with nothing changed (baselines/thresholds.yaml host_bound_spread); "
-                  f"the kernels are gated by {name.split('@')[0]}_gpu (median change {delta * 100:+.1f}%, p={p:.3g}, "
+                  f"the decode kernels are gated by tgN_gpu (median change {delta * 100:+.1f}%, p={p:.3g}, "
                   f"CI [{lo:.3f}, {hi:.3f}]); a change beyond {(threshold + boot_spread) * 100:.0f}% would fail")
     elif boot_bound and worse <= threshold + boot_spread:
         status, reason = "inconclusive", Reason.BOOT_SPREAD
@@ -581,24 +581,32 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
     return verdicts
 
 
+# Batch-1 decode metrics, which follow vLLM's host side when a step's kernels finish before the host has the next
+# step ready: tgN at any depth (not @cC: a batch of several keeps the GPU busier), TPOT and ITL (the latency workload).
+_BATCH1_DECODE = re.compile(r"(tg\d+|tpot_ms|itl_ms)(@d\d+)?")
+
+
 def host_bound_decode(name: str, baseline: Mapping, current: Mapping, thresholds: Thresholds) -> str | None:
-    """Why engine-clock batch-1 decode `tgN` is host-bound on a side (None when neither side shows it): that side's
-    `tgN_gpu` (tokens per second of its kernel time) exceeds its tgN by more than host_bound_ratio, so the GPU
-    waits for vLLM's host side every step. Needs tgN_gpu on that side: older results cannot say."""
-    if not re.fullmatch(r"tg\d+", name):
+    """Why batch-1 decode metric `name` is host-bound on a side (None when neither side shows it, or `name` is not
+    batch-1 decode): some depth-0 `tgN_gpu` (tokens per second of the kernels' time) exceeds that side's
+    engine-clock `tgN` by more than host_bound_ratio, so the GPU waits for vLLM's host side every step. Results
+    without tgN_gpu (recorded before it existed) cannot say."""
+    if not _BATCH1_DECODE.fullmatch(name):
         return None
     why = []
     for side_name, side in (("baseline", baseline), ("current", current)):
         metrics = side.get("metrics") or {}
-        engine, kernel = metrics.get(name), metrics.get(f"{name}_gpu")
-        if not (isinstance(engine, Mapping) and isinstance(kernel, Mapping)):
-            continue
-        try:
-            ratio = stats.median(kernel["samples"]) / stats.median(engine["samples"])
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            continue
-        if math.isfinite(ratio) and ratio > thresholds.host_bound_ratio:
-            why.append(f"{side_name}: the kernels alone allow {ratio:.2f}x its {name}")
+        for tg in sorted(m for m in metrics if re.fullmatch(r"tg\d+", m)):
+            engine, kernel = metrics.get(tg), metrics.get(f"{tg}_gpu")
+            if not (isinstance(engine, Mapping) and isinstance(kernel, Mapping)):
+                continue
+            try:
+                ratio = stats.median(kernel["samples"]) / stats.median(engine["samples"])
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                continue
+            if math.isfinite(ratio) and ratio > thresholds.host_bound_ratio:
+                why.append(f"{side_name}: {tg}_gpu is {ratio:.2f}x its {tg}")
+                break
     return "; ".join(why) or None
 
 

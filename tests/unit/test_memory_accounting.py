@@ -354,6 +354,23 @@ def test_gpu_prefill_is_tokens_per_second_of_kernel_time_with_clocks_per_round()
     assert perf.higher_is_better("pp2048_gpu") and perf.parse_metric_name("pp2048_gpu") == ("pp2048_gpu", 0)
 
 
+def test_gpu_decode_is_generated_tokens_per_second_of_the_kernel_time_of_one_batch_1_request():
+    """tgN_gpu: N generated tokens over the kernel time of one profiled request of the workload's prompt + N tokens
+    (the decode workload's prompt, not N: a request of N prompt tokens would time a prefill)."""
+    c = FakeEngineClient([0.05])
+    asked = []
+    complete = c.complete
+    c.complete = lambda prompt, max_tokens, **kw: (asked.append((len(prompt), max_tokens)), complete(prompt, max_tokens, **kw))[1]
+    w = bench.Workload("decode", 64, 32, 0, 1, runs=2, warmup=0)
+    e = bench.gpu_rate(c, bench.PromptMaker(c), w, _profiler([4000.0, 2000.0, 1000.0], c), FlagFirst(1))
+    assert e["samples"] == [32 / 2e-3, 32 / 1e-3] and len(e["flagged"]) == 1 and e["clock"] == "kernel"
+    assert (64, 32) in asked and all(n == 64 for n, _ in asked)  # measured: 64 prompt tokens, 32 generated
+    assert "batch-1 request of 64 prompt + 32 generated tokens" in e["source"]
+    assert perf.higher_is_better("tg32_gpu") and perf.parse_metric_name("tg32_gpu") == ("tg32_gpu", 0)
+    with pytest.raises(SuiteError, match="no kernel-time metric"):
+        bench.gpu_rate(c, bench.PromptMaker(c), bench.Workload("concurrent", 64, 32, 0, 2), _profiler([1.0], c))
+
+
 def test_gpu_prefill_without_kernel_time_names_the_cause():
     c = FakeEngineClient([0.05])
     w = bench.Workload("prefill", 64, 2, 0, 1, runs=2, warmup=0)
