@@ -357,7 +357,7 @@ def gpu_prefill(client: Client, maker: PromptMaker, w: Workload,
     under the server's profiler and returns the summed kernel microseconds of the trace; the request asks
     for one token, so no decode step is in it. Rounds that ran below the loaded clock are set aside and
     measured again (at most `w.runs` times), as in `run_workload`."""
-    return _kernel_rate(client, maker, w, profile_one, sampler, f"pp{w.pp}_gpu", w.pp, 1, w.pp,
+    return _kernel_rate(client, maker, w, profile_one, sampler, kernel_metric_name(w), w.pp, 1, w.pp,
                         "GPU kernel time of one profiled prefill per round (torch profiler trace)")
 
 
@@ -372,9 +372,14 @@ def gpu_decode(client: Client, maker: PromptMaker, w: Workload,
     moved by 0.35% in the same run. The kernels' time per token does not follow the host, so this metric gates
     what a kernel change does to decode. The request's kernel time includes its short prompt's prefill (one
     step of N + 1): a fixed share, the same in the baseline and the run."""
-    return _kernel_rate(client, maker, w, profile_one, sampler, f"tg{w.tg}_gpu", w.pp, w.tg, w.tg,
+    return _kernel_rate(client, maker, w, profile_one, sampler, kernel_metric_name(w), w.pp, w.tg, w.tg,
                         f"GPU kernel time of one profiled batch-1 request of {w.pp} prompt + {w.tg} generated tokens "
                         "per round, its prompt's prefill included (torch profiler trace)")
+
+
+def kernel_metric_name(w: Workload) -> str:
+    """`ppN_gpu` for a prefill workload, `tgN_gpu` for a batch-1 decode one."""
+    return f"pp{w.pp}_gpu" if w.kind == "prefill" else f"tg{w.tg}_gpu"
 
 
 def gpu_rate(client: Client, maker: PromptMaker, w: Workload,

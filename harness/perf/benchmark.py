@@ -68,8 +68,8 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
             if on_gpu and server.trace_dir is not None:  # a server the suite booted, so it can profile
                 for w in workloads:
                     if w.kind in ("prefill", "decode") and w.depth == 0:
-                        name = f"pp{w.pp}_gpu" if w.kind == "prefill" else f"tg{w.tg}_gpu"
-                        metrics[name] = bench.gpu_rate(client, maker, w, kernel_time_probe(server), sampler)
+                        metrics[bench.kernel_metric_name(w)] = bench.gpu_rate(client, maker, w, kernel_time_probe(server),
+                                                                              sampler)
     finally:
         clock_info = sampler.describe() if sampler is not None else {
             "available": False, "reason": f"{suite.platform.name}: no GPU clocks to sample"}

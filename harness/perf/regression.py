@@ -332,20 +332,20 @@ def compare_metric(
     elif -worse > threshold and significant and ci_better:
         status, reason, detail = "improved", Reason.IMPROVEMENT, change
         fix = f"record a new baseline with: {regen_command('level5', config)}"
-    elif boot_bound and worse <= threshold + boot_spread and host_bound:
-        status, reason = "inconclusive", Reason.HOST_BOUND
-        within_spread = True
-        detail = (f"{name}: host-bound ({host_bound}), so it follows the speed of vLLM's host side, which moves by up "
-                  f"to {boot_spread * 100:.0f}% with nothing changed (baselines/thresholds.yaml host_bound_spread); "
-                  f"the decode kernels are gated by tgN_gpu (median change {delta * 100:+.1f}%, p={p:.3g}, "
-                  f"CI [{lo:.3f}, {hi:.3f}]); a change beyond {(threshold + boot_spread) * 100:.0f}% would fail")
     elif boot_bound and worse <= threshold + boot_spread:
-        status, reason = "inconclusive", Reason.BOOT_SPREAD
-        within_spread = True
-        detail = (f"{name}: between boots this metric moves by up to {boot_spread * 100:.0f}% with nothing "
-                  f"changed (measured A/A spread, baselines/thresholds.yaml boot_spread), more than the "
-                  f"{threshold * 100:.1f}% gate, so one boot cannot resolve it (median change {delta * 100:+.1f}%, "
-                  f"p={p:.3g}, CI [{lo:.3f}, {hi:.3f}]); a change beyond {(threshold + boot_spread) * 100:.0f}% would fail")
+        status, within_spread = "inconclusive", True
+        if host_bound:
+            reason = Reason.HOST_BOUND
+            why = (f"host-bound ({host_bound}), so it follows the speed of vLLM's host side, which moves by up to "
+                   f"{boot_spread * 100:.0f}% with nothing changed (baselines/thresholds.yaml host_bound_spread); the "
+                   f"decode kernels are gated by tgN_gpu")
+        else:
+            reason = Reason.BOOT_SPREAD
+            why = (f"between boots this metric moves by up to {boot_spread * 100:.0f}% with nothing changed (measured "
+                   f"A/A spread, baselines/thresholds.yaml boot_spread), more than the {threshold * 100:.1f}% gate, so "
+                   f"one boot cannot resolve it")
+        detail = (f"{name}: {why} (median change {delta * 100:+.1f}%, p={p:.3g}, CI [{lo:.3f}, {hi:.3f}]); a change "
+                  f"beyond {(threshold + boot_spread) * 100:.0f}% would fail")
     elif noisy:
         status, reason = "inconclusive", Reason.NOISY
         sides = "both sides" if len(noisy) == 2 else f"the {noisy[0]} side"
@@ -545,6 +545,7 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         raise SuiteError(f"{problem}; re-record it with: {regen_command('level5', config)}")
     verdicts = []
     b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
+    decode_host_bound = None if thresholds.advisory else host_bound_decode(baseline, current, thresholds)
     for name, b in b_metrics.items():
         if name not in c_metrics:  # never pass a gate that was not run: inconclusive (a failure on a strict gate)
             verdicts.append(_not_measured(name, b, current, config))
@@ -565,7 +566,7 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         unresolved = "; ".join(f"{side}: {e['unresolved']}" for side, e in (("baseline", b), ("current", c))
                                if e.get("unresolved")) or None
         spread = 0.0 if thresholds.advisory else thresholds.spread_of(name)
-        host_bound = None if thresholds.advisory else host_bound_decode(name, baseline, current, thresholds)
+        host_bound = decode_host_bound if _BATCH1_DECODE.fullmatch(name) else None
         if host_bound:
             spread = max(spread, thresholds.host_bound_spread)
         v = compare_metric(name, b["samples"], c["samples"], bool(b["higher_is_better"]), thresholds,
@@ -586,13 +587,11 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
 _BATCH1_DECODE = re.compile(r"(tg\d+|tpot_ms|itl_ms)(@d\d+)?")
 
 
-def host_bound_decode(name: str, baseline: Mapping, current: Mapping, thresholds: Thresholds) -> str | None:
-    """Why batch-1 decode metric `name` is host-bound on a side (None when neither side shows it, or `name` is not
-    batch-1 decode): some depth-0 `tgN_gpu` (tokens per second of the kernels' time) exceeds that side's
-    engine-clock `tgN` by more than host_bound_ratio, so the GPU waits for vLLM's host side every step. Results
-    without tgN_gpu (recorded before it existed) cannot say."""
-    if not _BATCH1_DECODE.fullmatch(name):
-        return None
+def host_bound_decode(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> str | None:
+    """Why batch-1 decode is host-bound on a side (None when neither side shows it): some depth-0 `tgN_gpu` (tokens
+    per second of the kernels' time) exceeds that side's engine-clock `tgN` by more than host_bound_ratio, so the
+    GPU waits for vLLM's host side every step. Results without tgN_gpu (recorded before it existed) cannot say.
+    It applies to the batch-1 decode metrics (`_BATCH1_DECODE`)."""
     why = []
     for side_name, side in (("baseline", baseline), ("current", current)):
         metrics = side.get("metrics") or {}
