@@ -50,10 +50,14 @@ KV_CAPACITY = "kv_capacity_tokens"
 GIB = 1024 ** 3
 
 
-# A batch-1 decode step over 1.10x its kernels' time is host-bound. Measured on an H200 (gpt-oss-20b shape, vLLM 0.26):
-# stock's step was 1.01x its kernels (3.07 ms against 3.04), the plugin's 1.18-1.26x with tg32 samples from 2.13 to
-# 3.18 ms per token in one boot.
-HOST_BOUND_RATIO = 1.10
+# A batch-1 decode step over 1.05x its kernels' time is host-bound. Measured with vLLM 0.26: stock's step was 1.01x its
+# kernels (H200, gpt-oss-20b shape: 3.07 ms against 3.04; H100: 3.30 against 3.27). The plugin's was 1.18-1.26x on
+# the 20b shape. On the 120b shape (H200, one quiet host, 2026-11-29) `gemv-bf16` reached 1.06x on tg32 and 1.10x on
+# tg128 in its baseline boot, and 1.00x and 1.21x in the A/A boot after it. `gemv-bf16-mxfp4-all` reached 1.13x and
+# 1.33x. So the ratio of one metric can sit at 1.00 in a host-bound boot, and the witness takes any tgN of the
+# baseline. A stock baseline that crosses 1.05 by chance loses strictness on its engine decode; it is never failed
+# for it, and its kernels are still gated at 3% by tgN_gpu.
+HOST_BOUND_RATIO = 1.05
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ class Thresholds:
     # class, a stale recording), so the verdict says re-record it, never "improved". None: off.
     out_of_family: float | None = None
     # Batch-1 decode is host-bound when the kernels of a step take less than the step: its tgN_gpu (tokens per
-    # second of kernel time) exceeds its engine-clock tgN by more than this factor on either side. Then tgN follows
+    # second of kernel time) exceeds its engine-clock tgN by more than this factor in the baseline. Then tgN follows
     # vLLM's host side, whose speed moved by host_bound_spread between and within boots with nothing changed, and
     # tgN_gpu gates the kernels. The same factor names a config host-bound in scripts/plugin_e2e.py.
     host_bound_ratio: float = HOST_BOUND_RATIO
@@ -110,7 +114,7 @@ class Thresholds:
             raise SuiteError(f"threshold bootstrap_n must be an integer >= 100 (got {self.bootstrap_n!r})")
         if isinstance(self.host_bound_ratio, bool) or not isinstance(self.host_bound_ratio, (int, float)) \
                 or not self.host_bound_ratio >= 1:
-            raise SuiteError(f"threshold host_bound_ratio must be a factor >= 1 (1.10: the kernels' rate 10% above the "
+            raise SuiteError(f"threshold host_bound_ratio must be a factor >= 1 (1.05: the kernels' rate 5% above the "
                              f"step's; got {self.host_bound_ratio!r})")
         if isinstance(self.host_bound_spread, bool) or not isinstance(self.host_bound_spread, (int, float)) \
                 or not 0 <= self.host_bound_spread < 1:
@@ -545,7 +549,7 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         raise SuiteError(f"{problem}; re-record it with: {regen_command('level5', config)}")
     verdicts = []
     b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
-    decode_host_bound = None if thresholds.advisory else host_bound_decode(baseline, current, thresholds)
+    decode_host_bound = None if thresholds.advisory else host_bound_decode(baseline, thresholds)
     for name, b in b_metrics.items():
         if name not in c_metrics:  # never pass a gate that was not run: inconclusive (a failure on a strict gate)
             verdicts.append(_not_measured(name, b, current, config))
@@ -566,7 +570,7 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         unresolved = "; ".join(f"{side}: {e['unresolved']}" for side, e in (("baseline", b), ("current", c))
                                if e.get("unresolved")) or None
         spread = 0.0 if thresholds.advisory else thresholds.spread_of(name)
-        host_bound = decode_host_bound if _BATCH1_DECODE.fullmatch(name) else None
+        host_bound = decode_host_bound if _HOST_BOUND_DECODE.fullmatch(name) else None
         if host_bound:
             spread = max(spread, thresholds.host_bound_spread)
         v = compare_metric(name, b["samples"], c["samples"], bool(b["higher_is_better"]), thresholds,
@@ -582,31 +586,33 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
     return verdicts
 
 
-# Batch-1 decode metrics, which follow vLLM's host side when a step's kernels finish before the host has the next
-# step ready: tgN at any depth (not @cC: a batch of several keeps the GPU busier), TPOT and ITL (the latency workload).
-_BATCH1_DECODE = re.compile(r"(tg\d+|tpot_ms|itl_ms)(@d\d+)?")
+# Decode metrics that follow vLLM's host side when a step's kernels finish before the host has the next step ready:
+# tgN at any depth, TPOT and ITL (the latency workload), and tgN@c2. A batch of two is host-bound with its batch-1
+# witness. Measured on an H200 (120b shape, gemv-bf16, 2026-11-29): the A/A boot moved tg32@c2 by -15.0% (CI [0.825,
+# 0.878]) while tg32_gpu moved +0.14%. Larger batches are not included, because their kernels' time per step grows
+# with the experts the batch reads. The workloads measure no c above 2.
+_HOST_BOUND_DECODE = re.compile(r"(tg\d+|tpot_ms|itl_ms)(@d\d+)?(@c2)?")
 
 
-def host_bound_decode(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> str | None:
-    """Why batch-1 decode is host-bound on a side (None when neither side shows it): some depth-0 `tgN_gpu` (tokens
-    per second of the kernels' time) exceeds that side's engine-clock `tgN` by more than host_bound_ratio, so the
-    GPU waits for vLLM's host side every step. Results without tgN_gpu (recorded before it existed) cannot say.
-    It applies to the batch-1 decode metrics (`_BATCH1_DECODE`)."""
-    why = []
-    for side_name, side in (("baseline", baseline), ("current", current)):
-        metrics = side.get("metrics") or {}
-        for tg in sorted(m for m in metrics if re.fullmatch(r"tg\d+", m)):
-            engine, kernel = metrics.get(tg), metrics.get(f"{tg}_gpu")
-            if not (isinstance(engine, Mapping) and isinstance(kernel, Mapping)):
-                continue
-            try:
-                ratio = stats.median(kernel["samples"]) / stats.median(engine["samples"])
-            except (KeyError, TypeError, ValueError, ZeroDivisionError):
-                continue
-            if math.isfinite(ratio) and ratio > thresholds.host_bound_ratio:
-                why.append(f"{side_name}: {tg}_gpu is {ratio:.2f}x its {tg}")
-                break
-    return "; ".join(why) or None
+def host_bound_decode(baseline: Mapping, thresholds: Thresholds) -> str | None:
+    """Why the baseline's decode is host-bound (None when it does not show it): some depth-0 `tgN_gpu` (tokens per
+    second of the kernels' time) exceeds the baseline's engine-clock `tgN` by more than host_bound_ratio, so the GPU
+    waited for vLLM's host side every step. Only the baseline witnesses: a run whose engine decode got slower while its
+    kernels did not looks host-bound by that very change (a host-side regression of a kernel-bound config), so it
+    must not relax its own gate. Results without tgN_gpu (recorded before it existed) cannot say. It applies to the
+    decode metrics of `_HOST_BOUND_DECODE`."""
+    metrics = baseline.get("metrics") or {}
+    for tg in sorted(m for m in metrics if re.fullmatch(r"tg\d+", m)):
+        engine, kernel = metrics.get(tg), metrics.get(f"{tg}_gpu")
+        if not (isinstance(engine, Mapping) and isinstance(kernel, Mapping)):
+            continue
+        try:
+            ratio = stats.median(kernel["samples"]) / stats.median(engine["samples"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            continue
+        if math.isfinite(ratio) and ratio > thresholds.host_bound_ratio:
+            return f"baseline: {tg}_gpu is {ratio:.2f}x its {tg}"
+    return None
 
 
 def unshared_metrics(baseline: Mapping, current: Mapping) -> tuple[list[str], list[str]]:

@@ -1,5 +1,6 @@
 """Level 5 gate logic on synthetic samples (no server): the gate must fail real regressions, pass noise,
 and say "inconclusive" when the noise cannot resolve the threshold."""
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -515,11 +516,14 @@ def test_a_kernel_slowdown_of_a_host_bound_config_fails_on_its_kernel_time():
 
 
 def test_a_kernel_bound_decode_keeps_its_3_percent_gate():
-    """Stock's decode steps at 1.01x its kernels: the same -15% is a regression there, and so is -5%. Results without
-    tgN_gpu (recorded before it existed) cannot show a host-bound decode, so they keep the 3% gate too."""
+    """Stock's decode steps at 1.01x its kernels: the same -15% is a regression there, and so is -5%. A host-side
+    slowdown leaves the kernels as they were, so the run it slows looks host-bound (1.19x, 1.06x): only the baseline
+    witnesses, or such a regression would relax its own gate. Results without tgN_gpu (recorded before it existed)
+    cannot show a host-bound decode, so they keep the 3% gate too."""
     t = _sm90()
     base = _decode_run(282.1, 282.1 * 1.01, 3.39, seed=10, cv=0.0035)
     for cur in (_decode_run(239.2, 239.2 * 1.01, 3.95, seed=20, cv=0.0035),
+                _decode_run(239.2, 282.1 * 1.01, 3.95, seed=24, cv=0.0035),
                 _decode_run(282.1 * 0.95, 282.1 * 1.01, 3.57, seed=21, cv=0.0035),
                 _decode_run(239.2, None, 3.95, seed=22, cv=0.0035)):
         verdicts = {v.name: v for v in regression.compare_run({**base, "metrics": {
@@ -527,6 +531,57 @@ def test_a_kernel_bound_decode_keeps_its_3_percent_gate():
         assert verdicts["tg32"].status == "fail" and verdicts["tpot_ms"].status == "fail"
     aa = {v.name: v for v in regression.compare_run(base, _decode_run(282.1, 282.1 * 1.01, 3.39, seed=23, cv=0.0035), t)}
     assert aa["tg32"].status == "pass" and aa["tg32_gpu"].status == "pass"
+
+
+H200_GATES = REPO / "docs" / "evidence" / "sm_90-2026-11-29-h200-gates" / "gemv-bf16"
+
+
+def _recorded(name: str) -> dict:
+    return json.loads((H200_GATES / name).read_text())
+
+
+def _scaled(run: dict, factor: float, *names: str) -> dict:
+    metrics = {k: ({**v, "samples": [x * factor for x in v["samples"]]} if k in names else v)
+               for k, v in run["metrics"].items()}
+    return {**run, "metrics": metrics}
+
+
+def test_the_recorded_h200_a_a_boot_of_a_host_bound_config_passes_and_a_kernel_slowdown_in_it_fails():
+    """Real results: gemv-bf16 on the 120b shape, a baseline boot and an A/A boot after it on one quiet H200. With
+    nothing changed the A/A moved tg32@c2 by -15.0% and tg128 by -9.0%, its kernels (tgN_gpu) by +0.1%: it must not
+    fail. The same A/A with the kernels 5% slower must fail on tgN_gpu; with the batch of two at 0.4x it must fail on
+    tg32@c2; and without the kernel-time witness it is judged as kernel-bound, so the host's -15% fails as it did."""
+    t = _sm90()
+    base, a_a = _recorded("baseline-results.json"), _recorded("aa1-results.json")
+    verdicts = {v.name: v for v in regression.compare_run(base, a_a, t)}
+    assert regression.gate_failures(list(verdicts.values()), t) == []
+    assert verdicts["tg32@c2"].reason is regression.Reason.HOST_BOUND and verdicts["tg128_gpu"].status == "pass"
+
+    slower = _scaled(a_a, 1 / 1.05, "tg32_gpu", "tg128_gpu")
+    failed = {v.name for v in regression.gate_failures(regression.compare_run(base, slower, t), t)}
+    assert failed == {"tg32_gpu", "tg128_gpu"}
+
+    collapsed = _scaled(a_a, 0.4, "tg32@c2")
+    assert [v.name for v in regression.gate_failures(regression.compare_run(base, collapsed, t), t)] == ["tg32@c2"]
+
+    def unwitnessed(run: dict) -> dict:
+        return {**run, "metrics": {k: v for k, v in run["metrics"].items() if not k.startswith("tg") or
+                                   not k.endswith("_gpu")}}
+    blind = {v.name for v in regression.gate_failures(regression.compare_run(unwitnessed(base), unwitnessed(a_a), t), t)}
+    assert "tg32@c2" in blind
+
+
+def test_a_batch_of_two_is_judged_host_bound_only_with_its_batch_1_witness():
+    t = _sm90()
+    for witness, expected in ((380.0, "inconclusive"), (282.1 * 1.01, "fail")):
+        base = _decode_run(282.1, witness, 3.39, seed=10)
+        cur = _decode_run(282.1, witness, 3.39, seed=11)
+        base["metrics"]["tg32@c2"] = {"samples": samples(254.1, 0.02, 8, seed=12), "unit": "tok/s",
+                                      "higher_is_better": True}
+        cur["metrics"]["tg32@c2"] = {"samples": samples(215.9, 0.02, 8, seed=13), "unit": "tok/s",
+                                     "higher_is_better": True}
+        verdicts = {v.name: v for v in regression.compare_run(base, cur, t)}
+        assert verdicts["tg32@c2"].status == expected, (witness, verdicts["tg32@c2"].message)
 
 
 def test_host_bound_thresholds_are_checked():
