@@ -106,6 +106,19 @@ def test_the_shipped_features_load():
     assert features["runner-caching"].requires == ("cutlass-gemm",)
 
 
+def test_the_kernel_features_judge_the_kernels_time_in_the_served_model_beside_what_users_see():
+    """A host-bound decode hides a kernel gain or loss in tg32; tg32_gpu (a profiled batch-1 decode of 32 tokens,
+    the same workload shape) carries it."""
+    from harness.features.measure import workloads_for
+    features = load_features()
+    for name in ("kernels-moe", "kernels-mxfp4-all"):
+        texts = [c.text for c in features[name].criteria]
+        assert any(t.startswith("tg32 >=") for t in texts) and any(t.startswith("tg32_gpu >=") for t in texts)
+        plan = dict(workloads_for(list(features[name].criteria), "sm_90"))
+        assert plan["tg32_gpu"].kind == "decode" and plan["tg32_gpu"].tg == 32
+        assert (plan["tg32_gpu"].pp, plan["tg32_gpu"].tg) == (plan["tg32"].pp, plan["tg32"].tg)
+
+
 @pytest.mark.parametrize("mutate, why", [
     (lambda t: t.replace("hypothesis:", "hypotesis:", 1), "unknown key"),
     (lambda t: t.replace("[tg32 >= +10%, ttft_p50", "[tg32 >= 10%, ttft_p50", 1), "needs a sign"),
