@@ -41,11 +41,14 @@ def _clock_range(results: list[dict]) -> str:
             f"{flagged} round(s) set aside below the loaded clock")
 
 
+def _failures(verdicts: list[dict]) -> list[dict]:
+    return [v for v in verdicts if v["status"] == "fail" and not v.get("advisory")]
+
+
 def aa_passed(verdicts: list[dict]) -> bool:
     """An A/A boot passes with no failure and at most one inconclusive beyond the recorded spreads."""
-    fails = [v for v in verdicts if v["status"] == "fail" and not v.get("advisory")]
     unexplained = [v for v in verdicts if v["status"] == "inconclusive" and not v.get("within_boot_spread")]
-    return not fails and len(unexplained) <= 1
+    return not _failures(verdicts) and len(unexplained) <= 1
 
 
 def main(root: Path, out: Path) -> int:
@@ -71,7 +74,7 @@ def main(root: Path, out: Path) -> int:
             cc = (r.get("memory") or {}).get("cross_check") or {}
             lines += [f"memory cross-check: {cc.get('message')}", ""]
         if vs:
-            fails = [v for v in vs if v["status"] == "fail" and not v.get("advisory")]
+            fails = _failures(vs)
             inc = [v for v in vs if v["status"] == "inconclusive"]
             if run.name.startswith("aa"):
                 aa_n += 1
