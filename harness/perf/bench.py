@@ -70,10 +70,12 @@ def load_workloads(platform_name: str, max_model_len: int, path: Path = WORKLOAD
         runs, warmup = int(sec["runs"]), int(sec["warmup"])
         mx = max(runs, int(sec.get("max_runs") or runs))
         short = int(sec["decode"]["prompt"])
-        items = [Workload("prefill", int(pp), 2, int(d), 1, runs, warmup, mx) for pp in sec["prefill"]["pp"] for d in sec["prefill"]["depths"]]
+        # decode is every set's core; prefill and latency may be left out by a set made to fit a short call
+        pre = sec.get("prefill") or {"pp": [], "depths": []}
+        items = [Workload("prefill", int(pp), 2, int(d), 1, runs, warmup, mx) for pp in pre["pp"] for d in pre["depths"]]
         items += [Workload("decode", short, int(tg), int(d), 1, runs, warmup, mx) for tg in sec["decode"]["tg"] for d in sec["decode"]["depths"]]
-        lat = sec["latency"]
-        items.append(Workload("latency", int(lat["pp"]), int(lat["tg"]), 0, 1, runs, warmup, mx))
+        if lat := sec.get("latency"):
+            items.append(Workload("latency", int(lat["pp"]), int(lat["tg"]), 0, 1, runs, warmup, mx))
         for c in sec.get("concurrent") or []:
             items.append(Workload("concurrent", int(c["pp"]), int(c["tg"]), 0, int(c["c"]), runs, warmup, mx))
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
