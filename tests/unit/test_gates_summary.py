@@ -34,3 +34,19 @@ def test_the_summary_counts_a_passing_a_a_boot(tmp_path):
     out = tmp_path / "summary.md"
     assert gates_summary.main(tmp_path, out) == 0
     assert "recorded boot spreads: 1 of 1" in out.read_text()
+
+
+def test_metrics_a_decode_only_a_a_left_out_are_counted_apart_not_as_noise_or_as_a_pass(tmp_path):
+    """workloads-gpu-decode.yaml leaves the prefill metrics of a quick-set baseline unmeasured: the decode verdicts
+    decide the boot, the left-out ones are reported as such, and a boot that measured nothing passes nothing."""
+    left_out = {**_v("inconclusive"), "reason": "not_measured"}
+    assert gates_summary.aa_passed([_v("pass")] + [left_out] * 6)
+    assert not gates_summary.aa_passed([left_out] * 6)
+    assert not gates_summary.aa_passed([_v("pass"), left_out, _v("inconclusive"), _v("inconclusive")])
+    assert not gates_summary.aa_passed([_v("fail")] + [left_out] * 6)
+    (tmp_path / "aa1" / "verdicts").mkdir(parents=True)
+    (tmp_path / "aa1" / "verdicts" / "x.json").write_text(json.dumps([_v("pass"), left_out, left_out]))
+    out = tmp_path / "summary.md"
+    assert gates_summary.main(tmp_path, out) == 0
+    text = out.read_text()
+    assert "recorded boot spreads: 1 of 1 (0 inconclusive verdicts in all; 2 baseline metrics not measured" in text

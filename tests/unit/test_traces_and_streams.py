@@ -1,6 +1,7 @@
 """Kernel-path checks, trace parsing, logprob-aware stream rules and engine-clock metrics (no vLLM)."""
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -175,6 +176,18 @@ def test_workloads_over_the_context_are_dropped_and_listed():
     fit, dropped = bench.load_workloads("sm_90", 4096)
     assert all(w.tokens <= 4096 for w in fit) and dropped
     assert any("d8192" in d for d in dropped)
+
+
+def test_a_decode_only_workload_set_loads_and_a_set_without_decode_names_its_file(tmp_path):
+    """The decode-only GPU set (made to fit one call) measures batch-1 decode at both depths and the batch of two;
+    decode stays required, so a set that lost it is a one-line error naming the file, not a silent empty level 4."""
+    fit, _ = bench.load_workloads("sm_90", 131072, Path(__file__).resolve().parents[2] / "tests/level4_perf/workloads-gpu-decode.yaml")
+    assert {w.kind for w in fit} == {"decode", "concurrent"}
+    assert sorted((w.tg, w.depth) for w in fit if w.kind == "decode") == [(32, 0), (32, 8192), (128, 0), (128, 8192)]
+    broken = tmp_path / "w.yaml"
+    broken.write_text("gpu: {runs: 6, warmup: 3, prefill: {pp: [512], depths: [0]}}\n")
+    with pytest.raises(SuiteError, match=r"w\.yaml: malformed workloads.*fix the file"):
+        bench.load_workloads("sm_90", 131072, broken)
 
 
 def test_prometheus_text_is_summed_over_label_sets():
