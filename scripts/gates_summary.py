@@ -50,13 +50,14 @@ def _not_measured(verdicts: list[dict]) -> list[dict]:
 
 
 def aa_passed(verdicts: list[dict]) -> bool:
-    """An A/A boot passes with no failure, at least one metric that passed, and at most one inconclusive beyond the
-    recorded spreads. A baseline metric this boot's workloads left out (a decode-only set made to fit one call) is
-    neither: the summary counts it apart."""
+    """An A/A boot passes with no failure, at least one timing metric that passed (memory and KV capacity pass in any
+    boot), and at most one inconclusive beyond the recorded spreads. A baseline metric this boot's workloads left out
+    (a decode-only set made to fit one call) is neither: the summary counts it apart."""
     skipped = _not_measured(verdicts)
     unexplained = [v for v in verdicts if v["status"] == "inconclusive" and not v.get("within_boot_spread")
                    and v not in skipped]
-    return (not _failures(verdicts) and any(v["status"] == "pass" for v in verdicts)
+    timing_passed = any(v["status"] == "pass" and v.get("kind", "timing") == "timing" for v in verdicts)
+    return (not _failures(verdicts) and timing_passed
             and len(unexplained) <= 1)
 
 

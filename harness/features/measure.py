@@ -96,6 +96,11 @@ def workloads_for(criteria: list[Criterion], platform_name: str) -> list[tuple[s
     return list(out.items())
 
 
+def profiled_metric(metric: str) -> bool:
+    """Kernel-time metrics (ppN_gpu, tgN_gpu, tgN_gpu@dD) run under the profiler, in rounds of their own."""
+    return metric.split("@")[0].endswith("_gpu")
+
+
 class Measurer:
     """Rounds of every criterion's workload on running servers (`measure_round`), boot numbers (`record_boot`)."""
 
@@ -129,11 +134,12 @@ class Measurer:
         tok/s, where rounds without the profiler in between vary by about 0.1%."""
         client, maker = running.client(), self._maker(running)
         for metric, w in self.workloads:
-            if metric.endswith("_gpu") != profiled:
+            kernel_time = profiled_metric(metric)
+            if kernel_time != profiled:
                 continue
             if metric == "spec":
                 self._spec_round(side, running, w)
-            elif metric.endswith("_gpu"):
+            elif kernel_time:
                 if not self.on_gpu or running.trace_dir is None:
                     continue  # not measurable here: the criterion is judged an ERROR, never a pass
                 entry = bench.gpu_rate(client, maker, w, kernel_time_probe(running), self.sampler)

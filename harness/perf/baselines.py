@@ -162,6 +162,9 @@ def check_baseline(data: object, where: str) -> None:
     for key in ("metadata", "workload", "memory", "clocks"):
         if key in data and data[key] is not None and not isinstance(data[key], Mapping):
             raise SuiteError(f"{where}: '{key}' must be a mapping")
+    for key in ("platform", "device", "config", "model"):  # they name the baseline's folder and its comparisons
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise SuiteError(f"{where}: '{key}' must be a string or null (got {_one_line(data[key])[:40]})")
 
 
 def load_baseline(path: str | os.PathLike) -> dict:

@@ -359,8 +359,10 @@ def gpu_prefill(client: Client, maker: PromptMaker, w: Workload,
     under the server's profiler and returns the summed kernel microseconds of the trace; the request asks
     for one token, so no decode step is in it. Rounds that ran below the loaded clock are set aside and
     measured again (at most `w.runs` times), as in `run_workload`."""
-    return _kernel_rate(client, maker, w, profile_one, sampler, kernel_metric_name(w), w.pp, 1, w.pp,
-                        "GPU kernel time of one profiled prefill per round (torch profiler trace)")
+    if w.depth:
+        raise SuiteError(f"{w.label}: ppN_gpu is measured at depth 0 only (the profiled prefill sends no context)")
+    return _kernel_rate(client, maker, w, profile_one, sampler, kernel_metric_name(w), lambda: maker.make(w.pp), 1,
+                        w.pp, "GPU kernel time of one profiled prefill per round (torch profiler trace)")
 
 
 def gpu_decode(client: Client, maker: PromptMaker, w: Workload,
@@ -373,15 +375,27 @@ def gpu_decode(client: Client, maker: PromptMaker, w: Workload,
     `gemv-bf16` on the 120b shape came out 15% slower on tg32 with nothing changed; stock's kernel-bound tg32
     moved by 0.35% in the same run. The kernels' time per token does not follow the host, so this metric gates
     what a kernel change does to decode. The request's kernel time includes its short prompt's prefill (one
-    step of N + 1): a fixed share, the same in the baseline and the run."""
-    return _kernel_rate(client, maker, w, profile_one, sampler, kernel_metric_name(w), w.pp, w.tg, w.tg,
-                        f"GPU kernel time of one profiled batch-1 request of {w.pp} prompt + {w.tg} generated tokens "
-                        "per round, its prompt's prefill included (torch profiler trace)")
+    step of N + 1): a fixed share, the same in the baseline and the run.
+
+    At a depth (`tgN_gpu@dD`) the context is sent and cached before the profiler starts, as for the engine-clock
+    `tgN@dD`, so the trace holds the decode steps over that context: the attention kernels at depth, which a
+    depth-0 kernel rate cannot see and a host-bound `tgN@dD` hides."""
+    at = f" after a cached context of {w.depth} tokens" if w.depth else ""
+    return _kernel_rate(client, maker, w, profile_one, sampler, kernel_metric_name(w),
+                        lambda: _prompt(client, maker, w), w.tg, w.tg,
+                        f"GPU kernel time of one profiled batch-1 request of {w.pp} prompt + {w.tg} generated tokens"
+                        f"{at} per round, its prompt's prefill included (torch profiler trace)")
 
 
 def kernel_metric_name(w: Workload) -> str:
-    """`ppN_gpu` for a prefill workload, `tgN_gpu` for a batch-1 decode one."""
-    return f"pp{w.pp}_gpu" if w.kind == "prefill" else f"tg{w.tg}_gpu"
+    """`ppN_gpu` for a prefill workload, `tgN_gpu` (`tgN_gpu@dD` at a depth) for a batch-1 decode one."""
+    return f"pp{w.pp}_gpu" if w.kind == "prefill" else perf.metric_name(f"tg{w.tg}_gpu", w.depth)
+
+
+def has_kernel_metric(w: Workload) -> bool:
+    """The workloads level 4 also measures in kernel time on a GPU: prefill at depth 0, batch-1 decode at every
+    depth (kernel time at depth is the witness that tells a host-bound tgN@dD from an attention slowdown)."""
+    return (w.kind == "prefill" and w.depth == 0) or w.kind == "decode"
 
 
 def gpu_rate(client: Client, maker: PromptMaker, w: Workload,
@@ -395,16 +409,17 @@ def gpu_rate(client: Client, maker: PromptMaker, w: Workload,
 
 
 def _kernel_rate(client: Client, maker: PromptMaker, w: Workload, profile_one: Callable[[Callable[[], None]], float],
-                 sampler, name: str, prompt_len: int, max_tokens: int, tokens: int, source: str) -> dict[str, Any]:
-    """`tokens` per second of the summed kernel time of one profiled request (`prompt_len` prompt tokens,
-    `max_tokens` generated) per round, with the clocks of each round."""
+                 sampler, name: str, make_prompt: Callable[[], list[int]], max_tokens: int, tokens: int,
+                 source: str) -> dict[str, Any]:
+    """`tokens` per second of the summed kernel time of one profiled request (`make_prompt()`, called before the
+    profiler starts; `max_tokens` generated) per round, with the clocks of each round."""
     sampler = sampler or _NoClocks()
     samples: list[float] = []
     rounds: list[dict] = []
     flagged: list[dict] = []
     while len(samples) < w.runs and len(flagged) < w.runs:
-        client.complete(maker.make(prompt_len), 1, ignore_eos=True)  # warm, as the engine-clock rounds are
-        prompt = maker.make(prompt_len)
+        client.complete(maker.make(w.pp), 1, ignore_eos=True)  # warm, as the engine-clock rounds are
+        prompt = make_prompt()
         box = {}
 
         def request() -> None:

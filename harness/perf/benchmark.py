@@ -67,7 +67,7 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
                     spec_decode[w.label] = {k: round(v, 4) for k, v in counters.items()}
             if on_gpu and server.trace_dir is not None:  # a server the suite booted, so it can profile
                 for w in workloads:
-                    if w.kind in ("prefill", "decode") and w.depth == 0:
+                    if bench.has_kernel_metric(w):
                         metrics[bench.kernel_metric_name(w)] = bench.gpu_rate(client, maker, w, kernel_time_probe(server),
                                                                               sampler)
     finally:

@@ -549,7 +549,7 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         raise SuiteError(f"{problem}; re-record it with: {regen_command('level5', config)}")
     verdicts = []
     b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
-    decode_host_bound = None if thresholds.advisory else host_bound_decode(baseline, thresholds)
+    decode_host_bound = {} if thresholds.advisory else host_bound_decode(baseline, current, thresholds)
     for name, b in b_metrics.items():
         if name not in c_metrics:  # never pass a gate that was not run: inconclusive (a failure on a strict gate)
             verdicts.append(_not_measured(name, b, current, config))
@@ -570,7 +570,8 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         unresolved = "; ".join(f"{side}: {e['unresolved']}" for side, e in (("baseline", b), ("current", c))
                                if e.get("unresolved")) or None
         spread = 0.0 if thresholds.advisory else thresholds.spread_of(name)
-        host_bound = decode_host_bound if _HOST_BOUND_DECODE.fullmatch(name) else None
+        decode = _HOST_BOUND_DECODE.fullmatch(name)
+        host_bound = decode_host_bound.get(decode.group(2) or "") if decode else None
         if host_bound:
             spread = max(spread, thresholds.host_bound_spread)
         v = compare_metric(name, b["samples"], c["samples"], bool(b["higher_is_better"]), thresholds,
@@ -594,25 +595,39 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
 _HOST_BOUND_DECODE = re.compile(r"(tg\d+|tpot_ms|itl_ms)(@d\d+)?(@c2)?")
 
 
-def host_bound_decode(baseline: Mapping, thresholds: Thresholds) -> str | None:
-    """Why the baseline's decode is host-bound (None when it does not show it): some depth-0 `tgN_gpu` (tokens per
-    second of the kernels' time) exceeds the baseline's engine-clock `tgN` by more than host_bound_ratio, so the GPU
-    waited for vLLM's host side every step. Only the baseline witnesses: a run whose engine decode got slower while its
-    kernels did not looks host-bound by that very change (a host-side regression of a kernel-bound config), so it
-    must not relax its own gate. Results without tgN_gpu (recorded before it existed) cannot say. It applies to the
-    decode metrics of `_HOST_BOUND_DECODE`."""
-    metrics = baseline.get("metrics") or {}
-    for tg in sorted(m for m in metrics if re.fullmatch(r"tg\d+", m)):
-        engine, kernel = metrics.get(tg), metrics.get(f"{tg}_gpu")
-        if not (isinstance(engine, Mapping) and isinstance(kernel, Mapping)):
+def host_bound_decode(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> dict[str, str]:
+    """Per depth suffix ("" for depth 0, "@d8192", ...): why the baseline's decode at that depth is host-bound.
+
+    A depth is host-bound when some `tgN_gpu` of it (tokens per second of the kernels' time; clock "kernel") exceeds
+    the baseline's engine-clock `tgN` of the same depth (clock "engine") by more than host_bound_ratio: the GPU
+    waited for vLLM's host side every step. Each depth needs its own witness: kernel time per token grows with the
+    context (attention), so a depth-0 witness would hide an attention slowdown at depth behind the host's spread.
+    Only the baseline witnesses: a run whose engine decode got slower while its kernels did not looks host-bound
+    by that very change (a host-side regression of a kernel-bound config), so it must not relax its own gate. The
+    run must have measured the same `tgN_gpu`: the loosened engine metric is traded for that strict kernel gate,
+    never for nothing. Results without tgN_gpu (recorded before it existed) cannot say."""
+    b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
+    out: dict[str, str] = {}
+    for tg in sorted(b_metrics):
+        m = re.fullmatch(r"(tg\d+)(@d\d+)?", tg)
+        if not m:
             continue
+        depth = m.group(2) or ""
+        kernel_name = f"{m.group(1)}_gpu{depth}"
+        engine, kernel = b_metrics.get(tg), b_metrics.get(kernel_name)
+        if depth in out or not (isinstance(engine, Mapping) and isinstance(kernel, Mapping)):
+            continue
+        if kernel_name not in c_metrics:
+            continue
+        if metric_clock(baseline, tg, engine) != "engine" or metric_clock(baseline, kernel_name, kernel) != "kernel":
+            continue  # a client-clock tgN runs ~30% below the engine's and would look host-bound by its clock alone
         try:
             ratio = stats.median(kernel["samples"]) / stats.median(engine["samples"])
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             continue
         if math.isfinite(ratio) and ratio > thresholds.host_bound_ratio:
-            return f"baseline: {tg}_gpu is {ratio:.2f}x its {tg}"
-    return None
+            out[depth] = f"baseline: {kernel_name} is {ratio:.2f}x its {tg}"
+    return out
 
 
 def unshared_metrics(baseline: Mapping, current: Mapping) -> tuple[list[str], list[str]]:

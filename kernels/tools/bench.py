@@ -402,7 +402,7 @@ def _met(ok) -> bool | None:
 
 
 def targets(rows: list[dict], mo: dict, d: str, moe_impl: str, device: str) -> dict:
-    """The issue's 'done when' list, each with its value and MET / MISSED (None = not measurable here)."""
+    """The kernels' targets, each with its value and MET / MISSED (None = not measurable here)."""
     t: dict = {}
     by = {(r["shape"], r["M"]): r for r in rows}
 

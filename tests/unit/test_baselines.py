@@ -104,6 +104,8 @@ GOOD = {"version": 1, "metrics": {"tg32": {"samples": [1.0], "unit": "tok/s", "h
     ({**GOOD, "version": 2, "memory_used_gib": -1.0, "kv_capacity_tokens": 10}, "memory_used_gib"),
     ({**GOOD, "version": 2, "memory_used_gib": 1.0, "kv_capacity_tokens": 1.5}, "kv_capacity_tokens"),
     ({**GOOD, "metrics": {}}, "metrics"),
+    ({**GOOD, "device": 5090}, "'device' must be a string"),
+    ({**GOOD, "platform": ["sm_90"]}, "'platform' must be a string"),
     ({**GOOD, "metrics": {"tg32": {"samples": "31.5", "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
     ({**GOOD, "metrics": {"tg32": {"samples": [], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
     ({**GOOD, "metrics": {"tg32": {"samples": [1, "x"], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),

@@ -309,3 +309,14 @@ def test_a_boot_offset_the_platform_has_shown_is_not_a_regression_but_one_beyond
     tg, mem = judge_all((c, parse_criterion("used_memory <= +1 GB")), *sides, cpu.spread_of)
     assert tg.status is Status.INCONCLUSIVE and mem.status is Status.FAIL
     assert judge_all((c,), *sides, sm_90.spread_of)[0].status is Status.FAIL
+
+
+def test_a_kernel_time_criterion_at_depth_is_measured_in_the_profiled_rounds_over_its_context():
+    from harness.features.measure import profiled_metric, workloads_for
+    from harness.features.spec import parse_criterion
+
+    assert [profiled_metric(m) for m in ("tg32_gpu@d8192", "pp2048_gpu", "tg32", "tg32@c4", "spec")] == \
+        [True, True, False, False, False]
+    plan = dict(workloads_for([parse_criterion("tg32_gpu@d8192 >= -3%")], "sm_90"))
+    w = plan["tg32_gpu@d8192"]
+    assert (w.kind, w.tg, w.depth) == ("decode", 32, 8192)

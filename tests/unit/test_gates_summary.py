@@ -42,6 +42,7 @@ def test_metrics_a_decode_only_a_a_left_out_are_counted_apart_not_as_noise_or_as
     left_out = {**_v("inconclusive"), "reason": "not_measured"}
     assert gates_summary.aa_passed([_v("pass")] + [left_out] * 6)
     assert not gates_summary.aa_passed([left_out] * 6)
+    assert not gates_summary.aa_passed([{**_v("pass"), "kind": "memory"}, {**_v("pass"), "kind": "capacity"}, left_out])
     assert not gates_summary.aa_passed([_v("pass"), left_out, _v("inconclusive"), _v("inconclusive")])
     assert not gates_summary.aa_passed([_v("fail")] + [left_out] * 6)
     (tmp_path / "aa1" / "verdicts").mkdir(parents=True)

@@ -371,6 +371,32 @@ def test_gpu_decode_is_generated_tokens_per_second_of_the_kernel_time_of_one_bat
         bench.gpu_rate(c, bench.PromptMaker(c), bench.Workload("concurrent", 64, 32, 0, 2), _profiler([1.0], c))
 
 
+def test_decode_kernel_time_at_depth_profiles_the_steps_over_a_context_cached_before_the_profiler_starts():
+    """tgN_gpu@dD: the depth's context is sent (and cached) outside the profiled window, then the one profiled request
+    carries context + prompt, so the trace holds the decode steps over that context (attention at depth), not its
+    prefill. Prefill kernel time stays at depth 0, where its one profiled request sends no context."""
+    c = FakeEngineClient([0.05])
+    seen = []
+
+    def profile(request):
+        before = len(c.calls)
+        request()
+        seen.append(c.calls[before:])
+        return 1000.0
+
+    w = bench.Workload("decode", 64, 32, 1024, 1, runs=2, warmup=0)
+    assert bench.kernel_metric_name(w) == "tg32_gpu@d1024" and bench.has_kernel_metric(w)
+    assert perf.parse_metric_name("tg32_gpu@d1024") == ("tg32_gpu", 1024)
+    e = bench.gpu_rate(c, bench.PromptMaker(c), w, profile)
+    assert seen == [[("warm", 1024 + 64)]] * 2 and e["samples"] == [32 / 1e-3] * 2
+    assert [x for x in c.calls if x[0] == "context"] == [("context", 1024)] * 2
+    assert "after a cached context of 1024 tokens" in e["source"]
+    deep_prefill = bench.Workload("prefill", 64, 2, 1024, 1, runs=2, warmup=0)
+    assert not bench.has_kernel_metric(deep_prefill)
+    with pytest.raises(SuiteError, match="depth 0 only"):
+        bench.gpu_rate(c, bench.PromptMaker(c), deep_prefill, profile)
+
+
 def test_gpu_prefill_without_kernel_time_names_the_cause():
     c = FakeEngineClient([0.05])
     w = bench.Workload("prefill", 64, 2, 0, 1, runs=2, warmup=0)
