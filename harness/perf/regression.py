@@ -286,9 +286,9 @@ def compare_metric(
     change: the samples ran in conditions that make them unfit to judge (clocks below load).
 
     `boot_spread` (baseline and current from different boots): the measured A/A spread of this metric
-    between boots. When it exceeds the threshold, one boot cannot resolve the threshold: the CI must lie
-    beyond threshold + spread to fail (or improve), and short of that the verdict is "inconclusive", never
-    "pass". `host_bound` (why the run's decode is host-bound) says the spread is the host's, not the metric's A/A."""
+    between boots. When it exceeds the threshold, one boot cannot resolve the threshold: the CI of the ratio must
+    lie beyond 1 + threshold + spread, or below its inverse, to fail (or improve), and short of that the verdict is
+    "inconclusive", never "pass". `host_bound` (why the run's decode is host-bound) says the spread is the host's, not the metric's A/A."""
     base_med, cur_med = stats.median(baseline_samples), stats.median(current_samples)
     if base_med <= 0:
         raise SuiteError(f"baseline median of {name} is {base_med:g}; a rate or latency must be > 0, re-record "
@@ -304,11 +304,17 @@ def compare_metric(
     # The CI must lie beyond "no change" (ratio 1.0). On runs noisier than max_cv it must lie beyond the
     # threshold itself: only then is the threshold resolved despite the noise (a 20% drop still fails).
     margin = threshold if noisy else 0.0
+    worse_edge, better_edge = (1.0 - margin, 1.0 + margin) if higher_is_better else (1.0 + margin, 1.0 - margin)
     boot_bound = boot_spread > threshold
     if boot_bound:
-        margin = max(margin, threshold + boot_spread)
-    ci_worse = hi < 1.0 - margin if higher_is_better else lo > 1.0 + margin
-    ci_better = lo > 1.0 + margin if higher_is_better else hi < 1.0 - margin
+        # A spread is max/min - 1 of boot medians: boots land anywhere in [1/(1+s), 1+s] of each other, whichever
+        # way the metric points (the feature verdicts widen their CIs the same way). Subtracting it from 1.0 would
+        # let a throughput fall to 1-(t+s) (0.47 at 3% + 50%) while its latency twin fails at 1+(t+s) (1.53).
+        edge = 1.0 + threshold + boot_spread
+        worse_edge, better_edge = (1.0 / edge, edge) if higher_is_better else (edge, 1.0 / edge)
+    ci_worse = hi < worse_edge if higher_is_better else lo > worse_edge
+    ci_better = lo > better_edge if higher_is_better else hi < better_edge
+    beyond_edge = cur_med / base_med < worse_edge if higher_is_better else cur_med / base_med > worse_edge
     # resolved: the CI rules out a change as bad as the gate itself (else a pass would be a guess)
     resolved = lo >= 1.0 - threshold if higher_is_better else hi <= 1.0 + threshold
     significant = p < thresholds.alpha
@@ -336,7 +342,7 @@ def compare_metric(
     elif -worse > threshold and significant and ci_better:
         status, reason, detail = "improved", Reason.IMPROVEMENT, change
         fix = f"record a new baseline with: {regen_command('level5', config)}"
-    elif boot_bound and worse <= threshold + boot_spread:
+    elif boot_bound and not beyond_edge:
         status, within_spread = "inconclusive", True
         if host_bound:
             reason = Reason.HOST_BOUND
@@ -348,8 +354,9 @@ def compare_metric(
             why = (f"between boots this metric moves by up to {boot_spread * 100:.0f}% with nothing changed (measured "
                    f"A/A spread, baselines/thresholds.yaml boot_spread), more than the {threshold * 100:.1f}% gate, so "
                    f"one boot cannot resolve it")
-        detail = (f"{name}: {why} (median change {delta * 100:+.1f}%, p={p:.3g}, CI [{lo:.3f}, {hi:.3f}]); a change "
-                  f"beyond {(threshold + boot_spread) * 100:.0f}% would fail")
+        detail = (f"{name}: {why} (median change {delta * 100:+.1f}%, p={p:.3g}, CI [{lo:.3f}, {hi:.3f}]); a "
+                  f"{'drop' if higher_is_better else 'rise'} beyond {abs(worse_edge - 1) * 100:.0f}% (ratio "
+                  f"{'below' if higher_is_better else 'above'} {worse_edge:.3f}) would fail")
     elif noisy:
         status, reason = "inconclusive", Reason.NOISY
         sides = "both sides" if len(noisy) == 2 else f"the {noisy[0]} side"

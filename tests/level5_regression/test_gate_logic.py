@@ -517,6 +517,21 @@ def test_a_kernel_slowdown_of_a_host_bound_config_fails_on_its_kernel_time():
     assert collapsed["tg32"].status == "fail" and collapsed["tpot_ms"].status == "fail"
 
 
+def test_a_host_side_slowdown_gets_one_verdict_on_throughput_and_on_its_latency_twin():
+    """A spread is max/min - 1 of boot medians, so the band it allows is [1/1.53, 1.53] of the ratio either way. Read
+    as 1 - 53% for a throughput, a step 1.8x slower (tg32 x 0.56, TPOT x 1.8) failed TPOT and left tg32
+    inconclusive. Both must fail there, and both stay inconclusive at a step 1.4x slower, within the host's spread."""
+    t = _sm90()
+    base = _decode_run(282.1, 380.0, 3.39, seed=10)
+    for step, expected in ((1.8, "fail"), (1.4, "inconclusive")):
+        cur = _decode_run(282.1 / step, 380.0, 3.39 * step, seed=60)
+        verdicts = {v.name: v for v in regression.compare_run(base, cur, t)}
+        assert (verdicts["tg32"].status, verdicts["tpot_ms"].status) == (expected, expected), (step, verdicts["tg32"])
+    within = {v.name: v for v in regression.compare_run(base, _decode_run(282.1 / 1.4, 380.0, 3.39 * 1.4, 60), t)}
+    assert "a drop beyond 35% (ratio below 0.654) would fail" in within["tg32"].message
+    assert "a rise beyond 53% (ratio above 1.530) would fail" in within["tpot_ms"].message
+
+
 def test_a_kernel_bound_decode_keeps_its_3_percent_gate():
     """Stock's decode steps at 1.01x its kernels: the same -15% is a regression there, and so is -5%. A host-side
     slowdown leaves the kernels as they were, so the run it slows looks host-bound (1.19x, 1.06x): only the baseline
@@ -575,6 +590,30 @@ def test_the_recorded_h200_a_a_boot_of_a_host_bound_config_passes_and_a_kernel_s
     # its batch of two's prefill moved beyond what stock's eleven boots showed: the sm_90 spread must cover it
     moved = stats.median(a_a["metrics"]["pp512@c2"]["samples"]) / stats.median(base["metrics"]["pp512@c2"]["samples"]) - 1
     assert abs(moved) > 0.10 and t.spread_of("pp512@c2") >= abs(moved)
+
+
+H200_AA = REPO / "docs" / "evidence" / "sm_90-2026-11-29-h200-aa" / "gemv-bf16-mxfp4-all"
+
+
+def test_the_recorded_h200_a_a_with_a_witness_per_depth_passes_and_fails_on_a_slowdown_at_depth():
+    """Real results, the rule as it is: gemv-bf16-mxfp4-all on the 120b shape, a baseline boot that measured
+    tgN_gpu@d8192 and an A/A boot after it on one H200. With nothing changed the engine-clock decode moved -11% to
+    -23% and TPOT +31%, the kernels (tgN_gpu, at both depths) by at most 0.43%: no gate failure, even on a strict
+    nightly. The kernels at 8k of context 5% slower (attention) must fail there, and only there; the host's decode
+    at 8k collapsing to half must fail too."""
+    t = _sm90()
+    base, a_a = (json.loads((H200_AA / name).read_text()) for name in ("baseline-results.json", "aa1-results.json"))
+    assert set(regression.host_bound_decode(base, a_a, t)) == {"", "@d8192"}
+    verdicts = regression.compare_run(base, a_a, t)
+    assert regression.gate_failures(verdicts, replace(t, inconclusive_is_failure=True)) == []
+    assert {v.name: v.status for v in verdicts}["tg32_gpu@d8192"] == "pass"
+
+    attention = _scaled(a_a, 1 / 1.05, "tg32_gpu@d8192", "tg128_gpu@d8192")
+    failed = {v.name for v in regression.gate_failures(regression.compare_run(base, attention, t), t)}
+    assert failed == {"tg32_gpu@d8192", "tg128_gpu@d8192"}
+
+    halved = _scaled(a_a, 0.5, "tg128@d8192")
+    assert [v.name for v in regression.gate_failures(regression.compare_run(base, halved, t), t)] == ["tg128@d8192"]
 
 
 def test_a_batch_of_two_is_judged_host_bound_only_with_its_batch_1_witness():
