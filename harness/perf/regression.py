@@ -288,7 +288,8 @@ def compare_metric(
     `boot_spread` (baseline and current from different boots): the measured A/A spread of this metric
     between boots. When it exceeds the threshold, one boot cannot resolve the threshold: the CI of the ratio must
     lie beyond 1 + threshold + spread, or below its inverse, to fail (or improve), and short of that the verdict is
-    "inconclusive", never "pass". `host_bound` (why the run's decode is host-bound) says the spread is the host's, not the metric's A/A."""
+    "inconclusive", never "pass". `host_bound` (why the run's decode is host-bound) says the spread is the host's, not
+    the metric's A/A."""
     base_med, cur_med = stats.median(baseline_samples), stats.median(current_samples)
     if base_med <= 0:
         raise SuiteError(f"baseline median of {name} is {base_med:g}; a rate or latency must be > 0, re-record "

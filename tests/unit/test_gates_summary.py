@@ -28,6 +28,20 @@ def test_inconclusives_within_the_recorded_spreads_do_not_count_against_an_a_a_b
     assert gates_summary.aa_passed([v for v in recorded if v["name"] != "tg32@c2"])
 
 
+def test_the_recorded_a_a_under_the_per_depth_rule_counts_as_passing_as_recorded_and_as_re_judged_now():
+    """gemv-bf16-mxfp4-all on an H200 (2026-11-29): the verdicts its GPU run wrote, and the same results judged by
+    today's rule, make a passing A/A boot; one kernel twin failing makes it fail."""
+    from harness.perf import regression
+    folder = RECORDED.parents[1].parent / "sm_90-2026-11-29-h200-aa" / "gemv-bf16-mxfp4-all"
+    written = json.loads((folder / "aa1-verdicts.json").read_text())
+    assert gates_summary.aa_passed(written)
+    assert not gates_summary.aa_passed([{**v, "status": "fail"} if v["name"] == "tg32_gpu@d8192" else v
+                                        for v in written])
+    t = regression.load_thresholds(SCRIPT.parents[1] / "baselines" / "thresholds.yaml", "sm_90")
+    base, a_a = (json.loads((folder / f).read_text()) for f in ("baseline-results.json", "aa1-results.json"))
+    assert gates_summary.aa_passed([v.to_json() for v in regression.compare_run(base, a_a, t)])
+
+
 def test_the_summary_counts_a_passing_a_a_boot(tmp_path):
     (tmp_path / "aa1" / "verdicts").mkdir(parents=True)
     (tmp_path / "aa1" / "verdicts" / "x.json").write_text(json.dumps([_v("pass"), _v("inconclusive", within=True)]))
