@@ -294,7 +294,8 @@ def compare_metric(
     if base_med <= 0:
         raise SuiteError(f"baseline median of {name} is {base_med:g}; a rate or latency must be > 0, re-record "
                          f"with: {regen_command('level5', config)}")
-    delta = cur_med / base_med - 1.0
+    ratio_med = cur_med / base_med
+    delta = ratio_med - 1.0
     threshold = thresholds.throughput_drop if higher_is_better else thresholds.latency_rise
     worse = -delta if higher_is_better else delta  # > 0 means the metric got worse
     p = stats.mann_whitney_u(baseline_samples, current_samples)
@@ -319,11 +320,8 @@ def compare_metric(
     # tell the spread from a slowdown beyond it, and a strict nightly must not shrug at that). A noisy run (CV above
     # max_cv) is placed by its median: the spreads were measured on the medians of such runs (host-bound decode at CV
     # 10-20%), whose CIs reach past the edge with nothing changed. Its latency twin (TPOT) and tgN_gpu still gate it.
-    ratio_med = cur_med / base_med
-    if noisy:
-        within_edge = ratio_med >= worse_edge if higher_is_better else ratio_med <= worse_edge
-    else:
-        within_edge = lo >= worse_edge if higher_is_better else hi <= worse_edge
+    judged_lo, judged_hi = (ratio_med, ratio_med) if noisy else (lo, hi)
+    within_edge = judged_lo >= worse_edge if higher_is_better else judged_hi <= worse_edge
     # resolved: the CI rules out a change as bad as the gate itself (else a pass would be a guess)
     resolved = lo >= 1.0 - threshold if higher_is_better else hi <= 1.0 + threshold
     significant = p < thresholds.alpha

@@ -539,14 +539,15 @@ def test_a_quiet_run_is_within_the_spread_only_when_its_ci_rules_out_the_edge():
     as the spread itself was measured on such medians."""
     strict = replace(_sm90(), inconclusive_is_failure=True)
     base = samples(300.0, 0.01, 16, seed=0)
+    witness = "baseline: tg32_gpu is 1.2x its tg32"
     short = compare_metric("tg32", base, [300.0 * 0.66 * f for f in (0.97, 1.0, 1.03)], True, strict,
-                           boot_spread=0.5, host_bound="baseline: tg32_gpu is 1.2x its tg32")
+                           boot_spread=0.5, host_bound=witness)
     assert short.status == "inconclusive" and not short.within_boot_spread, short.message
     assert "a CI beyond 0.654" in short.message and regression.gate_failures([short], strict) == [short]
     inside = compare_metric("tg32", base, samples(300.0 * 0.8, 0.01, 16, seed=1), True, strict, boot_spread=0.5,
-                            host_bound="baseline: tg32_gpu is 1.2x its tg32")
+                            host_bound=witness)
     noisy = compare_metric("tg32", base, samples(300.0 * 0.72, 0.2, 8, seed=2), True, strict, boot_spread=0.5,
-                           host_bound="baseline: tg32_gpu is 1.2x its tg32")
+                           host_bound=witness)
     assert inside.within_boot_spread and noisy.within_boot_spread and noisy.ci[0] < 1 / 1.53, noisy.message
     assert regression.gate_failures([inside, noisy], strict) == []
 
@@ -572,8 +573,8 @@ def test_a_kernel_bound_decode_keeps_its_3_percent_gate():
 H200_GATES = REPO / "docs" / "evidence" / "sm_90-2026-11-29-h200-gates" / "gemv-bf16"
 
 
-def _recorded(name: str) -> dict:
-    return json.loads((H200_GATES / name).read_text())
+def _recorded(name: str, folder: Path = H200_GATES) -> dict:
+    return json.loads((folder / name).read_text())
 
 
 def _scaled(run: dict, factor: float, *names: str) -> dict:
@@ -621,7 +622,7 @@ def test_the_recorded_h200_a_a_with_a_witness_per_depth_passes_and_fails_on_a_sl
     nightly. The kernels at 8k of context 5% slower (attention) must fail there, and only there; the host's decode
     at 8k collapsing to half must fail too."""
     t = _sm90()
-    base, a_a = (json.loads((H200_AA / name).read_text()) for name in ("baseline-results.json", "aa1-results.json"))
+    base, a_a = _recorded("baseline-results.json", H200_AA), _recorded("aa1-results.json", H200_AA)
     assert set(regression.host_bound_decode(base, a_a, t)) == {"", "@d8192"}
     verdicts = regression.compare_run(base, a_a, t)
     assert regression.gate_failures(verdicts, replace(t, inconclusive_is_failure=True)) == []

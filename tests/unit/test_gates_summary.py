@@ -3,12 +3,14 @@ import importlib.util
 import json
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gates_summary.py"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gates_summary.py"
 spec = importlib.util.spec_from_file_location("gates_summary", SCRIPT)
 gates_summary = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gates_summary)
 
-RECORDED = Path(__file__).resolve().parents[2] / "docs/evidence/sm_90-2026-11-29-h200-gates/gemv-bf16/aa1-verdicts.json"
+RECORDED = REPO / "docs/evidence/sm_90-2026-11-29-h200-gates/gemv-bf16/aa1-verdicts.json"
+PER_DEPTH_AA = REPO / "docs/evidence/sm_90-2026-11-29-h200-aa/gemv-bf16-mxfp4-all"
 
 
 def _v(status: str, within: bool = False) -> dict:
@@ -32,13 +34,12 @@ def test_the_recorded_a_a_under_the_per_depth_rule_counts_as_passing_as_recorded
     """gemv-bf16-mxfp4-all on an H200 (2026-11-29): the verdicts its GPU run wrote, and the same results judged by
     today's rule, make a passing A/A boot; one kernel twin failing makes it fail."""
     from harness.perf import regression
-    folder = RECORDED.parents[1].parent / "sm_90-2026-11-29-h200-aa" / "gemv-bf16-mxfp4-all"
-    written = json.loads((folder / "aa1-verdicts.json").read_text())
+    written = json.loads((PER_DEPTH_AA / "aa1-verdicts.json").read_text())
     assert gates_summary.aa_passed(written)
     assert not gates_summary.aa_passed([{**v, "status": "fail"} if v["name"] == "tg32_gpu@d8192" else v
                                         for v in written])
-    t = regression.load_thresholds(SCRIPT.parents[1] / "baselines" / "thresholds.yaml", "sm_90")
-    base, a_a = (json.loads((folder / f).read_text()) for f in ("baseline-results.json", "aa1-results.json"))
+    t = regression.load_thresholds(REPO / "baselines" / "thresholds.yaml", "sm_90")
+    base, a_a = (json.loads((PER_DEPTH_AA / f).read_text()) for f in ("baseline-results.json", "aa1-results.json"))
     assert gates_summary.aa_passed([v.to_json() for v in regression.compare_run(base, a_a, t)])
 
 
