@@ -166,6 +166,41 @@ def _cfg(config: dict | None) -> dict:
     return config or get_config("packed_mm")
 
 
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, out_ptr, n_tiles, KC, stride_o, BT: tl.constexpr):
+    """Row tiles [BT] x one K chunk of a packed matrix -> bf16 rows [BT*16, 64] of out (padded shape [n_tiles*16,
+    KC*64]). The value times its power-of-two scale is exact in bf16, so this is the checkpoint's dequantization."""
+    tiles = tl.program_id(0) * BT + tl.arange(0, BT)
+    c = tl.program_id(1)
+    w = _decode_chunk(w_ptr, s_ptr, tl.minimum(tiles, n_tiles - 1).to(tl.int64), c, KC)
+    rows = (tiles[:, None] * 16 + tl.arange(0, 16)[None, :]).reshape(BT * 16).to(tl.int64)
+    cols = c * 64 + tl.arange(0, 64)
+    tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], w.to(tl.bfloat16), mask=(rows < n_tiles * 16)[:, None])
+
+
+def dequantize_packed(p: PackedMXFP4, cfg: dict | None = None) -> torch.Tensor:
+    """One packed dense matrix -> bf16 W [N, K] (a view of a padded [N16, K64] buffer), from the same bytes the
+    kernels read."""
+    if p.words.dim() != 4 or p.paired:
+        raise ValueError("dequantize_packed takes one unpaired matrix (not stacked or gate/up-paired experts)")
+    check_device(p.words, p.scales)
+    bt = int(_cfg(cfg).get("dequant_block_tiles", 4))
+    out = torch.empty((p.n_tiles * 16, p.k_chunks * 64), dtype=torch.bfloat16, device=p.words.device)
+    _dequant_kernel[(triton.cdiv(p.n_tiles, bt), p.k_chunks)](p.words, p.scales, out, p.n_tiles, p.k_chunks,
+                                                              out.stride(0), BT=bt, num_warps=4)
+    return out[: p.n, : p.k]
+
+
+def _dequant_serves(m: int, p: PackedMXFP4, cfg: dict) -> bool:
+    """Dense M >= dequant_min_m (0: never): dequantize to a transient bf16 copy and multiply with the BLAS, as vLLM's
+    AWQ layers do from 256 tokens (awq_dequantize + torch.matmul). Only weights whose copy fits dequant_max_mib (the
+    qkv and o_proj layers; not the 1.1 GiB lm_head), so the transient copy stays small next to one copy of the
+    weights."""
+    lo = int(cfg.get("dequant_min_m", 0))
+    size = p.n_tiles * 16 * p.k_chunks * 64 * 2
+    return 0 < lo <= m and size <= float(cfg.get("dequant_max_mib", 64)) * 2**20
+
+
 def _launch(x, p: PackedMXFP4, bias, out, *, rows=None, bexp=None, n_blocks=None, x_div=1, weights=None,
             swiglu=False, bm: int, cfg: dict, alpha=SWIGLU_ALPHA, limit=SWIGLU_LIMIT):
     bt = int(cfg.get("block_tiles", 4))
@@ -250,6 +285,11 @@ def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None =
     m = x.shape[0]
     if out is None:
         out = torch.empty((m, p.n), dtype=torch.bfloat16, device=x.device)
+    if m and _dequant_serves(m, p, cfg):
+        w = dequantize_packed(p, cfg)
+        if bias is None:
+            return torch.mm(x, w.t(), out=out)
+        return torch.addmm(bias.to(torch.bfloat16), x, w.t(), out=out)
     if m and _cuda_prefill(x, cfg):
         from .cuda_ext import MODE_DENSE, PF_VARIANTS, prefill_launch
 

@@ -101,30 +101,82 @@ def _best(res: dict, stock_key: str, label: str) -> tuple | None:
     return best
 
 
-def bench_dense(m: int, reps: int) -> list[dict]:
+def _dense_inputs(name: str, m: int, g: torch.Generator) -> tuple:
     from ..packed import pack_mxfp4
-    from ..packed_mm import mxfp4_mm_packed
-    from ..testing import generator, random_mxfp4
+    from ..testing import random_mxfp4
+
+    n, k = LINEAR_SHAPES[name]
+    w, s = random_mxfp4((n, k), g)
+    wbf = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+    return n, k, pack_mxfp4(w, s), wbf, x, torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+
+
+def bench_dense(m: int, reps: int) -> list[dict]:
+    """Each tiling of the kernels, the dequantize + BLAS path (and its dequantize alone) against cuBLAS on BF16
+    weights (stock's dense layers), at M tokens."""
+    from ..packed_mm import dequantize_packed, mxfp4_mm_packed
+    from ..testing import generator
+    from ..tuning import get_config
 
     g = generator(7, "cuda")
     rows = []
+    blas = {**get_config("packed_mm"), "dequant_min_m": 1}
     for name in ("qkv", "o_proj"):
-        n, k = LINEAR_SHAPES[name]
-        w, s = random_mxfp4((n, k), g)
-        p = pack_mxfp4(w, s)
-        wbf = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
-        x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
-        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        n, k, p, wbf, x, out = _dense_inputs(name, m, g)
         res = {"shape": name, "M": m, "N": n, "K": k,
                "us_bf16_cublas": _timed("cublas", [lambda x=x, wbf=wbf, out=out: torch.matmul(x, wbf.T, out=out)],
-                                        reps, 4)}
-        for c in GRID:
+                                        reps, 4),
+               "us_dequant": _timed("dequant", [lambda p=p: dequantize_packed(p)], reps, 4),
+               "us_dequant_blas": _timed("dequant + cuBLAS", [lambda x=x, p=p, out=out: mxfp4_mm_packed(
+                   x, p, out=out, config=blas)], reps, 4)}
+        for c in GRID:  # the kernels themselves, at every M
             res[f"us_{_name(c)}"] = _time_entry(c, lambda cfg, x=x, p=p, out=out: mxfp4_mm_packed(
-                x, p, out=out, config=cfg), reps, 4)
+                x, p, out=out, config={**cfg, "dequant_min_m": 0}), reps, 4)
         rows.append(res)
         _best(res, "us_bf16_cublas", f"{name} M={m}: cuBLAS bf16")
+        print(f"  {name} M={m}: dequantize {res['us_dequant']} us, dequantize + cuBLAS {res['us_dequant_blas']} us = "
+              f"{_ratio(res['us_bf16_cublas'], res['us_dequant_blas'])}x stock's speed", flush=True)
     torch.cuda.empty_cache()
     return rows
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if a == a and b == b and b > 0 else float("nan")
+
+
+def bench_dense_sweep(ms: list[int], reps: int) -> dict:
+    """Where the dense layers' dequantize + BLAS path starts to beat the kernels: per M, cuBLAS on BF16 weights (stock),
+    the kernels as served below `dequant_min_m` (tuning.yaml's tiling) and dequantize + cuBLAS, same process. The
+    crossover is the smallest M from which dequantize + BLAS is faster on every shape, at every larger M too."""
+    from ..packed_mm import mxfp4_mm_packed
+    from ..testing import generator
+    from ..tuning import get_config
+
+    g = generator(9, "cuda")
+    kern = {**get_config("packed_mm"), "dequant_min_m": 0}
+    blas = {**get_config("packed_mm"), "dequant_min_m": 1}
+    rows = []
+    for name in ("qkv", "o_proj"):
+        n, k, p, wbf, x_max, out_max = _dense_inputs(name, max(ms), g)
+        for m in ms:
+            x, out = x_max[:m], out_max[:m]
+            r = {"shape": name, "M": m,
+                 "us_bf16_cublas": _timed("cublas", [lambda: torch.matmul(x, wbf.T, out=out)], reps, 4),
+                 "us_kernels": _timed("kernels", [lambda: mxfp4_mm_packed(x, p, out=out, config=kern)], reps, 4),
+                 "us_dequant_blas": _timed("dequant + cuBLAS", [lambda: mxfp4_mm_packed(x, p, out=out, config=blas)],
+                                           reps, 4)}
+            r["dequant_blas_over_kernels"] = _ratio(r["us_kernels"], r["us_dequant_blas"])
+            print(f"  {name} M={m}: cuBLAS bf16 {r['us_bf16_cublas']} us, kernels {r['us_kernels']}, dequantize + "
+                  f"cuBLAS {r['us_dequant_blas']} ({r['dequant_blas_over_kernels']}x the kernels' speed, "
+                  f"{_ratio(r['us_bf16_cublas'], r['us_dequant_blas'])}x stock's)", flush=True)
+            rows.append(r)
+    wins = {m: all(r["dequant_blas_over_kernels"] > 1 for r in rows if r["M"] == m) for m in ms}
+    cross = next((m for m in sorted(ms) if all(wins[q] for q in ms if q >= m)), None)
+    print(f"  dequantize + BLAS beats the kernels on every shape from M = {cross} (tuning.yaml dequant_min_m: "
+          f"{get_config('packed_mm').get('dequant_min_m')})", flush=True)
+    torch.cuda.empty_cache()
+    return {"rows": rows, "crossover_m": cross}
 
 
 def bench_moe(m: int, reps: int) -> dict:
@@ -195,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env-out", help="write the best MoE configuration as KERNELS_PACKED_MM_* lines")
     ap.add_argument("--cuda-src-before", help="an earlier csrc/mxfp4_mma.cu: its top-k is timed beside today's")
     ap.add_argument("--only-topk", action="store_true", help="time the routing only (seconds, not minutes)")
+    ap.add_argument("--dense-m", default="", help="comma-separated Ms: time the dense kernels against dequantize + "
+                    "BLAS at each, to place tuning.yaml's dequant_min_m")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_prefill needs a CUDA GPU (it times kernels); nothing measured", file=sys.stderr)
@@ -207,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(a.out, "w") as f:
                 json.dump(res, f, indent=1)
         return 0 if all(r["us_topk"] == r["us_topk"] for r in res["topk"]) else 1
+    if a.dense_m:
+        res["dense_sweep"] = bench_dense_sweep(sorted({int(v) for v in a.dense_m.split(",")}), a.reps)
     res.update({"moe": bench_moe(a.m, a.reps), "dense": bench_dense(a.m, a.reps)})
     if a.out:
         with open(a.out, "w") as f:

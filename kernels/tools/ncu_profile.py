@@ -1,4 +1,5 @@
-"""Nsight Compute counters for the decode kernels: `python -m kernels.tools.ncu_profile [--out DIR]`.
+"""Nsight Compute counters for the decode kernels: `python -m kernels.tools.ncu_profile [--out DIR]` (--small: stall
+reasons of the M=1 kernels; --prefill: of the prefill kernels at 2048 tokens).
 
 Runs ncu (`--clock-control none`, so clocks are what the benchmark sees) on a small driver that
 executes, after warm-up: the lm_head M=1 GEMV with the old fma16 kernel (before) and the packed
@@ -118,28 +119,73 @@ def small_driver(srcs: list[str]) -> None:
     torch.cuda.profiler.stop()
 
 
+def prefill_driver() -> None:
+    """--prefill: the prefill kernels at 2048 tokens on gpt-oss-120b shapes (the MoE layer's gate_up and down, top-4 of
+    128 from random logits; qkv on the kernels, not the dequantize + BLAS path) once, between cudaProfilerStart/Stop."""
+    import torch
+
+    from ..packed import pack_mxfp4
+    from ..packed_mm import mxfp4_mm_packed, mxfp4_moe_packed_mm
+    from ..testing import random_mxfp4
+    from ..tuning import get_config
+    from .bench import random_moe_layer
+
+    m = PREFILL_M
+    _, _, gu_b, _, _, d_b, gu_q, d_q, g = random_moe_layer(11)
+    x = torch.randn(m, MOE.hidden, generator=g, device="cuda").to(torch.bfloat16)
+    top = torch.topk(torch.randn(m, MOE.experts, generator=g, device="cuda"), MOE.top_k, dim=-1)
+    ids, wts = top.indices.to(torch.int32), torch.softmax(top.values, -1)
+    n, k = LINEAR_SHAPES["qkv"]
+    w, s = random_mxfp4((n, k), g)
+    qkv, xq = pack_mxfp4(w, s), torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+    cfg = {**get_config("packed_mm"), "dequant_min_m": 0}
+
+    def once() -> None:
+        mxfp4_moe_packed_mm(x, ids, wts, gu_q, gu_b, d_q, d_b, config=cfg)
+        mxfp4_mm_packed(xq, qkv, config=cfg)
+
+    for _ in range(3):
+        once()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    once()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+PREFILL_M = 2048
+
+
 def small_main(out: Path, ncu: str, srcs: list[str]) -> int:
     """Stall reasons (warp-state sampling) and per-SASS-line samples of the latency-bound kernels."""
     labels = [f"{name}{'' if not src else ' [' + Path(src).name + ']'}"
               for src in srcs for name in ("qkv", "o_proj", "moe_route", "moe_gate_up", "moe_down")]
-    rep = out / "small"
+    return stall_profile(out, ncu, "small", ["--small-driver", "--srcs", ",".join(srcs)], labels)
+
+
+def stall_profile(out: Path, ncu: str, tag: str, driver_args: list[str], labels: list[str],
+                  kernel_regex: str | None = None) -> int:
+    """ncu on one driver (everything between its cudaProfilerStart/Stop): SpeedOfLight, warp-state sampling and
+    per-SASS-line samples; writes {tag}_raw.csv, {tag}_source.csv and {tag}_summary.json (one entry per label, in
+    launch order) and prints each kernel's issue, occupancy, DRAM and top stall reasons."""
+    rep = out / tag
     cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "-f", "-o", str(rep),
+           *(["--kernel-name", f"regex:{kernel_regex}"] if kernel_regex else []),
            "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "SourceCounters",
            "--section", "Occupancy", "--section", "LaunchStats", "--section", "MemoryWorkloadAnalysis",
-           "--metrics", ",".join(METRICS), sys.executable, "-m", "kernels.tools.ncu_profile", "--small-driver",
-           *(["--srcs", ",".join(srcs)])]
+           "--metrics", ",".join(METRICS), sys.executable, "-m", "kernels.tools.ncu_profile", *driver_args]
     print(" ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    (out / "small_stderr.txt").write_text(r.stdout[-20000:] + r.stderr[-20000:])
+    (out / f"{tag}_stderr.txt").write_text(r.stdout[-20000:] + r.stderr[-20000:])
     if r.returncode:
         print(f"ncu failed (rc {r.returncode}): {r.stderr[-3000:]}")
         return 1
     raw = subprocess.run([ncu, "-i", f"{rep}.ncu-rep", "--page", "raw", "--csv"], capture_output=True, text=True)
-    (out / "small_raw.csv").write_text(raw.stdout)
+    (out / f"{tag}_raw.csv").write_text(raw.stdout)
     src_page = subprocess.run([ncu, "-i", f"{rep}.ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
                               capture_output=True, text=True)
-    (out / "small_source.csv").write_text(src_page.stdout[:40_000_000])
-    (out / "small_source_stderr.txt").write_text(src_page.stderr[-5000:])
+    (out / f"{tag}_source.csv").write_text(src_page.stdout[:40_000_000])
+    (out / f"{tag}_source_stderr.txt").write_text(src_page.stderr[-5000:])
     rows, units = raw_rows(raw.stdout)
     summary = []
     for label, row in zip(labels, rows):
@@ -154,7 +200,7 @@ def small_main(out: Path, ncu: str, srcs: list[str]) -> int:
         total = sum(stalls.values()) or float("nan")
         rec["stall_share"] = {k: round(v / total, 3) for k, v in sorted(stalls.items(), key=lambda kv: -kv[1])[:8]}
         summary.append(rec)
-    (out / "small_summary.json").write_text(json.dumps(summary, indent=1))
+    (out / f"{tag}_summary.json").write_text(json.dumps(summary, indent=1))
     for rec in summary:
         print(f"{rec['case']:40s} {rec['duration_ns'] / 1e3:7.2f} us  issue {rec['issue_active_pct']:5.1f}%  "
               f"warps {rec['warps_active_pct']:5.1f}%  dram {rec['dram_pct']:5.1f}%  stalls "
@@ -186,9 +232,15 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true",
                     help="stall reasons of the latency-bound kernels (qkv / o_proj M=1, MoE M=1) instead")
     ap.add_argument("--srcs", default="", help="with --small: comma list of CUDA sources ('' = csrc/mxfp4_mma.cu)")
+    ap.add_argument("--prefill-driver", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prefill", action="store_true",
+                    help=f"stall reasons of the prefill kernels at {PREFILL_M} tokens (MoE gate_up and down, qkv) instead")
     args = ap.parse_args(argv)
     if args.driver:
         driver()
+        return 0
+    if args.prefill_driver:
+        prefill_driver()
         return 0
     srcs = args.srcs.split(",") if args.srcs else [""]
     if args.small_driver:
@@ -202,6 +254,9 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.small:
         return small_main(out, ncu, srcs)
+    if args.prefill:
+        return stall_profile(out, ncu, "prefill", ["--prefill-driver"], ["moe_gate_up", "moe_down", "qkv"],
+                             kernel_regex="mxfp4_pf_kernel")
     cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:rows_kernel|mxfp4_kernel|route_kernel",
            "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, "-m", "kernels.tools.ncu_profile",
            "--driver"]

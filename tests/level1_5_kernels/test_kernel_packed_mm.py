@@ -18,7 +18,8 @@ from kernels import reference
 from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_NMSE
 from kernels.cuda_ext import PF_VARIANTS
 from kernels.packed import pack_mxfp4
-from kernels.packed_mm import align_by_expert, mxfp4_mm_packed, mxfp4_moe_packed_mm
+from kernels.mxfp4 import dequantize_mxfp4
+from kernels.packed_mm import align_by_expert, dequantize_packed, mxfp4_mm_packed, mxfp4_moe_packed_mm
 from kernels.tuning import get_config
 from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
 
@@ -45,6 +46,48 @@ def test_dense_matches_reference(m, n, k):
     out = poisoned((m, n), torch.bfloat16, DEV)
     mxfp4_mm_packed(x, p, bias, out=out)
     assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm M={m} N={n} K={k}")
+
+
+@pytest.mark.parametrize("n,k", [(40, 96), (48, 192)])
+def test_dequantize_packed_is_the_checkpoint_dequantization(n, k):
+    """The large-M dense path's bf16 copy from the packed bytes: bit for bit the checkpoint's dequantization (every
+    E2M1 value times its power-of-two scale is exact in bf16), a ragged row tile (40) and a padded K chunk (96)
+    included, over scale bytes 2..254 (from 2 every product is an fp32 normal; bytes 0 and 1 make weights below
+    2**-126, which may flush to zero, as the fast kernels read byte 0 as 0); a NaN scale (255) poisons exactly its
+    block, as in the reference."""
+    seed = fresh_seed()
+    g = generator(seed, DEV)
+    w, s = random_mxfp4((n, k), g, 2, 255)
+    s[3, 1] = 255
+    got = dequantize_packed(pack_mxfp4(w, s))
+    want = dequantize_mxfp4(w, s, torch.float32)
+    assert got.dtype == torch.bfloat16 and got.shape == (n, k)
+    assert torch.equal(got.float().isnan(), want.isnan()), f"NaN blocks differ (seed={seed})"
+    assert torch.equal(got.float().nan_to_num(), want.nan_to_num()), f"dequantized values differ (seed={seed})"
+
+
+def test_dense_above_dequant_min_m_takes_the_blas_path_and_matches_reference(monkeypatch):
+    """From `dequant_min_m` tokens the dense layer multiplies a transient bf16 copy with the BLAS; below it, with the
+    copy over `dequant_max_mib`, or with the knob at 0 it stays on the packed kernels. Both paths meet the dense bound
+    (the bias is added in bf16 there, as vLLM's BF16 layers do: NMSE ~4e-6 of the 2e-5)."""
+    from kernels import packed_mm
+
+    seed = fresh_seed()
+    x, p, bias, ref = _dense_case(37, 40, 96, seed)
+    taken = []
+    real = packed_mm.dequantize_packed
+    monkeypatch.setattr(packed_mm, "dequantize_packed", lambda *a: taken.append(1) or real(*a))
+    base = {**get_config("packed_mm"), "impl": "triton"}
+    for cfg, expect in (({"dequant_min_m": 37}, True), ({"dequant_min_m": 38}, False), ({"dequant_min_m": 0}, False),
+                        ({"dequant_min_m": 1, "dequant_max_mib": 48 * 128 * 2 / 2**20}, True),  # padded 48 x 128
+                        ({"dequant_min_m": 1, "dequant_max_mib": (48 * 128 * 2 - 1) / 2**20}, False)):
+        for b, want in ((bias, ref), (None, ref - bias.float())):
+            taken.clear()
+            out = poisoned((37, 40), torch.bfloat16, DEV)
+            y = mxfp4_mm_packed(x, p, b, out=out, config={**base, **cfg})
+            assert bool(taken) == expect, f"{cfg}: dequantize path {'not ' if expect else ''}taken"
+            assert y.data_ptr() == out.data_ptr(), "the result must be written into `out`"
+            assert_close_nmse(y, want, GEMV_NMSE, seed, f"packed mm {cfg}, bias {b is not None}")
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
@@ -83,7 +126,9 @@ def test_align_by_expert_places_every_slot_once(m, e, k, bm):
 def _impl_cfg(impl: str, variant: int | None = None) -> dict:
     """packed_mm's config with the implementation forced; `cuda` skips (with the reason) where it cannot be built,
     so a CUDA test never passes on the Triton fallback."""
-    cfg = {**get_config("packed_mm"), "impl": impl}
+    if impl == "dequant":  # the dense layers' large-M path: a transient bf16 copy through the BLAS
+        return {**get_config("packed_mm"), "dequant_min_m": 1}
+    cfg = {**get_config("packed_mm"), "impl": impl, "dequant_min_m": 0}
     if impl == "cuda":
         from kernels import cuda_ext
 
@@ -168,7 +213,7 @@ def test_cuda_prefill_at_the_bf16_scale_edge(top):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["cuda", "triton"])
+@pytest.mark.parametrize("impl", ["cuda", "triton", "dequant"])
 @pytest.mark.parametrize("name", ["qkv", "o_proj", "lm_head"])
 @pytest.mark.parametrize("m", [17, 256, 2048])
 def test_dense_gpt_oss_shapes(name, m, impl):
@@ -218,6 +263,27 @@ def test_moe_is_captured_by_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, run(x2, ids2, wts2)), f"graph replay differs from eager (seed={seed})"
+
+
+@pytest.mark.gpu
+def test_dense_dequant_path_is_captured_by_a_cuda_graph():
+    """vLLM captures batches up to 512 tokens, so the dense layers' dequantize + BLAS path runs inside graphs: a replay
+    on new activations must give their eager result, and the weights are re-read (not baked in) by the replay."""
+    seed = fresh_seed()
+    n, k = LINEAR_SHAPES["o_proj"]
+    x, p, bias, _ = _dense_case(256, n, k, seed, "cuda")
+    x2, *_ = _dense_case(256, n, k, seed + 1, "cuda")
+    cfg = _impl_cfg("dequant")
+    run = lambda a: mxfp4_mm_packed(a, p, bias, config=cfg)  # noqa: E731
+    run(x)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(x)
+    x.copy_(x2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, run(x2)), f"graph replay differs from eager (seed={seed})"
 
 
 def test_the_bound_catches_a_wrong_fragment_order():
