@@ -90,6 +90,26 @@ def test_dense_above_dequant_min_m_takes_the_blas_path_and_matches_reference(mon
             assert_close_nmse(y, want, GEMV_NMSE, seed, f"packed mm {cfg}, bias {b is not None}")
 
 
+def test_the_dense_layers_share_one_scratch_copy(monkeypatch):
+    """Every dense layer's bf16 copy goes into one buffer per device (vLLM sizes its KV cache from the memory a CUDA
+    graph capture holds, and a copy per call was held once per graph piece): a second layer reuses it, a larger one
+    replaces it while the old buffer stays allocated (a graph captured earlier still writes it), and every result
+    is its own layer's."""
+    from kernels import packed_mm
+
+    monkeypatch.setattr(packed_mm, "_SCRATCH", {})
+    monkeypatch.setattr(packed_mm, "_RETIRED", [])
+    seed = fresh_seed()
+    cfg = {**get_config("packed_mm"), "impl": "triton", "dequant_min_m": 1}
+    seen = []
+    for n, k in ((40, 96), (16, 64), (48, 192), (40, 96)):
+        x, p, bias, ref = _dense_case(9, n, k, seed + n + k)
+        assert_close_nmse(mxfp4_mm_packed(x, p, bias, config=cfg), ref, GEMV_NMSE, seed, f"N={n} K={k}")
+        seen.append(packed_mm._SCRATCH[x.device].data_ptr())
+    assert seen[0] == seen[1] and seen[2] == seen[3] and seen[1] != seen[2], seen
+    assert [b.data_ptr() for b in packed_mm._RETIRED] == [seen[0]], "the smaller buffer must stay allocated"
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("m,e,h,inter,k,x_scale,skip", [(20, 6, 64, 96, 3, 40.0, True), (33, 4, 64, 64, 2, 1.0, False)])
 def test_moe_matches_reference(m, e, h, inter, k, x_scale, skip):
