@@ -162,8 +162,22 @@ def static_count_cases(arch: str) -> list[StaticCountCase]:
                             int(cfg.get("num_stages", 2))) for (name, extra), sig in zip(variants, sigs)]
 
 
+def dequant_static_case(arch: str) -> StaticCountCase:
+    """The dense layers' dequantize kernel at this arch's tuned tiles per program, for a compile without a GPU
+    (tests/level1_5_kernels/test_kernel_build.py: it must build for every shipped arch, with 16-byte accesses)."""
+    bt = int(get_config("packed_mm", arch).get("dequant_block_tiles", 4))
+    sig = {"w_ptr": "*i32", "s_ptr": "*u8", "out_ptr": "*bf16", "n_tiles": "i32", "KC": "i32", "stride_o": "i32",
+           "BT": "constexpr"}
+    return StaticCountCase(f"packed_mm dequantize BT={bt}", _dequant_kernel, sig, {"BT": bt}, DEQUANT_WARPS,
+                           bt * 16 * 64 / 8 / (32 * DEQUANT_WARPS),
+                           "STG", ("w_ptr", "s_ptr", "out_ptr", "stride_o"))
+
+
 def _cfg(config: dict | None) -> dict:
     return config or get_config("packed_mm")
+
+
+DEQUANT_WARPS = 4
 
 
 @triton.jit
@@ -191,7 +205,7 @@ def dequantize_packed(p: PackedMXFP4, cfg: dict | None = None, buf: torch.Tensor
     else:
         out = buf[: shape[0] * shape[1]].view(shape)
     _dequant_kernel[(triton.cdiv(p.n_tiles, bt), p.k_chunks)](p.words, p.scales, out, p.n_tiles, p.k_chunks,
-                                                              out.stride(0), BT=bt, num_warps=4)
+                                                              out.stride(0), BT=bt, num_warps=DEQUANT_WARPS)
     return out[: p.n, : p.k]
 
 

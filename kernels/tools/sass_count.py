@@ -204,23 +204,12 @@ def triton_counts(arch: int = 90, tc: build.Toolchain | None = None, cases=None)
     nvdisasm = str(tc.nvdisasm) if tc and tc.nvdisasm else _tool("nvdisasm")
     os.environ["TRITON_INTERPRET"] = "0"  # compile, do not interpret (must precede importing gemv)
     import triton
-    from triton.backends.compiler import GPUTarget
 
     from .. import gemv, packed_mm
 
-    target = GPUTarget("cuda", arch, 32)
     results = []
     for case in cases if cases is not None else gemv.static_count_cases() + packed_mm.static_count_cases(f"sm_{arch}"):
-        names = list(case.signature)
-        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in case.divisible}
-        src = triton.compiler.ASTSource(fn=case.fn, signature=case.signature, constexprs=case.constexprs, attrs=attrs)
-        k = triton.compile(src, target=target, options={"num_warps": case.num_warps, "num_stages": case.num_stages})
-        with tempfile.TemporaryDirectory() as d:
-            cubin = os.path.join(d, "k.cubin")
-            Path(cubin).write_bytes(k.asm["cubin"])
-            text = subprocess.run([nvdisasm, "--print-line-info", cubin], check=True, capture_output=True,
-                                  text=True).stdout
-        funcs = parse_nvdisasm(text)
+        funcs = parse_nvdisasm(triton_sass(case, arch, nvdisasm))
         ins = next(iter(funcs.values()))
         found = hot_loop(ins, case.marker)
         if found is None:
@@ -228,6 +217,35 @@ def triton_counts(arch: int = 90, tc: build.Toolchain | None = None, cases=None)
         row = summarize(f"triton {triton.__version__} {case.name}", ins, case.marker, case.words_per_pass / found[0], set())
         results.append({"variant": case.name, **row})
     return results
+
+
+def triton_sass(case, arch: int, nvdisasm: str | None = None) -> str:
+    """nvdisasm --print-line-info text of one Triton kernel configuration (a StaticCountCase) compiled for sm_<arch>
+    without a GPU. The caller must have set TRITON_INTERPRET=0 before the kernel modules were imported."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    names = list(case.signature)
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in case.divisible}
+    src = triton.compiler.ASTSource(fn=case.fn, signature=case.signature, constexprs=case.constexprs, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": case.num_warps, "num_stages": case.num_stages})
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        Path(cubin).write_bytes(k.asm["cubin"])
+        return subprocess.run([nvdisasm or _tool("nvdisasm"), "--print-line-info", cubin], check=True,
+                              capture_output=True, text=True).stdout
+
+
+def memory_ops(sass_text: str) -> dict[str, int]:
+    """Global loads and stores of one kernel's SASS by opcode with its width (LDG.E.128, STG.E.U16, ...)."""
+    ops: dict[str, int] = collections.Counter()
+    for funcs in parse_nvdisasm(sass_text).values():
+        for _, ins, _ in funcs:
+            op = next((w for w in ins.split() if not w.startswith("@")), "")
+            if op.startswith(("LDG", "STG")):
+                ops[op] += 1
+    return dict(ops)
 
 
 def triton_version() -> str:

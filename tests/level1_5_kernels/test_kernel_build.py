@@ -229,3 +229,57 @@ def test_the_budget_fails_a_prefill_loop_that_grew(toolchain, tmp_path):
         problems = sass_budget.check({arch: rows}, budget, version, "triton")
         over = {line.split(" (")[0].split(" ", 1)[1] for line in problems if "> budget" in line}
         assert over == {r["variant"] for r in rows}, problems
+
+
+# Child process, as TRITON_ROWS: the dense layers' dequantize kernel compiled for one arch -> its global loads and
+# stores by opcode (from packed_mm, or from a mutated copy of it).
+DEQUANT_OPS = """
+import importlib.util, json, sys
+from kernels.tools import sass_count
+arch, module = sys.argv[1], sys.argv[2]
+if module:
+    spec = importlib.util.spec_from_file_location("packed_mm_mutated", module)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+else:
+    from kernels import packed_mm as mod
+case = mod.dequant_static_case("sm_" + arch.rstrip("a"))
+print(json.dumps({"ops": sass_count.memory_ops(sass_count.triton_sass(case, int(arch.rstrip("a")))),
+                  "bytes_out": case.words_per_pass * 4 * 4}))
+"""
+
+
+def _dequant_ops(arch: str, module: Path | None = None) -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", DEQUANT_OPS, arch, str(module or "")], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=build.SRC.parents[2])
+    assert done.returncode == 0, f"compiling the dequantize kernel for sm_{arch} failed:\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _stores_are_16_bytes(out: dict) -> bool:
+    """Every global store is 16 bytes wide and they write the program's whole bf16 tile (weight words per thread x 8
+    codes x 2 bytes)."""
+    stg = {op: n for op, n in out["ops"].items() if op.startswith("STG")}
+    return set(stg) == {"STG.E.128"} and stg["STG.E.128"] * 16 == out["bytes_out"]
+
+
+def test_the_dense_dequantize_kernel_builds_for_every_shipped_arch_with_16_byte_stores(toolchain):
+    """The prefill's dense layers dequantize their packed bytes to bf16 on GB10 as on Hopper, so the kernel must
+    compile for sm_121a, and it writes 4x the bytes it reads: memory-bound, so its stores must stay coalesced 16-byte
+    ones (STG.E.128) and its word loads too (LDG.E.128)."""
+    for arch in build.ARCHS:
+        out = _dequant_ops(arch)
+        assert _stores_are_16_bytes(out), f"sm_{arch}: {out}"
+        assert out["ops"].get("LDG.E.128", 0) >= 1, f"sm_{arch}: the packed words are not read 16 bytes at a time: {out}"
+
+
+def test_the_store_check_fails_a_dequantize_kernel_with_scattered_columns(toolchain, tmp_path):
+    """Test of the test: columns written in a strided order (still every element once) compile to 2-byte stores."""
+    src = (build.SRC.parents[1] / "packed_mm.py").read_text()
+    line = "    cols = c * 64 + tl.arange(0, 64)\n"
+    assert src.count(line) == 1, "the dequantize kernel changed: update this mutation to a line of its body"
+    mutated = tmp_path / "packed_mm_scattered.py"
+    mutated.write_text(src.replace("from .", "from kernels.").replace(line, "    cols = c * 64 + (tl.arange(0, 64) * 9) % 64\n"))
+    out = _dequant_ops(build.ARCHS[-1], mutated)
+    assert not _stores_are_16_bytes(out), out
