@@ -20,6 +20,11 @@ the default there; `impl: triton` keeps this one): the decoded words stay in reg
 the activations go through shared memory, where the Triton kernel is bound by moving every decoded fragment through
 shared memory. Here, on CPU (interpreter) and where nvcc is missing, the Triton kernel is the path.
 
+Dense layers from `dequant_min_m` tokens (kernels/tuning.yaml) take another way: `dequantize_packed` writes the
+packed bytes as bf16 into one scratch buffer per device and cuBLAS multiplies it (as vLLM's AWQ layers do from 256
+tokens), which beat the kernels at every M from 64 to 2048 on an H200 (kernels/NOTES.md). The MoE has no such way:
+its bf16 experts (6.4 GB per gpt-oss-120b layer) would cost more to write than the kernels take.
+
 MoE (`mxfp4_moe_packed_mm`): the token slots are sorted by expert and padded per expert to BM
 (`align_by_expert`, torch ops only: no host sync, so CUDA graphs can capture it, as vLLM's
 `moe_align_block_size` does for its fused MoE); a program reads its block's expert id and gathers its
@@ -311,9 +316,16 @@ def _activation(x: torch.Tensor, k_chunks: int, variant: int) -> tuple[torch.Ten
     return activation_frags(x, k_chunks)
 
 
+def large_m_path(m: int, p: PackedMXFP4, config: dict | None = None) -> str:
+    """What `mxfp4_mm_packed` runs for M tokens of this weight, for a server's log: the bf16 copy + BLAS or the
+    packed GEMM kernels."""
+    return "bf16 copy + BLAS" if m and _dequant_serves(m, p, _cfg(config)) else "packed_mm"
+
+
 def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None = None,
                     out: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    """y = x @ W^T (+ bias), x [M, K] bf16, W one packed matrix -> [M, N] bf16, any M (tensor cores)."""
+    """y = x @ W^T (+ bias), x [M, K] bf16, W one packed matrix -> [M, N] bf16, any M: from `dequant_min_m` tokens a
+    bf16 copy in the device's scratch buffer times the BLAS, below it the tensor-core kernels on the packed bytes."""
     if p.words.dim() != 4 or p.paired:
         raise ValueError("mxfp4_mm_packed takes one unpaired matrix (the MoE function takes stacked experts)")
     if x.dim() != 2 or x.shape[1] != p.k:

@@ -27,6 +27,7 @@ from kernels import reference
 from kernels.cases import GEMV_NMSE, MOE_NMSE
 from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, random_mxfp4
+from kernels.tuning import get_config
 
 pytestmark = pytest.mark.level1_5
 
@@ -179,8 +180,9 @@ def _dense_model(seed: int) -> torch.nn.Module:
     return root.to(DEV)
 
 
-def test_dense_layers_serve_every_batch_from_one_mxfp4_copy():
+def test_dense_layers_serve_every_batch_from_one_mxfp4_copy(monkeypatch, capsys):
     seed = fresh_seed()
+    monkeypatch.setattr(plugin, "_seen_paths", set())
     model = _dense_model(seed)
     q, s = quantize_mxfp4(model.qkv_proj.weight.float())
     names = plugin.install_dense(model, threshold=4)
@@ -193,10 +195,15 @@ def test_dense_layers_serve_every_batch_from_one_mxfp4_copy():
     assert plugin.install_dense(model, threshold=4) == []
     qkv = model.qkv_proj
     bias = torch.randn(96, generator=generator(seed + 1)).to(torch.bfloat16).to(DEV)
-    for m in (3, 21):  # decode kernels (<= 4 here), then kernels.packed_mm
+    big = get_config("packed_mm")["dequant_min_m"]
+    for m in (3, 21, big):  # decode kernels (<= 4 here), then the packed GEMM, then the bf16 copy + BLAS
         x = torch.randn(m, 64, generator=generator(seed + m)).to(torch.bfloat16).to(DEV)
         ref = x.float() @ dequantize_mxfp4(q, s).T + bias.float()
         assert_close_nmse(qkv.quant_method.apply(qkv, x, bias), ref, GEMV_NMSE, seed, f"plugin dense M={m}")
+    logged = [line for line in capsys.readouterr().err.splitlines() if line.startswith("suite_kernels: mxfp4_linear 96x64")]
+    assert logged == ["suite_kernels: mxfp4_linear 96x64 M=3 -> decode kernels",
+                      "suite_kernels: mxfp4_linear 96x64 M=21 -> packed_mm",
+                      f"suite_kernels: mxfp4_linear 96x64 M={big} -> bf16 copy + BLAS"], logged
     with pytest.raises(RuntimeError, match="no qkv_proj"):
         plugin.install_dense(torch.nn.Module(), threshold=4)
 

@@ -263,7 +263,12 @@ def dense_forward(linear, x, bias=None):
     """A dense layer on our kernels: `linear` is the layer's kernels.gemv.PackedLinear."""
     p = linear.p
     m = x.numel() // p.k
-    _note_path(p.n, p.k, m, "decode kernels" if m <= linear.threshold else "packed_mm")
+    if m <= linear.threshold:
+        _note_path(p.n, p.k, m, "decode kernels")
+    else:
+        from kernels.packed_mm import large_m_path
+
+        _note_path(p.n, p.k, m, large_m_path(m, p))
     return linear(x, bias).to(x.dtype)
 
 
