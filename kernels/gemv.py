@@ -582,7 +582,7 @@ class PackedLinear:
         x2 = x.reshape(-1, x.shape[-1])
         m = x2.shape[0]
         plan = self._plans.get(m)  # made only where the CUDA path applied once, so it applies now
-        if m > self.threshold:  # the same packed bytes on tensor cores: no second copy of the weights for large M
+        if m > self.threshold:  # from the same packed bytes: no second resident copy of the weights for large M
             y = mxfp4_mm_packed(x2, p, bias)
         elif x2.shape[1] != p.k or (plan is None and not _use_cuda(x2, self.cfg)):
             y = mxfp4_gemv_packed(x2, p, bias, config=self.cfg)  # the portable path; raises on a shape mismatch

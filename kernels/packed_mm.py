@@ -208,10 +208,15 @@ def dequantize_packed(p: PackedMXFP4, cfg: dict | None = None, buf: torch.Tensor
     if buf is None:
         out = torch.empty(shape, dtype=torch.bfloat16, device=p.words.device)
     else:
-        out = buf[: shape[0] * shape[1]].view(shape)
+        out = buf[: _copy_numel(p)].view(shape)
     _dequant_kernel[(triton.cdiv(p.n_tiles, bt), p.k_chunks)](p.words, p.scales, out, p.n_tiles, p.k_chunks,
                                                               out.stride(0), BT=bt, num_warps=DEQUANT_WARPS)
     return out[: p.n, : p.k]
+
+
+def _copy_numel(p: PackedMXFP4) -> int:
+    """Elements of a dense matrix's bf16 copy at its padded shape [N16, K64] (what the dequantize kernel writes)."""
+    return p.n_tiles * 16 * p.k_chunks * 64
 
 
 _SCRATCH: dict[torch.device, torch.Tensor] = {}
@@ -224,8 +229,9 @@ def _dequant_scratch(p: PackedMXFP4) -> torch.Tensor:
     1024 tokens as one CUDA graph per piece between attention layers and sizes its KV cache from the memory one
     capture of the largest batch takes; a per-call copy made each of the 37 pieces of the gpt-oss-120b shape hold
     its own (H200, vLLM 0.26: estimated graph memory 2.89 GiB instead of 0.98, KV capacity -3.2%). The buffer is
-    made by the first large call, which is vLLM's eager profiling run, before any capture."""
-    need = p.n_tiles * 16 * p.k_chunks * 64
+    made by the first large call, which is vLLM's eager profiling run, before any capture. One buffer per device
+    assumes one compute stream per device, as vLLM runs its forward; layers on two streams at once would race on it."""
+    need = _copy_numel(p)
     dev = p.words.device
     buf = _SCRATCH.get(dev)
     if buf is None or buf.numel() < need:
@@ -236,13 +242,12 @@ def _dequant_scratch(p: PackedMXFP4) -> torch.Tensor:
 
 
 def _dequant_serves(m: int, p: PackedMXFP4, cfg: dict) -> bool:
-    """Dense M >= dequant_min_m (0: never): dequantize to a transient bf16 copy and multiply with the BLAS, as vLLM's
+    """Dense M >= dequant_min_m (0: never): dequantize into the scratch buffer and multiply with the BLAS, as vLLM's
     AWQ layers do from 256 tokens (awq_dequantize + torch.matmul). Only weights whose copy fits dequant_max_mib (the
-    qkv and o_proj layers; not the 1.1 GiB lm_head), so the transient copy stays small next to one copy of the
+    qkv and o_proj layers; not the 1.1 GiB lm_head), so the buffer stays small next to the one copy of the
     weights."""
     lo = int(cfg.get("dequant_min_m", 0))
-    size = p.n_tiles * 16 * p.k_chunks * 64 * 2
-    return 0 < lo <= m and size <= float(cfg.get("dequant_max_mib", 64)) * 2**20
+    return 0 < lo <= m and _copy_numel(p) * 2 <= float(cfg.get("dequant_max_mib", 64)) * 2**20
 
 
 def _launch(x, p: PackedMXFP4, bias, out, *, rows=None, bexp=None, n_blocks=None, x_div=1, weights=None,
@@ -336,12 +341,13 @@ def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None =
     m = x.shape[0]
     if out is None:
         out = torch.empty((m, p.n), dtype=torch.bfloat16, device=x.device)
+    cuda = bool(m) and _cuda_prefill(x, cfg)  # first: it also refuses an unknown impl, whichever path runs
     if m and _dequant_serves(m, p, cfg):
         w = dequantize_packed(p, cfg, _dequant_scratch(p))
         if bias is None:
             return torch.mm(x, w.t(), out=out)
         return torch.addmm(bias.to(torch.bfloat16), x, w.t(), out=out)
-    if m and _cuda_prefill(x, cfg):
+    if cuda:
         from .cuda_ext import MODE_DENSE, PF_VARIANTS, prefill_launch
 
         v = _cuda_variant(cfg, False, p)

@@ -11,7 +11,9 @@ random router logits (uniform routing: every expert's weights are read, as in a 
 in CUDA graphs and timed with CUDA events after warm-up, median of `--reps` replays (`timing.time_calls`). Every
 packed_mm tiling of the grid (block_m x block_tiles x num_warps x num_stages) is timed; the best MoE tiling is
 written as KERNELS_PACKED_MM_* lines (`--env-out`) so that a served run can take it; those apply to every packed_mm
-launch of the server, the dense layers' too (which may prefer another tiling: see the dense rows). Stock's MoE time
+kernel launch of the server, the dense layers' below `dequant_min_m` tokens too (which may prefer another tiling: see
+the dense rows). From `dequant_min_m` the dense layers multiply a bf16 copy with cuBLAS instead: the dense rows time
+that path beside the kernels, and `--dense-m` sweeps M to place the switch. Stock's MoE time
 includes its routing from the logits; ours gets the ids precomputed, and the routing the plugin runs before it
 (`cuda_ext.topk_from_logits`) is timed on its own, at M and at 1. Where vLLM's Triton MoE is not offered (sm_121)
 its time is NaN with the reason printed, and no ratio is given. The CUDA prefill kernel (`impl: cuda`, every
@@ -30,7 +32,7 @@ import torch
 
 from ..cases import LINEAR_SHAPES, MOE
 from ..cuda_ext import PF_VARIANTS
-from .bench import random_moe_layer, vllm_marlin_moe_fn, vllm_triton_moe_fn
+from .bench import random_moe_layer, random_routing, vllm_marlin_moe_fn, vllm_triton_moe_fn
 from .timing import time_calls
 
 # Triton: ("triton", block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block
@@ -130,7 +132,7 @@ def bench_dense(m: int, reps: int) -> list[dict]:
                "us_dequant": _timed("dequant", [lambda p=p: dequantize_packed(p)], reps, 4),
                "us_dequant_blas": _timed("dequant + cuBLAS", [lambda x=x, p=p, out=out: mxfp4_mm_packed(
                    x, p, out=out, config=blas)], reps, 4)}
-        for c in GRID:  # the kernels themselves, at every M
+        for c in GRID:  # dequant_min_m 0: each tiling timed, not the copy path that would serve this M
             res[f"us_{_name(c)}"] = _time_entry(c, lambda cfg, x=x, p=p, out=out: mxfp4_mm_packed(
                 x, p, out=out, config={**cfg, "dequant_min_m": 0}), reps, 4)
         rows.append(res)
@@ -185,9 +187,7 @@ def bench_moe(m: int, reps: int) -> dict:
     e, k, h = MOE.experts, MOE.top_k, MOE.hidden
     gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g = random_moe_layer(11)
     x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
-    logits = torch.randn(m, e, generator=g, device="cuda").to(torch.bfloat16)
-    top = torch.topk(logits.float(), k, dim=-1)
-    ids, wts = top.indices.to(torch.int32), torch.softmax(top.values, -1)
+    logits, ids, wts = random_routing(m, g)
     out = torch.empty(m, h, dtype=torch.bfloat16, device="cuda")
     hits = torch.bincount(ids.flatten().long(), minlength=e)
     res = {"M": m, "experts": e, "top_k": k, "experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max())}

@@ -11,6 +11,7 @@ duration; writes the raw CSV and a JSON summary under --out.
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import io
 import json
@@ -128,13 +129,12 @@ def prefill_driver() -> None:
     from ..packed_mm import mxfp4_mm_packed, mxfp4_moe_packed_mm
     from ..testing import random_mxfp4
     from ..tuning import get_config
-    from .bench import random_moe_layer
+    from .bench import random_moe_layer, random_routing
 
     m = PREFILL_M
     _, _, gu_b, _, _, d_b, gu_q, d_q, g = random_moe_layer(11)
     x = torch.randn(m, MOE.hidden, generator=g, device="cuda").to(torch.bfloat16)
-    top = torch.topk(torch.randn(m, MOE.experts, generator=g, device="cuda"), MOE.top_k, dim=-1)
-    ids, wts = top.indices.to(torch.int32), torch.softmax(top.values, -1)
+    _, ids, wts = random_routing(m, g)
     n, k = LINEAR_SHAPES["qkv"]
     w, s = random_mxfp4((n, k), g)
     qkv, xq = pack_mxfp4(w, s), torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
@@ -186,6 +186,7 @@ def stall_profile(out: Path, ncu: str, tag: str, driver_args: list[str], labels:
                               capture_output=True, text=True)
     (out / f"{tag}_source.csv").write_text(src_page.stdout[:40_000_000])
     (out / f"{tag}_source_stderr.txt").write_text(src_page.stderr[-5000:])
+    (out / f"{tag}_stalls_by_opcode.json").write_text(json.dumps(stalls_by_opcode(src_page.stdout), indent=1))
     rows, units = raw_rows(raw.stdout)
     summary = []
     for label, row in zip(labels, rows):
@@ -206,6 +207,38 @@ def stall_profile(out: Path, ncu: str, tag: str, driver_args: list[str], labels:
               f"warps {rec['warps_active_pct']:5.1f}%  dram {rec['dram_pct']:5.1f}%  stalls "
               + ", ".join(f"{k} {v:.0%}" for k, v in list(rec["stall_share"].items())[:5]))
     return 0
+
+
+STALLS = ("stall_wait", "stall_short_sb", "stall_long_sb", "stall_math", "stall_barrier", "stall_mio", "stall_lg",
+          "stall_branch_resolving", "stall_dispatch", "stall_no_inst", "stall_selected", "stall_not_selected")
+
+
+def stalls_by_opcode(source_csv: str, top: int = 6) -> list[dict]:
+    """Warp-state samples of `ncu --page source --csv --print-source sass` summed per SASS opcode (predicate and
+    modifiers dropped): per kernel, in launch order, each stall reason's total and its `top` opcodes. It says which
+    instructions a stall falls on (a "wait" on branches is not one on MMAs), which the per-kernel totals do not. A
+    kernel printed twice in a row (ncu does) is kept once."""
+    out: list[dict] = []
+    for block in source_csv.split('"Kernel Name",')[1:]:
+        name, _, table = block.partition("\n")
+        name = name.strip().strip(",").strip('"')
+        if out and out[-1]["kernel"] == name:
+            continue
+        totals: dict[str, float] = dict.fromkeys(STALLS, 0.0)
+        per_op: dict[str, dict[str, float]] = {k: collections.Counter() for k in STALLS}
+        for row in csv.DictReader(io.StringIO(table)):
+            words = [w for w in (row.get("Source") or "").split() if not w.startswith("@")]
+            op = words[0].split(".")[0] if words else ""
+            for k in STALLS:
+                try:
+                    v = float(str(row.get(k) or 0).replace(",", ""))
+                except ValueError:
+                    continue
+                totals[k] += v
+                per_op[k][op] += v
+        out.append({"kernel": name, "samples": {k: v for k, v in totals.items() if v},
+                    "by_opcode": {k: per_op[k].most_common(top) for k in STALLS if totals[k]}})
+    return out
 
 
 def words_for(kernel: str) -> float | None:

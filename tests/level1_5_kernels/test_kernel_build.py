@@ -178,26 +178,40 @@ def test_ci_builds_what_the_gpus_build_at_first_use():
 
 
 # Child process: the kernels must be decorated with TRITON_INTERPRET=0 to compile, and this process interprets them.
-TRITON_ROWS = """
+# `rows`: the loop counts of every Triton case; `dequant`: the dense dequantize kernel's global loads and stores. From
+# kernels.packed_mm, or from a mutated copy of it.
+TRITON_CHILD = """
 import importlib.util, json, sys
 from kernels.tools import sass_count
-arch, module = sys.argv[1], sys.argv[2]
-cases = None
+what, arch, module = sys.argv[1], sys.argv[2], sys.argv[3]
+mod = None
 if module:
     spec = importlib.util.spec_from_file_location("packed_mm_mutated", module)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    cases = mod.static_count_cases("sm_" + arch.rstrip("a"))
-print(json.dumps({"version": sass_count.triton_version(), "rows": sass_count.triton_counts(int(arch.rstrip("a")), None, cases)}))
+sm = int(arch.rstrip("a"))
+if what == "rows":
+    cases = mod.static_count_cases(f"sm_{sm}") if mod else None
+    print(json.dumps({"version": sass_count.triton_version(), "rows": sass_count.triton_counts(sm, None, cases)}))
+else:
+    if mod is None:
+        from kernels import packed_mm as mod
+    case = mod.dequant_static_case(f"sm_{sm}")
+    print(json.dumps({"ops": sass_count.memory_ops(sass_count.triton_sass(case, sm)),
+                      "bytes_out": case.words_per_pass * 4 * 4}))
 """
 
 
-def _triton_rows(arch: str, module: Path | None = None) -> tuple[str, list[dict]]:
+def _triton_child(what: str, arch: str, module: Path | None = None) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", TRITON_ROWS, arch, str(module or "")], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=build.SRC.parents[2])
-    assert done.returncode == 0, f"compiling the Triton kernels for sm_{arch} failed:\n{done.stderr[-3000:]}"
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, "-c", TRITON_CHILD, what, arch, str(module or "")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=build.SRC.parents[2])
+    assert done.returncode == 0, f"compiling the Triton kernels ({what}) for sm_{arch} failed:\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _triton_rows(arch: str, module: Path | None = None) -> tuple[str, list[dict]]:
+    out = _triton_child("rows", arch, module)
     return out["version"], out["rows"]
 
 
@@ -231,30 +245,8 @@ def test_the_budget_fails_a_prefill_loop_that_grew(toolchain, tmp_path):
         assert over == {r["variant"] for r in rows}, problems
 
 
-# Child process, as TRITON_ROWS: the dense layers' dequantize kernel compiled for one arch -> its global loads and
-# stores by opcode (from packed_mm, or from a mutated copy of it).
-DEQUANT_OPS = """
-import importlib.util, json, sys
-from kernels.tools import sass_count
-arch, module = sys.argv[1], sys.argv[2]
-if module:
-    spec = importlib.util.spec_from_file_location("packed_mm_mutated", module)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-else:
-    from kernels import packed_mm as mod
-case = mod.dequant_static_case("sm_" + arch.rstrip("a"))
-print(json.dumps({"ops": sass_count.memory_ops(sass_count.triton_sass(case, int(arch.rstrip("a")))),
-                  "bytes_out": case.words_per_pass * 4 * 4}))
-"""
-
-
 def _dequant_ops(arch: str, module: Path | None = None) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", DEQUANT_OPS, arch, str(module or "")], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=build.SRC.parents[2])
-    assert done.returncode == 0, f"compiling the dequantize kernel for sm_{arch} failed:\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _triton_child("dequant", arch, module)
 
 
 def _stores_are_16_bytes(out: dict) -> bool:

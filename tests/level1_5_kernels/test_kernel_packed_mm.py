@@ -19,7 +19,7 @@ from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_NMSE
 from kernels.cuda_ext import PF_VARIANTS
 from kernels.packed import pack_mxfp4
 from kernels.mxfp4 import dequantize_mxfp4
-from kernels.packed_mm import align_by_expert, dequantize_packed, mxfp4_mm_packed, mxfp4_moe_packed_mm
+from kernels.packed_mm import align_by_expert, dequantize_packed, large_m_path, mxfp4_mm_packed, mxfp4_moe_packed_mm
 from kernels.tuning import get_config
 from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
 
@@ -48,15 +48,9 @@ def test_dense_matches_reference(m, n, k):
     assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm M={m} N={n} K={k}")
 
 
-@pytest.mark.parametrize("n,k", [(40, 96), (48, 192)])
-def test_dequantize_packed_is_the_checkpoint_dequantization(n, k):
-    """The large-M dense path's bf16 copy from the packed bytes: bit for bit the checkpoint's dequantization (every
-    E2M1 value times its power-of-two scale is exact in bf16), a ragged row tile (40) and a padded K chunk (96)
-    included, over scale bytes 2..254 (from 2 every product is an fp32 normal; bytes 0 and 1 make weights below
-    2**-126, which may flush to zero, as the fast kernels read byte 0 as 0); a NaN scale (255) poisons exactly its
-    block, as in the reference."""
+def _assert_dequantize_is_exact(n: int, k: int, dev: str) -> None:
     seed = fresh_seed()
-    g = generator(seed, DEV)
+    g = generator(seed, dev)
     w, s = random_mxfp4((n, k), g, 2, 255)
     s[3, 1] = 255
     got = dequantize_packed(pack_mxfp4(w, s))
@@ -66,8 +60,25 @@ def test_dequantize_packed_is_the_checkpoint_dequantization(n, k):
     assert torch.equal(got.float().nan_to_num(), want.nan_to_num()), f"dequantized values differ (seed={seed})"
 
 
+@pytest.mark.parametrize("n,k", [(40, 96), (48, 192)])
+def test_dequantize_packed_is_the_checkpoint_dequantization(n, k):
+    """The large-M dense path's bf16 copy from the packed bytes: bit for bit the checkpoint's dequantization (every
+    E2M1 value times its power-of-two scale is exact in bf16), a ragged row tile (40) and a padded K chunk (96)
+    included, over scale bytes 2..254 (from 2 every product is an fp32 normal; bytes 0 and 1 make weights below
+    2**-126, which may flush to zero, as the fast kernels read byte 0 as 0; 254 overflows to inf as in the
+    reference); a NaN scale (255) poisons exactly its block, as in the reference."""
+    _assert_dequantize_is_exact(n, k, DEV)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qkv", "o_proj"])
+def test_dequantize_packed_compiled_is_the_checkpoint_dequantization(name):
+    """The same, as the compiled kernel the served model runs, at the dense shapes it serves."""
+    _assert_dequantize_is_exact(*LINEAR_SHAPES[name], "cuda")
+
+
 def test_dense_above_dequant_min_m_takes_the_blas_path_and_matches_reference(monkeypatch):
-    """From `dequant_min_m` tokens the dense layer multiplies a transient bf16 copy with the BLAS; below it, with the
+    """From `dequant_min_m` tokens the dense layer multiplies a bf16 copy with the BLAS; below it, with the
     copy over `dequant_max_mib`, or with the knob at 0 it stays on the packed kernels. Both paths meet the dense bound
     (the bias is added in bf16 there, as vLLM's BF16 layers do: NMSE ~4e-6 of the 2e-5)."""
     from kernels import packed_mm
@@ -101,11 +112,13 @@ def test_the_dense_layers_share_one_scratch_copy(monkeypatch):
     monkeypatch.setattr(packed_mm, "_RETIRED", [])
     seed = fresh_seed()
     cfg = {**get_config("packed_mm"), "impl": "triton", "dequant_min_m": 1}
-    seen = []
+    seen, results = [], []
     for n, k in ((40, 96), (16, 64), (48, 192), (40, 96)):
         x, p, bias, ref = _dense_case(9, n, k, seed + n + k)
-        assert_close_nmse(mxfp4_mm_packed(x, p, bias, config=cfg), ref, GEMV_NMSE, seed, f"N={n} K={k}")
+        results.append((mxfp4_mm_packed(x, p, bias, config=cfg), ref, f"N={n} K={k}"))
         seen.append(packed_mm._SCRATCH[x.device].data_ptr())
+    for y, ref, what in results:  # checked after every call: no result may alias the buffer the next one rewrites
+        assert_close_nmse(y, ref, GEMV_NMSE, seed, what)
     assert seen[0] == seen[1] and seen[2] == seen[3] and seen[1] != seen[2], seen
     assert [b.data_ptr() for b in packed_mm._RETIRED] == [seen[0]], "the smaller buffer must stay allocated"
 
@@ -146,7 +159,7 @@ def test_align_by_expert_places_every_slot_once(m, e, k, bm):
 def _impl_cfg(impl: str, variant: int | None = None) -> dict:
     """packed_mm's config with the implementation forced; `cuda` skips (with the reason) where it cannot be built,
     so a CUDA test never passes on the Triton fallback."""
-    if impl == "dequant":  # the dense layers' large-M path: a transient bf16 copy through the BLAS
+    if impl == "dequant":  # the dense layers' path from dequant_min_m tokens: their bf16 copy times cuBLAS
         return {**get_config("packed_mm"), "dequant_min_m": 1}
     cfg = {**get_config("packed_mm"), "impl": impl, "dequant_min_m": 0}
     if impl == "cuda":
@@ -239,10 +252,14 @@ def test_cuda_prefill_at_the_bf16_scale_edge(top):
 def test_dense_gpt_oss_shapes(name, m, impl):
     if name == "lm_head" and m > 256:
         pytest.skip("lm_head runs on the sampled positions only (M <= batch size); 2048 would only time the reference")
+    if name == "lm_head" and impl == "dequant":
+        pytest.skip("the lm_head's bf16 copy (1.1 GiB) is over dequant_max_mib: it stays on the kernels (cuda above)")
     cfg = _impl_cfg(impl)
     n, k = LINEAR_SHAPES[name]
     seed = fresh_seed()
     x, p, bias, ref = _dense_case(m, n, k, seed, "cuda")
+    if impl == "dequant":
+        assert large_m_path(m, p, cfg) == "bf16 copy + BLAS", f"{name} M={m} does not take the path under test"
     out = poisoned((m, n), torch.bfloat16, "cuda")
     mxfp4_mm_packed(x, p, bias, out=out, config=cfg)
     assert_close_nmse(out, ref, GEMV_NMSE, seed, f"packed mm ({impl}) {name} M={m}")
@@ -287,23 +304,31 @@ def test_moe_is_captured_by_a_cuda_graph():
 
 @pytest.mark.gpu
 def test_dense_dequant_path_is_captured_by_a_cuda_graph():
-    """vLLM captures batches up to 512 tokens, so the dense layers' dequantize + BLAS path runs inside graphs: a replay
-    on new activations must give their eager result, and the weights are re-read (not baked in) by the replay."""
+    """vLLM captures batches up to 1,024 tokens, one graph per piece between attention layers, so a graph holds o_proj
+    and the next layer's qkv, both through the one scratch buffer. A replay with new activations and new weights
+    written into the captured tensors must give the eager result of those: the copy is remade from the weights on
+    every replay, not baked in, and the second layer's copy does not disturb the first layer's result."""
     seed = fresh_seed()
-    n, k = LINEAR_SHAPES["o_proj"]
-    x, p, bias, _ = _dense_case(256, n, k, seed, "cuda")
-    x2, *_ = _dense_case(256, n, k, seed + 1, "cuda")
     cfg = _impl_cfg("dequant")
-    run = lambda a: mxfp4_mm_packed(a, p, bias, config=cfg)  # noqa: E731
-    run(x)  # compile outside the capture
+    layers = []
+    for i, name in enumerate(("o_proj", "qkv")):
+        n, k = LINEAR_SHAPES[name]
+        x, p, bias, _ = _dense_case(256, n, k, seed + 2 * i, "cuda")
+        x2, p2, *_ = _dense_case(256, n, k, seed + 2 * i + 1, "cuda")
+        layers.append((x, p, bias, x2, p2))
+    run = lambda: [mxfp4_mm_packed(x, p, b, config=cfg) for x, p, b, *_ in layers]  # noqa: E731
+    run()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = run(x)
-    x.copy_(x2)
+        captured = run()
+    for x, p, _, x2, p2 in layers:
+        x.copy_(x2), p.words.copy_(p2.words), p.scales.copy_(p2.scales)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(captured, run(x2)), f"graph replay differs from eager (seed={seed})"
+    replayed = [y.clone() for y in captured]
+    for y, want in zip(replayed, run()):
+        assert torch.equal(y, want), f"graph replay differs from eager on new inputs and weights (seed={seed})"
 
 
 def test_the_bound_catches_a_wrong_fragment_order():

@@ -181,8 +181,14 @@ def _dense_model(seed: int) -> torch.nn.Module:
 
 
 def test_dense_layers_serve_every_batch_from_one_mxfp4_copy(monkeypatch, capsys):
+    from kernels import packed_mm
+
     seed = fresh_seed()
     monkeypatch.setattr(plugin, "_seen_paths", set())
+    monkeypatch.delenv("KERNELS_PACKED_MM_DEQUANT_MIN_M", raising=False)
+    copies = []
+    real = packed_mm.dequantize_packed
+    monkeypatch.setattr(packed_mm, "dequantize_packed", lambda *a: copies.append(a[0].n) or real(*a))
     model = _dense_model(seed)
     q, s = quantize_mxfp4(model.qkv_proj.weight.float())
     names = plugin.install_dense(model, threshold=4)
@@ -196,10 +202,12 @@ def test_dense_layers_serve_every_batch_from_one_mxfp4_copy(monkeypatch, capsys)
     qkv = model.qkv_proj
     bias = torch.randn(96, generator=generator(seed + 1)).to(torch.bfloat16).to(DEV)
     big = get_config("packed_mm")["dequant_min_m"]
+    assert big > 21, f"packed_mm.dequant_min_m {big}: this test needs the packed GEMM at M = 21"
     for m in (3, 21, big):  # decode kernels (<= 4 here), then the packed GEMM, then the bf16 copy + BLAS
         x = torch.randn(m, 64, generator=generator(seed + m)).to(torch.bfloat16).to(DEV)
         ref = x.float() @ dequantize_mxfp4(q, s).T + bias.float()
         assert_close_nmse(qkv.quant_method.apply(qkv, x, bias), ref, GEMV_NMSE, seed, f"plugin dense M={m}")
+        assert copies == ([96] if m == big else []), f"M={m}: bf16 copies made {copies}"
     logged = [line for line in capsys.readouterr().err.splitlines() if line.startswith("suite_kernels: mxfp4_linear 96x64")]
     assert logged == ["suite_kernels: mxfp4_linear 96x64 M=3 -> decode kernels",
                       "suite_kernels: mxfp4_linear 96x64 M=21 -> packed_mm",

@@ -263,12 +263,10 @@ def dense_forward(linear, x, bias=None):
     """A dense layer on our kernels: `linear` is the layer's kernels.gemv.PackedLinear."""
     p = linear.p
     m = x.numel() // p.k
-    if m <= linear.threshold:
-        _note_path(p.n, p.k, m, "decode kernels")
-    else:
-        from kernels.packed_mm import large_m_path
+    if (p.n, p.k, m) not in _seen_paths:  # the path is looked up once per shape and M: the eager lm_head runs here
+        from kernels.packed_mm import large_m_path  # every decode step, where each host microsecond counts
 
-        _note_path(p.n, p.k, m, large_m_path(m, p))
+        _note_path(p.n, p.k, m, "decode kernels" if m <= linear.threshold else large_m_path(m, p))
     return linear(x, bias).to(x.dtype)
 
 
@@ -276,9 +274,9 @@ _seen_paths: set[tuple] = set()
 
 
 def _note_path(n: int, k: int, m: int, path: str) -> None:
-    """One server-log line per (shape, M, path) the first time it runs (eagerly or at CUDA-graph capture),
-    so a log shows which dense layers our kernels serve at which batch sizes."""
-    key = (n, k, m, path)
+    """One server-log line per (shape, M) the first time it runs (eagerly or at CUDA-graph capture), so a log
+    shows which dense layers our kernels serve at which batch sizes, and how."""
+    key = (n, k, m)
     if key not in _seen_paths and len(_seen_paths) < 256:
         _seen_paths.add(key)
         print(f"suite_kernels: mxfp4_linear {n}x{k} M={m} -> {path}", file=sys.stderr, flush=True)
