@@ -224,7 +224,7 @@ _RETIRED: list[torch.Tensor] = []
 
 
 def _dequant_scratch(p: PackedMXFP4) -> torch.Tensor:
-    """One bf16 buffer per device that every dense layer's transient copy reuses, in stream order (a layer's GEMM has
+    """One bf16 buffer per device that every dense layer's copy reuses, in stream order (a layer's GEMM has
     read it before the next layer's dequantize writes it). Why not a fresh tensor per call: vLLM captures batches up to
     1024 tokens as one CUDA graph per piece between attention layers and sizes its KV cache from the memory one
     capture of the largest batch takes; a per-call copy made each of the 37 pieces of the gpt-oss-120b shape hold
