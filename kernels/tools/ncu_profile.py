@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ..cases import LINEAR_SHAPES, MOE
+from .sass_count import opcode
 
 METRICS = {
     "smsp__thread_inst_executed.sum": "thread_inst",
@@ -120,6 +121,9 @@ def small_driver(srcs: list[str]) -> None:
     torch.cuda.profiler.stop()
 
 
+PREFILL_M = 2048
+
+
 def prefill_driver() -> None:
     """--prefill: the prefill kernels at 2048 tokens on gpt-oss-120b shapes (the MoE layer's gate_up and down, top-4 of
     128 from random logits; qkv on the kernels, not the dequantize + BLAS path) once, between cudaProfilerStart/Stop."""
@@ -151,9 +155,6 @@ def prefill_driver() -> None:
     once()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-
-
-PREFILL_M = 2048
 
 
 def small_main(out: Path, ncu: str, srcs: list[str]) -> int:
@@ -227,8 +228,7 @@ def stalls_by_opcode(source_csv: str, top: int = 6) -> list[dict]:
         totals: dict[str, float] = dict.fromkeys(STALLS, 0.0)
         per_op: dict[str, dict[str, float]] = {k: collections.Counter() for k in STALLS}
         for row in csv.DictReader(io.StringIO(table)):
-            words = [w for w in (row.get("Source") or "").split() if not w.startswith("@")]
-            op = words[0].split(".")[0] if words else ""
+            op = opcode(row.get("Source") or "").split(".")[0]
             for k in STALLS:
                 try:
                     v = float(str(row.get(k) or 0).replace(",", ""))

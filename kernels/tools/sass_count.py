@@ -237,12 +237,17 @@ def triton_sass(case, arch: int, nvdisasm: str | None = None) -> str:
                               capture_output=True, text=True).stdout
 
 
+def opcode(ins: str) -> str:
+    """A SASS instruction's opcode with its modifiers, its predicate dropped: '@!P0 STG.E.128 [R2], R4' -> 'STG.E.128'."""
+    return next((w for w in ins.split() if not w.startswith("@")), "")
+
+
 def memory_ops(sass_text: str) -> dict[str, int]:
     """Global loads and stores of one kernel's SASS by opcode with its width (LDG.E.128, STG.E.U16, ...)."""
     ops: dict[str, int] = collections.Counter()
     for funcs in parse_nvdisasm(sass_text).values():
         for _, ins, _ in funcs:
-            op = next((w for w in ins.split() if not w.startswith("@")), "")
+            op = opcode(ins)
             if op.startswith(("LDG", "STG")):
                 ops[op] += 1
     return dict(ops)
