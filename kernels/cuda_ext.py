@@ -142,6 +142,9 @@ def _load(src: str = "") -> ctypes.CDLL:
         lib.mxfp4_prefill.restype = I
         lib.mxfp4_prefill.argtypes = [I, I, P, P, F, P, P, I, I, I, P, P, LL, LL, P, I, LL, P, LL, I, P, I, I, I, F, F,
                                       P, LL, I]
+    if hasattr(lib, "mxfp4_combine"):  # absent from sources older than the one-pass MoE combine
+        lib.mxfp4_combine.restype = I
+        lib.mxfp4_combine.argtypes = [P, P, I, I, I, P, LL, P]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
     if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
@@ -487,3 +490,23 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
         wts.data_ptr() if wts is not None else None, p.n, p.n_tiles, p.k_chunks, float(alpha), float(limit), stream,
         frag.stride(0) if bf16 else 0, frag.shape[1] if bf16 else 0)
     _check(err, "mxfp4 prefill launch")
+
+
+def combine_supported(out: torch.Tensor, hdim: int, src: str = "") -> bool:
+    """`combine` can write `out` (bf16, unit stride along H, 8-byte aligned rows) and the source has it."""
+    return (hasattr(_load(src), "mxfp4_combine") and out.dtype == torch.bfloat16 and out.stride(1) == 1
+            and out.stride(0) % 4 == 0 and out.data_ptr() % 8 == 0 and hdim % 4 == 0)
+
+
+def combine(y: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, src: str = "") -> torch.Tensor:
+    """out [M, H] bf16 = the sum of y's k rows per token (y [M * k, H] fp32, the down kernel's rows with their routing
+    weights), in slot order, leaving out slots with ids < 0 (never written: y need not be zeroed). One launch
+    (combine_kernel); `combine_supported(out, H)` must hold."""
+    m, top_k = ids.shape
+    ids = ids if (ids.dtype == torch.int32 and ids.is_contiguous()) else ids.to(torch.int32).contiguous()
+    if y.shape != (m * top_k, out.shape[1]) or y.dtype != torch.float32 or not y.is_contiguous():
+        raise ValueError(f"combine: y {tuple(y.shape)} {y.dtype} must be contiguous fp32 [{m * top_k}, {out.shape[1]}]")
+    stream = torch.cuda.current_stream(y.device).cuda_stream
+    _check(_load(src).mxfp4_combine(y.data_ptr(), ids.data_ptr(), m, top_k, out.shape[1], out.data_ptr(),
+                                    out.stride(0), stream), "mxfp4 combine launch")
+    return out

@@ -436,37 +436,41 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     form: f16 * 2**8 fragments, the decode kernels' form, |h| <= (limit + 1) * limit < 2**6 for gpt-oss), down one
     fp32 row per slot with its routing weight, and the k slots of a token are summed in a fixed order, as the Triton
     path does."""
-    from .cuda_ext import FORM_BF16, MODE_DOWN, MODE_GATEUP, PF_VARIANTS, prefill_launch
+    from .cuda_ext import FORM_BF16, MODE_DOWN, MODE_GATEUP, PF_VARIANTS, combine, combine_supported, prefill_launch
 
     m, hdim = x.shape
     top_k = expert_ids.shape[1]
     slots = m * top_k
     n_exp = gate_up.words.shape[0]
+    src = cfg.get("cuda_src", "")  # an earlier kernel source, for a same-process A/B (bench_prefill --cuda-src-before)
     v = _cuda_variant(cfg, True, gate_up, down)
     bm = 8 * PF_VARIANTS[v][0]
     rows, bexp, n_blocks = align_by_expert(expert_ids, n_exp, bm)
     frag, xdown = _activation(x, gate_up.k_chunks, v)
     wts = torch.where(expert_ids >= 0, expert_weights.float(), 0.0).reshape(-1).contiguous()
-    y = torch.zeros((slots, hdim), dtype=torch.float32, device=x.device)
+    if out is None:
+        out = torch.empty((m, hdim), dtype=torch.bfloat16, device=x.device)
+    one_pass = combine_supported(out, hdim, src)
+    # the one-pass combine skips the slots the down kernel never writes (ids < 0); torch's sum needs them zero
+    y = (torch.empty if one_pass else torch.zeros)((slots, hdim), dtype=torch.float32, device=x.device)
     if PF_VARIANTS[v][3] == FORM_BF16:
         # rows of skipped slots (-1) are never written and are read only into columns that are never stored
         h = torch.empty((slots, gate_up.n // 2), dtype=torch.bfloat16, device=x.device)
         prefill_launch(MODE_GATEUP, v, frag, None, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
-                       rows=rows, bexp=bexp, x_div=top_k, alpha=alpha, limit=limit)
+                       rows=rows, bexp=bexp, x_div=top_k, alpha=alpha, limit=limit, src=src)
         prefill_launch(MODE_DOWN, v, h, None, 1.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
-                       bexp=bexp, x_div=1, wts=wts)
+                       bexp=bexp, x_div=1, wts=wts, src=src)
     else:
         kc_h = down.k_chunks
         # pairs past the intermediate size up to kc_h * 32 are never written: zero them unless there are none
         alloc = torch.empty if (gate_up.n // 2) % 64 == 0 else torch.zeros
         h = alloc((slots, kc_h * 32), dtype=torch.int32, device=x.device)
         prefill_launch(MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
-                       rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit)
+                       rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit, src=src)
         # h is stored * 2**8 and the decoded weights are value * 2**-14: products come out * 2**-6
         prefill_launch(MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
-                       bexp=bexp, x_div=1, wts=wts)
-    total = y.view(m, top_k, hdim).sum(dim=1)  # fixed order over the k slots
-    if out is None:
-        return total.to(torch.bfloat16)
-    out.copy_(total)
+                       bexp=bexp, x_div=1, wts=wts, src=src)
+    if one_pass:
+        return combine(y, expert_ids, out, src)
+    out.copy_(y.view(m, top_k, hdim).sum(dim=1))  # fixed order over the k slots
     return out

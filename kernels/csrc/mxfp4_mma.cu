@@ -1080,6 +1080,10 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
 // blockIdx.x. Rows: dense, blockIdx.x * BM + i; grouped (MoE), rows[blockIdx.x * BM + i] from align_by_expert (a
 // slot, or >= n_rows for padding), expert bexp[blockIdx.x] (-1: nothing to do).
 constexpr int PF_STAGES = 3;
+template <int V>
+struct IntC {
+  static constexpr int value = V;
+};
 constexpr int PF_W = 2;        // weight chunks in flight per warp
 // u32 per staged row: one chunk (32) + 4 of padding. A quarter-warp's 16-byte loads then touch rows g, g+1 at
 // lane offsets t * 32 bytes: without the padding rows g and g+1 start on the same bank (2-way conflict).
@@ -1210,91 +1214,105 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   };
   float acc[RT][NT][4] = {};
 
-  for (int c0 = 0; c0 < a.kc; c0 += PF_W) {
-#pragma unroll
-    for (int p = 0; p < PF_W; ++p) {
-      const int c = c0 + p;
-      if (c < a.kc) {  // the same in every thread: the barrier below is reached by all
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(PF_STAGES - 2) : "memory");
-        __syncthreads();  // chunk c is staged; every warp is done with chunk c - 1, whose buffer is refilled next
-        if (c + PF_STAGES - 1 < a.kc) stage(c + PF_STAGES - 1);
-        commit();
-        if (wact && FORM) {
-          // ldmatrix.x4 of token tile nt and MX block bh: lanes 8i..8i+7 address rows 0..7 of matrix i = k 8i..8i+7 of
-          // the block, so r0 r1 are the B fragment of the block's first k-step and r2 r3 of its second.
-          const uint32_t xs = (uint32_t)__cvta_generic_to_shared(smem + (c % PF_STAGES) * BM * PF_ROW +
-                                                                  (lane & 7) * PF_ROW + (lane >> 3) * 4);
-#pragma unroll
-          for (int bh = 0; bh < 2; ++bh) {
-            uint32_t af[RT][2][4];
-#pragma unroll
-            for (int rt = 0; rt < RT; ++rt) {
-              decode4_bf16(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
-              decode4_bf16(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
-              // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): fragment registers 0, 2 are row g, 1, 3 row g+8
-              const uint32_t sg = bh ? e8m0_bf16x2<2>(sb[p][rt]) : e8m0_bf16x2<0>(sb[p][rt]);
-              const uint32_t sh = bh ? e8m0_bf16x2<3>(sb[p][rt]) : e8m0_bf16x2<1>(sb[p][rt]);
-#pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                af[rt][j][0] = bf16x2_mul(af[rt][j][0], sg);
-                af[rt][j][1] = bf16x2_mul(af[rt][j][1], sh);
-                af[rt][j][2] = bf16x2_mul(af[rt][j][2], sg);
-                af[rt][j][3] = bf16x2_mul(af[rt][j][3], sh);
+  // The K loop for the first NTL token tiles of the block (a compile-time count, so the tile loop is unrolled without a
+  // branch between its MMAs). A per-tile `nt >= nt_live` break there made the compiler finish each tile's MMAs before
+  // the next tile's (Nsight Compute, H200, gate_up at 2048 tokens: "wait" stalls on NOP / WARPSYNC / BRA between them;
+  // kernels/NOTES.md "Where the MoE prefill kernel stalls").
+  auto kloop = [&](auto ntl_c) {
+    constexpr int NTL = decltype(ntl_c)::value;
+    for (int c0 = 0; c0 < a.kc; c0 += PF_W) {
+  #pragma unroll
+      for (int p = 0; p < PF_W; ++p) {
+        const int c = c0 + p;
+        if (c < a.kc) {  // the same in every thread: the barrier below is reached by all
+          asm volatile("cp.async.wait_group %0;\n" ::"n"(PF_STAGES - 2) : "memory");
+          __syncthreads();  // chunk c is staged; every warp is done with chunk c - 1, whose buffer is refilled next
+          if (c + PF_STAGES - 1 < a.kc) stage(c + PF_STAGES - 1);
+          commit();
+          if (wact && FORM) {
+            // ldmatrix.x4 of token tile nt and MX block bh: lanes 8i..8i+7 address rows 0..7 of matrix i = k 8i..8i+7 of
+            // the block, so r0 r1 are the B fragment of the block's first k-step and r2 r3 of its second.
+            const uint32_t xs = (uint32_t)__cvta_generic_to_shared(smem + (c % PF_STAGES) * BM * PF_ROW +
+                                                                    (lane & 7) * PF_ROW + (lane >> 3) * 4);
+  #pragma unroll
+            for (int bh = 0; bh < 2; ++bh) {
+              uint32_t af[RT][2][4];
+  #pragma unroll
+              for (int rt = 0; rt < RT; ++rt) {
+                decode4_bf16(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
+                decode4_bf16(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
+                // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): fragment registers 0, 2 are row g, 1, 3 row g+8
+                const uint32_t sg = bh ? e8m0_bf16x2<2>(sb[p][rt]) : e8m0_bf16x2<0>(sb[p][rt]);
+                const uint32_t sh = bh ? e8m0_bf16x2<3>(sb[p][rt]) : e8m0_bf16x2<1>(sb[p][rt]);
+  #pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                  af[rt][j][0] = bf16x2_mul(af[rt][j][0], sg);
+                  af[rt][j][1] = bf16x2_mul(af[rt][j][1], sh);
+                  af[rt][j][2] = bf16x2_mul(af[rt][j][2], sg);
+                  af[rt][j][3] = bf16x2_mul(af[rt][j][3], sh);
+                }
+              }
+              if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
+  #pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                if (nt >= NTL) break;  // compile time
+                uint32_t b0, b1, b2, b3;
+                ldmatrix_x4(xs + (nt * 8 * PF_ROW + bh * 16) * 4, b0, b1, b2, b3);
+  #pragma unroll
+                for (int rt = 0; rt < RT; ++rt) {
+                  mma16816_bf16(acc[rt][nt], af[rt][0], b0, b1);
+                  mma16816_bf16(acc[rt][nt], af[rt][1], b2, b3);
+                }
               }
             }
-            if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              if (MODE != MODE_DENSE && nt >= nt_live) break;  // the same in the whole CTA
-              uint32_t b0, b1, b2, b3;
-              ldmatrix_x4(xs + (nt * 8 * PF_ROW + bh * 16) * 4, b0, b1, b2, b3);
-#pragma unroll
+          } else if (wact) {
+            const uint32_t* xs = smem + (c % PF_STAGES) * BM * PF_ROW + g * PF_ROW + t * 8;
+            // One MX block (two k-steps) at a time: its two decoded words per row tile and, per token tile, the one
+            // 16-byte half of the lane's staged fragments it needs. Decoding the whole chunk first held twice the
+            // fragments and the x words (NT 8 RT 2: 243 registers, one CTA of 8 warps per SM, issue slots 39% busy and
+            // 0.57 eligible warps per scheduler in Nsight Compute on the H100).
+  #pragma unroll
+            for (int bh = 0; bh < 2; ++bh) {
+              uint32_t af[RT][2][4];
+              float s0[RT], s1[RT];
+  #pragma unroll
               for (int rt = 0; rt < RT; ++rt) {
-                mma16816_bf16(acc[rt][nt], af[rt][0], b0, b1);
-                mma16816_bf16(acc[rt][nt], af[rt][1], b2, b3);
+                decode4(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
+                decode4(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
+                // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): see chunk_mma
+                const uint32_t sv = bh ? sb[p][rt] >> 16 : sb[p][rt];
+                s0[rt] = __uint_as_float((sv << 23) & 0x7F800000u);
+                s1[rt] = __uint_as_float((sv << 15) & 0x7F800000u);
               }
-            }
-          }
-        } else if (wact) {
-          const uint32_t* xs = smem + (c % PF_STAGES) * BM * PF_ROW + g * PF_ROW + t * 8;
-          // One MX block (two k-steps) at a time: its two decoded words per row tile and, per token tile, the one
-          // 16-byte half of the lane's staged fragments it needs. Decoding the whole chunk first held twice the
-          // fragments and the x words (NT 8 RT 2: 243 registers, one CTA of 8 warps per SM, issue slots 39% busy and
-          // 0.57 eligible warps per scheduler in Nsight Compute on the H100).
-#pragma unroll
-          for (int bh = 0; bh < 2; ++bh) {
-            uint32_t af[RT][2][4];
-            float s0[RT], s1[RT];
-#pragma unroll
-            for (int rt = 0; rt < RT; ++rt) {
-              decode4(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
-              decode4(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
-              // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): see chunk_mma
-              const uint32_t sv = bh ? sb[p][rt] >> 16 : sb[p][rt];
-              s0[rt] = __uint_as_float((sv << 23) & 0x7F800000u);
-              s1[rt] = __uint_as_float((sv << 15) & 0x7F800000u);
-            }
-            if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              if (MODE != MODE_DENSE && nt >= nt_live) break;  // the same in the whole CTA
-              const uint4 u = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW + 4 * bh);
-#pragma unroll
-              for (int rt = 0; rt < RT; ++rt) {
-                float d[4];
-                mma16816(d, af[rt][0], u.x, u.y, 0.f, 0.f, 0.f, 0.f);
-                mma16816(d, af[rt][1], u.z, u.w, d[0], d[1], d[2], d[3]);
-                acc[rt][nt][0] = fmaf(d[0], s0[rt], acc[rt][nt][0]);
-                acc[rt][nt][1] = fmaf(d[1], s0[rt], acc[rt][nt][1]);
-                acc[rt][nt][2] = fmaf(d[2], s1[rt], acc[rt][nt][2]);
-                acc[rt][nt][3] = fmaf(d[3], s1[rt], acc[rt][nt][3]);
+              if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
+  #pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                if (nt >= NTL) break;  // compile time
+                const uint4 u = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW + 4 * bh);
+  #pragma unroll
+                for (int rt = 0; rt < RT; ++rt) {
+                  float d[4];
+                  mma16816(d, af[rt][0], u.x, u.y, 0.f, 0.f, 0.f, 0.f);
+                  mma16816(d, af[rt][1], u.z, u.w, d[0], d[1], d[2], d[3]);
+                  acc[rt][nt][0] = fmaf(d[0], s0[rt], acc[rt][nt][0]);
+                  acc[rt][nt][1] = fmaf(d[1], s0[rt], acc[rt][nt][1]);
+                  acc[rt][nt][2] = fmaf(d[2], s1[rt], acc[rt][nt][2]);
+                  acc[rt][nt][3] = fmaf(d[3], s1[rt], acc[rt][nt][3]);
+                }
               }
             }
           }
         }
       }
     }
-  }
+  };
+  // The MoE rounds its live tiles up to a quarter of NT (a few padding tiles computed, never stored) to keep 4 copies.
+  static_assert(NT % 4 == 0, "the MoE's tile counts are quarters of NT");
+  if constexpr (MODE == MODE_DENSE) kloop(IntC<NT>{});
+  else if (nt_live > 3 * NT / 4) kloop(IntC<NT>{});
+  else if (nt_live > NT / 2) kloop(IntC<3 * NT / 4>{});
+  else if (nt_live > NT / 4) kloop(IntC<NT / 2>{});
+  else kloop(IntC<NT / 4>{});
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   if (!wact) return;
 
@@ -1363,6 +1381,26 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
           if (r1 < a.N) o[r1] = fmaf(acc[rt][nt][2 + j], xd, b1) * w;
         }
       }
+  }
+}
+
+// The MoE prefill's combine: out[m] (bf16) = the sum of y[m * top_k + j] over j = 0, 1, .. top_k - 1 in that order,
+// skipping slots whose expert is not on this rank (ids < 0: their y rows are never written, so y needs no zeroing).
+// y holds the down kernel's fp32 rows with the routing weight applied. One pass over y instead of three (zero fill,
+// torch's sum over the k slots, the bf16 copy) and one launch instead of four.
+__global__ void __launch_bounds__(THREADS) combine_kernel(const float* y, const int* ids, int top_k, int H,
+                                                          __nv_bfloat16* out, long long so) {
+  const long long m = blockIdx.x;
+  for (int c = threadIdx.x * 4; c < H; c += THREADS * 4) {
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < top_k; ++j) {
+      if (ids[m * top_k + j] < 0) continue;
+      const float4 v = __ldcs(reinterpret_cast<const float4*>(y + (m * top_k + j) * H + c));  // read once
+      s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+    }
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + m * so + c);
+    o[0] = __floats2bfloat162_rn(s.x, s.y);
+    o[1] = __floats2bfloat162_rn(s.z, s.w);
   }
 }
 
@@ -1492,6 +1530,14 @@ int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, 
   a.sx = sx; a.K = K;
   const int groups = (n_tiles + WARPS * PF_RT[variant] - 1) / (WARPS * PF_RT[variant]);
   return (int)table[mode][variant](a, n_blocks, groups, reinterpret_cast<cudaStream_t>(stream));
+}
+
+// out [M][so] bf16 = the in-order sum of y's k fp32 rows per token (combine_kernel). H % 4 == 0; y, out 8-byte aligned.
+int mxfp4_combine(const float* y, const int* ids, int M, int top_k, int H, void* out, long long so, void* stream) {
+  if (M < 1 || top_k < 1 || H % 4 || so % 4) return (int)cudaErrorInvalidValue;
+  combine_kernel<<<M, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(y, ids, top_k, H,
+                                                                           reinterpret_cast<__nv_bfloat16*>(out), so);
+  return (int)cudaGetLastError();
 }
 
 int mxfp4_route(const __nv_bfloat16* x, long long sx, const void* w, int w_kind, const void* b, int b_kind,

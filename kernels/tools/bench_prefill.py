@@ -181,8 +181,11 @@ def bench_dense_sweep(ms: list[int], reps: int) -> dict:
     return {"rows": rows, "crossover_m": cross}
 
 
-def bench_moe(m: int, reps: int) -> dict:
-    from ..packed_mm import mxfp4_moe_packed_mm
+def bench_moe(m: int, reps: int, src_before: str | None = None) -> dict:
+    """Stock's MoE (vLLM Triton, Marlin) and every grid entry on one gpt-oss-120b layer at M tokens; with an earlier
+    kernel source, each CUDA entry of that source too (`us_<entry>_before`), and `align_by_expert` alone (the sort
+    every MoE prefill call runs first)."""
+    from ..packed_mm import align_by_expert, mxfp4_moe_packed_mm
 
     e, k, h = MOE.experts, MOE.top_k, MOE.hidden
     gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g = random_moe_layer(11)
@@ -206,6 +209,17 @@ def bench_moe(m: int, reps: int) -> dict:
     for c in GRID:
         res[f"us_{_name(c)}"] = _time_entry(c, lambda cfg: mxfp4_moe_packed_mm(
             x, ids, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg), reps, 2)
+    if src_before:
+        for c in GRID:
+            if c[0] == "cuda":
+                cfg = {**_cfg(c), "cuda_src": src_before}
+                res[f"us_{_name(c)}_before"] = _timed(f"{_name(c)} (before)", [lambda cfg=cfg: mxfp4_moe_packed_mm(
+                    x, ids, wts, gu_q, gu_b, d_q, d_b, out=out, config=cfg)], reps, 2)
+        print("  MoE, the earlier source: " + ", ".join(
+            f"{_name(c)} {res[f'us_{_name(c)}_before']}" for c in GRID if c[0] == "cuda"), flush=True)
+    bm = 8 * PF_VARIANTS[0][0]
+    res["us_align_by_expert"] = _timed("align_by_expert", [lambda: align_by_expert(ids, e, bm)], reps, 8)
+    print(f"  MoE M={m}: align_by_expert alone {res['us_align_by_expert']} us", flush=True)
     res["best_cfg"] = _best(res, "us_vllm_triton", f"MoE M={m} ({res['experts_hit']} experts hit): vLLM triton")
     if res["best_cfg"] and res["us_vllm_marlin"] == res["us_vllm_marlin"]:
         res["best_over_marlin"] = round(res["us_vllm_marlin"] / res[f"us_{_name(res['best_cfg'])}"], 3)
@@ -245,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", help="write the results as JSON")
     ap.add_argument("--env-out", help="write the best MoE configuration as KERNELS_PACKED_MM_* lines")
-    ap.add_argument("--cuda-src-before", help="an earlier csrc/mxfp4_mma.cu: its top-k is timed beside today's")
+    ap.add_argument("--cuda-src-before", help="an earlier csrc/mxfp4_mma.cu: its top-k and MoE prefill are timed "
+                    "beside today's (its PF_TABLE must match)")
     ap.add_argument("--only-topk", action="store_true", help="time the routing only (seconds, not minutes)")
     ap.add_argument("--dense-m", default="", help="comma-separated Ms: time the dense kernels against dequantize + "
                     "BLAS at each, to place tuning.yaml's dequant_min_m")
@@ -263,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(r["us_topk"] == r["us_topk"] for r in res["topk"]) else 1
     if a.dense_m:
         res["dense_sweep"] = bench_dense_sweep(sorted({int(v) for v in a.dense_m.split(",")}), a.reps)
-    res.update({"moe": bench_moe(a.m, a.reps), "dense": bench_dense(a.m, a.reps)})
+    res.update({"moe": bench_moe(a.m, a.reps, a.cuda_src_before), "dense": bench_dense(a.m, a.reps)})
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -17,6 +17,7 @@ import torch
 from kernels import reference
 from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_NMSE
 from kernels.cuda_ext import PF_VARIANTS
+from kernels.moe import pack_moe_experts
 from kernels.packed import pack_mxfp4
 from kernels.mxfp4 import dequantize_mxfp4
 from kernels.packed_mm import align_by_expert, dequantize_packed, large_m_path, mxfp4_mm_packed, mxfp4_moe_packed_mm
@@ -192,6 +193,68 @@ def test_cuda_prefill_tilings_match_reference(variant):
     out = poisoned((70, 64), torch.bfloat16, "cuda")
     mxfp4_moe_packed_mm(x, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], out=out, config=cfg)
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE")
+
+
+# Slots per expert whose 64-row blocks have every live token-tile count, 1..8, once or more (the prefill kernel runs
+# a loop unrolled for 2, 4, 6 or 8 tiles, chosen per block): 3 -> 1 tile, 12 -> 2, ... 60 -> 8, 73 -> 8 + 2, 91 ->
+# 8 + 4; one expert gets none.
+LIVE_TILE_COUNTS = [3, 12, 20, 30, 37, 44, 52, 60, 64, 73, 91, 0]
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
+def test_cuda_prefill_moe_at_every_live_tile_count(variant):
+    """Blocks with 1..8 live token tiles of 8 rows (and an empty expert, a skipped slot, the result allocated by the
+    call) against the fp32 reference: a tile count served by the wrong unrolled loop drops or mixes token rows."""
+    from .test_kernel_moe import _random_experts
+
+    seed = fresh_seed()
+    cfg = _impl_cfg("cuda", variant)
+    g = generator(seed, "cuda")
+    e, h, inter, k = len(LIVE_TILE_COUNTS), 64, 96, 2
+    experts = torch.repeat_interleave(torch.arange(e, device="cuda"), torch.tensor(LIVE_TILE_COUNTS, device="cuda"))
+    ids = experts[torch.randperm(experts.numel(), generator=g, device="cuda")].view(-1, k)
+    ids[5, 1] = -1
+    m = ids.shape[0]
+    wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
+    p = _random_experts(g, e, h, inter)
+    x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
+    gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
+    keep = ids >= 0
+    ref = reference.moe_experts_ref(x, torch.where(keep, ids, 0), wts * keep, **p)
+    out = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], config=cfg)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, h)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE, live tiles 1..8")
+
+
+@pytest.mark.gpu
+def test_cuda_combine_sums_the_slots_in_order_and_skips_unrouted_ones():
+    """The MoE prefill's one-pass combine: each token's k fp32 rows summed in slot order, then rounded to bf16 once,
+    bit for bit; rows of slots with ids < 0 are never written by the down kernel, so they hold anything (NaN here)
+    and must not be read; a strided output row is honoured."""
+    from kernels.cuda_ext import available, combine, combine_supported
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"CUDA kernels not built: {why}")
+    seed = fresh_seed()
+    g = generator(seed, "cuda")
+    m, k, h = 37, 4, 2880
+    ids = torch.randint(0, 128, (m, k), generator=g, device="cuda", dtype=torch.int32)
+    ids[3, 0] = ids[7, 2] = ids[7, 3] = -1
+    y = torch.randn(m * k, h, generator=g, device="cuda") * 3
+    y.view(m, k, h)[ids < 0] = float("nan")
+    want = torch.zeros(m, h, device="cuda")
+    for j in range(k):  # fp32 adds in slot order: the kernel's order
+        want = want + torch.where((ids[:, j] >= 0)[:, None], y.view(m, k, h)[:, j], 0.0)
+    wide = poisoned((m, h + 64), torch.bfloat16, "cuda")
+    out = wide[:, 32:32 + h]
+    assert combine_supported(out, h)
+    combine(y, ids.long(), out)
+    assert torch.equal(out, want.to(torch.bfloat16)), f"combine differs from the in-order fp32 sum (seed={seed})"
+    assert torch.isnan(wide[:, :32].float()).all() and torch.isnan(wide[:, 32 + h:].float()).all(), \
+        f"combine wrote outside its columns (seed={seed})"
 
 
 def test_bf16_form_serves_only_scale_bytes_it_multiplies_exactly():
