@@ -142,9 +142,11 @@ def _load(src: str = "") -> ctypes.CDLL:
         lib.mxfp4_prefill.restype = I
         lib.mxfp4_prefill.argtypes = [I, I, P, P, F, P, P, I, I, I, P, P, LL, LL, P, I, LL, P, LL, I, P, I, I, I, F, F,
                                       P, LL, I]
-    if hasattr(lib, "mxfp4_combine"):  # absent from sources older than the one-pass MoE combine
+    if hasattr(lib, "mxfp4_combine"):  # absent from sources older than the one-pass MoE combine and sort
         lib.mxfp4_combine.restype = I
         lib.mxfp4_combine.argtypes = [P, P, I, I, I, P, LL, P]
+        lib.mxfp4_align.restype = I
+        lib.mxfp4_align.argtypes = [P, I, I, I, I, P, P, P]
     lib.mxfp4_route.restype = I
     lib.mxfp4_route.argtypes = [P, LL, P, I, P, I, P, P, P, P, I, I, I, I, P]
     if hasattr(lib, "mxfp4_topk"):  # absent from sources older than the plugin's top-k (A/B runs load those)
@@ -510,3 +512,27 @@ def combine(y: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, src: str = ""
     _check(_load(src).mxfp4_combine(y.data_ptr(), ids.data_ptr(), m, top_k, out.shape[1], out.data_ptr(),
                                     out.stride(0), stream), "mxfp4 combine launch")
     return out
+
+
+ALIGN_MAX_EXPERTS = 256  # align_kernel's shared-memory tables (ALIGN_MAX_E in the .cu)
+
+
+def align_supported(num_experts: int, src: str = "") -> bool:
+    """`align_by_expert` below can sort for this many experts, and the source has it."""
+    return num_experts <= ALIGN_MAX_EXPERTS and hasattr(_load(src), "mxfp4_align")
+
+
+def align_by_expert(ids: torch.Tensor, num_experts: int, bm: int, src: str = "") -> tuple[torch.Tensor, torch.Tensor, int]:
+    """packed_mm.align_by_expert in one launch (align_kernel), the same result bit for bit: rows int32
+    [n_blocks * bm] (slot, or S for padding), block experts int32 [n_blocks] (-1 past the last), n_blocks =
+    ceil(S / bm) + E (a bound that depends on M only: CUDA graphs capture it). No host sync."""
+    flat = ids.reshape(-1)
+    flat = flat if (flat.dtype == torch.int32 and flat.is_contiguous()) else flat.to(torch.int32).contiguous()
+    s = flat.numel()
+    n_blocks = -(-s // bm) + num_experts
+    rows = torch.empty(n_blocks * bm, dtype=torch.int32, device=flat.device)
+    bexp = torch.empty(n_blocks, dtype=torch.int32, device=flat.device)
+    stream = torch.cuda.current_stream(flat.device).cuda_stream
+    _check(_load(src).mxfp4_align(flat.data_ptr(), s, num_experts, bm, n_blocks, rows.data_ptr(), bexp.data_ptr(),
+                                  stream), "mxfp4 align launch")
+    return rows, bexp, n_blocks

@@ -31,6 +31,7 @@ import sys
 import torch
 
 from ..cases import LINEAR_SHAPES, MOE
+from .. import cuda_ext
 from ..cuda_ext import PF_VARIANTS
 from .bench import random_moe_layer, random_routing, vllm_marlin_moe_fn, vllm_triton_moe_fn
 from .timing import time_calls
@@ -219,7 +220,11 @@ def bench_moe(m: int, reps: int, src_before: str | None = None) -> dict:
             f"{_name(c)} {res[f'us_{_name(c)}_before']}" for c in GRID if c[0] == "cuda"), flush=True)
     bm = 8 * PF_VARIANTS[0][0]
     res["us_align_by_expert"] = _timed("align_by_expert", [lambda: align_by_expert(ids, e, bm)], reps, 8)
-    print(f"  MoE M={m}: align_by_expert alone {res['us_align_by_expert']} us", flush=True)
+    line = f"  MoE M={m}: align_by_expert alone {res['us_align_by_expert']} us (torch)"
+    if cuda_ext.available()[0] and cuda_ext.align_supported(e):
+        res["us_align_by_expert_cuda"] = _timed("align (cuda)", [lambda: cuda_ext.align_by_expert(ids, e, bm)], reps, 8)
+        line += f", {res['us_align_by_expert_cuda']} us (one launch, served)"
+    print(line, flush=True)
     res["best_cfg"] = _best(res, "us_vllm_triton", f"MoE M={m} ({res['experts_hit']} experts hit): vLLM triton")
     if res["best_cfg"] and res["us_vllm_marlin"] == res["us_vllm_marlin"]:
         res["best_over_marlin"] = round(res["us_vllm_marlin"] / res[f"us_{_name(res['best_cfg'])}"], 3)
@@ -262,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-src-before", help="an earlier csrc/mxfp4_mma.cu: its top-k and MoE prefill are timed "
                     "beside today's (its PF_TABLE must match)")
     ap.add_argument("--only-topk", action="store_true", help="time the routing only (seconds, not minutes)")
+    ap.add_argument("--only-moe", action="store_true", help="time the routing and the MoE layer, not the dense layers")
     ap.add_argument("--dense-m", default="", help="comma-separated Ms: time the dense kernels against dequantize + "
                     "BLAS at each, to place tuning.yaml's dequant_min_m")
     a = ap.parse_args(argv)
@@ -278,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(r["us_topk"] == r["us_topk"] for r in res["topk"]) else 1
     if a.dense_m:
         res["dense_sweep"] = bench_dense_sweep(sorted({int(v) for v in a.dense_m.split(",")}), a.reps)
-    res.update({"moe": bench_moe(a.m, a.reps, a.cuda_src_before), "dense": bench_dense(a.m, a.reps)})
+    res["moe"] = bench_moe(a.m, a.reps, a.cuda_src_before)
+    res["dense"] = [] if a.only_moe else bench_dense(a.m, a.reps)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
