@@ -436,8 +436,9 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     form: f16 * 2**8 fragments, the decode kernels' form, |h| <= (limit + 1) * limit < 2**6 for gpt-oss), down one
     fp32 row per slot with its routing weight, and the k slots of a token are summed in a fixed order, as the Triton
     path does."""
-    from . import cuda_ext
-    from .cuda_ext import FORM_BF16, MODE_DOWN, MODE_GATEUP, PF_VARIANTS, combine, combine_supported, prefill_launch
+    from .cuda_ext import (FORM_BF16, MODE_DOWN, MODE_GATEUP, PF_VARIANTS, align_supported, combine, combine_supported,
+                           prefill_launch)
+    from .cuda_ext import align_by_expert as align_by_expert_cuda
 
     m, hdim = x.shape
     top_k = expert_ids.shape[1]
@@ -446,8 +447,8 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     src = cfg.get("cuda_src", "")  # an earlier kernel source, for a same-process A/B (bench_prefill --cuda-src-before)
     v = _cuda_variant(cfg, True, gate_up, down)
     bm = 8 * PF_VARIANTS[v][0]
-    if cuda_ext.align_supported(n_exp, src):  # one launch instead of torch's ~20 (same result)
-        rows, bexp, n_blocks = cuda_ext.align_by_expert(expert_ids, n_exp, bm, src)
+    if align_supported(n_exp, src):  # one launch instead of torch's ~20 (same result)
+        rows, bexp, n_blocks = align_by_expert_cuda(expert_ids, n_exp, bm, src)
     else:
         rows, bexp, n_blocks = align_by_expert(expert_ids, n_exp, bm)
     frag, xdown = _activation(x, gate_up.k_chunks, v)
