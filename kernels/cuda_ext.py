@@ -142,9 +142,10 @@ def _load(src: str = "") -> ctypes.CDLL:
         lib.mxfp4_prefill.restype = I
         lib.mxfp4_prefill.argtypes = [I, I, P, P, F, P, P, I, I, I, P, P, LL, LL, P, I, LL, P, LL, I, P, I, I, I, F, F,
                                       P, LL, I]
-    if hasattr(lib, "mxfp4_combine"):  # absent from sources older than the one-pass MoE combine and sort
+    if hasattr(lib, "mxfp4_combine"):  # absent from sources older than the one-pass MoE combine
         lib.mxfp4_combine.restype = I
-        lib.mxfp4_combine.argtypes = [P, P, I, I, I, P, LL, P]
+        lib.mxfp4_combine.argtypes = [P, P, I, I, I, I, P, LL, P]
+    if hasattr(lib, "mxfp4_align"):  # absent from sources older than the one-launch MoE sort
         lib.mxfp4_align.restype = I
         lib.mxfp4_align.argtypes = [P, I, I, I, I, P, P, P]
     lib.mxfp4_route.restype = I
@@ -495,21 +496,29 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
 
 
 def combine_supported(out: torch.Tensor, hdim: int, src: str = "") -> bool:
-    """`combine` can write `out` (bf16, unit stride along H, 8-byte aligned rows) and the source has it."""
-    return (hasattr(_load(src), "mxfp4_combine") and out.dtype == torch.bfloat16 and out.stride(1) == 1
-            and out.stride(0) % 4 == 0 and out.data_ptr() % 8 == 0 and hdim % 4 == 0)
+    """`combine` can write `out` (2-D bf16, unit stride along H, 8-byte aligned rows) and the source has it."""
+    return (hasattr(_load(src), "mxfp4_combine") and out.dim() == 2 and out.dtype == torch.bfloat16
+            and out.stride(1) == 1 and out.stride(0) % 4 == 0 and out.data_ptr() % 8 == 0 and hdim % 4 == 0)
 
 
-def combine(y: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, src: str = "") -> torch.Tensor:
+def combine(y: torch.Tensor, ids: torch.Tensor, num_experts: int, out: torch.Tensor, src: str = "") -> torch.Tensor:
     """out [M, H] bf16 = the sum of y's k rows per token (y [M * k, H] fp32, the down kernel's rows with their routing
-    weights), in slot order, leaving out slots with ids < 0 (never written: y need not be zeroed). One launch
-    (combine_kernel); `combine_supported(out, H)` must hold."""
+    weights), in slot order, leaving out slots whose id is outside [0, num_experts) (the sort leaves them out, so their
+    rows are never written and y need not be zeroed). One launch (combine_kernel)."""
+    if ids.dim() != 2:
+        raise ValueError(f"combine: ids must be [M, k], got {tuple(ids.shape)}")
     m, top_k = ids.shape
+    h = out.shape[-1]
+    if out.shape != (m, h) or not combine_supported(out, h, src):
+        raise ValueError(f"combine: out {tuple(out.shape)} {out.dtype} must be bf16 [{m}, H] with unit stride along H, "
+                         "8-byte aligned rows and H % 4 == 0 (combine_supported)")
+    if (y.shape != (m * top_k, h) or y.dtype != torch.float32 or not y.is_contiguous() or y.data_ptr() % 16
+            or not (y.device == ids.device == out.device)):
+        raise ValueError(f"combine: y {tuple(y.shape)} {y.dtype} must be contiguous 16-byte aligned fp32 "
+                         f"[{m * top_k}, {h}] on the device of ids and out")
     ids = ids if (ids.dtype == torch.int32 and ids.is_contiguous()) else ids.to(torch.int32).contiguous()
-    if y.shape != (m * top_k, out.shape[1]) or y.dtype != torch.float32 or not y.is_contiguous():
-        raise ValueError(f"combine: y {tuple(y.shape)} {y.dtype} must be contiguous fp32 [{m * top_k}, {out.shape[1]}]")
     stream = torch.cuda.current_stream(y.device).cuda_stream
-    _check(_load(src).mxfp4_combine(y.data_ptr(), ids.data_ptr(), m, top_k, out.shape[1], out.data_ptr(),
+    _check(_load(src).mxfp4_combine(y.data_ptr(), ids.data_ptr(), m, top_k, num_experts, h, out.data_ptr(),
                                     out.stride(0), stream), "mxfp4 combine launch")
     return out
 

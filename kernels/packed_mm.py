@@ -476,6 +476,6 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
         prefill_launch(MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
                        bexp=bexp, x_div=1, wts=wts, src=src)
     if one_pass:
-        return combine(y, expert_ids, out, src)
+        return combine(y, expert_ids, n_exp, out, src)
     out.copy_(y.view(m, top_k, hdim).sum(dim=1))  # fixed order over the k slots
     return out

@@ -1448,16 +1448,17 @@ __global__ void __launch_bounds__(ALIGN_THREADS) align_kernel(const int* ids, in
 }
 
 // The MoE prefill's combine: out[m] (bf16) = the sum of y[m * top_k + j] over j = 0, 1, .. top_k - 1 in that order,
-// skipping slots whose expert is not on this rank (ids < 0: their y rows are never written, so y needs no zeroing).
+// skipping slots whose expert is not on this rank (ids < 0 or >= E: the sort leaves them out, so their y rows are never
+// written and y needs no zeroing).
 // y holds the down kernel's fp32 rows with the routing weight applied. One pass over y instead of three (zero fill,
 // torch's sum over the k slots, the bf16 copy) and one launch instead of four.
-__global__ void __launch_bounds__(THREADS) combine_kernel(const float* y, const int* ids, int top_k, int H,
+__global__ void __launch_bounds__(THREADS) combine_kernel(const float* y, const int* ids, int top_k, int E, int H,
                                                           __nv_bfloat16* out, long long so) {
   const long long m = blockIdx.x;
   for (int c = threadIdx.x * 4; c < H; c += THREADS * 4) {
     float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int j = 0; j < top_k; ++j) {
-      if (ids[m * top_k + j] < 0) continue;
+      if ((unsigned)ids[m * top_k + j] >= (unsigned)E) continue;
       const float4 v = __ldcs(reinterpret_cast<const float4*>(y + (m * top_k + j) * H + c));  // read once
       s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
     }
@@ -1604,9 +1605,9 @@ int mxfp4_align(const int* ids, int S, int E, int bm, int n_blocks, int* rows, i
 }
 
 // out [M][so] bf16 = the in-order sum of y's k fp32 rows per token (combine_kernel). H % 4 == 0; y, out 8-byte aligned.
-int mxfp4_combine(const float* y, const int* ids, int M, int top_k, int H, void* out, long long so, void* stream) {
-  if (M < 1 || top_k < 1 || H % 4 || so % 4) return (int)cudaErrorInvalidValue;
-  combine_kernel<<<M, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(y, ids, top_k, H,
+int mxfp4_combine(const float* y, const int* ids, int M, int top_k, int E, int H, void* out, long long so, void* stream) {
+  if (M < 1 || top_k < 1 || E < 1 || H % 4 || so % 4) return (int)cudaErrorInvalidValue;
+  combine_kernel<<<M, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(y, ids, top_k, E, H,
                                                                            reinterpret_cast<__nv_bfloat16*>(out), so);
   return (int)cudaGetLastError();
 }

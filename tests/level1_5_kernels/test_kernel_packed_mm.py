@@ -162,8 +162,8 @@ def test_align_by_expert_places_every_slot_once(m, e, k, bm):
 def test_cuda_align_by_expert_is_the_torch_sort(m, e, k, bm):
     """The one-launch sort the CUDA MoE prefill runs (cuda_ext.align_by_expert) gives torch's align_by_expert result
     element for element: the same padded runs, slots in the same (stable) order, the same block experts. Rounds of
-    1024 slots (2048 x 4), a partial last warp (300 x 3), skipped slots (-1), skewed routing (half the slots on
-    expert 0)."""
+    1024 slots (2048 x 4), a partial last warp (300 x 3), skipped slots (-1), skewed routing (the first slot of half
+    the tokens on expert 0)."""
     from kernels import cuda_ext
 
     ok, why = cuda_ext.available()
@@ -178,6 +178,29 @@ def test_cuda_align_by_expert_is_the_torch_sort(m, e, k, bm):
     assert got[2] == want[2], f"n_blocks (seed={seed})"
     assert torch.equal(got[0], want[0]), f"rows differ from torch's stable sort (seed={seed})"
     assert torch.equal(got[1], want[1]), f"block experts differ (seed={seed})"
+
+
+def test_the_cuda_sort_refuses_what_its_shared_tables_cannot_hold():
+    """CPU: cuda_ext.ALIGN_MAX_EXPERTS is the .cu's ALIGN_MAX_E (its shared-memory tables); a model with more experts
+    must take torch's sort, not a launch the C API refuses."""
+    import re
+
+    from kernels import cuda_ext
+
+    found = re.search(r"ALIGN_MAX_E = (\d+);", cuda_ext.SRC.read_text())
+    assert found and int(found.group(1)) == cuda_ext.ALIGN_MAX_EXPERTS
+
+
+@pytest.mark.gpu
+def test_moe_output_the_combine_cannot_write_takes_the_zeroed_sum():
+    """An fp32 output (not the one-pass combine's bf16) is served by torch's sum over zeroed rows: a skipped slot
+    (-1) must still add nothing."""
+    cfg = _impl_cfg("cuda")
+    seed = fresh_seed()
+    x, ids, wts, gu, dn, p, ref = _packed_case(40, 6, 64, 96, 3, seed, 1.0, True, dev="cuda")
+    out = poisoned((40, 64), torch.float32, "cuda")
+    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, "CUDA prefill MoE into an fp32 output")
 
 
 def _impl_cfg(impl: str, variant: int | None = None) -> dict:
@@ -232,6 +255,7 @@ def test_cuda_prefill_moe_at_every_live_tile_count(variant):
     call) against the fp32 reference: a tile count served by the wrong unrolled loop drops or mixes token rows."""
     from .test_kernel_moe import _random_experts
 
+    assert PF_VARIANTS[variant][0] == 8, "LIVE_TILE_COUNTS assume blocks of 64 rows (NT 8)"
     seed = fresh_seed()
     cfg = _impl_cfg("cuda", variant)
     g = generator(seed, "cuda")
@@ -254,8 +278,8 @@ def test_cuda_prefill_moe_at_every_live_tile_count(variant):
 @pytest.mark.gpu
 def test_cuda_combine_sums_the_slots_in_order_and_skips_unrouted_ones():
     """The MoE prefill's one-pass combine: each token's k fp32 rows summed in slot order, then rounded to bf16 once,
-    bit for bit; rows of slots with ids < 0 are never written by the down kernel, so they hold anything (NaN here)
-    and must not be read; a strided output row is honoured."""
+    bit for bit; rows of slots whose id is outside [0, E) are never written by the down kernel, so they hold anything
+    (NaN here) and must not be read; a strided output row is honoured; an output it cannot write is refused."""
     from kernels.cuda_ext import available, combine, combine_supported
 
     ok, why = available()
@@ -266,18 +290,24 @@ def test_cuda_combine_sums_the_slots_in_order_and_skips_unrouted_ones():
     m, k, h = 37, 4, 2880
     ids = torch.randint(0, 128, (m, k), generator=g, device="cuda", dtype=torch.int32)
     ids[3, 0] = ids[7, 2] = ids[7, 3] = -1
+    ids[9, 1] = 128  # == E: not an expert of this layer
     y = torch.randn(m * k, h, generator=g, device="cuda") * 3
-    y.view(m, k, h)[ids < 0] = float("nan")
+    routed = (ids >= 0) & (ids < 128)
+    y.view(m, k, h)[~routed] = float("nan")
     want = torch.zeros(m, h, device="cuda")
     for j in range(k):  # fp32 adds in slot order: the kernel's order
-        want = want + torch.where((ids[:, j] >= 0)[:, None], y.view(m, k, h)[:, j], 0.0)
+        want = want + torch.where(routed[:, j, None], y.view(m, k, h)[:, j], 0.0)
     wide = poisoned((m, h + 64), torch.bfloat16, "cuda")
     out = wide[:, 32:32 + h]
     assert combine_supported(out, h)
-    combine(y, ids.long(), out)
+    combine(y, ids.long(), 128, out)
     assert torch.equal(out, want.to(torch.bfloat16)), f"combine differs from the in-order fp32 sum (seed={seed})"
     assert torch.isnan(wide[:, :32].float()).all() and torch.isnan(wide[:, 32 + h:].float()).all(), \
         f"combine wrote outside its columns (seed={seed})"
+    with pytest.raises(ValueError, match="combine_supported"):
+        combine(y, ids, 128, out[:-1])  # one row short: it would write past the end
+    with pytest.raises(ValueError, match="combine_supported"):
+        combine(y, ids, 128, want)  # fp32
 
 
 def test_bf16_form_serves_only_scale_bytes_it_multiplies_exactly():
