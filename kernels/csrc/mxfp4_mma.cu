@@ -30,6 +30,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <type_traits>
 
 namespace {
 
@@ -1080,10 +1081,6 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
 // blockIdx.x. Rows: dense, blockIdx.x * BM + i; grouped (MoE), rows[blockIdx.x * BM + i] from align_by_expert (a
 // slot, or >= n_rows for padding), expert bexp[blockIdx.x] (-1: nothing to do).
 constexpr int PF_STAGES = 3;
-template <int V>
-struct IntC {
-  static constexpr int value = V;
-};
 constexpr int PF_W = 2;        // weight chunks in flight per warp
 // u32 per staged row: one chunk (32) + 4 of padding. A quarter-warp's 16-byte loads then touch rows g, g+1 at
 // lane offsets t * 32 bytes: without the padding rows g and g+1 start on the same bank (2-way conflict).
@@ -1221,7 +1218,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   auto kloop = [&](auto ntl_c) {
     constexpr int NTL = decltype(ntl_c)::value;
     for (int c0 = 0; c0 < a.kc; c0 += PF_W) {
-  #pragma unroll
+#pragma unroll
       for (int p = 0; p < PF_W; ++p) {
         const int c = c0 + p;
         if (c < a.kc) {  // the same in every thread: the barrier below is reached by all
@@ -1234,17 +1231,17 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
             // the block, so r0 r1 are the B fragment of the block's first k-step and r2 r3 of its second.
             const uint32_t xs = (uint32_t)__cvta_generic_to_shared(smem + (c % PF_STAGES) * BM * PF_ROW +
                                                                     (lane & 7) * PF_ROW + (lane >> 3) * 4);
-  #pragma unroll
+#pragma unroll
             for (int bh = 0; bh < 2; ++bh) {
               uint32_t af[RT][2][4];
-  #pragma unroll
+#pragma unroll
               for (int rt = 0; rt < RT; ++rt) {
                 decode4_bf16(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
                 decode4_bf16(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
                 // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): fragment registers 0, 2 are row g, 1, 3 row g+8
                 const uint32_t sg = bh ? e8m0_bf16x2<2>(sb[p][rt]) : e8m0_bf16x2<0>(sb[p][rt]);
                 const uint32_t sh = bh ? e8m0_bf16x2<3>(sb[p][rt]) : e8m0_bf16x2<1>(sb[p][rt]);
-  #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 2; ++j) {
                   af[rt][j][0] = bf16x2_mul(af[rt][j][0], sg);
                   af[rt][j][1] = bf16x2_mul(af[rt][j][1], sh);
@@ -1253,12 +1250,11 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
                 }
               }
               if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
-  #pragma unroll
-              for (int nt = 0; nt < NT; ++nt) {
-                if (nt >= NTL) break;  // compile time
+#pragma unroll
+              for (int nt = 0; nt < NTL; ++nt) {
                 uint32_t b0, b1, b2, b3;
                 ldmatrix_x4(xs + (nt * 8 * PF_ROW + bh * 16) * 4, b0, b1, b2, b3);
-  #pragma unroll
+#pragma unroll
                 for (int rt = 0; rt < RT; ++rt) {
                   mma16816_bf16(acc[rt][nt], af[rt][0], b0, b1);
                   mma16816_bf16(acc[rt][nt], af[rt][1], b2, b3);
@@ -1271,11 +1267,11 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
             // 16-byte half of the lane's staged fragments it needs. Decoding the whole chunk first held twice the
             // fragments and the x words (NT 8 RT 2: 243 registers, one CTA of 8 warps per SM, issue slots 39% busy and
             // 0.57 eligible warps per scheduler in Nsight Compute on the H100).
-  #pragma unroll
+#pragma unroll
             for (int bh = 0; bh < 2; ++bh) {
               uint32_t af[RT][2][4];
               float s0[RT], s1[RT];
-  #pragma unroll
+#pragma unroll
               for (int rt = 0; rt < RT; ++rt) {
                 decode4(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
                 decode4(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
@@ -1285,11 +1281,10 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
                 s1[rt] = __uint_as_float((sv << 15) & 0x7F800000u);
               }
               if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
-  #pragma unroll
-              for (int nt = 0; nt < NT; ++nt) {
-                if (nt >= NTL) break;  // compile time
+#pragma unroll
+              for (int nt = 0; nt < NTL; ++nt) {
                 const uint4 u = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW + 4 * bh);
-  #pragma unroll
+#pragma unroll
                 for (int rt = 0; rt < RT; ++rt) {
                   float d[4];
                   mma16816(d, af[rt][0], u.x, u.y, 0.f, 0.f, 0.f, 0.f);
@@ -1308,11 +1303,11 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   };
   // The MoE rounds its live tiles up to a quarter of NT (a few padding tiles computed, never stored) to keep 4 copies.
   static_assert(NT % 4 == 0, "the MoE's tile counts are quarters of NT");
-  if constexpr (MODE == MODE_DENSE) kloop(IntC<NT>{});
-  else if (nt_live > 3 * NT / 4) kloop(IntC<NT>{});
-  else if (nt_live > NT / 2) kloop(IntC<3 * NT / 4>{});
-  else if (nt_live > NT / 4) kloop(IntC<NT / 2>{});
-  else kloop(IntC<NT / 4>{});
+  if constexpr (MODE == MODE_DENSE) kloop(std::integral_constant<int, NT>{});
+  else if (nt_live > 3 * NT / 4) kloop(std::integral_constant<int, NT>{});
+  else if (nt_live > NT / 2) kloop(std::integral_constant<int, 3 * NT / 4>{});
+  else if (nt_live > NT / 4) kloop(std::integral_constant<int, NT / 2>{});
+  else kloop(std::integral_constant<int, NT / 4>{});
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   if (!wact) return;
 

@@ -162,13 +162,13 @@ def random_moe_layer(seed: int) -> tuple:
     return gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g
 
 
-
 def random_routing(m: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Router logits of m tokens over the MOE case's experts from random numbers (bf16, as vLLM's router GEMM gives
     them), and their top-k ids (int32) and softmax weights: every expert is hit at prefill sizes, as in a real prefill."""
     logits = torch.randn(m, MOE.experts, generator=g, device="cuda").to(torch.bfloat16)
     top = torch.topk(logits.float(), MOE.top_k, dim=-1)
     return logits, top.indices.to(torch.int32), torch.softmax(top.values, -1)
+
 
 def bench_moe(l2: int, copy_gbps: float, reps: int, impls: list[str], with_router: bool = True) -> dict:
     """impls: "packed" = the rebuilt pipeline on packed experts (CUDA: gate_up+SwiGLU, down+combine;
