@@ -1118,6 +1118,20 @@ struct PfArgs {
 // (value * 2**-126) and is multiplied by its scale in bf16 before the MMA (exact: bf16 has fp32's exponent range,
 // Marlin's order: vLLM csrc/quantization/marlin scales the dequantized B fragment before its mma), so the MMAs
 // accumulate straight into the accumulators: no partials, no FFMA.
+// f(std::integral_constant<int, L>) for L the smallest multiple of PF_TILE_STEP (at most NTL) that covers n live token
+// tiles: the K loop is compiled once per L, with no branch between its MMAs.
+constexpr int PF_TILE_STEP = 2;
+template <int NTL, typename F>
+__device__ __forceinline__ void pick_live_tiles(int n, F& f) {
+  static_assert(NTL % PF_TILE_STEP == 0, "the live-tile counts are multiples of PF_TILE_STEP");
+  if constexpr (NTL <= PF_TILE_STEP) {
+    f(std::integral_constant<int, NTL>{});
+  } else {
+    if (n > NTL - PF_TILE_STEP) f(std::integral_constant<int, NTL>{});
+    else pick_live_tiles<NTL - PF_TILE_STEP>(n, f);
+  }
+}
+
 template <int MODE, int NT, int RT, int CTAS, int FORM>
 __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a) {
   constexpr int BM = NT * 8;
@@ -1143,32 +1157,34 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   // 64 made the second block a full block's MMAs for 6 tokens: about half of all MoE blocks at 2048 tokens and top-4
   // of 128 experts. The weights are still decoded per block; the tensor pipe does only the real tiles.
   const int nt_live = (__syncthreads_count(real) + 7) >> 3;
-  // This thread's staging pieces: row q / 8, 16 bytes q % 8 of it. Padding rows copy the block's first row (always
-  // a real one: align_by_expert pads an expert's run at its end): their columns are computed and never stored.
-  // A chunk of a row is 128 bytes in both forms (32 f16 pairs, or 64 bf16 values).
-  const char* src[CP];
-  uint32_t dst[CP];
-  bool cp_on[CP];
+  // This thread's staging pieces: 16 bytes (t8 = threadIdx.x % 8) of rows threadIdx.x / 8 + 32 u, u < CP. Padding rows
+  // copy the block's first row (always a real one: align_by_expert pads an expert's run at its end): their columns are
+  // computed and never stored. A chunk of a row is 128 bytes in both forms (32 f16 pairs, or 64 bf16 values). Per
+  // piece only the activation row index is kept; the shared address is one register plus compile-time offsets. The
+  // earlier form (a 64-bit source pointer, a shared address and a flag per piece) did not fit the 2-CTA build's 128
+  // registers: ptxas spilled or recomputed it every chunk, ~14% of the MoE loop's instructions (sm_90a SASS).
+  static_assert(PIECES % THREADS == 0, "every thread stages the same number of pieces");
+  constexpr int ROWS_PER_U = THREADS / 8;
+  const int t8 = threadIdx.x & 7;
+  int xrow[CP];
 #pragma unroll
   for (int u = 0; u < CP; ++u) {
-    const int q = threadIdx.x + u * THREADS, r = min(q >> 3, BM - 1);
-    const int row = srow[r] >= 0 ? srow[r] : srow[0];
-    cp_on[u] = q < PIECES;
-    const long long row_bytes = FORM ? a.sx * 2 : (long long)a.kc * 128;
-    src[u] = reinterpret_cast<const char*>(a.xfrag) + (long long)(row / a.x_div) * row_bytes + (q & 7) * 16;
-    dst[u] = (uint32_t)__cvta_generic_to_shared(smem + r * PF_ROW + (q & 7) * 4);
+    const int r = (threadIdx.x >> 3) + u * ROWS_PER_U;
+    xrow[u] = (srow[r] >= 0 ? srow[r] : srow[0]) / a.x_div;
   }
+  const unsigned long long row_bytes = FORM ? (unsigned long long)a.sx * 2 : (unsigned long long)a.kc * 128;
+  const char* xbase = reinterpret_cast<const char*>(a.xfrag) + t8 * 16;
+  const uint32_t dst0 = (uint32_t)__cvta_generic_to_shared(smem + (threadIdx.x >> 3) * PF_ROW + t8 * 4);
   auto stage = [&](int c) {
-    const uint32_t off = (uint32_t)((c % PF_STAGES) * BM * PF_ROW * 4);
+    const uint32_t dst = dst0 + (uint32_t)((c % PF_STAGES) * BM * PF_ROW * 4);
+    // bf16 rows end at K: pieces past it are zero-filled (src-size 0 reads nothing), as xprep pads its fragments
+    const bool in_k = !FORM || c * 64 + t8 * 8 < a.K;
+    const uint32_t bytes = in_k ? 16u : 0u;
+    const char* col = xbase + (in_k ? c * 128 : 0);
 #pragma unroll
-    for (int u = 0; u < CP; ++u) {
-      // bf16 rows end at K: pieces past it are zero-filled (src-size 0 reads nothing), as xprep pads its fragments
-      const int k0 = c * 64 + ((threadIdx.x + u * THREADS) & 7) * 8;
-      const uint32_t bytes = (!FORM || k0 < a.K) ? 16u : 0u;
-      const char* from = (!FORM || k0 < a.K) ? src[u] + c * 128 : src[u];
-      if (cp_on[u])
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst[u] + off), "l"(from), "r"(bytes));
-    }
+    for (int u = 0; u < CP; ++u)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + u * ROWS_PER_U * PF_ROW * 4),
+                   "l"(col + (unsigned long long)xrow[u] * row_bytes), "r"(bytes));
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 
@@ -1301,13 +1317,10 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
       }
     }
   };
-  // The MoE rounds its live tiles up to a quarter of NT (a few padding tiles computed, never stored) to keep 4 copies.
-  static_assert(NT % 4 == 0, "the MoE's tile counts are quarters of NT");
+  // The MoE rounds its live tiles up to a multiple of PF_TILE_STEP (a token tile or one of padding computed, never
+  // stored); one copy of the loop per count.
   if constexpr (MODE == MODE_DENSE) kloop(std::integral_constant<int, NT>{});
-  else if (nt_live > 3 * NT / 4) kloop(std::integral_constant<int, NT>{});
-  else if (nt_live > NT / 2) kloop(std::integral_constant<int, 3 * NT / 4>{});
-  else if (nt_live > NT / 4) kloop(std::integral_constant<int, NT / 2>{});
-  else kloop(std::integral_constant<int, NT / 4>{});
+  else pick_live_tiles<NT>(nt_live, kloop);
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   if (!wact) return;
 
@@ -1565,9 +1578,10 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // per SM fastest on qkv and o_proj, at two CTAs per SM (128 registers) on the MoE; the f16 form serves weights with
 // scale bytes above 128. Dropped after that bench: NT 4 (both forms; the MoE skips empty token tiles instead) and
 // NT 16 RT 1 (one or two CTAs per SM).
-#define PF_N 3
-#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>
-static const int PF_RT[PF_N] = {2, 2, 2};
+#define PF_N 4
+#define PF_TABLE(MODE) \
+  pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>, pf_launch<MODE, 16, 1, 2, 1>
+static const int PF_RT[PF_N] = {2, 2, 2, 1};
 
 int mxfp4_pf_num_variants() { return PF_N; }
 

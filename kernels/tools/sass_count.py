@@ -152,6 +152,8 @@ PF_VARIANTS = {
     "ILi0ELi8ELi2ELi1ELi0EE": ("prefill dense NT=8 RT=2 f16 (scale bytes > 128)", 8),
     "ILi1ELi8ELi2ELi1ELi0EE": ("prefill moe gate_up NT=8 RT=2 f16 (scale bytes > 128)", 8),
     "ILi2ELi8ELi2ELi1ELi0EE": ("prefill moe down NT=8 RT=2 f16 (scale bytes > 128)", 8),
+    "ILi1ELi16ELi1ELi2ELi1EE": ("prefill moe gate_up NT=16 RT=1 bf16 2 CTAs/SM", 16),
+    "ILi2ELi16ELi1ELi2ELi1EE": ("prefill moe down NT=16 RT=1 bf16 2 CTAs/SM", 16),
 }
 
 

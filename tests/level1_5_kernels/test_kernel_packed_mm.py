@@ -241,21 +241,31 @@ def test_cuda_prefill_tilings_match_reference(variant):
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE")
 
 
-# Slots per expert whose 64-row blocks have every live token-tile count, 1..8, once or more (the prefill kernel runs
-# a loop unrolled for 2, 4, 6 or 8 tiles, chosen per block): 3 -> 1 tile, 12 -> 2, ... 60 -> 8, 73 -> 8 + 2, 91 ->
-# 8 + 4; one expert gets none.
-LIVE_TILE_COUNTS = [3, 12, 20, 30, 37, 44, 52, 60, 64, 73, 91, 0]
+# Slots per expert whose blocks (8 * NT rows) have every live token-tile count, 1..NT, once or more for NT 8 and 16
+# (the prefill kernel runs a loop unrolled for 2, 4, 6, ... tiles, chosen per block): 3 -> 1 tile, 12 -> 2, ... 60 ->
+# 8, 73 -> 8 + 2 (NT 8) or 10 (NT 16), 128 -> 16, 140 -> 16 + 2; one expert gets none.
+LIVE_TILE_COUNTS = [3, 12, 20, 30, 37, 44, 52, 60, 64, 70, 73, 86, 91, 100, 110, 118, 128, 140, 0]
+
+
+def live_tiles_per_block(slots_per_expert: list[int], nt: int) -> set[int]:
+    """The live token-tile counts of the blocks align_by_expert makes from these runs (blocks of 8 * nt rows)."""
+    out = set()
+    for s in slots_per_expert:
+        for b0 in range(0, s, 8 * nt):
+            out.add(-(-min(8 * nt, s - b0) // 8))
+    return out
 
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
 def test_cuda_prefill_moe_at_every_live_tile_count(variant):
-    """Blocks with 1..8 live token tiles of 8 rows (and an empty expert, a skipped slot, the result allocated by the
+    """Blocks with 1..NT live token tiles of 8 rows (and an empty expert, a skipped slot, the result allocated by the
     call) against the fp32 reference: a tile count served by the wrong unrolled loop drops or mixes token rows."""
     from .test_kernel_moe import _random_experts
 
-    assert PF_VARIANTS[variant][0] == 8, "LIVE_TILE_COUNTS assume blocks of 64 rows (NT 8)"
+    nt = PF_VARIANTS[variant][0]
+    assert live_tiles_per_block(LIVE_TILE_COUNTS, nt) == set(range(1, nt + 1)), f"LIVE_TILE_COUNTS miss a count at NT {nt}"
     seed = fresh_seed()
     cfg = _impl_cfg("cuda", variant)
     g = generator(seed, "cuda")
@@ -272,7 +282,7 @@ def test_cuda_prefill_moe_at_every_live_tile_count(variant):
     ref = reference.moe_experts_ref(x, torch.where(keep, ids, 0), wts * keep, **p)
     out = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], config=cfg)
     assert out.dtype == torch.bfloat16 and out.shape == (m, h)
-    assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE, live tiles 1..8")
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE, live tiles 1..{nt}")
 
 
 @pytest.mark.gpu
