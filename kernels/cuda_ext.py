@@ -69,7 +69,7 @@ def source_variants(text: str) -> list[tuple[int, int, int, int]]:
 # Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT, CTAS, FORM) = 8 * NT token rows per CTA, RT row
 # tiles per warp, registers capped for CTAS CTAs per SM; FORM 0 f16 activation fragments (xprep_kernel) with the scale
 # as an FFMA per MX block, FORM 1 bf16 activations as they are with the scale applied to the decoded bf16 weights.
-PF_VARIANTS = [(8, 2, 1, 1), (8, 2, 2, 1), (8, 2, 1, 0), (16, 1, 2, 1)]
+PF_VARIANTS = [(8, 2, 1, 1), (8, 2, 2, 1), (8, 2, 1, 0)]
 FORM_F16, FORM_BF16 = 0, 1
 # FORM_BF16 multiplies by 2**(b - 1) in bf16 (E8M0 byte b): exact up to b = 128 (weights up to 12 * 2**1); a weight
 # with a larger scale byte is served by FORM_F16 (PackedMXFP4.max_scale).

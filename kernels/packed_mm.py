@@ -285,11 +285,10 @@ def _cuda_prefill(x: torch.Tensor, cfg: dict) -> bool:
 
 
 def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4) -> int:
-    """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else the tuning's token tiles of 8
-    rows per CTA (NT: `cuda_token_tiles`, the MoE's `cuda_moe_token_tiles`), RT (`cuda_row_tiles`, `cuda_moe_row_tiles`),
-    CTAs per SM (`cuda_ctas_per_sm`, `cuda_moe_ctas_per_sm`) and activation form (`cuda_form`). The bf16 form serves
-    weights whose scale bytes it multiplies exactly (cuda_ext.BF16_MAX_SCALE); others take the f16 form (NT 8, RT 2, one
-    CTA per SM)."""
+    """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else 64 token rows per CTA with
+    the tuning's RT (`cuda_row_tiles`), CTAs per SM (`cuda_ctas_per_sm`, the MoE's `cuda_moe_ctas_per_sm`) and
+    activation form (`cuda_form`). The bf16 form serves weights whose scale bytes it multiplies exactly
+    (cuda_ext.BF16_MAX_SCALE); others take the f16 form at one CTA per SM."""
     from .cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, PF_VARIANTS
 
     if "cuda_variant" in cfg:
@@ -302,16 +301,14 @@ def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4) -> int:
     form = cfg.get("cuda_form", "bf16")
     if form not in ("bf16", "f16"):
         raise ValueError(f"packed_mm.cuda_form must be bf16 or f16 (kernels/tuning.yaml), got {form!r}")
-    pre = "cuda_moe_" if moe else "cuda_"
+    ctas = int(cfg.get("cuda_moe_ctas_per_sm" if moe else "cuda_ctas_per_sm", 1))
     if form == "bf16" and all(w.scale_max() <= BF16_MAX_SCALE for w in weights):
-        key = (int(cfg.get(pre + "token_tiles", 8)), int(cfg.get(pre + "row_tiles", 2)), int(cfg.get(pre + "ctas_per_sm", 1)),
-               FORM_BF16)
+        key = (8, int(cfg.get("cuda_row_tiles", 2)), ctas, FORM_BF16)
     else:
-        key = (8, 2, 1, FORM_F16)
+        key = (8, int(cfg.get("cuda_row_tiles", 2)), 1, FORM_F16)
     if key not in PF_VARIANTS:
         raise ValueError(f"no CUDA prefill tiling (NT, RT, CTAS, FORM) = {key} in cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
-                         f"set packed_mm's {pre}token_tiles / {pre}row_tiles / {pre}ctas_per_sm / cuda_form "
-                         "(kernels/tuning.yaml) to one of them")
+                         "set packed_mm's cuda_row_tiles / cuda_(moe_)ctas_per_sm / cuda_form to one of them")
     return PF_VARIANTS.index(key)
 
 

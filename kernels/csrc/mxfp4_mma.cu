@@ -82,15 +82,30 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(c2), "f"(c3));
 }
 
+// d = lop3(a, b, c) with truth table LUT (PTX lop3.b32; a = 0xF0, b = 0xCC, c = 0xAA).
+template <int LUT>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+  return d;
+}
+
 // bf16 form of decode4 for the prefill kernel: the fp16 bits of decode4 (sign 15, e1 e0 m at 11..9) with the three
 // magnitude bits moved to bf16's 8..6, so each half is the code's value * 2**-126 (e = 0 lands on bf16 subnormals,
-// as it lands on fp16's). One shift and one LOP3 per register: where C = 1 (bits 15 and 12 of each half) the result
-// takes t (its sign; t is zero at 12), elsewhere t >> 3 (the magnitude; zero outside 8..6 since t is zero at 14..12).
+// as it lands on fp16's). Per register: decode4's shift and masked XOR (one LOP3), then one shift and one LOP3 that
+// takes t where C = 1 (bits 15 and 12 of each half: its sign; t is zero at 12) and t >> 3 elsewhere (the magnitude;
+// zero outside 8..6 since t is zero at 14..12). Written as lop3 so that the four instructions stay four: from the C
+// expressions ptxas made five per register (the XOR and each mask apart, then LEA.HI), ~45% of the prefill loop.
 __device__ __forceinline__ void decode4_bf16(uint32_t w, uint32_t (&a)[4]) {
-  decode4(w, a);
-  constexpr uint32_t C = 0x90009000u;
+  constexpr uint32_t M = 0x8E008E00u, C = 0x90009000u;
+  constexpr int XOR_AND = (0xF0 ^ 0xCC) & 0xAA, SELECT = (0xF0 & 0xAA) | (0xCC & ~0xAA & 0xFF);
+  uint32_t t[4];
+  t[0] = (w << 2) & M;
+  t[1] = lop3<XOR_AND>(w, w << 6, M);
+  t[2] = lop3<XOR_AND>(w, w << 9, M);
+  t[3] = lop3<XOR_AND>(w, __funnelshift_l(w, w, 13), M);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) a[i] = (a[i] & C) | ((a[i] >> 3) & ~C);
+  for (int i = 0; i < 4; ++i) a[i] = lop3<SELECT>(t[i], t[i] >> 3, C);
 }
 
 // E8M0 byte b -> bf16x2 {2**(b-1), 2**(b-1)}: times a decoded value * 2**-126 it is value * 2**(b-127), exact
@@ -1577,11 +1592,11 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // bench_prefill, M=2048, gpt-oss-120b shapes, same process (kernels/NOTES.md "The bf16 form"): bf16 NT 8 RT 2 at one CTA
 // per SM fastest on qkv and o_proj, at two CTAs per SM (128 registers) on the MoE; the f16 form serves weights with
 // scale bytes above 128. Dropped after that bench: NT 4 (both forms; the MoE skips empty token tiles instead) and
-// NT 16 RT 1 (one or two CTAs per SM).
-#define PF_N 4
-#define PF_TABLE(MODE) \
-  pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>, pf_launch<MODE, 16, 1, 2, 1>
-static const int PF_RT[PF_N] = {2, 2, 2, 1};
+// NT 16 RT 1 (one or two CTAs per SM); NT 16 RT 1 again on 2026-11-29 with the unrolled tile loop, MoE 2,287.5 against
+// 1,941.5 us for NT 8 RT 2 (kernels/NOTES.md "Fewer instructions per MMA").
+#define PF_N 3
+#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>
+static const int PF_RT[PF_N] = {2, 2, 2};
 
 int mxfp4_pf_num_variants() { return PF_N; }
 

@@ -152,8 +152,6 @@ PF_VARIANTS = {
     "ILi0ELi8ELi2ELi1ELi0EE": ("prefill dense NT=8 RT=2 f16 (scale bytes > 128)", 8),
     "ILi1ELi8ELi2ELi1ELi0EE": ("prefill moe gate_up NT=8 RT=2 f16 (scale bytes > 128)", 8),
     "ILi2ELi8ELi2ELi1ELi0EE": ("prefill moe down NT=8 RT=2 f16 (scale bytes > 128)", 8),
-    "ILi1ELi16ELi1ELi2ELi1EE": ("prefill moe gate_up NT=16 RT=1 bf16 2 CTAs/SM", 16),
-    "ILi2ELi16ELi1ELi2ELi1EE": ("prefill moe down NT=16 RT=1 bf16 2 CTAs/SM", 16),
 }
 
 
@@ -178,6 +176,7 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
     for a, b in (("__device__ __forceinline__ void decode4", "^}"), ("__device__ __forceinline__ void mma16816", "^}"),
                  ("__device__ __forceinline__ void decode4_bf16", "^}"), ("__device__ __forceinline__ uint32_t e8m0_bf16x2", "^}"),
                  ("__device__ __forceinline__ uint32_t bf16x2_mul", "^}"),
+                 ("__device__ __forceinline__ uint32_t lop3", "^}"),
                  ("__device__ __forceinline__ void mma16816_bf16", "^}"), ("__device__ __forceinline__ void ldmatrix_x4", "^}"),
                  ("__device__ __forceinline__ void ld_stream_v4_if", "^}"),
                  ("__device__ __forceinline__ void ld_stream_u32_if", "^}"),

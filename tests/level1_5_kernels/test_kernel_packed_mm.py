@@ -241,9 +241,9 @@ def test_cuda_prefill_tilings_match_reference(variant):
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE")
 
 
-# Slots per expert whose blocks (8 * NT rows) have every live token-tile count, 1..NT, once or more for NT 8 and 16
-# (the prefill kernel runs a loop unrolled for 2, 4, 6, ... tiles, chosen per block): 3 -> 1 tile, 12 -> 2, ... 60 ->
-# 8, 73 -> 8 + 2 (NT 8) or 10 (NT 16), 128 -> 16, 140 -> 16 + 2; one expert gets none.
+# Slots per expert whose blocks (8 * NT rows) have every live token-tile count, 1..NT, once or more, for NT up to 16
+# (the prefill kernel runs a loop unrolled for 2, 4, 6, ... tiles, chosen per block): at NT 8, 3 -> 1 tile, 12 -> 2,
+# ... 60 -> 8, 73 -> 8 + 2, 140 -> 8 + 8 + 2; one expert gets none.
 LIVE_TILE_COUNTS = [3, 12, 20, 30, 37, 44, 52, 60, 64, 70, 73, 86, 91, 100, 110, 118, 128, 140, 0]
 
 
