@@ -92,10 +92,11 @@ __device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
 
 // bf16 form of decode4 for the prefill kernel: the fp16 bits of decode4 (sign 15, e1 e0 m at 11..9) with the three
 // magnitude bits moved to bf16's 8..6, so each half is the code's value * 2**-126 (e = 0 lands on bf16 subnormals,
-// as it lands on fp16's). Per register: decode4's shift and masked XOR (one LOP3), then one shift and one LOP3 that
-// takes t where C = 1 (bits 15 and 12 of each half: its sign; t is zero at 12) and t >> 3 elsewhere (the magnitude;
-// zero outside 8..6 since t is zero at 14..12). Written as lop3 so that the four instructions stay four: from the C
-// expressions ptxas made five per register (the XOR and each mask apart, then LEA.HI), ~45% of the prefill loop.
+// as it lands on fp16's). Per register: decode4's shift and masked XOR (one LOP3; register 0 is a shift and a mask),
+// then one shift and one LOP3 that takes t where C = 1 (bits 15 and 12 of each half: its sign; t is zero at 12) and
+// t >> 3 elsewhere (the magnitude; zero outside 8..6 since t is zero at 14..12). Written as lop3 so that the four
+// instructions stay four: from the C expressions ptxas made five per register (the XOR and each mask apart, then
+// LEA.HI), ~42% of the prefill loop's instructions.
 __device__ __forceinline__ void decode4_bf16(uint32_t w, uint32_t (&a)[4]) {
   constexpr uint32_t M = 0x8E008E00u, C = 0x90009000u;
   constexpr int XOR_AND = (0xF0 ^ 0xCC) & 0xAA, SELECT = (0xF0 & 0xAA) | (0xCC & ~0xAA & 0xFF);
@@ -1125,14 +1126,6 @@ struct PfArgs {
   float alpha, limit;
 };
 
-// CTAS: CTAs per SM the registers are capped for (2: <= 128 registers, so a CTA waiting at its per-chunk barrier
-// leaves the other one issuing).
-// FORM 0: f16 activation fragments (xprep_kernel's, or gate_up's h), the E8M0 scale as one FFMA per accumulator per
-// MX block into a fresh 2-MMA partial (fp16 cannot hold value * 2**-14 * scale). FORM 1: bf16 activations as they
-// are (x rows, or gate_up's h as bf16 rows), read from the staged tile by ldmatrix; the decoded fragment is bf16
-// (value * 2**-126) and is multiplied by its scale in bf16 before the MMA (exact: bf16 has fp32's exponent range,
-// Marlin's order: vLLM csrc/quantization/marlin scales the dequantized B fragment before its mma), so the MMAs
-// accumulate straight into the accumulators: no partials, no FFMA.
 // f(std::integral_constant<int, L>) for L the smallest multiple of PF_TILE_STEP (at most NTL) that covers n live token
 // tiles: the K loop is compiled once per L, with no branch between its MMAs.
 constexpr int PF_TILE_STEP = 2;
@@ -1147,6 +1140,14 @@ __device__ __forceinline__ void pick_live_tiles(int n, F& f) {
   }
 }
 
+// CTAS: CTAs per SM the registers are capped for (2: <= 128 registers, so a CTA waiting at its per-chunk barrier
+// leaves the other one issuing).
+// FORM 0: f16 activation fragments (xprep_kernel's, or gate_up's h), the E8M0 scale as one FFMA per accumulator per
+// MX block into a fresh 2-MMA partial (fp16 cannot hold value * 2**-14 * scale). FORM 1: bf16 activations as they
+// are (x rows, or gate_up's h as bf16 rows), read from the staged tile by ldmatrix; the decoded fragment is bf16
+// (value * 2**-126) and is multiplied by its scale in bf16 before the MMA (exact: bf16 has fp32's exponent range,
+// Marlin's order: vLLM csrc/quantization/marlin scales the dequantized B fragment before its mma), so the MMAs
+// accumulate straight into the accumulators: no partials, no FFMA.
 template <int MODE, int NT, int RT, int CTAS, int FORM>
 __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a) {
   constexpr int BM = NT * 8;
