@@ -516,7 +516,7 @@ def combine(y: torch.Tensor, ids: torch.Tensor, num_experts: int, out: torch.Ten
             or not (y.device == ids.device == out.device)):
         raise ValueError(f"combine: y {tuple(y.shape)} {y.dtype} must be contiguous 16-byte aligned fp32 "
                          f"[{m * top_k}, {h}] on the device of ids and out")
-    ids = ids if (ids.dtype == torch.int32 and ids.is_contiguous()) else ids.to(torch.int32).contiguous()
+    ids = ids.to(torch.int32).contiguous()  # the same tensor when it already is
     stream = torch.cuda.current_stream(y.device).cuda_stream
     _check(_load(src).mxfp4_combine(y.data_ptr(), ids.data_ptr(), m, top_k, num_experts, h, out.data_ptr(),
                                     out.stride(0), stream), "mxfp4 combine launch")
@@ -535,8 +535,7 @@ def align_by_expert(ids: torch.Tensor, num_experts: int, bm: int, src: str = "")
     """packed_mm.align_by_expert in one launch (align_kernel), the same result bit for bit: rows int32
     [n_blocks * bm] (slot, or S for padding), block experts int32 [n_blocks] (-1 past the last), n_blocks =
     ceil(S / bm) + E (a bound that depends on M only: CUDA graphs capture it). No host sync."""
-    flat = ids.reshape(-1)
-    flat = flat if (flat.dtype == torch.int32 and flat.is_contiguous()) else flat.to(torch.int32).contiguous()
+    flat = ids.reshape(-1).to(torch.int32).contiguous()  # the same tensor when it already is
     s = flat.numel()
     n_blocks = -(-s // bm) + num_experts
     rows = torch.empty(n_blocks * bm, dtype=torch.int32, device=flat.device)

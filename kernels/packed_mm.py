@@ -441,6 +441,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     from .cuda_ext import align_by_expert as align_by_expert_cuda
 
     m, hdim = x.shape
+    expert_ids = expert_ids.to(torch.int32).contiguous()  # once, for the sort and the combine
     top_k = expert_ids.shape[1]
     slots = m * top_k
     n_exp = gate_up.words.shape[0]
