@@ -354,6 +354,110 @@ def test_bf16_form_serves_only_scale_bytes_it_multiplies_exactly():
         assert _cuda_variant({**cfg, "cuda_variant": forced}, False, ok) == forced
 
 
+def test_row_scale_window_is_each_packed_rows_largest_byte_inside_the_window():
+    """pack_mxfp4 records each packed row's largest scale byte (in the gate/up pairing's row order, the K padding's
+    127 counted) only when every row keeps the f16_row form's window: bytes at most 24 binades below the row's
+    largest, which lies in [16, 254]. One binade more, a largest byte of 15, or a NaN block (255) leave the form
+    unoffered (row_max None), since the kernel would then flush, overflow or lose the NaN."""
+    from kernels.packed import ROW_WINDOW, _pair_perm
+
+    g = generator(fresh_seed(), "cpu")
+    for paired in (False, True):
+        w, s = random_mxfp4((3, 48, 128), g, 101, 125)
+        s[..., 0], s[..., 1] = 100, 100 + ROW_WINDOW  # every row spans exactly the window
+        p = pack_mxfp4(w, s, paired)
+        perm = _pair_perm(48) if paired else torch.arange(48)
+        assert p.row_max is not None and p.row_max.dtype == torch.uint8
+        assert torch.equal(p.row_max, s[:, perm].amax(-1)), f"row order (paired={paired})"
+        s[1, 7, 3] = 99  # 25 binades below row 7's largest
+        assert pack_mxfp4(w, s, paired).row_max is None
+    w, s = random_mxfp4((40, 96), g, 104, 125)  # rows 40..47 and K 96..127 are padding (byte 127)
+    p = pack_mxfp4(w, s)
+    assert torch.equal(p.row_max[:40], s.amax(-1).clamp(min=127)) and (p.row_max[40:] == 127).all()
+    s[2, 0] = 102  # 25 below the padding's 127
+    assert pack_mxfp4(w, s).row_max is None
+    for lo, hi, offered in ((16, 17, True), (15, 16, False), (240, 255, True)):
+        w, s = random_mxfp4((16, 64), g, lo, hi)
+        assert (pack_mxfp4(w, s).row_max is not None) == offered, (lo, hi)
+    s[0, 0] = 255
+    assert pack_mxfp4(w, s).row_max is None, "a NaN block must keep the form that poisons its row"
+    # zero padding as vLLM writes it (codes and scale bytes 0) in some blocks and one whole row: still inside, and the
+    # values unchanged (a block of +-0 codes is zero at any scale)
+    w, s = random_mxfp4((16, 128), g)
+    w.view(16, 4, 16)[:, 3] = 0
+    w.view(16, 4, 16)[5, 1] = 0x88  # -0 codes
+    w[9], s[9] = 0, 0
+    s[:, 3] = 0
+    s[5, 1] = 0
+    p = pack_mxfp4(w, s)
+    assert p.row_max is not None and int(p.row_max[9]) == 127
+    assert torch.equal(dequantize_packed(p).float(), dequantize_mxfp4(w, s, torch.float32))
+
+
+def test_f16_row_form_serves_only_weights_inside_its_window():
+    """cuda_form f16_row: weights with row_max take it; others fall back to bf16 (bytes <= 128) or f16, for the dense
+    layers and for the MoE (both halves); forcing an f16_row variant on weights outside the window is refused."""
+    from kernels.cuda_ext import FORM_BF16, FORM_F16, FORM_F16_ROW
+    from kernels.packed_mm import _cuda_variant
+
+    cfg = {k: v for k, v in get_config("packed_mm").items() if k != "cuda_variant"}
+    g = generator(fresh_seed(), "cpu")
+    inside = pack_mxfp4(*random_mxfp4((16, 64), g))
+    w, s = random_mxfp4((16, 64), g, 100, 125)
+    s[0, 0], s[0, 1] = 99, 124  # row 0 spans 25 binades
+    outside = pack_mxfp4(w, s)
+    s[0, 1] = 129
+    outside_big = pack_mxfp4(w, s)
+    assert inside.row_max is not None and outside.row_max is None and outside_big.row_max is None
+
+    def form(moe: bool, *ws, **over) -> int:
+        return PF_VARIANTS[_cuda_variant({**cfg, "cuda_form": "f16_row", **over}, moe, *ws)][3]
+
+    assert form(False, inside) == FORM_F16_ROW and form(True, inside, inside) == FORM_F16_ROW
+    assert form(False, outside) == FORM_BF16 and form(True, inside, outside) == FORM_BF16
+    assert form(False, outside_big) == FORM_F16 and form(True, outside_big, inside) == FORM_F16
+    assert form(False, inside, cuda_form="bf16") == FORM_BF16
+    forced = next(i for i, v in enumerate(PF_VARIANTS) if v[3] == FORM_F16_ROW)
+    with pytest.raises(ValueError, match="scale window"):
+        _cuda_variant({**cfg, "cuda_variant": forced}, False, outside)
+    assert _cuda_variant({**cfg, "cuda_variant": forced}, True, inside, inside) == forced
+    with pytest.raises(ValueError, match="cuda_form must be f16_row, bf16 or f16"):
+        _cuda_variant({**cfg, "cuda_form": "fp8"}, False, inside)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [i for i, v in enumerate(PF_VARIANTS) if v[3] == 2])
+def test_cuda_f16_row_form_is_exact_at_its_window_edge(variant):
+    """The f16_row form multiplies each decoded value by 2**(b - bmax + 15) in f16: exact down to 24 binades below
+    the row's largest byte. Rows whose largest-byte block is all zero codes and whose other blocks sit exactly 24
+    binades lower: the output is made of the smallest products only, and must match the fp32 reference as any
+    other (GEMV_NMSE, MOE_NMSE). Test of the test: the same weights with row_max claimed one binade higher (the
+    window 25, which the host refuses) flush the 0.5 codes to zero, and the dense result misses the bound."""
+    seed = fresh_seed()
+    cfg = _impl_cfg("cuda", variant)
+    g = generator(seed, "cuda")
+    m, n, k = 70, 48, 256
+    w, s = random_mxfp4((n, k), g, 96, 97)  # bmax - 24 everywhere ...
+    s[:, 0] = 120  # ... but block 0, the row's largest, whose codes are zero
+    w.view(n, k // 32, 16)[:, 0] = 0
+    x = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+    ref = reference.mxfp4_linear_ref(x, w, s, None)
+    p = pack_mxfp4(w, s)
+    assert p.row_max is not None and int(p.row_max.min()) == 120
+    out = poisoned((m, n), torch.bfloat16, "cuda")
+    mxfp4_mm_packed(x, p, None, out=out, config=cfg)
+    assert_close_nmse(out, ref, GEMV_NMSE, seed, f"f16_row variant {variant} at the window edge")
+    p.row_max = p.row_max + 1
+    mxfp4_mm_packed(x, p, None, out=out, config=cfg)
+    nmse = float(((out.float() - ref.float()) ** 2).sum() / (ref.float() ** 2).sum())
+    assert nmse > 100 * GEMV_NMSE, f"a 25-binade window went unnoticed: NMSE {nmse:.2e} (seed={seed})"
+    x, ids, wts, gu, dn, pm, ref = _packed_case(70, 6, 64, 96, 3, seed, 1.0, True, dev="cuda")
+    assert gu.row_max is not None and dn.row_max is not None, "the MoE case's scales must be inside the window"
+    out = poisoned((70, 64), torch.bfloat16, "cuda")
+    mxfp4_moe_packed_mm(x, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], out=out, config=cfg)
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"f16_row variant {variant} MoE")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("top", [128, 129])
 def test_cuda_prefill_at_the_bf16_scale_edge(top):
