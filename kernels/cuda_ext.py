@@ -68,12 +68,9 @@ def source_variants(text: str) -> list[tuple[int, int, int, int]]:
 
 # Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT, CTAS, FORM) = 8 * NT token rows per CTA, RT row
 # tiles per warp, registers capped for CTAS CTAs per SM; FORM 0 f16 activation fragments (xprep_kernel) with the scale
-# as an FFMA per MX block, FORM 1 bf16 activations as they are with the scale applied to the decoded bf16 weights,
-# FORM 2 FORM 0's activations with the decoded f16 weights multiplied by their scale relative to their row's largest
-# (PackedMXFP4.row_max; half the bf16 decode's instructions, no FFMA).
-PF_VARIANTS = [(8, 2, 1, 1), (8, 2, 2, 1), (8, 2, 1, 0), (8, 2, 1, 2), (8, 2, 2, 2)]
-FORM_F16, FORM_BF16, FORM_F16_ROW = 0, 1, 2
-FORM_NAMES = {FORM_F16: "f16", FORM_BF16: "bf16", FORM_F16_ROW: "f16_row"}
+# as an FFMA per MX block, FORM 1 bf16 activations as they are with the scale applied to the decoded bf16 weights.
+PF_VARIANTS = [(8, 2, 1, 1), (8, 2, 2, 1), (8, 2, 1, 0)]
+FORM_F16, FORM_BF16 = 0, 1
 # FORM_BF16 multiplies by 2**(b - 1) in bf16 (E8M0 byte b): exact up to b = 128 (weights up to 12 * 2**1); a weight
 # with a larger scale byte is served by FORM_F16 (PackedMXFP4.max_scale).
 BF16_MAX_SCALE = 128
@@ -128,11 +125,9 @@ def _load(src: str = "") -> ctypes.CDLL:
         raise RuntimeError(f"{src_path}: its variant table {table} is not cuda_ext.VARIANTS {VARIANTS}; "
                            "compare against a source with the same table (edit its NT1/NT2 macros to match)")
     pf_table = source_pf_variants(src_bytes.decode())
-    # no table: a source older than the prefill kernel (prefill_available); a shorter one that is a prefix: an older
-    # source (A/B runs), whose variants keep their indices (a later index is refused by its launcher)
-    if pf_table and pf_table != PF_VARIANTS[:len(pf_table)]:
-        raise RuntimeError(f"{src_path}: its prefill table {pf_table} is not cuda_ext.PF_VARIANTS {PF_VARIANTS} (or "
-                           "a prefix of it); edit its PF_TABLE macro to match")
+    if pf_table and pf_table != PF_VARIANTS:  # no table: a source older than the prefill kernel (prefill_available)
+        raise RuntimeError(f"{src_path}: its prefill table {pf_table} is not cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
+                           "edit its PF_TABLE macro to match")
     lib = ctypes.CDLL(str(build_shared(src_path, src_bytes)))
     P, I, LL, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
     lib.mxfp4_launch.restype = I
@@ -146,7 +141,7 @@ def _load(src: str = "") -> ctypes.CDLL:
     if hasattr(lib, "mxfp4_prefill"):  # absent from sources older than the CUDA prefill (A/B runs load those)
         lib.mxfp4_prefill.restype = I
         lib.mxfp4_prefill.argtypes = [I, I, P, P, F, P, P, I, I, I, P, P, LL, LL, P, I, LL, P, LL, I, P, I, I, I, F, F,
-                                      P, LL, I, P, LL]  # an older source's launcher takes the first 29
+                                      P, LL, I]
     if hasattr(lib, "mxfp4_combine"):  # absent from sources older than the one-pass MoE combine
         lib.mxfp4_combine.restype = I
         lib.mxfp4_combine.argtypes = [P, P, I, I, I, I, P, LL, P]
@@ -482,10 +477,6 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
     along K, rows 16-byte aligned), gate_up's `out` bf16 h rows [S, N / 2]."""
     lib = _load(src)
     bf16 = PF_VARIANTS[variant][3] == FORM_BF16
-    row_max = p.row_max if PF_VARIANTS[variant][3] == FORM_F16_ROW else None
-    if PF_VARIANTS[variant][3] == FORM_F16_ROW and row_max is None:
-        raise ValueError(f"prefill variant {variant} (f16_row form) needs PackedMXFP4.row_max: these weights' rows "
-                         "exceed its scale window (packed.row_scale_window); pick another form")
     if bf16 and (frag.dtype != torch.bfloat16 or frag.stride(-1) != 1 or frag.stride(0) % 8 or frag.data_ptr() % 16):
         raise ValueError("the bf16 prefill form reads bf16 rows with unit stride along K, 16-byte aligned")
     if bf16 and frag.shape[1] != p.k:
@@ -500,9 +491,7 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
         p.scales[0].numel() // 4 if stacked else 0, b.data_ptr() if b is not None else None, bk,
         b.stride(0) if (b is not None and b.dim() == 2) else 0, out.data_ptr(), out.stride(0), kc_h,
         wts.data_ptr() if wts is not None else None, p.n, p.n_tiles, p.k_chunks, float(alpha), float(limit), stream,
-        frag.stride(0) if bf16 else 0, frag.shape[1] if bf16 else 0,
-        row_max.data_ptr() if row_max is not None else None,
-        row_max[0].numel() if (row_max is not None and row_max.dim() == 2) else 0)
+        frag.stride(0) if bf16 else 0, frag.shape[1] if bf16 else 0)
     _check(err, "mxfp4 prefill launch")
 
 

@@ -157,9 +157,6 @@ class PackedMXFP4:
     # Largest E8M0 byte, found once at load by `pack_mxfp4` (the prefill kernel's bf16 form serves bytes <= 128);
     # None: not known (weights built another way), `scale_max` reads it from the tensor.
     max_scale: int | None = None
-    # uint8 [*E, N_pad]: each packed row's largest E8M0 byte, set by `pack_mxfp4` only when every row keeps the window
-    # of the prefill kernel's f16-row form (`row_scale_window`); None: that form is not offered for these weights.
-    row_max: torch.Tensor | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -174,8 +171,7 @@ class PackedMXFP4:
         return self.words.shape[0] if self.words.dim() == 5 else None
 
     def to(self, device) -> "PackedMXFP4":
-        return PackedMXFP4(self.words.to(device), self.scales.to(device), self.n, self.k, self.paired, self.max_scale,
-                           None if self.row_max is None else self.row_max.to(device))
+        return PackedMXFP4(self.words.to(device), self.scales.to(device), self.n, self.k, self.paired, self.max_scale)
 
     def scale_max(self) -> int:
         """The largest E8M0 byte: `max_scale`, or read from the scales (a host sync; weights from `pack_mxfp4` carry
@@ -222,28 +218,7 @@ def pack_mxfp4(w: torch.Tensor, scales: torch.Tensor, paired: bool = False) -> P
         words, sc = words[0], sc[0]
     else:
         words, sc = words.reshape(*lead, nt, kc, 32, 4), sc.reshape(*lead, nt, kc, 8, 4)
-    return PackedMXFP4(words, sc, n, k, paired, int(s.max()) if s.numel() else 0, row_scale_window(sc))
-
-
-# The prefill kernel's f16-row form multiplies each decoded f16 value (code * 2**-14) by 2**(b - bmax + 15), bmax the
-# largest byte of its row: exact (products from 2**-24, an f16 subnormal, to 12) for bytes b >= bmax - 24; its
-# epilogue multiplies by 2**(bmax - 142), a normal fp32 for bmax >= 16; bmax 255 (NaN) must poison the row, which
-# only the f16 form's FFMA does.
-ROW_WINDOW, ROW_MAX_LO, ROW_MAX_HI = 24, 16, 254
-
-
-def row_scale_window(scales: torch.Tensor) -> torch.Tensor | None:
-    """Packed scales uint8 [*E, N/16, K/64, 8, 4] -> each packed row's largest byte, uint8 [*E, N_pad] (row 16r + g
-    of the packed order, as the kernels index it), or None when a row's bytes (the K padding's 127 included) span more
-    than ROW_WINDOW binades or its largest byte is outside [ROW_MAX_LO, ROW_MAX_HI]. One host sync, at load."""
-    *lead, nt, kc, _, _ = scales.shape
-    if not scales.numel():
-        return None
-    s = scales.reshape(-1, nt, kc, 8, 2, 2)  # [e, r, c, g, blk, row half]
-    hi = s.amax(dim=(2, 4)).transpose(-1, -2).reshape(*lead, nt * 16)  # [e, r, row half, g] -> 16r + 8 half + g
-    lo = s.amin(dim=(2, 4)).transpose(-1, -2).reshape(*lead, nt * 16)
-    ok = ((hi.int() - lo.int()) <= ROW_WINDOW) & (hi >= ROW_MAX_LO) & (hi <= ROW_MAX_HI)
-    return hi.contiguous() if bool(ok.all()) else None
+    return PackedMXFP4(words, sc, n, k, paired, int(s.max()) if s.numel() else 0)
 
 
 def _pack_group(w: torch.Tensor, s: torch.Tensor, n: int, k: int, paired: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,14 +228,6 @@ def _pack_group(w: torch.Tensor, s: torch.Tensor, n: int, k: int, paired: bool) 
     nan_blk = s == 255
     if nan_blk.any():
         codes = codes.reshape(e, n, k // 32, 32).masked_fill(nan_blk.unsqueeze(-1), 0).reshape(e, n, k)
-    # A block of zeros (codes 0 and 8, +-0) is zero whatever its scale: its byte becomes the largest byte of its row's
-    # other blocks (127 in a row of zeros), so that checkpoints padded with zero bytes (vLLM pads the gpt-oss
-    # experts' dims with zero codes and scales) keep the f16_row form's window (row_scale_window). NaN blocks stay 255.
-    zero_blk = ((codes.reshape(e, n, k // 32, 32) & 7) == 0).all(-1) & ~nan_blk
-    if zero_blk.any():
-        other = torch.where(zero_blk | nan_blk, 0, s).amax(-1, keepdim=True)
-        other = torch.where((~zero_blk).any(-1, keepdim=True), other, 127).to(s.dtype)
-        s = torch.where(zero_blk, other, s)
     if paired:
         perm = _pair_perm(n).to(dev)
         codes, s = codes[:, perm], s[:, perm]

@@ -287,35 +287,25 @@ def _cuda_prefill(x: torch.Tensor, cfg: dict) -> bool:
 def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4) -> int:
     """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else 64 token rows per CTA with
     the tuning's RT (`cuda_row_tiles`), CTAs per SM (`cuda_ctas_per_sm`, the MoE's `cuda_moe_ctas_per_sm`) and
-    activation form (`cuda_form`). Each form serves only weights it multiplies exactly: f16_row those whose rows keep
-    its scale window (PackedMXFP4.row_max), bf16 scale bytes up to cuda_ext.BF16_MAX_SCALE; other weights fall back
-    from f16_row to bf16, and from bf16 to the f16 form at one CTA per SM, which serves every byte."""
-    from .cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, FORM_F16_ROW, PF_VARIANTS
+    activation form (`cuda_form`). The bf16 form serves weights whose scale bytes it multiplies exactly
+    (cuda_ext.BF16_MAX_SCALE); others take the f16 form at one CTA per SM."""
+    from .cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, PF_VARIANTS
 
-    bf16_ok = all(w.scale_max() <= BF16_MAX_SCALE for w in weights)
-    row_ok = all(w.row_max is not None for w in weights)
     if "cuda_variant" in cfg:
         v = int(cfg["cuda_variant"])
-        if PF_VARIANTS[v][3] == FORM_BF16 and not bf16_ok:
+        if PF_VARIANTS[v][3] == FORM_BF16 and any(w.scale_max() > BF16_MAX_SCALE for w in weights):
             raise ValueError(f"packed_mm cuda_variant {v} is a bf16-form tiling, which cannot multiply scale bytes above "
                              f"{BF16_MAX_SCALE} (these weights have {max(w.scale_max() for w in weights)}): unset "
                              "cuda_variant (KERNELS_PACKED_MM_CUDA_VARIANT) or pick an f16-form variant")
-        if PF_VARIANTS[v][3] == FORM_F16_ROW and not row_ok:
-            raise ValueError(f"packed_mm cuda_variant {v} is an f16_row-form tiling, and these weights' rows exceed its "
-                             "scale window (PackedMXFP4.row_max is None): unset cuda_variant "
-                             "(KERNELS_PACKED_MM_CUDA_VARIANT) or pick an f16- or bf16-form variant")
         return v
     form = cfg.get("cuda_form", "bf16")
-    if form not in ("f16_row", "bf16", "f16"):
-        raise ValueError(f"packed_mm.cuda_form must be f16_row, bf16 or f16 (kernels/tuning.yaml), got {form!r}")
+    if form not in ("bf16", "f16"):
+        raise ValueError(f"packed_mm.cuda_form must be bf16 or f16 (kernels/tuning.yaml), got {form!r}")
     ctas = int(cfg.get("cuda_moe_ctas_per_sm" if moe else "cuda_ctas_per_sm", 1))
-    rt = int(cfg.get("cuda_row_tiles", 2))
-    if form == "f16_row" and row_ok:
-        key = (8, rt, ctas, FORM_F16_ROW)
-    elif form in ("f16_row", "bf16") and bf16_ok:
-        key = (8, rt, ctas, FORM_BF16)
+    if form == "bf16" and all(w.scale_max() <= BF16_MAX_SCALE for w in weights):
+        key = (8, int(cfg.get("cuda_row_tiles", 2)), ctas, FORM_BF16)
     else:
-        key = (8, rt, 1, FORM_F16)
+        key = (8, int(cfg.get("cuda_row_tiles", 2)), 1, FORM_F16)
     if key not in PF_VARIANTS:
         raise ValueError(f"no CUDA prefill tiling (NT, RT, CTAS, FORM) = {key} in cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
                          "set packed_mm's cuda_row_tiles / cuda_(moe_)ctas_per_sm / cuda_form to one of them")

@@ -127,37 +127,6 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t s) {
   return d;
 }
 
-// FORM 2: E8M0 byte b of a row whose largest byte is bmax -> f16x2 {2**(b - bmax + 15), same}, given
-// add = (30 - bmax) * 1024 * 0x10001 (mod 2**32; `row_scale_add`): each half is (b + 30 - bmax) << 10, an f16 exponent
-// field of 6..30 for bmax - 24 <= b <= bmax (the host serves this form only to weights whose rows keep that window).
-// Times decode4's value * 2**-14 it is value * 2**(b - bmax + 1), exact: the smallest product (0.5 * 2**-23) is an
-// f16 subnormal, the largest 12.
-template <int SEL>
-__device__ __forceinline__ uint32_t e8m0_f16x2_rel(uint32_t sv, uint32_t add) {
-  const uint32_t b = __byte_perm(sv, 0u, 0x4040u | (SEL << 8) | SEL);
-  return b * 1024u + add;
-}
-
-__device__ __forceinline__ uint32_t row_scale_add(int bmax) { return (uint32_t)(30 - bmax) * 1024u * 0x10001u; }
-
-// 2**(bmax - 15 - 127): what the FORM 2 accumulators are multiplied by (with the activations' own factor) to be the
-// product with the true weights. Normal for 16 <= bmax <= 254 (the host's window check).
-__device__ __forceinline__ float row_scale_mul(int bmax) { return __uint_as_float((uint32_t)(bmax - 15) << 23); }
-
-// a * s in f16x2, round to nearest, subnormals kept (no .ftz): exact for FORM 2's power-of-two s.
-__device__ __forceinline__ uint32_t f16x2_mul(uint32_t a, uint32_t s) {
-  uint32_t d;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(s));
-  return d;
-}
-
-__device__ __forceinline__ void mma16816_f16_acc(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void mma16816_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
@@ -1155,8 +1124,6 @@ struct PfArgs {
   int K;                  // FORM 1: columns of x; staged pieces at or past K are zero-filled
   int N, n_tiles, kc;
   float alpha, limit;
-  const unsigned char* rmax;  // FORM 2: [*E][n_tiles * 16] the largest E8M0 byte of each packed row
-  long long rstride_e;        // per expert, in bytes
 };
 
 // f(std::integral_constant<int, L>) for L the smallest multiple of PF_TILE_STEP (at most NTL) that covers n live token
@@ -1180,11 +1147,7 @@ __device__ __forceinline__ void pick_live_tiles(int n, F& f) {
 // are (x rows, or gate_up's h as bf16 rows), read from the staged tile by ldmatrix; the decoded fragment is bf16
 // (value * 2**-126) and is multiplied by its scale in bf16 before the MMA (exact: bf16 has fp32's exponent range,
 // Marlin's order: vLLM csrc/quantization/marlin scales the dequantized B fragment before its mma), so the MMAs
-// accumulate straight into the accumulators: no partials, no FFMA. FORM 2: FORM 0's f16 activations, and the decoded
-// f16 fragment (decode4: half of the bf16 decode's instructions) multiplied in f16 by its scale relative to its row's
-// largest byte (e8m0_f16x2_rel), so the MMAs accumulate straight into the accumulators as in FORM 1; the row's own
-// power of two is applied once in the epilogue. Exact for rows whose bytes span at most 24 binades
-// (PackedMXFP4.row_max; the host picks another form for other weights).
+// accumulate straight into the accumulators: no partials, no FFMA.
 template <int MODE, int NT, int RT, int CTAS, int FORM>
 __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a) {
   constexpr int BM = NT * 8;
@@ -1225,13 +1188,13 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
     const int r = (threadIdx.x >> 3) + u * ROWS_PER_U;
     xrow[u] = (srow[r] >= 0 ? srow[r] : srow[0]) / a.x_div;
   }
-  const unsigned long long row_bytes = FORM == 1 ? (unsigned long long)a.sx * 2 : (unsigned long long)a.kc * 128;
+  const unsigned long long row_bytes = FORM ? (unsigned long long)a.sx * 2 : (unsigned long long)a.kc * 128;
   const char* xbase = reinterpret_cast<const char*>(a.xfrag) + t8 * 16;
   const uint32_t dst0 = (uint32_t)__cvta_generic_to_shared(smem + (threadIdx.x >> 3) * PF_ROW + t8 * 4);
   auto stage = [&](int c) {
     const uint32_t dst = dst0 + (uint32_t)((c % PF_STAGES) * BM * PF_ROW * 4);
     // bf16 rows end at K: pieces past it are zero-filled (src-size 0 reads nothing), as xprep pads its fragments
-    const bool in_k = FORM != 1 || c * 64 + t8 * 8 < a.K;
+    const bool in_k = !FORM || c * 64 + t8 * 8 < a.K;
     const uint32_t bytes = in_k ? 16u : 0u;
     const char* col = xbase + (in_k ? c * 128 : 0);
 #pragma unroll
@@ -1250,17 +1213,6 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
     const long long tl = min(tile0 + rt, a.n_tiles - 1);
     wp[rt] = a.words + e * a.wstride_e + tl * a.kc * 32 + lane;
     sp[rt] = a.scales + e * a.sstride_e + tl * a.kc * 8 + g;
-  }
-  // FORM 2: per row tile, row_scale_add of rows g and g + 8
-  uint32_t radd[RT][2];
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) {
-    radd[rt][0] = radd[rt][1] = 0u;
-    if (FORM == 2) {
-      const unsigned char* rm = a.rmax + e * a.rstride_e + min(tile0 + rt, a.n_tiles - 1) * 16 + g;
-      radd[rt][0] = row_scale_add(rm[0]);
-      radd[rt][1] = row_scale_add(rm[8]);
-    }
   }
   uint4 wb[PF_W][RT];
   uint32_t sb[PF_W][RT];
@@ -1306,7 +1258,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
           __syncthreads();  // chunk c is staged; every warp is done with chunk c - 1, whose buffer is refilled next
           if (c + PF_STAGES - 1 < a.kc) stage(c + PF_STAGES - 1);
           commit();
-          if (wact && FORM == 1) {
+          if (wact && FORM) {
             // ldmatrix.x4 of token tile nt and MX block bh: lanes 8i..8i+7 address rows 0..7 of matrix i = k 8i..8i+7 of
             // the block, so r0 r1 are the B fragment of the block's first k-step and r2 r3 of its second.
             const uint32_t xs = (uint32_t)__cvta_generic_to_shared(smem + (c % PF_STAGES) * BM * PF_ROW +
@@ -1350,36 +1302,6 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
 #pragma unroll
             for (int bh = 0; bh < 2; ++bh) {
               uint32_t af[RT][2][4];
-              if constexpr (FORM == 2) {
-#pragma unroll
-                for (int rt = 0; rt < RT; ++rt) {
-                  decode4(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
-                  decode4(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
-                  // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): registers 0, 2 are row g, 1, 3 row g+8
-                  const uint32_t sg = bh ? e8m0_f16x2_rel<2>(sb[p][rt], radd[rt][0])
-                                         : e8m0_f16x2_rel<0>(sb[p][rt], radd[rt][0]);
-                  const uint32_t sh = bh ? e8m0_f16x2_rel<3>(sb[p][rt], radd[rt][1])
-                                         : e8m0_f16x2_rel<1>(sb[p][rt], radd[rt][1]);
-#pragma unroll
-                  for (int j = 0; j < 2; ++j) {
-                    af[rt][j][0] = f16x2_mul(af[rt][j][0], sg);
-                    af[rt][j][1] = f16x2_mul(af[rt][j][1], sh);
-                    af[rt][j][2] = f16x2_mul(af[rt][j][2], sg);
-                    af[rt][j][3] = f16x2_mul(af[rt][j][3], sh);
-                  }
-                }
-                if (bh == 1) refill(p, c + PF_W);
-#pragma unroll
-                for (int nt = 0; nt < NTL; ++nt) {
-                  const uint4 u = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW + 4 * bh);
-#pragma unroll
-                  for (int rt = 0; rt < RT; ++rt) {
-                    mma16816_f16_acc(acc[rt][nt], af[rt][0], u.x, u.y);
-                    mma16816_f16_acc(acc[rt][nt], af[rt][1], u.z, u.w);
-                  }
-                }
-                continue;
-              }
               float s0[RT], s1[RT];
 #pragma unroll
               for (int rt = 0; rt < RT; ++rt) {
@@ -1423,13 +1345,6 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   for (int rt = 0; rt < RT; ++rt) {
     const int tl = tile0 + rt;
     const bool tile_ok = tl < a.n_tiles;  // the same in all lanes (gate_up's shuffle below needs all of them)
-    // FORM 2: the rows' own power of two (rows g and g + 8 of the tile)
-    float rf0 = 1.f, rf1 = 1.f;
-    if (FORM == 2) {
-      const unsigned char* rm = a.rmax + e * a.rstride_e + min(tl, a.n_tiles - 1) * 16 + g;
-      rf0 = row_scale_mul(rm[0]);
-      rf1 = row_scale_mul(rm[8]);
-    }
     if (MODE == MODE_GATEUP) {
       const int i = tl * 8 + g;  // h column: packed rows g / g + 8 are gate_i / up_i
       const bool ok = a.bias_kind && tile_ok && i < a.N / 2;
@@ -1441,8 +1356,8 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int slot = srow[nt * 8 + 2 * t + j];
-          const float xd = FORM == 1 ? 1.f : (a.xdown ? a.xdown[max(slot, 0) / a.x_div] : a.xmul);
-          float gate = fmaf(acc[rt][nt][j] * rf0, xd, bg), up = fmaf(acc[rt][nt][2 + j] * rf1, xd, bu);
+          const float xd = FORM ? 1.f : (a.xdown ? a.xdown[max(slot, 0) / a.x_div] : a.xmul);
+          float gate = fmaf(acc[rt][nt][j], xd, bg), up = fmaf(acc[rt][nt][2 + j], xd, bu);
           gate = fminf(gate, a.limit);
           up = fminf(fmaxf(up, -a.limit), a.limit);
           h[j] = (up + 1.f) * (gate / (1.f + expf(-gate * a.alpha)));
@@ -1479,15 +1394,15 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
         const int row = srow[nt * 8 + 2 * t + j];
         if (row < 0) continue;
         if (MODE == MODE_DENSE) {
-          const float xd = FORM == 1 ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul);
+          const float xd = FORM ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul);
           __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(a.out) + row * a.so;
-          if (r0 < a.N) o[r0] = __float2bfloat16_rn(fmaf(acc[rt][nt][j] * rf0, xd, b0));
-          if (r1 < a.N) o[r1] = __float2bfloat16_rn(fmaf(acc[rt][nt][2 + j] * rf1, xd, b1));
+          if (r0 < a.N) o[r0] = __float2bfloat16_rn(fmaf(acc[rt][nt][j], xd, b0));
+          if (r1 < a.N) o[r1] = __float2bfloat16_rn(fmaf(acc[rt][nt][2 + j], xd, b1));
         } else {  // down: one fp32 row per slot, routing weight applied; the caller sums a token's slots in order
-          const float xd = FORM == 1 ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul), w = a.wts[row];
+          const float xd = FORM ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul), w = a.wts[row];
           float* o = reinterpret_cast<float*>(a.out) + row * a.so;
-          if (r0 < a.N) o[r0] = fmaf(acc[rt][nt][j] * rf0, xd, b0) * w;
-          if (r1 < a.N) o[r1] = fmaf(acc[rt][nt][2 + j] * rf1, xd, b1) * w;
+          if (r0 < a.N) o[r0] = fmaf(acc[rt][nt][j], xd, b0) * w;
+          if (r1 < a.N) o[r1] = fmaf(acc[rt][nt][2 + j], xd, b1) * w;
         }
       }
   }
@@ -1680,10 +1595,9 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // scale bytes above 128. Dropped after that bench: NT 4 (both forms; the MoE skips empty token tiles instead) and
 // NT 16 RT 1 (one or two CTAs per SM); NT 16 RT 1 again on 2026-11-29 with the unrolled tile loop, MoE 2,287.5 against
 // 1,941.5 us for NT 8 RT 2 (kernels/NOTES.md "Fewer instructions per MMA").
-#define PF_N 5
-#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>, \
-                       pf_launch<MODE, 8, 2, 1, 2>, pf_launch<MODE, 8, 2, 2, 2>
-static const int PF_RT[PF_N] = {2, 2, 2, 2, 2};
+#define PF_N 3
+#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>
+static const int PF_RT[PF_N] = {2, 2, 2};
 
 int mxfp4_pf_num_variants() { return PF_N; }
 
@@ -1691,7 +1605,7 @@ int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, 
                   const int* bexp, int x_div, int n_rows, int n_blocks, const void* words, const void* scales,
                   long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
                   void* out, long long so, int kc_h, const float* wts, int N, int n_tiles, int kc, float alpha,
-                  float limit, void* stream, long long sx, int K, const void* rmax, long long rstride_e) {
+                  float limit, void* stream, long long sx, int K) {
   static const pf_fn table[3][PF_N] = {{PF_TABLE(MODE_DENSE)}, {PF_TABLE(MODE_GATEUP)}, {PF_TABLE(MODE_DOWN)}};
   if (variant < 0 || variant >= PF_N || mode < 0 || mode > 2 || n_blocks < 1 || x_div < 1) return (int)cudaErrorInvalidValue;
   PfArgs a;
@@ -1703,7 +1617,6 @@ int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, 
   a.out = out; a.so = so; a.kc_h = kc_h; a.wts = wts;
   a.N = N; a.n_tiles = n_tiles; a.kc = kc; a.alpha = alpha; a.limit = limit;
   a.sx = sx; a.K = K;
-  a.rmax = reinterpret_cast<const unsigned char*>(rmax); a.rstride_e = rstride_e;
   const int groups = (n_tiles + WARPS * PF_RT[variant] - 1) / (WARPS * PF_RT[variant]);
   return (int)table[mode][variant](a, n_blocks, groups, reinterpret_cast<cudaStream_t>(stream));
 }

@@ -144,12 +144,8 @@ CUDA_VARIANTS = {  # mangled template args <MODE, NT, RW, RT, PF> -> (descriptio
     "ILi2ELi1ELi1ELi1ELi8E": ("moe down NT=1 PF=8 (default)", 1),
 }
 # The prefill kernel mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM> (M > 16): the served tilings (tuning.yaml packed_mm;
-# FORM 1 bf16 activations, the default; FORM 2 f16 with row-relative scales, for weights whose rows keep its window;
-# FORM 0 f16 fragments, for weights with scale bytes above 128).
+# FORM 1 bf16 activations, the default; FORM 0 f16 fragments, for weights with scale bytes above 128).
 PF_VARIANTS = {
-    "ILi0ELi8ELi2ELi1ELi2EE": ("prefill dense NT=8 RT=2 f16_row", 8),
-    "ILi1ELi8ELi2ELi2ELi2EE": ("prefill moe gate_up NT=8 RT=2 f16_row 2 CTAs/SM", 8),
-    "ILi2ELi8ELi2ELi2ELi2EE": ("prefill moe down NT=8 RT=2 f16_row 2 CTAs/SM", 8),
     "ILi0ELi8ELi2ELi1ELi1EE": ("prefill dense NT=8 RT=2 bf16 (default)", 8),
     "ILi1ELi8ELi2ELi2ELi1EE": ("prefill moe gate_up NT=8 RT=2 bf16 2 CTAs/SM (default)", 8),
     "ILi2ELi8ELi2ELi2ELi1EE": ("prefill moe down NT=8 RT=2 bf16 2 CTAs/SM (default)", 8),
