@@ -19,6 +19,14 @@ includes its routing from the logits; ours gets the ids precomputed, and the rou
 its time is NaN with the reason printed, and no ratio is given. The CUDA prefill kernel (`impl: cuda`, every
 `cuda_ext.PF_VARIANTS` tiling) is timed in the same process as the Triton tilings; where it cannot be built its
 entries are NaN with the reason.
+
+`--ab SPEC,SPEC,...` instead times the MoE layer of each SPEC against the first, for a kernel change's verdict: every
+SPEC in one process on the same layer and routing, `--rounds` rounds in alternating order (each round a median of
+`--reps` graph replays), stock's `matmul_ogs` and Marlin in every round as the yardstick, and each SPEC's output
+compared bit for bit with the first's. A SPEC is `served` (this tree's source and the tiling tuning.yaml serves),
+`@V` (variant V of cuda_ext.PF_VARIANTS), or `PATH` / `PATH@V` (another csrc/mxfp4_mma.cu with the same PF_TABLE:
+add a new tiling to the tree's table first). The verdict (`ab_verdict`) calls a SPEC faster or slower only when all
+its rounds lie beyond all of the first's.
 """
 
 from __future__ import annotations
@@ -258,6 +266,74 @@ def bench_topk(ms: list[int], reps: int, src_before: str | None) -> list[dict]:
     return rows
 
 
+def parse_ab_spec(spec: str) -> tuple[str, int | None]:
+    """"served" -> ("", None); "@3" -> ("", 3); "a.cu" -> ("a.cu", None); "a.cu@3" -> ("a.cu", 3)."""
+    spec = spec.strip()
+    if spec in ("", "served"):
+        return "", None
+    src, _, v = spec.partition("@")
+    if v and not v.isdigit():
+        raise ValueError(f"--ab spec {spec!r}: the part after @ must be a variant index of cuda_ext.PF_VARIANTS")
+    if v and int(v) >= len(PF_VARIANTS):
+        raise ValueError(f"--ab spec {spec!r}: variant {v} is not in cuda_ext.PF_VARIANTS {PF_VARIANTS}")
+    return src, (int(v) if v else None)
+
+
+def ab_verdict(base: list[float], other: list[float]) -> str:
+    """"faster" / "slower" when every round of `other` lies below / above every round of `base`, else "within the
+    run's spread". With R rounds each in alternating order, a complete separation by chance (nothing changed, the
+    rounds exchangeable) has probability 1 / C(2R, R) per direction: 1/252 at R = 5."""
+    if max(other) < min(base):
+        return "faster"
+    if min(other) > max(base):
+        return "slower"
+    return "within the run's spread"
+
+
+def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int) -> dict:
+    """The MoE layer of each spec against the first (module docstring, `--ab`)."""
+    from ..packed_mm import mxfp4_moe_packed_mm
+    from ..tuning import get_config
+
+    parsed = [parse_ab_spec(s) for s in specs]
+    cfgs = [{**get_config("packed_mm"), "impl": "cuda", "cuda_src": src, **({} if v is None else {"cuda_variant": v})}
+            for src, v in parsed]
+    gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g = random_moe_layer(11)
+    stock = {}
+    for name, make in (("matmul_ogs", vllm_triton_moe_fn), ("marlin", vllm_marlin_moe_fn)):
+        try:
+            stock[name] = make(gu_p, gu_s, gu_b, d_p, d_s, d_b, MOE.top_k)
+        except Exception as ex:  # noqa: BLE001 - vLLM absent or its API moved: the A/B stands without the yardstick
+            print(f"  {name}: not timed ({type(ex).__name__}: {str(ex)[:200]})", file=sys.stderr, flush=True)
+    keys = [f"{i}:{s or 'served'}" for i, s in enumerate(specs)]  # a spec may be given twice (an A/A)
+    res = {"specs": keys, "rounds": rounds, "reps": reps, "M": {}}
+    for m in ms:
+        x = torch.randn(m, MOE.hidden, generator=g, device="cuda").to(torch.bfloat16)
+        logits, ids, wts = random_routing(m, g)
+        first = mxfp4_moe_packed_mm(x, ids, wts, gu_q, gu_b, d_q, d_b, config=cfgs[0])
+        row = {"bit_identical": [bool(torch.equal(mxfp4_moe_packed_mm(x, ids, wts, gu_q, gu_b, d_q, d_b, config=c),
+                                                  first)) for c in cfgs]}
+        out = torch.empty(m, MOE.hidden, dtype=torch.bfloat16, device="cuda")
+        times = {k: [] for k in keys} | {n: [] for n in stock}
+        for r in range(rounds):
+            for n, fn in stock.items():
+                times[n].append(_timed(n, [lambda fn=fn: fn(x, logits)], reps, 2))
+            for i in (range(len(keys)) if r % 2 == 0 else reversed(range(len(keys)))):
+                times[keys[i]].append(_timed(keys[i], [lambda c=cfgs[i]: mxfp4_moe_packed_mm(
+                    x, ids, wts, gu_q, gu_b, d_q, d_b, out=out, config=c)], reps, 2))
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        row |= {"rounds_us": times, "median_us": med, "verdict": [ab_verdict(times[keys[0]], times[k]) for k in keys]}
+        res["M"][m] = row
+        print(f"  MoE M={m}, {rounds} rounds of {reps} replays, us (median; rounds):", flush=True)
+        for i, k in enumerate(keys):
+            print(f"    {k}: {med[k]:.1f} ({med[k] / med[keys[0]]:.3f}x the first; "
+                  f"{', '.join(f'{t:.1f}' for t in times[k])}) - {row['verdict'][i]}; output "
+                  f"{'bit-identical to' if row['bit_identical'][i] else 'differs from'} the first's", flush=True)
+        for n in stock:
+            print(f"    {n} (stock): {med[n]:.1f} (the first at {med[n] / med[keys[0]]:.3f}x its speed)", flush=True)
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, default=2048, help="tokens (prefill chunk)")
@@ -270,12 +346,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-moe", action="store_true", help="time the routing and the MoE layer, not the dense layers")
     ap.add_argument("--dense-m", default="", help="comma-separated Ms: time the dense kernels against dequantize + "
                     "BLAS at each, to place tuning.yaml's dequant_min_m")
+    ap.add_argument("--ab", help="SPEC,SPEC,...: the MoE layer of each against the first, in rounds (module docstring); "
+                    "SPEC = served | @V | PATH | PATH@V")
+    ap.add_argument("--ab-m", default="2048,512", help="--ab: comma-separated token counts")
+    ap.add_argument("--rounds", type=int, default=5, help="--ab: rounds, in alternating order")
     a = ap.parse_args(argv)
+    if a.ab is not None:
+        try:
+            [parse_ab_spec(s) for s in a.ab.split(",")]
+        except ValueError as ex:
+            print(f"bench_prefill: {ex}", file=sys.stderr)
+            return 2
+        if a.rounds < 2:
+            print("bench_prefill: --rounds must be at least 2 (a verdict needs each side's spread)", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("bench_prefill needs a CUDA GPU (it times kernels); nothing measured", file=sys.stderr)
         return 2
     print(f"{torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
           f"torch {torch.__version__}", flush=True)
+    if a.ab is not None:
+        res = {"device": torch.cuda.get_device_name(),
+               "ab": bench_ab(a.ab.split(","), [int(v) for v in a.ab_m.split(",")], a.rounds, a.reps)}
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+        timed = [t for r in res["ab"]["M"].values() for k in res["ab"]["specs"] for t in r["rounds_us"][k]]
+        return 0 if all(t == t for t in timed) else 1  # NaN: a spec failed to run (printed above)
     res = {"device": torch.cuda.get_device_name(), "topk": bench_topk(sorted({1, a.m}), a.reps, a.cuda_src_before)}
     if a.only_topk:
         if a.out:

@@ -43,3 +43,37 @@ def test_env_lines_select_the_entry(monkeypatch):
 def test_without_a_gpu_it_refuses_with_the_reason(capsys):
     assert bench_prefill.main(["--m", "64"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_ab_specs_name_a_source_and_a_variant_or_are_refused():
+    assert bench_prefill.parse_ab_spec("served") == ("", None)
+    assert bench_prefill.parse_ab_spec("@0") == ("", 0)
+    assert bench_prefill.parse_ab_spec("old.cu") == ("old.cu", None)
+    assert bench_prefill.parse_ab_spec("old.cu@1") == ("old.cu", 1)
+    for bad in ("@x", f"@{len(bench_prefill.PF_VARIANTS)}"):
+        with pytest.raises(ValueError, match="PF_VARIANTS"):
+            bench_prefill.parse_ab_spec(bad)
+
+
+def test_ab_verdict_calls_a_change_only_beyond_the_runs_spread():
+    """A/A: rounds drawn from one distribution, interleaved, are within the spread however their medians fall (the
+    rule must not call noise a change). A 3% slowdown or speedup injected into the same rounds is called, with the
+    spread measured on an H200 (the served MoE at 2048 tokens: rounds 1,884.0-1,907.0 us, 1.2%)."""
+    g = torch.Generator().manual_seed(7)
+    base = [1884.0, 1892.3, 1893.3, 1899.3, 1907.0]
+    calls = {"within the run's spread": 0}
+    for _ in range(200):  # A/A: the same spread, resampled
+        other = (torch.tensor(base)[torch.randperm(5, generator=g)] + torch.randn(5, generator=g) * 4).tolist()
+        v = bench_prefill.ab_verdict(base, other)
+        calls[v] = calls.get(v, 0) + 1
+    assert calls["within the run's spread"] >= 190, calls  # 1/252 per direction by chance, with exact ties aside
+    assert bench_prefill.ab_verdict(base, [t * 1.03 for t in base]) == "slower"
+    assert bench_prefill.ab_verdict(base, [t / 1.03 for t in base]) == "faster"
+    assert bench_prefill.ab_verdict(base, [t * 1.005 for t in base]) == "within the run's spread"
+
+
+def test_ab_refuses_bad_input_before_measuring(capsys):
+    assert bench_prefill.main(["--ab", "served,@x"]) == 2
+    assert "variant index" in capsys.readouterr().err
+    assert bench_prefill.main(["--ab", "served,@0", "--rounds", "1"]) == 2
+    assert "--rounds must be at least 2" in capsys.readouterr().err
