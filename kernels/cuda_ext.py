@@ -111,23 +111,28 @@ def build_shared(src_path: Path, src_bytes: bytes | None = None) -> Path:
     return so
 
 
+def check_source_tables(src_path: Path, text: str) -> None:
+    """RuntimeError unless the source compiles the variant tables this host code sizes its launches for."""
+    # The host sizes items, K split and shared memory from VARIANTS[v]; a source whose table differs (an
+    # older version) would run another tiling than the one sized for, and an A/B against it would time
+    # a wrong computation without a word.
+    table = source_variants(text)
+    if table != VARIANTS:
+        raise RuntimeError(f"{src_path}: its variant table {table} is not cuda_ext.VARIANTS {VARIANTS}; "
+                           "compare against a source with the same table (edit its NT1/NT2 macros to match)")
+    pf_table = source_pf_variants(text)
+    if pf_table and pf_table != PF_VARIANTS:  # no table: a source older than the prefill kernel (prefill_available)
+        raise RuntimeError(f"{src_path}: its prefill table {pf_table} is not cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
+                           "edit its PF_TABLE macro to match")
+
+
 @functools.lru_cache(maxsize=None)
 def _load(src: str = "") -> ctypes.CDLL:
     """The compiled library of `src` (default: csrc/mxfp4_mma.cu). Another source with the same C API
     (e.g. the previous version, `bench --cuda-src-before`) can be loaded beside it for a same-run A/B."""
     src_path = Path(src) if src else SRC
-    # The host sizes items, K split and shared memory from VARIANTS[v]; a source whose table differs (an
-    # older version) would run another tiling than the one sized for, and an A/B against it would time
-    # a wrong computation without a word.
     src_bytes = src_path.read_bytes()  # read once: the table checked is the one hashed into the cache key
-    table = source_variants(src_bytes.decode())
-    if table != VARIANTS:
-        raise RuntimeError(f"{src_path}: its variant table {table} is not cuda_ext.VARIANTS {VARIANTS}; "
-                           "compare against a source with the same table (edit its NT1/NT2 macros to match)")
-    pf_table = source_pf_variants(src_bytes.decode())
-    if pf_table and pf_table != PF_VARIANTS:  # no table: a source older than the prefill kernel (prefill_available)
-        raise RuntimeError(f"{src_path}: its prefill table {pf_table} is not cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
-                           "edit its PF_TABLE macro to match")
+    check_source_tables(src_path, src_bytes.decode())
     lib = ctypes.CDLL(str(build_shared(src_path, src_bytes)))
     P, I, LL, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
     lib.mxfp4_launch.restype = I

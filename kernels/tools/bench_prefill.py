@@ -35,6 +35,7 @@ import argparse
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -267,7 +268,8 @@ def bench_topk(ms: list[int], reps: int, src_before: str | None) -> list[dict]:
 
 
 def parse_ab_spec(spec: str) -> tuple[str, int | None]:
-    """"served" -> ("", None); "@3" -> ("", 3); "a.cu" -> ("a.cu", None); "a.cu@3" -> ("a.cu", 3)."""
+    """"served" -> ("", None); "@3" -> ("", 3); "a.cu" -> ("a.cu", None); "a.cu@3" -> ("a.cu", 3). ValueError, naming
+    the fix, for a variant not in the table, a missing source, or one whose tables this tree cannot launch."""
     spec = spec.strip()
     if spec in ("", "served"):
         return "", None
@@ -276,6 +278,15 @@ def parse_ab_spec(spec: str) -> tuple[str, int | None]:
         raise ValueError(f"--ab spec {spec!r}: the part after @ must be a variant index of cuda_ext.PF_VARIANTS")
     if v and int(v) >= len(PF_VARIANTS):
         raise ValueError(f"--ab spec {spec!r}: variant {v} is not in cuda_ext.PF_VARIANTS {PF_VARIANTS}")
+    if src:
+        path = Path(src)
+        if not path.is_file():
+            raise ValueError(f"--ab spec {spec!r}: no kernel source at {src}")
+        try:
+            cuda_ext.check_source_tables(path, path.read_text())
+        except RuntimeError as ex:
+            raise ValueError(f"--ab spec {spec!r}: {ex} (a new tiling: add it to this tree's PF_TABLE and "
+                             "cuda_ext.PF_VARIANTS, then A/B it as @V)") from None
     return src, (int(v) if v else None)
 
 
@@ -354,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.ab is not None:
         try:
             [parse_ab_spec(s) for s in a.ab.split(",")]
+            if a.ab.count(",") < 1:
+                raise ValueError("--ab needs two specs or more: the first is what the others are judged against")
+            if not all(v.strip().isdigit() and int(v) > 16 for v in a.ab_m.split(",")):
+                raise ValueError(f"--ab-m {a.ab_m!r}: comma-separated token counts above 16 (the prefill kernel's M)")
         except ValueError as ex:
             print(f"bench_prefill: {ex}", file=sys.stderr)
             return 2

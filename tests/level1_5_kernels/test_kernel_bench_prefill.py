@@ -48,8 +48,9 @@ def test_without_a_gpu_it_refuses_with_the_reason(capsys):
 def test_ab_specs_name_a_source_and_a_variant_or_are_refused():
     assert bench_prefill.parse_ab_spec("served") == ("", None)
     assert bench_prefill.parse_ab_spec("@0") == ("", 0)
-    assert bench_prefill.parse_ab_spec("old.cu") == ("old.cu", None)
-    assert bench_prefill.parse_ab_spec("old.cu@1") == ("old.cu", 1)
+    src = str(bench_prefill.cuda_ext.SRC)  # a source with this tree's tables (another path: see the refusals below)
+    assert bench_prefill.parse_ab_spec(src) == (src, None)
+    assert bench_prefill.parse_ab_spec(f"{src}@1") == (src, 1)
     for bad in ("@x", f"@{len(bench_prefill.PF_VARIANTS)}"):
         with pytest.raises(ValueError, match="PF_VARIANTS"):
             bench_prefill.parse_ab_spec(bad)
@@ -72,8 +73,23 @@ def test_ab_verdict_calls_a_change_only_beyond_the_runs_spread():
     assert bench_prefill.ab_verdict(base, [t * 1.005 for t in base]) == "within the run's spread"
 
 
-def test_ab_refuses_bad_input_before_measuring(capsys):
-    assert bench_prefill.main(["--ab", "served,@x"]) == 2
-    assert "variant index" in capsys.readouterr().err
-    assert bench_prefill.main(["--ab", "served,@0", "--rounds", "1"]) == 2
-    assert "--rounds must be at least 2" in capsys.readouterr().err
+def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
+    """Each refusal is one line naming the fix, before any GPU work: a bad variant, one spec, bad token counts, one
+    round, a missing source, and a source with another prefill table (it would launch tilings this host code did not
+    size for)."""
+    from kernels import cuda_ext
+
+    src = cuda_ext.SRC.read_text()
+    other = tmp_path / "other.cu"
+    other.write_text(src.replace("pf_launch<MODE, 8, 2, 2, 1>", "pf_launch<MODE, 16, 2, 2, 1>"))
+    same = tmp_path / "same.cu"
+    same.write_text(src)
+    assert bench_prefill.parse_ab_spec(f"{same}@1") == (str(same), 1)
+    for argv, why in ((["--ab", "served,@x"], "variant index"), (["--ab", "served"], "two specs or more"),
+                      (["--ab", "served,@0", "--ab-m", "2048,8"], "above 16"),
+                      (["--ab", "served,@0", "--rounds", "1"], "--rounds must be at least 2"),
+                      (["--ab", f"served,{tmp_path / 'none.cu'}"], "no kernel source"),
+                      (["--ab", f"served,{other}"], "add it to this tree's PF_TABLE")):
+        assert bench_prefill.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert why in err and len(err.splitlines()) == 1, err
