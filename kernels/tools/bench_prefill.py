@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -321,9 +322,8 @@ def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int) -> dict:
     for m in ms:
         x = torch.randn(m, MOE.hidden, generator=g, device="cuda").to(torch.bfloat16)
         logits, ids, wts = random_routing(m, g)
-        first = mxfp4_moe_packed_mm(x, ids, wts, gu_q, gu_b, d_q, d_b, config=cfgs[0])
-        row = {"bit_identical": [bool(torch.equal(mxfp4_moe_packed_mm(x, ids, wts, gu_q, gu_b, d_q, d_b, config=c),
-                                                  first)) for c in cfgs]}
+        outs = [mxfp4_moe_packed_mm(x, ids, wts, gu_q, gu_b, d_q, d_b, config=c) for c in cfgs]
+        row = {"bit_identical": [bool(torch.equal(o, outs[0])) for o in outs]}
         out = torch.empty(m, MOE.hidden, dtype=torch.bfloat16, device="cuda")
         times = {k: [] for k in keys} | {n: [] for n in stock}
         for r in range(rounds):
@@ -332,7 +332,7 @@ def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int) -> dict:
             for i in (range(len(keys)) if r % 2 == 0 else reversed(range(len(keys)))):
                 times[keys[i]].append(_timed(keys[i], [lambda c=cfgs[i]: mxfp4_moe_packed_mm(
                     x, ids, wts, gu_q, gu_b, d_q, d_b, out=out, config=c)], reps, 2))
-        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        med = {k: statistics.median(v) for k, v in times.items()}
         row |= {"rounds_us": times, "median_us": med, "verdict": [ab_verdict(times[keys[0]], times[k]) for k in keys]}
         res["M"][m] = row
         print(f"  MoE M={m}, {rounds} rounds of {reps} replays, us (median; rounds):", flush=True)
