@@ -8,7 +8,9 @@
 # Phases (each fits a 10-minute call; ~3-4 min per boot of the gpt-oss-120b shape on an H200):
 #   selftest   the plugin's %globaltimer spin: eager, in a CUDA graph, updated after capture (~30 s)
 #   warm       one level 4 run, discarded: the first boot on a fresh machine compiles (torch.compile, Triton
-#              JIT during the benchmark itself), which no baseline or A/A boot should measure
+#              JIT during the benchmark itself), which no baseline or A/A boot should measure. One round of
+#              each of $WORKLOADS' workloads (the same shapes, so the same compiles): a full set took 754 s on a
+#              fresh H200 (gpt-oss-120b shape, gemv-bf16: boot 279 s, benchmark 451 s)
 #   baseline   record baselines/<gpu>/<model>/<config>.yaml with --force-regen (levels 1.5 + 4 + 5)
 #   aa N       N A/A boots gated against that baseline (aa1, aa2, ... numbered across calls)
 #   hooked     one boot with SUITE_HOOK_HOLD_GIB=1.5 SUITE_HOOK_SLOWDOWN=1: the sensitivity curve
@@ -63,7 +65,14 @@ while [ $i -lt ${#phases[@]} ]; do
     selftest)
       PYTHONPATH="$PYTHONPATH:$PWD/plugins/site" python3 -m suite_testhooks.spin 2>&1 | tee "$ART/selftest.log" | tail -12 ;;
     warm)
-      run_pytest warm "discarded" -- -m level4 -k test_benchmark ;;
+      python3 - "$WORKLOADS" "$STATE/warm-workloads.yaml" <<'EOF' || exit 2
+import sys, yaml
+sets = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+for sec in sets.values():
+    sec.update(runs=1, warmup=1, max_runs=1)
+yaml.safe_dump(sets, open(sys.argv[2], "w", encoding="utf-8"), sort_keys=False)
+EOF
+      run_pytest warm "discarded" -- -m level4 -k test_benchmark --workloads "$STATE/warm-workloads.yaml" ;;
     baseline)
       run_pytest baseline "Regenerated expected" -- -m "level4 or level5" -k "no_regression" --force-regen
       mkdir -p "$STATE/baselines" && cp -r baselines/. "$STATE/baselines/" ;;
