@@ -67,9 +67,13 @@ while [ $i -lt ${#phases[@]} ]; do
     warm)
       python3 - "$WORKLOADS" "$STATE/warm-workloads.yaml" <<'EOF' || exit 2
 import sys, yaml
-sets = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
-for sec in sets.values():
-    sec.update(runs=1, warmup=1, max_runs=1)
+try:
+    sets = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+    for sec in sets.values():
+        sec.update(runs=1, warmup=1, max_runs=1)
+except (OSError, yaml.YAMLError, AttributeError) as e:
+    sys.exit(f"gpu_gates warm: WORKLOADS={sys.argv[1]} is not a workloads file of cpu / gpu sections "
+             f"(tests/level4_perf/workloads.yaml is one): {type(e).__name__}")
 yaml.safe_dump(sets, open(sys.argv[2], "w", encoding="utf-8"), sort_keys=False)
 EOF
       run_pytest warm "discarded" -- -m level4 -k test_benchmark --workloads "$STATE/warm-workloads.yaml" ;;
