@@ -51,8 +51,11 @@ run_pytest() {  # NAME EXPECT -- pytest args
 
 summary() {
   python3 scripts/gates_summary.py "$ART" "$OUT/gates-summary.md" || true
-  tar czf "$OUT/gates-baselines.tgz" baselines 2>/dev/null  # $OUT returns files two folders deep at most
-  tar czf "$OUT/gates-runs.tgz" -C "$ART" . --exclude='*.pt.trace.json.gz' --exclude='pip_freeze.txt' 2>/dev/null
+  # written aside, then renamed: a copy of $OUT taken meanwhile (scripts/gpu_bg.sh packs it every minute) got a
+  # truncated gates-runs.tgz on an H200 when it read the file while tar still wrote it
+  tar czf "$OUT/gates-baselines.tgz.part" baselines 2>/dev/null  # $OUT returns files two folders deep at most
+  tar czf "$OUT/gates-runs.tgz.part" -C "$ART" . --exclude='*.pt.trace.json.gz' --exclude='pip_freeze.txt' 2>/dev/null
+  mv -f "$OUT/gates-baselines.tgz.part" "$OUT/gates-baselines.tgz"; mv -f "$OUT/gates-runs.tgz.part" "$OUT/gates-runs.tgz"
   pgrep -af "vllm.entrypoints" >/dev/null && echo "LEFTOVER vLLM PROCESSES" || true
 }
 
