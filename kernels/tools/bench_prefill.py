@@ -26,7 +26,8 @@ SPEC in one process on the same layer and routing, `--rounds` rounds in alternat
 compared bit for bit with the first's. A SPEC is `served` (this tree's source and the tiling tuning.yaml serves),
 `@V` (variant V of cuda_ext.PF_VARIANTS), or `PATH` / `PATH@V` (another csrc/mxfp4_mma.cu with the same PF_TABLE:
 add a new tiling to the tree's table first). The verdict (`ab_verdict`) calls a SPEC faster or slower only when all
-its rounds lie beyond all of the first's.
+its rounds lie beyond all of the first's. `--expect faster,identical` (or `not-slower`) makes it a gate: exit 1,
+with one line per spec and M that missed, when the A/B did not show it.
 """
 
 from __future__ import annotations
@@ -302,6 +303,26 @@ def ab_verdict(base: list[float], other: list[float]) -> str:
     return "within the run's spread"
 
 
+AB_EXPECT = ("faster", "not-slower", "identical")
+
+
+def ab_unmet(ab: dict, expect: list[str]) -> list[str]:
+    """What `--expect` asked of every spec after the first that the A/B (`bench_ab`'s result) did not show, one line
+    each: "faster" = every round beyond every round of the first (`ab_verdict`), at every M; "not-slower" = never
+    called slower; "identical" = output bit-identical to the first's."""
+    unmet = []
+    for m, row in ab["M"].items():
+        for i, key in enumerate(ab["specs"][1:], start=1):
+            verdict, same = row["verdict"][i], row["bit_identical"][i]
+            if "faster" in expect and verdict != "faster":
+                unmet.append(f"M={m} {key}: expected faster, measured {verdict}")
+            if "not-slower" in expect and verdict == "slower":
+                unmet.append(f"M={m} {key}: expected not slower, measured slower")
+            if "identical" in expect and not same:
+                unmet.append(f"M={m} {key}: expected output bit-identical to {ab['specs'][0]}'s, it differs")
+    return unmet
+
+
 def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int) -> dict:
     """The MoE layer of each spec against the first (module docstring, `--ab`)."""
     from ..packed_mm import mxfp4_moe_packed_mm
@@ -361,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                     "SPEC = served | @V | PATH | PATH@V")
     ap.add_argument("--ab-m", default="2048,512", help="--ab: comma-separated token counts")
     ap.add_argument("--rounds", type=int, default=5, help="--ab: rounds, in alternating order")
+    ap.add_argument("--expect", default="", help=f"--ab: comma-separated criteria every spec after the first must meet "
+                    f"at every M, else exit 1 naming each miss: {', '.join(AB_EXPECT)}")
     a = ap.parse_args(argv)
     if a.ab is not None:
         try:
@@ -371,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--ab-m {a.ab_m!r}: comma-separated token counts above 16 (the prefill kernel's M)")
         except ValueError as ex:
             print(f"bench_prefill: {ex}", file=sys.stderr)
+            return 2
+        bad = [e for e in a.expect.split(",") if e and e not in AB_EXPECT]
+        if bad:
+            print(f"bench_prefill: --expect {','.join(bad)}: not one of {', '.join(AB_EXPECT)}", file=sys.stderr)
             return 2
         if a.rounds < 2:
             print("bench_prefill: --rounds must be at least 2 (a verdict needs each side's spread)", file=sys.stderr)
@@ -387,7 +414,12 @@ def main(argv: list[str] | None = None) -> int:
             with open(a.out, "w") as f:
                 json.dump(res, f, indent=1)
         timed = [t for r in res["ab"]["M"].values() for k in res["ab"]["specs"] for t in r["rounds_us"][k]]
-        return 0 if all(t == t for t in timed) else 1  # NaN: a spec failed to run (printed above)
+        if not all(t == t for t in timed):
+            return 1  # NaN: a spec failed to run (printed above)
+        unmet = ab_unmet(res["ab"], [e for e in a.expect.split(",") if e])
+        for line in unmet:
+            print(f"bench_prefill: NOT MET {line}", file=sys.stderr)
+        return 1 if unmet else 0
     res = {"device": torch.cuda.get_device_name(), "topk": bench_topk(sorted({1, a.m}), a.reps, a.cuda_src_before)}
     if a.only_topk:
         if a.out:

@@ -73,6 +73,30 @@ def test_ab_verdict_calls_a_change_only_beyond_the_runs_spread():
     assert bench_prefill.ab_verdict(base, [t * 1.005 for t in base]) == "within the run's spread"
 
 
+def _ab(rounds: dict[str, list[float]], identical: list[bool]) -> dict:
+    """bench_ab's result for one M from given rounds (first spec first)."""
+    base = next(iter(rounds.values()))
+    return {"specs": list(rounds), "M": {2048: {"bit_identical": identical, "rounds_us": rounds,
+                                                "verdict": [bench_prefill.ab_verdict(base, r) for r in rounds.values()]}}}
+
+
+def test_ab_expect_gates_both_ways():
+    """--expect as a kernel change's hard criterion: a 3% faster, bit-identical candidate meets "faster,identical";
+    an A/A (the same rounds, reordered) meets "not-slower" and must not pass "faster"; a 3% slower or a differing
+    output is named, with its spec and M. Rounds: the served MoE's spread on an H200 (1.2%)."""
+    base = [1884.0, 1892.3, 1893.3, 1899.3, 1907.0]
+    fast = _ab({"0:served": base, "1:new.cu": [t / 1.03 for t in base]}, [True, True])
+    assert bench_prefill.ab_unmet(fast, ["faster", "identical"]) == []
+    aa = _ab({"0:served": base, "1:served": base[::-1]}, [True, True])
+    assert bench_prefill.ab_unmet(aa, ["not-slower", "identical"]) == []
+    assert bench_prefill.ab_unmet(aa, ["faster"]) == ["M=2048 1:served: expected faster, measured within the run's spread"]
+    slow = _ab({"0:served": base, "1:@3": [t * 1.03 for t in base]}, [True, False])
+    assert bench_prefill.ab_unmet(slow, ["not-slower", "identical"]) == [
+        "M=2048 1:@3: expected not slower, measured slower",
+        "M=2048 1:@3: expected output bit-identical to 0:served's, it differs"]
+    assert bench_prefill.ab_unmet(slow, []) == []  # no --expect: a report, not a gate
+
+
 def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
     """Each refusal is one line naming the fix, before any GPU work: a bad variant, one spec, bad token counts, one
     round, a missing source, and a source with another prefill table (it would launch tilings this host code did not
@@ -88,6 +112,7 @@ def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
     for argv, why in ((["--ab", "served,@x"], "variant index"), (["--ab", "served"], "two specs or more"),
                       (["--ab", "served,@0", "--ab-m", "2048,8"], "above 16"),
                       (["--ab", "served,@0", "--rounds", "1"], "--rounds must be at least 2"),
+                      (["--ab", "served,@0", "--expect", "faster,quicker"], "--expect quicker: not one of"),
                       (["--ab", f"served,{tmp_path / 'none.cu'}"], "no kernel source"),
                       (["--ab", f"served,{other}"], "add it to this tree's PF_TABLE")):
         assert bench_prefill.main(argv) == 2, argv
