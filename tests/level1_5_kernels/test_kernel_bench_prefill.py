@@ -97,6 +97,23 @@ def test_ab_expect_gates_both_ways():
     assert bench_prefill.ab_unmet(slow, []) == []  # no --expect: a report, not a gate
 
 
+def test_ab_expect_on_the_recorded_h200_a_bs():
+    """The gate on two real A/Bs (H200, docs/evidence/sm_90-2026-11-29-h200-pc/): the producer/consumer kernel (@3),
+    bit-identical and 1.61x slower, fails "not-slower" at both Ms and passes "identical"; a copy without the E2M1 decode
+    (wrong output, 8% faster) passes "faster" and fails "identical"."""
+    import json
+    from pathlib import Path
+
+    ev = Path(__file__).resolve().parents[2] / "docs/evidence/sm_90-2026-11-29-h200-pc"
+    pc = json.loads((ev / "host1/ab.json").read_text())["ab"]
+    assert bench_prefill.ab_unmet(pc, ["identical"]) == []
+    assert bench_prefill.ab_unmet(pc, ["not-slower"]) == [f"M={m} 1:@3: expected not slower, measured slower"
+                                                          for m in ("2048", "512")]
+    nodec = json.loads((ev / "host2/ab_nodec.json").read_text())["ab"]
+    assert bench_prefill.ab_unmet(nodec, ["faster"]) == ["M=2048 2:runs/gpu/nodecmul.cu: expected faster, measured slower"]
+    assert len(bench_prefill.ab_unmet(nodec, ["identical"])) == 2
+
+
 def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
     """Each refusal is one line naming the fix, before any GPU work: a bad variant, one spec, bad token counts, one
     round, a missing source, and a source with another prefill table (it would launch tilings this host code did not
