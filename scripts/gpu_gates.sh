@@ -49,13 +49,23 @@ run_pytest() {  # NAME EXPECT -- pytest args
   echo "$name: pytest rc=$rc ($expect) in $((SECONDS - t0)) s" | tee "$dir/pytest.status"
 }
 
+pack_out() {  # NAME TAR-ARGS...: $OUT/NAME, whole or not replaced
+  local rc=0
+  tar czf "$OUT/$1.part" "${@:2}" 2>/dev/null || rc=$?
+  if [ $rc -le 1 ]; then  # 1: a file changed while read; the archive is whole
+    mv -f "$OUT/$1.part" "$OUT/$1"
+  else
+    rm -f "$OUT/$1.part"; echo "gpu_gates: $OUT/$1 not updated (tar exit $rc)"
+  fi
+}
+
 summary() {
   python3 scripts/gates_summary.py "$ART" "$OUT/gates-summary.md" || true
   # written aside, then renamed: a copy of $OUT taken meanwhile (scripts/gpu_bg.sh packs it every minute) got a
-  # truncated gates-runs.tgz on an H200 when it read the file while tar still wrote it
-  tar czf "$OUT/gates-baselines.tgz.part" baselines 2>/dev/null  # $OUT returns files two folders deep at most
-  tar czf "$OUT/gates-runs.tgz.part" -C "$ART" . --exclude='*.pt.trace.json.gz' --exclude='pip_freeze.txt' 2>/dev/null
-  mv -f "$OUT/gates-baselines.tgz.part" "$OUT/gates-baselines.tgz"; mv -f "$OUT/gates-runs.tgz.part" "$OUT/gates-runs.tgz"
+  # truncated gates-runs.tgz on an H200 when it read the file while tar still wrote it. A failed tar keeps the last
+  # whole archive. The excludes come before -C: after the member names GNU tar ignores them (and exits 2)
+  pack_out gates-baselines.tgz baselines  # $OUT returns files two folders deep at most
+  pack_out gates-runs.tgz --exclude='*.pt.trace.json.gz' --exclude='pip_freeze.txt' -C "$ART" .
   pgrep -af "vllm.entrypoints" >/dev/null && echo "LEFTOVER vLLM PROCESSES" || true
 }
 

@@ -316,7 +316,7 @@ def ab_unmet(ab: dict, expect: list[str]) -> list[str]:
             verdict, same = row["verdict"][i], row["bit_identical"][i]
             if "faster" in expect and verdict != "faster":
                 unmet.append(f"M={m} {key}: expected faster, measured {verdict}")
-            if "not-slower" in expect and verdict == "slower":
+            if "not-slower" in expect and "faster" not in expect and verdict == "slower":  # "faster" said it
                 unmet.append(f"M={m} {key}: expected not slower, measured slower")
             if "identical" in expect and not same:
                 unmet.append(f"M={m} {key}: expected output bit-identical to {ab['specs'][0]}'s, it differs")
@@ -382,9 +382,14 @@ def main(argv: list[str] | None = None) -> int:
                     "SPEC = served | @V | PATH | PATH@V")
     ap.add_argument("--ab-m", default="2048,512", help="--ab: comma-separated token counts")
     ap.add_argument("--rounds", type=int, default=5, help="--ab: rounds, in alternating order")
-    ap.add_argument("--expect", default="", help=f"--ab: comma-separated criteria every spec after the first must meet "
+    ap.add_argument("--expect", help=f"--ab: comma-separated criteria every spec after the first must meet "
                     f"at every M, else exit 1 naming each miss: {', '.join(AB_EXPECT)}")
     a = ap.parse_args(argv)
+    expect = None if a.expect is None else [e.strip() for e in a.expect.split(",")]
+    if expect is not None and (a.ab is None or not all(e in AB_EXPECT for e in expect)):
+        why = "applies to --ab only" if a.ab is None else f"{a.expect!r} is not a comma-separated list of {', '.join(AB_EXPECT)}"
+        print(f"bench_prefill: --expect {why}", file=sys.stderr)
+        return 2
     if a.ab is not None:
         try:
             [parse_ab_spec(s) for s in a.ab.split(",")]
@@ -394,10 +399,6 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--ab-m {a.ab_m!r}: comma-separated token counts above 16 (the prefill kernel's M)")
         except ValueError as ex:
             print(f"bench_prefill: {ex}", file=sys.stderr)
-            return 2
-        bad = [e for e in a.expect.split(",") if e and e not in AB_EXPECT]
-        if bad:
-            print(f"bench_prefill: --expect {','.join(bad)}: not one of {', '.join(AB_EXPECT)}", file=sys.stderr)
             return 2
         if a.rounds < 2:
             print("bench_prefill: --rounds must be at least 2 (a verdict needs each side's spread)", file=sys.stderr)
@@ -410,16 +411,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.ab is not None:
         res = {"device": torch.cuda.get_device_name(),
                "ab": bench_ab(a.ab.split(","), [int(v) for v in a.ab_m.split(",")], a.rounds, a.reps)}
+        timed = [t for r in res["ab"]["M"].values() for k in res["ab"]["specs"] for t in r["rounds_us"][k]]
+        failed_to_run = not all(t == t for t in timed)  # NaN: a spec failed to run (printed above)
+        if expect:
+            res["expect"] = {"criteria": expect, "unmet": ab_unmet(res["ab"], expect) + (
+                ["a spec failed to run (NaN rounds): nothing it was expected to show is shown"] if failed_to_run else [])}
+            for line in res["expect"]["unmet"]:
+                print(f"bench_prefill: NOT MET {line}", file=sys.stderr)
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(res, f, indent=1)
-        timed = [t for r in res["ab"]["M"].values() for k in res["ab"]["specs"] for t in r["rounds_us"][k]]
-        if not all(t == t for t in timed):
-            return 1  # NaN: a spec failed to run (printed above)
-        unmet = ab_unmet(res["ab"], [e for e in a.expect.split(",") if e])
-        for line in unmet:
-            print(f"bench_prefill: NOT MET {line}", file=sys.stderr)
-        return 1 if unmet else 0
+        return 1 if failed_to_run or (expect and res["expect"]["unmet"]) else 0
     res = {"device": torch.cuda.get_device_name(), "topk": bench_topk(sorted({1, a.m}), a.reps, a.cuda_src_before)}
     if a.only_topk:
         if a.out:

@@ -95,6 +95,7 @@ def test_ab_expect_gates_both_ways():
         "M=2048 1:@3: expected not slower, measured slower",
         "M=2048 1:@3: expected output bit-identical to 0:served's, it differs"]
     assert bench_prefill.ab_unmet(slow, []) == []  # no --expect: a report, not a gate
+    assert bench_prefill.ab_unmet(slow, ["faster", "not-slower"]) == ["M=2048 1:@3: expected faster, measured slower"]
 
 
 def test_ab_expect_on_the_recorded_h200_a_bs():
@@ -129,7 +130,9 @@ def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
     for argv, why in ((["--ab", "served,@x"], "variant index"), (["--ab", "served"], "two specs or more"),
                       (["--ab", "served,@0", "--ab-m", "2048,8"], "above 16"),
                       (["--ab", "served,@0", "--rounds", "1"], "--rounds must be at least 2"),
-                      (["--ab", "served,@0", "--expect", "faster,quicker"], "--expect quicker: not one of"),
+                      (["--ab", "served,@0", "--expect", "faster,quicker"], "is not a comma-separated list of"),
+                      (["--ab", "served,@0", "--expect", ""], "is not a comma-separated list of"),
+                      (["--expect", "faster"], "--expect applies to --ab only"),
                       (["--ab", f"served,{tmp_path / 'none.cu'}"], "no kernel source"),
                       (["--ab", f"served,{other}"], "add it to this tree's PF_TABLE")):
         assert bench_prefill.main(argv) == 2, argv

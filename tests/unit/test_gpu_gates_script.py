@@ -1,6 +1,7 @@
 """scripts/gpu_gates.sh, the GPU gate job, on the phases that need no server: bad input stops it with one line and
-exit 2, and the summary leaves complete archives for the job's caller to copy."""
+exit 2, and the summary leaves whole archives for the job's caller to copy."""
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -40,19 +41,48 @@ def test_an_unknown_phase_is_refused_with_the_phases_it_knows(tmp_path):
     assert "unknown phase wram" in r.stdout and "warm" in r.stdout
 
 
-def test_summary_leaves_complete_archives_and_no_partial_files(tmp_path):
-    """The GPU job's caller (scripts/gpu_bg.sh) copies $OUT every minute, so the archives are written aside and renamed
-    (a copy once caught gates-runs.tgz half written). What this checks: the renames happen (no `.part` left) and the
-    archives are whole and hold the runs and baselines; the race itself needs a concurrent reader and is not rerun."""
+def _tar_shim(tmp_path: Path, fail: bool) -> tuple[dict, Path]:
+    """A `tar` first on PATH that logs its arguments, then runs the real one, or (fail) writes half a file and exits 2."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "tar.log"
+    bin_dir.mkdir(exist_ok=True)
+    shim = bin_dir / "tar"
+    shim.write_text(f"#!/bin/bash\necho \"$@\" >> {log}\n"
+                    + ('echo half > "$2"; exit 2\n' if fail else f'exec {shutil.which("tar")} "$@"\n'))
+    shim.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}, log
+
+
+def test_summary_writes_whole_archives_aside_without_the_excluded_files(tmp_path):
+    """The GPU job's caller (scripts/gpu_bg.sh) copies $OUT every minute and once caught gates-runs.tgz half written:
+    tar must write each archive under another name (renamed when whole), and leave out the traces and pip freezes (the
+    excludes once followed the member names, where GNU tar ignores them)."""
     run = tmp_path / "state" / "gates" / "aa1"
     run.mkdir(parents=True)
     (run / "pytest.status").write_text("aa1: pytest rc=0 (must pass) in 1 s\n")
-    r = _gates(tmp_path, "summary")
+    (run / "pip_freeze.txt").write_text("vllm==0.26.0\n")
+    (run / "x.pt.trace.json.gz").write_bytes(b"trace")
+    env, log = _tar_shim(tmp_path, fail=False)
+    r = _gates(tmp_path, "summary", **env)
     assert r.returncode == 0, r.stdout + r.stderr
+    targets = [line.split()[1] for line in log.read_text().splitlines()]
+    assert len(targets) == 2 and all(t.endswith(".part") for t in targets), targets
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["gates-baselines.tgz", "gates-runs.tgz", "gates-summary.md"]
     with tarfile.open(out / "gates-runs.tgz") as t:
-        assert "./aa1/pytest.status" in t.getnames()
+        assert sorted(t.getnames()) == [".", "./aa1", "./aa1/pytest.status"]
     with tarfile.open(out / "gates-baselines.tgz") as t:
         assert any(n.endswith(".yaml") for n in t.getnames())
     assert "aa1" in (out / "gates-summary.md").read_text()
+
+
+def test_a_failed_tar_keeps_the_last_whole_archive(tmp_path):
+    (tmp_path / "state" / "gates").mkdir(parents=True)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gates-runs.tgz").write_bytes(b"the last whole archive")
+    env, _ = _tar_shim(tmp_path, fail=True)
+    r = _gates(tmp_path, "summary", **env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (out / "gates-runs.tgz").read_bytes() == b"the last whole archive"
+    assert not list(out.glob("*.part"))
+    assert f"gpu_gates: {out}/gates-runs.tgz not updated (tar exit 2)" in r.stdout
