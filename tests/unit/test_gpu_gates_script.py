@@ -13,9 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_gates.sh"
 
 
-def _gates(tmp_path: Path, *phases: str, **env: str) -> subprocess.CompletedProcess:
+def _gates(tmp_path: Path, *phases: str, path_first: Path | None = None, **env: str) -> subprocess.CompletedProcess:
     # python3 inside the script must be this interpreter (vLLM importable), as on the GPU host after staging
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    path = os.pathsep.join([*([str(path_first)] if path_first else []), str(Path(sys.executable).parent),
+                            os.environ["PATH"]])
     return subprocess.run(["bash", str(SCRIPT), *phases], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PATH": path, "STATE": str(tmp_path / "state"),
                                "OUT": str(tmp_path / "out"), **env})
@@ -41,15 +42,16 @@ def test_an_unknown_phase_is_refused_with_the_phases_it_knows(tmp_path):
     assert "unknown phase wram" in r.stdout and "warm" in r.stdout
 
 
-def _tar_shim(tmp_path: Path, fail: bool) -> tuple[dict, Path]:
-    """A `tar` first on PATH that logs its arguments, then runs the real one, or (fail) writes half a file and exits 2."""
+def _tar_shim(tmp_path: Path, fail: bool) -> tuple[Path, Path]:
+    """A `tar` (its folder, to put first on PATH) that logs its arguments, then runs the real one, or (fail) writes half
+    a file and exits 2; and the log."""
     bin_dir, log = tmp_path / "bin", tmp_path / "tar.log"
     bin_dir.mkdir(exist_ok=True)
     shim = bin_dir / "tar"
     shim.write_text(f"#!/bin/bash\necho \"$@\" >> {log}\n"
                     + ('echo half > "$2"; exit 2\n' if fail else f'exec {shutil.which("tar")} "$@"\n'))
     shim.chmod(0o755)
-    return {"PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}, log
+    return bin_dir, log
 
 
 def test_summary_writes_whole_archives_aside_without_the_excluded_files(tmp_path):
@@ -61,8 +63,8 @@ def test_summary_writes_whole_archives_aside_without_the_excluded_files(tmp_path
     (run / "pytest.status").write_text("aa1: pytest rc=0 (must pass) in 1 s\n")
     (run / "pip_freeze.txt").write_text("vllm==0.26.0\n")
     (run / "x.pt.trace.json.gz").write_bytes(b"trace")
-    env, log = _tar_shim(tmp_path, fail=False)
-    r = _gates(tmp_path, "summary", **env)
+    bin_dir, log = _tar_shim(tmp_path, fail=False)
+    r = _gates(tmp_path, "summary", path_first=bin_dir)
     assert r.returncode == 0, r.stdout + r.stderr
     targets = [line.split()[1] for line in log.read_text().splitlines()]
     assert len(targets) == 2 and all(t.endswith(".part") for t in targets), targets
@@ -80,8 +82,8 @@ def test_a_failed_tar_keeps_the_last_whole_archive(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "gates-runs.tgz").write_bytes(b"the last whole archive")
-    env, _ = _tar_shim(tmp_path, fail=True)
-    r = _gates(tmp_path, "summary", **env)
+    bin_dir, _ = _tar_shim(tmp_path, fail=True)
+    r = _gates(tmp_path, "summary", path_first=bin_dir)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (out / "gates-runs.tgz").read_bytes() == b"the last whole archive"
     assert not list(out.glob("*.part"))
