@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from ..cases import LINEAR_SHAPES, MOE
-from .sass_count import opcode
+from .sass_count import hot_loop, opcode
 
 METRICS = {
     "smsp__thread_inst_executed.sum": "thread_inst",
@@ -188,6 +188,7 @@ def stall_profile(out: Path, ncu: str, tag: str, driver_args: list[str], labels:
     (out / f"{tag}_source.csv").write_text(src_page.stdout[:40_000_000])
     (out / f"{tag}_source_stderr.txt").write_text(src_page.stderr[-5000:])
     (out / f"{tag}_stalls_by_opcode.json").write_text(json.dumps(stalls_by_opcode(src_page.stdout), indent=1))
+    (out / f"{tag}_hot_loops.txt").write_text(format_hot_loops(hot_loops(src_page.stdout)))
     rows, units = raw_rows(raw.stdout)
     summary = []
     for label, row in zip(labels, rows):
@@ -214,31 +215,83 @@ STALLS = ("stall_wait", "stall_short_sb", "stall_long_sb", "stall_math", "stall_
           "stall_branch_resolving", "stall_dispatch", "stall_no_inst", "stall_selected", "stall_not_selected")
 
 
+def _kernel_tables(source_csv: str) -> list[tuple[str, list[dict]]]:
+    """`ncu --page source --csv --print-source sass` -> [(kernel name, its rows)] in launch order; a kernel printed
+    twice in a row (ncu does) is kept once."""
+    out: list[tuple[str, list[dict]]] = []
+    for block in source_csv.split('"Kernel Name",')[1:]:
+        name, _, table = block.partition("\n")
+        name = name.strip().strip(",").strip('"')
+        if out and out[-1][0] == name:
+            continue
+        out.append((name, list(csv.DictReader(io.StringIO(table)))))
+    return out
+
+
+def _samples(row: dict, key: str) -> float:
+    try:
+        return float(str(row.get(key) or 0).replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
 def stalls_by_opcode(source_csv: str, top: int = 6) -> list[dict]:
     """Warp-state samples of `ncu --page source --csv --print-source sass` summed per SASS opcode (predicate and
     modifiers dropped): per kernel, in launch order, each stall reason's total and its `top` opcodes. It says which
     instructions a stall falls on (a "wait" on branches is not one on MMAs), which the per-kernel totals do not. A
     kernel printed twice in a row (ncu does) is kept once."""
     out: list[dict] = []
-    for block in source_csv.split('"Kernel Name",')[1:]:
-        name, _, table = block.partition("\n")
-        name = name.strip().strip(",").strip('"')
-        if out and out[-1]["kernel"] == name:
-            continue
+    for name, rows in _kernel_tables(source_csv):
         totals: dict[str, float] = dict.fromkeys(STALLS, 0.0)
         per_op: dict[str, dict[str, float]] = {k: collections.Counter() for k in STALLS}
-        for row in csv.DictReader(io.StringIO(table)):
+        for row in rows:
             op = opcode(row.get("Source") or "").split(".")[0]
             for k in STALLS:
-                try:
-                    v = float(str(row.get(k) or 0).replace(",", ""))
-                except ValueError:
-                    continue
+                v = _samples(row, k)
                 totals[k] += v
                 per_op[k][op] += v
         out.append({"kernel": name, "samples": {k: v for k, v in totals.items() if v},
                     "by_opcode": {k: per_op[k].most_common(top) for k in STALLS if totals[k]}})
     return out
+
+
+def hot_loops(source_csv: str, marker: str = "HMMA") -> list[dict]:
+    """Per kernel, the backward-branch loop with the most `marker` instructions (sass_count.hot_loop, the loop the
+    static counts measure) and its warp-state samples instruction by instruction: which MMA waits for its ldmatrix,
+    which no-op sits between two dependent MMAs. Kernels without such a loop are left out."""
+    out = []
+    for name, rows in _kernel_tables(source_csv):
+        ins, samples = [], {}
+        for row in rows:
+            try:
+                addr = int(str(row.get("Address") or ""), 16)
+            except ValueError:
+                continue
+            ins.append((addr, (row.get("Source") or "").strip(), addr))
+            samples[addr] = {k: _samples(row, k) for k in STALLS}
+        found = hot_loop(ins, marker)
+        if not found:
+            continue
+        n, body = found
+        total = sum(sum(v.values()) for v in samples.values()) or float("nan")
+        lines = [{"address": a, "source": t, "samples": sum(samples[a].values()),
+                  "top": sorted(((k, v) for k, v in samples[a].items() if v), key=lambda kv: -kv[1])[:2]}
+                 for a, t, _ in body]
+        in_loop = sum(x["samples"] for x in lines)
+        out.append({"kernel": name, "instructions": len(body), "markers": n, "samples": in_loop,
+                    "share_of_kernel": round(in_loop / total, 3), "lines": lines})
+    return out
+
+
+def format_hot_loops(loops: list[dict]) -> str:
+    """hot_loops as text: one header per kernel, then address, samples and the two largest stall reasons per line."""
+    out = []
+    for lp in loops:
+        out.append(f"== {lp['kernel']}: {lp['instructions']} instructions, {lp['markers']} markers, "
+                   f"{lp['samples']:.0f} samples ({100 * lp['share_of_kernel']:.0f}% of the kernel's)")
+        out += [f"{x['address']:#8x} {x['samples']:7.0f}  {x['source'][:64]:64s} "
+                + " ".join(f"{k.removeprefix('stall_')}={v:.0f}" for k, v in x["top"]) for x in lp["lines"]]
+    return "\n".join(out) + "\n"
 
 
 def words_for(kernel: str) -> float | None:

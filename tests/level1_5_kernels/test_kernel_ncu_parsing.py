@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kernels.tools.ncu_profile import metric_values, raw_rows, stalls_by_opcode
+from kernels.tools.ncu_profile import format_hot_loops, hot_loops, metric_values, raw_rows, stalls_by_opcode
 
 pytestmark = pytest.mark.level1_5
 
@@ -48,3 +48,32 @@ def test_stall_samples_are_summed_per_opcode_and_a_kernel_printed_twice_counts_o
     assert got[0]["samples"] == {"stall_wait": 1800.0, "stall_short_sb": 350.0}
     assert got[0]["by_opcode"]["stall_wait"] == [("HMMA", 1300.0), ("BRA", 500.0)]
     assert got[1]["by_opcode"] == {"stall_wait": [("NOP", 7.0)]}
+
+
+def test_the_hot_loop_is_the_backward_branch_around_the_most_mmas_with_its_samples_line_by_line():
+    """What NOTES.md reads off a profile ("the MMA waits for its ldmatrix"): the loop is the one with the most MMAs
+    (not the most sampled straight-line code, not a loop with fewer MMAs), every line keeps its own samples and its two
+    largest stall reasons, and the loop's share of the kernel's samples is right."""
+    head = '"Kernel Name","void k<1>(Args)",\n"Address","Source","stall_wait","stall_short_sb","stall_barrier"\n'
+    rows = [("0x00", "LDC R0, c[0x0][0x0]", "900", "0", "0"),          # prologue, outside every loop
+            ("0x10", "HMMA.16816.F32.BF16 R4, R8, R12, R4", "5,000", "0", "0"),
+            ("0x20", "@P0 BRA 0x10", "0", "0", "0"),                    # a loop with one MMA, sampled more
+            ("0x30", "LDSM.16.M88.4 R12, [R0]", "5", "0", "0"),
+            ("0x40", "HMMA.16816.F32.BF16 R4, R8, R12, R4", "20", "300", "0"),
+            ("0x50", "NOP", "40", "0", "0"),
+            ("0x60", "HMMA.16816.F32.BF16 R4, R9, R14, R4", "10", "0", "0"),
+            ("0x70", "BAR.SYNC.DEFER_BLOCKING 0x0", "0", "0", "1,000"),
+            ("0x80", "@P1 BRA 0x30", "0", "0", "0")]                    # the loop with two MMAs
+    csv_text = head + "".join(f'"{a}","{t}","{w}","{sb}","{b}"\n' for a, t, w, sb, b in rows)
+    (lp,) = hot_loops(csv_text + csv_text)  # printed twice: one kernel
+    assert (lp["instructions"], lp["markers"]) == (6, 2)
+    assert [x["address"] for x in lp["lines"]] == [0x30, 0x40, 0x50, 0x60, 0x70, 0x80]
+    assert lp["lines"][1]["samples"] == 320.0 and lp["lines"][1]["top"] == [("stall_short_sb", 300.0), ("stall_wait", 20.0)]
+    assert lp["samples"] == 1375.0 and lp["share_of_kernel"] == round(1375 / 7275, 3)
+    text = format_hot_loops([lp])
+    assert "2 markers" in text and "short_sb=300 wait=20" in text and "barrier=1000" in text
+
+
+def test_a_kernel_without_an_mma_loop_is_left_out():
+    block = '"Kernel Name","void k<2>(Args)",\n"Address","Source","stall_wait"\n"0x10","NOP","7"\n"0x20","@P0 BRA 0x10","1"\n'
+    assert hot_loops(block) == []
