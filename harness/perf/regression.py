@@ -204,6 +204,8 @@ class Reason(str, Enum):
     SOURCE_MISMATCH = "source_mismatch"  # used memory read from different sources
     OUT_OF_FAMILY = "out_of_family"  # a change far beyond the platform's measured A/A spread: a stale baseline
     HOST_BOUND = "host_bound"  # engine-clock decode of a host-bound config: it follows the host; tgN_gpu gates it
+    HOST_SIDE = "host_side"  # fail: engine-clock decode slower while its kernel time held and this run waited for
+    # the host: the slowdown is the host side's (per-step host work, or another load on the host), not the GPU's
 
 
 # Reasons whose `detail` does not already show the bootstrap CI (the report adds it beside a failure).
@@ -540,6 +542,55 @@ def _out_of_family(v: Verdict, thresholds: Thresholds, config: str) -> Verdict |
                    fix=f"re-record it on this machine class: {regen_command('level5', config)}")
 
 
+def _host_side(v: Verdict, baseline: Mapping, current: Mapping, thresholds: Thresholds) -> Verdict | None:
+    """`v`, a failed engine-clock decode metric (tgN, TPOT, ITL, tgN@c2 at some depth), with what its kernel-time
+    twins say: when every `tgN_gpu` of its depth held within the throughput gate and this run's step waited for the
+    host (a `tgN_gpu` above its engine-clock `tgN` by more than host_bound_ratio), the slowdown is the host side's.
+    It still fails (a change that adds per-step host work is a regression the users feel), but it says so, and what
+    tells the two causes apart. Measured on an H200 (gemv-bf16, 120b shape, 2026-11-30): an A/A boot beside a vLLM
+    server on the host's other GPU ran tg128 at -11.0% with tg128_gpu at +1.6%."""
+    if v.status != "fail" or v.reason is not Reason.REGRESSION:
+        return None
+    decode = _HOST_BOUND_DECODE.fullmatch(v.name)
+    if not decode:
+        return None
+    depth = decode.group(2) or ""
+    b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
+
+    def median(run: Mapping, metrics: Mapping, name: str, clock: str) -> float | None:
+        entry = metrics.get(name)
+        if not isinstance(entry, Mapping) or metric_clock(run, name, entry) != clock:
+            return None
+        try:
+            return stats.median(entry["samples"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    held, waited = [], []
+    for twin in sorted(c_metrics):
+        m = re.fullmatch(rf"(tg\d+)_gpu{re.escape(depth)}", twin)
+        if not m:
+            continue
+        b_k, c_k = median(baseline, b_metrics, twin, "kernel"), median(current, c_metrics, twin, "kernel")
+        if not b_k or not c_k:
+            continue
+        change = c_k / b_k - 1
+        if change < -thresholds.throughput_drop:
+            return None  # the kernels slowed too: a regression on the GPU, whatever the host did
+        held.append(f"{twin} {change * 100:+.1f}%")
+        c_e, b_e = (median(run, ms, m.group(1) + depth, "engine") for run, ms in ((current, c_metrics),
+                                                                                  (baseline, b_metrics)))
+        if c_e and c_k / c_e > thresholds.host_bound_ratio:
+            base = f"; baseline {b_k / b_e:.2f}x" if b_e else ""
+            waited.append(f"{twin} {c_k / c_e:.2f}x its {m.group(1) + depth}{base}")
+    if not held or not waited:
+        return None
+    detail = (f"{v.detail}; the kernels did not slow down ({', '.join(held)}), and this run's decode step waited for "
+              f"vLLM's host side ({'; '.join(waited)}): the host side slowed, from per-step host work the change "
+              f"added or from another load on this host (rerun on an idle host to tell them apart)")
+    return replace(v, reason=Reason.HOST_SIDE, detail=detail)
+
+
 def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> list[Verdict]:
     """Verdicts for every metric of the baseline (baseline order), then used memory and KV capacity.
 
@@ -592,7 +643,8 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         v = compare_metric(name, b["samples"], c["samples"], bool(b["higher_is_better"]), thresholds,
                            unit=str(b.get("unit") or ""), config=config, unresolved=unresolved,
                            boot_spread=spread, host_bound=host_bound)
-        verdicts.append(_out_of_family(v, thresholds, config) or v)
+        v = _out_of_family(v, thresholds, config) or v
+        verdicts.append(_host_side(v, baseline, current, thresholds) or v)
     if thresholds.advisory:
         # A timing verdict here is a warning, never a failure, so it needs no boot spread to keep from failing an
         # unchanged run; a change beyond the threshold stays visible as a warning instead of "inconclusive".

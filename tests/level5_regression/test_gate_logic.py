@@ -559,13 +559,22 @@ def test_a_kernel_bound_decode_keeps_its_3_percent_gate():
     cannot show a host-bound decode, so they keep the 3% gate too."""
     t = _sm90()
     base = _decode_run(282.1, 282.1 * 1.01, 3.39, seed=10, cv=0.0035)
-    for cur in (_decode_run(239.2, 239.2 * 1.01, 3.95, seed=20, cv=0.0035),
-                _decode_run(239.2, 282.1 * 1.01, 3.95, seed=24, cv=0.0035),
-                _decode_run(282.1 * 0.95, 282.1 * 1.01, 3.57, seed=21, cv=0.0035),
-                _decode_run(239.2, None, 3.95, seed=22, cv=0.0035)):
+    # (run, whose side slowed): the verdict fails either way and names the host only where the kernels held
+    for cur, side in ((_decode_run(239.2, 239.2 * 1.01, 3.95, seed=20, cv=0.0035), "gpu"),
+                      (_decode_run(239.2, 282.1 * 1.01, 3.95, seed=24, cv=0.0035), "host"),
+                      (_decode_run(282.1 * 0.95, 282.1 * 1.01, 3.57, seed=21, cv=0.0035), "host"),
+                      (_decode_run(239.2, None, 3.95, seed=22, cv=0.0035), "unknown")):
         verdicts = {v.name: v for v in regression.compare_run({**base, "metrics": {
             k: v for k, v in base["metrics"].items() if k in cur["metrics"]}}, cur, t)}
         assert verdicts["tg32"].status == "fail" and verdicts["tpot_ms"].status == "fail"
+        want = regression.Reason.HOST_SIDE if side == "host" else regression.Reason.REGRESSION
+        assert verdicts["tg32"].reason is want and verdicts["tpot_ms"].reason is want, (side, verdicts["tg32"].message)
+        assert ("the host side slowed" in verdicts["tg32"].message) == (side == "host")
+    # kernels held but no wait for the host in this run (its engine rate still above the kernels'): not the host's
+    ahead = _decode_run(282.1, 282.1 * 0.9, 3.39, seed=11, cv=0.0035)
+    slower = {v.name: v for v in regression.compare_run(ahead, _decode_run(282.1 * 0.95, 282.1 * 0.9, 3.57, seed=26,
+                                                                           cv=0.0035), t)}
+    assert slower["tg32"].status == "fail" and slower["tg32"].reason is regression.Reason.REGRESSION
     aa = {v.name: v for v in regression.compare_run(base, _decode_run(282.1, 282.1 * 1.01, 3.39, seed=23, cv=0.0035), t)}
     assert aa["tg32"].status == "pass" and aa["tg32_gpu"].status == "pass"
 
@@ -697,3 +706,23 @@ def test_host_bound_thresholds_are_checked():
         with pytest.raises(SuiteError, match="host_bound"):
             Thresholds(**bad)
     assert _sm90().host_bound_spread == 0.5 and perf.parse_metric_name("tg128_gpu") == ("tg128_gpu", 0)
+
+
+H200_SHARED = REPO / "docs" / "evidence" / "sm_90-2026-11-30-h200-x2" / "gates-gemv-bf16"
+
+
+def test_the_recorded_h200_a_a_on_a_shared_host_fails_on_decode_and_says_the_host_slowed():
+    """Real results: gemv-bf16 on the 120b shape, a baseline boot and an A/A boot of the same code on GPU 0 of a
+    2-GPU H200 host whose GPU 1 ran other vLLM servers and benchmarks meanwhile. The baseline's decode kept up with its
+    kernels (tg128_gpu 1.00x tg128), so tg128 has the 3% gate; the A/A's ran -11.0% with its kernels at +1.6%. That
+    fails (a change adding per-step host work would look the same) and the verdict says the host side slowed. With the
+    A/A's kernels 5% slower as well, the same failure is the GPU's: no host attribution, and tgN_gpu fails."""
+    t = _sm90()
+    base, a_a = _recorded("baseline-results.json", H200_SHARED), _recorded("aa1-results.json", H200_SHARED)
+    (fail,) = regression.gate_failures(regression.compare_run(base, a_a, t), t)
+    assert (fail.name, fail.reason) == ("tg128", regression.Reason.HOST_SIDE)
+    assert "tg128_gpu +1.6%" in fail.message and "tg128_gpu 1.14x its tg128; baseline 1.00x" in fail.message
+
+    slower = _scaled(a_a, 1 / 1.05, "tg32_gpu", "tg128_gpu")
+    failed = {v.name: v for v in regression.gate_failures(regression.compare_run(base, slower, t), t)}
+    assert {"tg32_gpu", "tg128_gpu", "tg128"} <= set(failed) and failed["tg128"].reason is regression.Reason.REGRESSION

@@ -66,3 +66,26 @@ def test_metrics_a_decode_only_a_a_left_out_are_counted_apart_not_as_noise_or_as
     assert gates_summary.main(tmp_path, out) == 0
     text = out.read_text()
     assert "recorded boot spreads: 1 of 1 (0 inconclusive verdicts in all; 2 baseline metrics not measured" in text
+
+
+SHARED_HOST_AA = REPO / "docs/evidence/sm_90-2026-11-30-h200-x2/gates-gemv-bf16"
+
+
+def test_an_a_a_that_failed_on_the_host_side_only_is_not_clean_and_is_named_apart(tmp_path):
+    """gemv-bf16 on GPU 0 of a 2-GPU H200 host while GPU 1 served another vLLM (2026-11-30): engine-clock tg128 failed,
+    its kernels held. Not a passing A/A, and the summary says the host was the side that slowed; a kernel failure in
+    the same boot is not the host's."""
+    from harness.perf import regression
+    t = regression.load_thresholds(REPO / "baselines" / "thresholds.yaml", "sm_90")
+    base, a_a = (json.loads((SHARED_HOST_AA / f).read_text()) for f in ("baseline-results.json", "aa1-results.json"))
+    vs = [v.to_json() for v in regression.compare_run(base, a_a, t)]
+    assert not gates_summary.aa_passed(vs) and gates_summary.host_side_only(vs)
+    kernel_fail = [{**v, "status": "fail", "reason": "regression"} if v["name"] == "tg128_gpu" else v for v in vs]
+    assert not gates_summary.host_side_only(kernel_fail)
+    assert not gates_summary.host_side_only([_v("pass")])
+    (tmp_path / "aa1" / "verdicts").mkdir(parents=True)
+    (tmp_path / "aa1" / "verdicts" / "x.json").write_text(json.dumps(vs))
+    out = tmp_path / "summary.md"
+    assert gates_summary.main(tmp_path, out) == 0
+    text = out.read_text()
+    assert "recorded boot spreads: 0 of 1" in text and "1 failed on the host side only" in text
