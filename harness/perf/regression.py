@@ -543,51 +543,41 @@ def _out_of_family(v: Verdict, thresholds: Thresholds, config: str) -> Verdict |
 
 
 def _host_side(v: Verdict, baseline: Mapping, current: Mapping, thresholds: Thresholds) -> Verdict | None:
-    """`v`, a failed engine-clock decode metric (tgN, TPOT, ITL, tgN@c2 at some depth), with what its kernel-time
-    twins say: when every `tgN_gpu` of its depth held within the throughput gate and this run's step waited for the
-    host (a `tgN_gpu` above its engine-clock `tgN` by more than host_bound_ratio), the slowdown is the host side's.
-    It still fails (a change that adds per-step host work is a regression the users feel), but it says so, and what
-    tells the two causes apart. Measured on an H200 (gemv-bf16, 120b shape, 2026-11-30): an A/A boot beside a vLLM
-    server on the host's other GPU ran tg128 at -11.0% with tg128_gpu at +1.6%."""
+    """`v`, a failed batch-1 engine-clock decode metric (tgN, TPOT, ITL at some depth), with what its kernel-time
+    twins say: when every `tgN_gpu` of its depth held within the throughput gate and this run's step grew against
+    those kernels by more than host_bound_ratio over the baseline's step-to-kernels ratio (each tgN against its own
+    twin: the two clocks differ by a fixed amount per workload, tg32_gpu ran at 0.90x tg32 in an H200 baseline), the
+    slowdown is the host side's. It still fails (a change that adds per-step host work is a regression the users
+    feel), but it says so and what tells the two causes apart. Measured on an H200 (gemv-bf16, 120b shape,
+    2026-11-30): an A/A boot beside a vLLM server on the host's other GPU ran tg128 at -11.0% with tg128_gpu at
+    +1.6%. A batch of two (tgN@c2) is left as it is: no twin measured its kernels."""
     if v.status != "fail" or v.reason is not Reason.REGRESSION:
         return None
     decode = _HOST_BOUND_DECODE.fullmatch(v.name)
-    if not decode:
+    if not decode or decode.group(3):
         return None
     depth = decode.group(2) or ""
-    b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
-
-    def median(run: Mapping, metrics: Mapping, name: str, clock: str) -> float | None:
-        entry = metrics.get(name)
-        if not isinstance(entry, Mapping) or metric_clock(run, name, entry) != clock:
-            return None
-        try:
-            return stats.median(entry["samples"])
-        except (KeyError, TypeError, ValueError):
-            return None
-
     held, waited = [], []
-    for twin in sorted(c_metrics):
+    for twin in sorted(current.get("metrics") or {}):
         m = re.fullmatch(rf"(tg\d+)_gpu{re.escape(depth)}", twin)
         if not m:
             continue
-        b_k, c_k = median(baseline, b_metrics, twin, "kernel"), median(current, c_metrics, twin, "kernel")
-        if not b_k or not c_k:
+        b_k, c_k = _clocked_median(baseline, twin, "kernel"), _clocked_median(current, twin, "kernel")
+        if b_k is None or c_k is None:
             continue
         change = c_k / b_k - 1
         if change < -thresholds.throughput_drop:
             return None  # the kernels slowed too: a regression on the GPU, whatever the host did
         held.append(f"{twin} {change * 100:+.1f}%")
-        c_e, b_e = (median(run, ms, m.group(1) + depth, "engine") for run, ms in ((current, c_metrics),
-                                                                                  (baseline, b_metrics)))
-        if c_e and c_k / c_e > thresholds.host_bound_ratio:
-            base = f"; baseline {b_k / b_e:.2f}x" if b_e else ""
-            waited.append(f"{twin} {c_k / c_e:.2f}x its {m.group(1) + depth}{base}")
-    if not held or not waited:
+        engine = m.group(1) + depth
+        b_e, c_e = _clocked_median(baseline, engine, "engine"), _clocked_median(current, engine, "engine")
+        if b_e is not None and c_e is not None and (c_k / c_e) / (b_k / b_e) > thresholds.host_bound_ratio:
+            waited.append(f"{twin} {c_k / c_e:.2f}x its {engine}, baseline {b_k / b_e:.2f}x")
+    if not waited:
         return None
-    detail = (f"{v.detail}; the kernels did not slow down ({', '.join(held)}), and this run's decode step waited for "
-              f"vLLM's host side ({'; '.join(waited)}): the host side slowed, from per-step host work the change "
-              f"added or from another load on this host (rerun on an idle host to tell them apart)")
+    detail = (f"{v.detail}; the kernels did not slow down ({', '.join(held)}), and this run's decode step grew against "
+              f"them ({'; '.join(waited)}): the host side slowed, from per-step host work the change added or from "
+              f"another load on this host (rerun on an idle host to tell them apart)")
     return replace(v, reason=Reason.HOST_SIDE, detail=detail)
 
 
@@ -681,20 +671,29 @@ def host_bound_decode(baseline: Mapping, current: Mapping, thresholds: Threshold
             continue
         depth = m.group(2) or ""
         kernel_name = f"{m.group(1)}_gpu{depth}"
-        engine, kernel = b_metrics.get(tg), b_metrics.get(kernel_name)
-        if depth in out or not (isinstance(engine, Mapping) and isinstance(kernel, Mapping)):
+        if depth in out or kernel_name not in c_metrics:
             continue
-        if kernel_name not in c_metrics:
+        # a client-clock tgN runs ~30% below the engine's and would look host-bound by its clock alone
+        engine, kernel = _clocked_median(baseline, tg, "engine"), _clocked_median(baseline, kernel_name, "kernel")
+        if engine is None or kernel is None:
             continue
-        if metric_clock(baseline, tg, engine) != "engine" or metric_clock(baseline, kernel_name, kernel) != "kernel":
-            continue  # a client-clock tgN runs ~30% below the engine's and would look host-bound by its clock alone
-        try:
-            ratio = stats.median(kernel["samples"]) / stats.median(engine["samples"])
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            continue
+        ratio = kernel / engine
         if math.isfinite(ratio) and ratio > thresholds.host_bound_ratio:
             out[depth] = f"baseline: {kernel_name} is {ratio:.2f}x its {tg}"
     return out
+
+
+def _clocked_median(run: Mapping, name: str, clock: str) -> float | None:
+    """The median of metric `name` of a results / baseline dict when it was measured on `clock` ("engine",
+    "kernel", "client"), else None (absent, another clock, no positive finite median)."""
+    entry = (run.get("metrics") or {}).get(name)
+    if not isinstance(entry, Mapping) or metric_clock(run, name, entry) != clock:
+        return None
+    try:
+        value = stats.median(entry["samples"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if is_finite_number(value) and value > 0 else None
 
 
 def unshared_metrics(baseline: Mapping, current: Mapping) -> tuple[list[str], list[str]]:

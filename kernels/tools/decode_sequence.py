@@ -3,8 +3,8 @@ MoE's extra time per layer comes from.
 
     python -m kernels.tools.decode_sequence [--layers 12] [--rounds 5] [--out F.json]
 
-In the served model the plugin's MoE takes ~34 us per layer at batch 1 (plugin_e2e's "MoE, overlaps once",
-gpt-oss-120b shape, H100), where `kernels.tools.bench` times ~26 (experts + top-k). The sequences below differ by
+In the served model the plugin's MoE kernels take ~30 us per layer at batch 1 and vLLM's router GEMM ~6 more
+(plugin_e2e's breakdown, gpt-oss-120b shape, H200), where `kernels.tools.bench` times ~24 (route + experts). The sequences below differ by
 one step each. Each is captured as one CUDA graph over `--layers` layers with their own weights (a layer's ~1.7 GB of
 packed experts keeps its reads cold, as they are in the model) and replayed; every round times every sequence, in
 alternating order, so the spread between rounds is an A/A of the method:
@@ -17,8 +17,9 @@ alternating order, so the spread between rounds is an A/A of the method:
   served+dense   `served` after a stand-in of the layer's other decode work (qkv and o_proj as bf16 F.linear)
   dense          that stand-in alone; served+dense - dense is the MoE's time in that company
 
-Per layer, microseconds: median over rounds, and each round. A step that costs in the model but not here (the L2
-left by attention, clocks, the host) shows as the served model's time minus `served+dense - dense`.
+Per layer, microseconds: median over rounds, and each round. Compare `served+dense - dense` with the served model's
+MoE kernels plus its router GEMM (plugin_e2e's breakdown counts the router GEMM as dense): what is left costs in the
+model but not here (the L2 left by attention, clocks, the host).
 """
 
 from __future__ import annotations
@@ -145,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1)
+    failed = [name for name, r in rounds.items() if not r]
+    if failed:
+        print(f"decode_sequence: {', '.join(failed)} failed in every round (the reason is above)")
+        return 1
     return 0
 
 

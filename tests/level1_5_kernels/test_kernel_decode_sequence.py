@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.cases import MOE
 from kernels.tools import decode_sequence as ds
 
 pytestmark = pytest.mark.level1_5
@@ -30,7 +31,8 @@ def test_summary_of_a_sequence_that_failed_every_round_leaves_it_out():
 @pytest.mark.parametrize("args", [["--layers", "0"], ["--rounds", "0"], ["--reps", "0"]])
 def test_bad_counts_are_refused_with_one_line(args, capsys):
     assert ds.main(args) == 2
-    assert capsys.readouterr().out.strip().count("\n") == 0
+    out = capsys.readouterr().out.strip()
+    assert out == "decode_sequence: --layers, --rounds and --reps must be at least 1"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal; this machine has a CUDA GPU")
@@ -57,3 +59,11 @@ def test_the_served_sequences_run_the_precomputed_experts_bit_for_bit():
         assert all(torch.isfinite(o.float()).all() for o in outs[name]), f"{name}: an output was not written"
     for name in ("served", "served+dense"):
         assert all(torch.equal(a, b) for a, b in zip(outs["experts"], outs[name])), f"{name} differs from experts"
+    # and they route for themselves: with the stored ids moved to other experts, `experts` changes and they do not
+    for ly in layers:
+        ly["ids"] = (ly["ids"] + 1) % MOE.experts
+    for name in ("experts", "served"):
+        ds.sequence(name, layers)()
+        torch.cuda.synchronize()
+        same = all(torch.equal(ly["out"], o) for ly, o in zip(layers, outs["served"]))
+        assert same == (name == "served"), f"{name}: {'the stored ids decided' if name == 'served' else 'ids ignored'}"
