@@ -204,8 +204,8 @@ class Reason(str, Enum):
     SOURCE_MISMATCH = "source_mismatch"  # used memory read from different sources
     OUT_OF_FAMILY = "out_of_family"  # a change far beyond the platform's measured A/A spread: a stale baseline
     HOST_BOUND = "host_bound"  # engine-clock decode of a host-bound config: it follows the host; tgN_gpu gates it
-    HOST_SIDE = "host_side"  # fail: engine-clock decode slower while its kernel time held and this run waited for
-    # the host: the slowdown is the host side's (per-step host work, or another load on the host), not the GPU's
+    HOST_SIDE = "host_side"  # fail: engine-clock decode slower while its kernel time held and its step grew against
+    # those kernels beyond the baseline's ratio: the host side slowed (per-step host work, or another load on the host)
 
 
 # Reasons whose `detail` does not already show the bootstrap CI (the report adds it beside a failure).

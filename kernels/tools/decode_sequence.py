@@ -1,13 +1,13 @@
-"""The MoE of a batch-1 decode step as the served model runs it, in one process without vLLM: where the in-model
-MoE's extra time per layer comes from.
+"""The MoE of a batch-1 decode step as the served model runs it, in one process without vLLM: how much of the
+in-model MoE's extra time per layer the launch sequence itself explains.
 
     python -m kernels.tools.decode_sequence [--layers 12] [--rounds 5] [--out F.json]
 
 In the served model the plugin's MoE kernels take ~30 us per layer at batch 1 and vLLM's router GEMM ~6 more
-(plugin_e2e's breakdown, gpt-oss-120b shape, H200), where `kernels.tools.bench` times ~24 (route + experts). The sequences below differ by
-one step each. Each is captured as one CUDA graph over `--layers` layers with their own weights (a layer's ~1.7 GB of
-packed experts keeps its reads cold, as they are in the model) and replayed; every round times every sequence, in
-alternating order, so the spread between rounds is an A/A of the method:
+(plugin_e2e's breakdown, gpt-oss-120b shape, H200), where `kernels.tools.bench` times ~24 (route + experts). The
+sequences below differ by one step each. Each is captured as one CUDA graph over `--layers` layers with their own
+weights (a layer's ~1.7 GB of packed experts keeps its reads cold, as they are in the model) and replayed; every
+round times every sequence, in alternating order, so the spread between rounds is an A/A of the method:
 
   experts        gate_up + down with the ids precomputed (the bench's `us_packed`, over distinct layers)
   route+experts  our route kernel (router GEMV + top-k in one launch) then the experts (the bench's router path)
