@@ -593,10 +593,16 @@ def _recorded(name: str, folder: Path = H200_GATES) -> dict:
     return json.loads((folder / name).read_text())
 
 
-def _scaled(run: dict, factor: float, *names: str) -> dict:
-    metrics = {k: ({**v, "samples": [x * factor for x in v["samples"]]} if k in names else v)
-               for k, v in run["metrics"].items()}
+def _with(run: dict, scaled: dict[str, tuple[str, float]]) -> dict:
+    """`run` with metric name <- (source metric, factor): the source's samples times the factor, new or replaced."""
+    metrics = dict(run["metrics"])
+    for name, (src, factor) in scaled.items():
+        metrics[name] = {**metrics[src], "samples": [x * factor for x in metrics[src]["samples"]]}
     return {**run, "metrics": metrics}
+
+
+def _scaled(run: dict, factor: float, *names: str) -> dict:
+    return _with(run, {n: (n, factor) for n in names})
 
 
 def test_the_recorded_h200_a_a_boot_of_a_host_bound_config_passes_and_a_kernel_slowdown_in_it_fails():
@@ -735,47 +741,41 @@ def test_the_recorded_h200_a_a_on_a_shared_host_fails_on_decode_and_says_the_hos
     assert {"tg32_gpu", "tg128_gpu", "tg128"} <= set(failed) and failed["tg128"].reason is regression.Reason.REGRESSION
 
 
-def _with(run: dict, **scaled: tuple[str, float]) -> dict:
-    """`run` with metrics added as scaled copies: new_name=(source metric, factor)."""
-    metrics = dict(run["metrics"])
-    for name, (src, factor) in scaled.items():
-        metrics[name.replace("_at_", "@")] = {**metrics[src], "samples": [x * factor for x in metrics[src]["samples"]]}
-    return {**run, "metrics": metrics}
-
-
 def test_host_side_attribution_needs_every_kernel_twin_of_its_own_depth_to_hold_and_an_engine_clock():
     """Each way the attribution could blame the host wrongly: a kernel twin of the same depth that slowed (even if
     another held) vetoes it; a twin at another depth neither vetoes nor excuses; a client-clock tgN says nothing
     about the engine's step; a batch of two has no kernel twin of its own."""
     t = _sm90()
     kb = _decode_run(282.1, 282.1 * 1.01, 3.39, seed=10, cv=0.0035)  # kernel-bound: the 3% gate applies
-    base = _with(kb, tg128=("tg32", 1.0), tg128_gpu=("tg32_gpu", 1.0), tg32_at_d8192=("tg32", 0.9),
-                 tg32_gpu_at_d8192=("tg32_gpu", 0.9), tg32_at_c2=("tg32", 0.8))
+    base = _with(kb, {"tg128": ("tg32", 1.0), "tg128_gpu": ("tg32_gpu", 1.0), "tg32@d8192": ("tg32", 0.9),
+                      "tg32_gpu@d8192": ("tg32_gpu", 0.9), "tg32@c2": ("tg32", 0.8)})
     run = _decode_run(282.1, 282.1 * 1.01, 3.39, seed=31, cv=0.0035)
 
     def judged(cur: dict) -> dict:
         return {v.name: v for v in regression.compare_run(base, cur, t)}
 
     # depth 0's step 10% slower, one of its two kernel twins 5% slower: the GPU's regression, not the host's
-    one_slow = judged(_with(run, tg32=("tg32", 0.9), tg128=("tg32", 0.9), tg128_gpu=("tg32_gpu", 0.95),
-                            tg32_at_d8192=("tg32", 0.9), tg32_gpu_at_d8192=("tg32_gpu", 0.9), tg32_at_c2=("tg32", 0.8)))
+    one_slow = judged(_with(run, {"tg32": ("tg32", 0.9), "tg128": ("tg32", 0.9), "tg128_gpu": ("tg32_gpu", 0.95),
+                                  "tg32@d8192": ("tg32", 0.9), "tg32_gpu@d8192": ("tg32_gpu", 0.9),
+                                  "tg32@c2": ("tg32", 0.8)}))
     assert one_slow["tg32"].status == "fail" and one_slow["tg32"].reason is regression.Reason.REGRESSION
     # depth 0's kernels held and its step 10% slower: the host's; at 8k the kernels 10% slower: the GPU's
-    depth = judged(_with(run, tg32=("tg32", 0.9), tg128=("tg32", 0.9), tg128_gpu=("tg32_gpu", 1.0),
-                         tg32_at_d8192=("tg32", 0.9 * 0.9), tg32_gpu_at_d8192=("tg32_gpu", 0.9 * 0.9),
-                         tg32_at_c2=("tg32", 0.8)))
+    depth = judged(_with(run, {"tg32": ("tg32", 0.9), "tg128": ("tg32", 0.9), "tg128_gpu": ("tg32_gpu", 1.0),
+                               "tg32@d8192": ("tg32", 0.9 * 0.9), "tg32_gpu@d8192": ("tg32_gpu", 0.9 * 0.9),
+                               "tg32@c2": ("tg32", 0.8)}))
     assert depth["tg32"].reason is regression.Reason.HOST_SIDE, depth["tg32"].message
     assert "@d8192" not in depth["tg32"].message
     assert depth["tg32@d8192"].status == "fail" and depth["tg32@d8192"].reason is regression.Reason.REGRESSION
     # a batch of two 20% slower (beyond its 8% boot spread) with the batch-1 kernels held: no twin measured its kernels
     # (even where the batch-1 step itself waited for the host: 6% slower, kernels held)
-    c2 = judged(_with(run, tg32=("tg32", 0.94), tg128=("tg32", 0.94), tg128_gpu=("tg32_gpu", 1.0),
-                      tg32_at_d8192=("tg32", 0.9), tg32_gpu_at_d8192=("tg32_gpu", 0.9), tg32_at_c2=("tg32", 0.8 * 0.8)))
+    c2 = judged(_with(run, {"tg32": ("tg32", 0.94), "tg128": ("tg32", 0.94), "tg128_gpu": ("tg32_gpu", 1.0),
+                            "tg32@d8192": ("tg32", 0.9), "tg32_gpu@d8192": ("tg32_gpu", 0.9),
+                            "tg32@c2": ("tg32", 0.8 * 0.8)}))
     assert c2["tg32"].reason is regression.Reason.HOST_SIDE
     assert c2["tg32@c2"].status == "fail" and c2["tg32@c2"].reason is regression.Reason.REGRESSION
     # the engine metric on the client's clock: its step is not the engine's, so no attribution
     client = {**run, "metrics": {**run["metrics"], "tg32": {**run["metrics"]["tg32"], "clock": "client"}}}
     cb = {**kb, "metrics": {**kb["metrics"], "tg32": {**kb["metrics"]["tg32"], "clock": "client"}}}
-    slow = _with(client, tg32=("tg32", 0.9))
+    slow = _with(client, {"tg32": ("tg32", 0.9)})
     v = {x.name: x for x in regression.compare_run(cb, slow, t)}["tg32"]
     assert v.status == "fail" and v.reason is regression.Reason.REGRESSION
