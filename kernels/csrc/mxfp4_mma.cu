@@ -140,6 +140,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_
                : "r"(addr));
 }
 
+__device__ __forceinline__ void ldmatrix_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
 __device__ __forceinline__ uint64_t policy_evict_first() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
@@ -1265,31 +1269,33 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
                                                                     (lane & 7) * PF_ROW + (lane >> 3) * 4);
 #pragma unroll
             for (int bh = 0; bh < 2; ++bh) {
-              uint32_t af[RT][2][4];
+              uint32_t sg[RT], sh[RT];
 #pragma unroll
               for (int rt = 0; rt < RT; ++rt) {
-                decode4_bf16(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
-                decode4_bf16(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
                 // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): fragment registers 0, 2 are row g, 1, 3 row g+8
-                const uint32_t sg = bh ? e8m0_bf16x2<2>(sb[p][rt]) : e8m0_bf16x2<0>(sb[p][rt]);
-                const uint32_t sh = bh ? e8m0_bf16x2<3>(sb[p][rt]) : e8m0_bf16x2<1>(sb[p][rt]);
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                  af[rt][j][0] = bf16x2_mul(af[rt][j][0], sg);
-                  af[rt][j][1] = bf16x2_mul(af[rt][j][1], sh);
-                  af[rt][j][2] = bf16x2_mul(af[rt][j][2], sg);
-                  af[rt][j][3] = bf16x2_mul(af[rt][j][3], sh);
-                }
+                sg[rt] = bh ? e8m0_bf16x2<2>(sb[p][rt]) : e8m0_bf16x2<0>(sb[p][rt]);
+                sh[rt] = bh ? e8m0_bf16x2<3>(sb[p][rt]) : e8m0_bf16x2<1>(sb[p][rt]);
               }
-              if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
 #pragma unroll
-              for (int nt = 0; nt < NTL; ++nt) {
-                uint32_t b0, b1, b2, b3;
-                ldmatrix_x4(xs + (nt * 8 * PF_ROW + bh * 16) * 4, b0, b1, b2, b3);
+              for (int j = 0; j < 2; ++j) {
+                uint32_t af[RT][4];
 #pragma unroll
                 for (int rt = 0; rt < RT; ++rt) {
-                  mma16816_bf16(acc[rt][nt], af[rt][0], b0, b1);
-                  mma16816_bf16(acc[rt][nt], af[rt][1], b2, b3);
+                  decode4_bf16(j ? (bh ? wb[p][rt].w : wb[p][rt].y) : (bh ? wb[p][rt].z : wb[p][rt].x), af[rt]);
+                  af[rt][0] = bf16x2_mul(af[rt][0], sg[rt]);
+                  af[rt][1] = bf16x2_mul(af[rt][1], sh[rt]);
+                  af[rt][2] = bf16x2_mul(af[rt][2], sg[rt]);
+                  af[rt][3] = bf16x2_mul(af[rt][3], sh[rt]);
+                }
+                if (bh == 1 && j == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
+                uint32_t b[2][2];
+                ldmatrix_x2(xs + (bh * 16 + j * 8) * 4, b[0][0], b[0][1]);
+#pragma unroll
+                for (int nt = 0; nt < NTL; ++nt) {
+                  if (nt + 1 < NTL)
+                    ldmatrix_x2(xs + ((nt + 1) * 8 * PF_ROW + bh * 16 + j * 8) * 4, b[(nt + 1) & 1][0], b[(nt + 1) & 1][1]);
+#pragma unroll
+                  for (int rt = 0; rt < RT; ++rt) mma16816_bf16(acc[rt][nt], af[rt], b[nt & 1][0], b[nt & 1][1]);
                 }
               }
             }
