@@ -1251,8 +1251,31 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   // branch between its MMAs). A per-tile `nt >= nt_live` break there made the compiler finish each tile's MMAs before
   // the next tile's (Nsight Compute, H200, gate_up at 2048 tokens: "wait" stalls on NOP / WARPSYNC / BRA between them;
   // kernels/NOTES.md "Where the MoE prefill kernel stalls").
+  // bf16 form: step s (0..3) of weight slot p, i.e. k-step s & 1 of MX block s >> 1, decoded and scaled into af.
+  // The two scale registers per row tile serve both k-steps of an MX block: made at its first step, kept for the second.
+  uint32_t scl[RT][2];
+  auto decode_step = [&](int p, int s, uint32_t(&af)[RT][4]) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const uint32_t w = s == 0 ? wb[p][rt].x : s == 1 ? wb[p][rt].y : s == 2 ? wb[p][rt].z : wb[p][rt].w;
+      // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): fragment registers 0, 2 are row g, 1, 3 row g+8
+      if (!(s & 1)) {
+        scl[rt][0] = s >> 1 ? e8m0_bf16x2<2>(sb[p][rt]) : e8m0_bf16x2<0>(sb[p][rt]);
+        scl[rt][1] = s >> 1 ? e8m0_bf16x2<3>(sb[p][rt]) : e8m0_bf16x2<1>(sb[p][rt]);
+      }
+      decode4_bf16(w, af[rt]);
+      af[rt][0] = bf16x2_mul(af[rt][0], scl[rt][0]);
+      af[rt][1] = bf16x2_mul(af[rt][1], scl[rt][1]);
+      af[rt][2] = bf16x2_mul(af[rt][2], scl[rt][0]);
+      af[rt][3] = bf16x2_mul(af[rt][3], scl[rt][1]);
+    }
+  };
   auto kloop = [&](auto ntl_c) {
     constexpr int NTL = decltype(ntl_c)::value;
+    // The fragments of the next k-step are decoded among this step's MMAs (the next chunk's first step among the last
+    // step's, before the barrier), so a warp's decode overlaps its own MMAs instead of alternating with them.
+    uint32_t af[RT][4];
+    if (FORM && wact) decode_step(0, 0, af);
     for (int c0 = 0; c0 < a.kc; c0 += PF_W) {
 #pragma unroll
       for (int p = 0; p < PF_W; ++p) {
@@ -1268,36 +1291,26 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
             const uint32_t xs = (uint32_t)__cvta_generic_to_shared(smem + (c % PF_STAGES) * BM * PF_ROW +
                                                                     (lane & 7) * PF_ROW + (lane >> 3) * 4);
 #pragma unroll
-            for (int bh = 0; bh < 2; ++bh) {
-              uint32_t sg[RT], sh[RT];
+            for (int st = 0; st < 4; ++st) {
+              const int bh = st >> 1, j = st & 1;
+              uint32_t an[RT][4];
+              uint32_t b[2][2];
+              ldmatrix_x2(xs + (bh * 16 + j * 8) * 4, b[0][0], b[0][1]);
 #pragma unroll
-              for (int rt = 0; rt < RT; ++rt) {
-                // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): fragment registers 0, 2 are row g, 1, 3 row g+8
-                sg[rt] = bh ? e8m0_bf16x2<2>(sb[p][rt]) : e8m0_bf16x2<0>(sb[p][rt]);
-                sh[rt] = bh ? e8m0_bf16x2<3>(sb[p][rt]) : e8m0_bf16x2<1>(sb[p][rt]);
+              for (int nt = 0; nt < NTL; ++nt) {
+                if (nt + 1 < NTL)
+                  ldmatrix_x2(xs + ((nt + 1) * 8 * PF_ROW + bh * 16 + j * 8) * 4, b[(nt + 1) & 1][0], b[(nt + 1) & 1][1]);
+#pragma unroll
+                for (int rt = 0; rt < RT; ++rt) mma16816_bf16(acc[rt][nt], af[rt], b[nt & 1][0], b[nt & 1][1]);
+                // the next step: this slot's, or after the last one the next slot's first (chunk c + 1; past K its
+                // words are stale or zero and the fragments are never used)
+                if (nt == 0) decode_step(st < 3 ? p : (p + 1) % PF_W, (st + 1) & 3, an);
               }
+              if (st == 2) refill(p, c + PF_W);  // this slot's last step is decoded (into an): refill it
 #pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                uint32_t af[RT][4];
+              for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
-                for (int rt = 0; rt < RT; ++rt) {
-                  decode4_bf16(j ? (bh ? wb[p][rt].w : wb[p][rt].y) : (bh ? wb[p][rt].z : wb[p][rt].x), af[rt]);
-                  af[rt][0] = bf16x2_mul(af[rt][0], sg[rt]);
-                  af[rt][1] = bf16x2_mul(af[rt][1], sh[rt]);
-                  af[rt][2] = bf16x2_mul(af[rt][2], sg[rt]);
-                  af[rt][3] = bf16x2_mul(af[rt][3], sh[rt]);
-                }
-                if (bh == 1 && j == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
-                uint32_t b[2][2];
-                ldmatrix_x2(xs + (bh * 16 + j * 8) * 4, b[0][0], b[0][1]);
-#pragma unroll
-                for (int nt = 0; nt < NTL; ++nt) {
-                  if (nt + 1 < NTL)
-                    ldmatrix_x2(xs + ((nt + 1) * 8 * PF_ROW + bh * 16 + j * 8) * 4, b[(nt + 1) & 1][0], b[(nt + 1) & 1][1]);
-#pragma unroll
-                  for (int rt = 0; rt < RT; ++rt) mma16816_bf16(acc[rt][nt], af[rt], b[nt & 1][0], b[nt & 1][1]);
-                }
-              }
+                for (int i = 0; i < 4; ++i) af[rt][i] = an[rt][i];
             }
           } else if (wact) {
             const uint32_t* xs = smem + (c % PF_STAGES) * BM * PF_ROW + g * PF_ROW + t * 8;
