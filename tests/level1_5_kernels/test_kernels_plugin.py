@@ -245,6 +245,95 @@ def test_eager_dense_calls_skip_the_custom_op_and_agree_with_it(monkeypatch):
     assert plugin._linear_for(linear.p.words, linear.p.scales.clone(), linear.p.n, linear.p.k, 4) is not linear
 
 
+class _Router(torch.nn.Module):
+    """vLLM's ReplicatedLinear as the plugin sees it: weight, bias, and a quant_method whose apply is the GEMM."""
+
+    def __init__(self, w, b):
+        super().__init__()
+        self.weight, self.bias = torch.nn.Parameter(w, requires_grad=False), torch.nn.Parameter(b, requires_grad=False)
+        self.quant_method = UnquantizedLinearMethod()
+
+    def forward(self, x):
+        return self.quant_method.apply(self, x, self.bias)
+
+
+def _moe_model(seed: int, packed: int = 1) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A gpt-oss MLP block: `router` and `experts`, whose submodule holds the packed copy (vLLM 0.26 hands its
+    RoutedExperts, not the FusedMoE module, to the MoE method). Returns (model, the layer the method receives)."""
+    g = generator(seed)
+    layer = _vllm_layer(seed)
+    routed = torch.nn.Module()
+    routed.top_k = TOP_K
+    for _ in range(packed):
+        setattr(routed, plugin.MOE_ATTR, plugin.pack_experts(layer))
+    experts = torch.nn.Module()
+    experts.routed = routed
+    if packed > 1:
+        experts.other = torch.nn.Module()
+        setattr(experts.other, plugin.MOE_ATTR, getattr(routed, plugin.MOE_ATTR))
+    block = torch.nn.Module()
+    block.router = _Router((torch.randn(E, H, generator=g) * 0.3).to(torch.bfloat16).to(DEV),
+                           (torch.randn(E, generator=g) * 0.1).to(torch.bfloat16).to(DEV))
+    block.experts = experts
+    model = torch.nn.Module()
+    model.mlp = block
+    return model, routed
+
+
+@pytest.mark.parametrize("m", [1, 4, 9])
+def test_decode_batches_route_from_x_and_skip_the_router_gemm_larger_ones_keep_it(stock, m, monkeypatch):
+    """Threshold 4: at M <= 4 the router module returns an unfilled tensor and the MoE routes from x and the
+    router's weights (its logits are never read: NaN here); above 4 the router is vLLM's GEMM and the MoE routes
+    from its logits. Either way the output is the experts' reference on the fp32 routing of x."""
+    seed = fresh_seed()
+    model, routed = _moe_model(seed)
+    assert plugin.install_route(model, 4) == 1 and plugin.install_route(model, 4) == 1  # idempotent
+    router = model.mlp.router
+    x = torch.randn(m, H, generator=generator(seed + 1)).to(torch.bfloat16).to(DEV)
+    gemms, linear = [], torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: gemms.append(1) or linear(*a, **k))
+    logits = router(x)
+    monkeypatch.setattr(torch.nn.functional, "linear", linear)
+    assert logits.shape == (m, E) and len(gemms) == (m > 4), "the router's GEMM ran for a batch the MoE routes itself"
+    if m > 4:
+        assert torch.equal(logits, torch.nn.functional.linear(x, router.weight, router.bias))
+    else:
+        logits = torch.full((m, E), float("nan"), device=DEV)  # what an unfilled tensor may hold
+    ids, wts = reference.route(x, router.weight, router.bias, TOP_K)
+    out = stock.apply_monolithic(layer=routed, x=x, router_logits=logits)
+    assert stock.calls == []
+    assert torch.isfinite(out.float()).all(), f"seed={seed}: the MoE read the router's unfilled logits"
+    layer = _vllm_layer(seed)
+    want = _reference(layer, x, ids, wts) if m <= 4 else _reference(layer, x, *plugin.route_from_logits(logits, TOP_K))
+    assert_close_nmse(out, want, MOE_NMSE, seed, f"routed from {'x' if m <= 4 else 'logits'} M={m}")
+
+
+def test_a_block_the_plugin_cannot_link_keeps_vllms_router_and_its_logits(stock):
+    """Both or neither: a router is taken over only together with the one packed layer that will route from x.
+    A block with no packed layer (the plugin did not pack its experts) or two keeps vLLM's router, and its MoE
+    routes from vLLM's logits at every M."""
+    for packed in (0, 2):
+        model, routed = _moe_model(fresh_seed(), packed=packed)
+        assert plugin.install_route(model, 4) == 0
+        assert type(model.mlp.router.quant_method) is UnquantizedLinearMethod
+        assert not hasattr(routed, plugin.ROUTER_ATTR)
+    model, routed = _moe_model(fresh_seed())
+    model.mlp.router.quant_method = type("Fp8LinearMethod", (), {})()
+    assert plugin.install_route(model, 4) == 0 and not hasattr(routed, plugin.ROUTER_ATTR)
+
+
+def test_the_router_op_is_opaque_to_torch_compile_and_branches_at_run_time():
+    """vLLM compiles one graph for every batch size: the batch-size branch must live inside the custom op."""
+    op = plugin._router_op()
+    w = torch.randn(E, H).to(torch.bfloat16)
+    b = torch.randn(E).to(torch.bfloat16)
+    x = torch.randn(9, H).to(torch.bfloat16)
+    assert torch.equal(op(x, w, b, 4), torch.nn.functional.linear(x, w, b))
+    assert op(x[:3], w, b, 4).shape == (3, E)
+    fake = torch.library.opcheck(op, (x, w, b, 4), test_utils=("test_schema", "test_faketensor"))
+    assert all(v == "SUCCESS" for v in fake.values()), fake
+
+
 def test_register_patches_the_installed_vllm_and_is_idempotent():
     """In a fresh interpreter (the patch is process-wide): the entry point is found the way vLLM looks
     for it, nothing is patched without SUITE_KERNELS, and with it the wrapped methods of the installed
@@ -258,14 +347,14 @@ from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod a
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader as L
 os.environ.pop("SUITE_KERNELS", None)
 suite_kernels.register()
-before = [hasattr(C.apply, "_suite_kernels"), hasattr(L.load_model, "_suite_kernels_dense")]
+before = [hasattr(C.apply, "_suite_kernels"), hasattr(L.load_model, "_suite_kernels_load")]
 os.environ["SUITE_KERNELS"] = "moe,dense"
 suite_kernels.register(); once = C.apply_monolithic
 suite_kernels.register()
 params = {n: list(inspect.signature(getattr(C, n).__wrapped__).parameters)
           for n in ("process_weights_after_loading", "apply_monolithic", "apply", "get_fused_moe_quant_config")}
 print(json.dumps({"eps": eps, "before": before, "idempotent": C.apply_monolithic is once,
-                  "dense": hasattr(L.load_model, "_suite_kernels_dense"), "params": params}))
+                  "dense": hasattr(L.load_model, "_suite_kernels_load"), "params": params}))
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")])}
     env.pop(plugin.ENV, None)

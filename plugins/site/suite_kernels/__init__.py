@@ -6,9 +6,11 @@ vLLM finds it through the `vllm.general_plugins` entry point of the hand-written
 class level (MoE) or a module's `quant_method` is replaced (dense). Off unless a configuration sets:
 
   SUITE_KERNELS=moe         gpt-oss MXFP4 experts (`GptOssMxfp4MoEMethod`): repacked into our layout at load
-                            and vLLM's tensors freed; routing from vLLM's router logits; M <= the threshold:
-                            the CUDA decode kernels (route, gate_up + SwiGLU, down + combine); above it the
-                            grouped tensor-core GEMMs of `kernels.packed_mm` on the same packed bytes.
+                            and vLLM's tensors freed; M <= the threshold: the CUDA decode kernels (route from
+                            x and the router's weights in one launch, gate_up + SwiGLU, down + combine: vLLM's
+                            router GEMM is skipped for these batches, its module answering with an unfilled
+                            tensor the MoE never reads); above it vLLM's router logits, then the grouped
+                            tensor-core GEMMs of `kernels.packed_mm` on the same packed bytes.
   SUITE_KERNELS=moe,dense   also qkv_proj, o_proj and lm_head quantized to MXFP4 at load (the fork's
                             --mxfp4-layers all), their BF16 weights freed, every M served from the MXFP4
                             copy (`kernels.gemv.mxfp4_linear`: decode kernels up to the threshold, packed_mm above).
@@ -41,6 +43,9 @@ REPO = Path(__file__).resolve().parents[3]
 DENSE_NAMES = re.compile(r"(^|\.)(qkv_proj|o_proj|lm_head)$")
 _MARK = "_suite_kernels"
 MOE_ATTR = "_suite_kernels_moe"
+# on the MoE layer the plugin packed: (router weight, router bias), set at load together with the router module's
+# method, so the MoE routes from x for exactly the batches whose router GEMM was skipped
+ROUTER_ATTR = "_suite_kernels_router"
 
 
 def wanted(env: dict[str, str] | None = None) -> set[str]:
@@ -147,6 +152,21 @@ def route_from_logits(router_logits, top_k: int):
     return ids.to(torch.int32), torch.softmax(vals, dim=-1)
 
 
+def route_for_batch(layer, x, router_logits, top_k: int, threshold: int):
+    """(ids, weights) of a MoE call. Where the plugin took over the layer's router (ROUTER_ATTR) and the batch is a
+    decode batch, from x and the router's weights in one launch (`kernels.moe.route_packed`: GEMV + top-k +
+    softmax; vLLM's logits are an unfilled tensor then); otherwise from vLLM's logits. In one process on an H200
+    (`python -m kernels.tools.decode_sequence`), vLLM's cuBLAS router GEMM then our top-k cost 3.8 us per layer
+    more than the one launch: cuBLAS does not start the next kernel early (programmatic dependent launch)."""
+    linked = getattr(layer, ROUTER_ATTR, None)
+    if linked is not None and x.shape[0] <= threshold:
+        _import_kernels()
+        from kernels.moe import route_packed
+
+        return route_packed(x, linked[0], linked[1], top_k)
+    return route_from_logits(router_logits, top_k)
+
+
 def run_experts(x, ids, weights, p: PackedExperts, threshold: int = 16):
     """[M, H] bf16: the experts on our packed copy, weighted and summed (what vLLM's MoE returns). The decode
     kernels serve M <= threshold, the grouped tensor-core GEMMs (kernels.packed_mm) every larger M."""
@@ -187,7 +207,7 @@ def patch_moe(cls, threshold: int) -> None:
 
     @functools.wraps(cls.apply_monolithic)
     def apply_monolithic(self, layer, x, router_logits, input_ids=None, **kwargs):
-        ids, wts = route_from_logits(router_logits, layer.top_k)
+        ids, wts = route_for_batch(layer, x, router_logits, layer.top_k, threshold)
         return run_experts(x, ids, wts, packed_experts(layer), threshold)
 
     @functools.wraps(cls.apply)
@@ -349,10 +369,81 @@ def install_dense(model, threshold: int) -> list[str]:
     return done
 
 
-def _patch_dense(threshold: int) -> None:
+def router_logits(x, weight, bias, threshold: int):
+    """What the router module returns once the plugin took it over: vLLM's GEMM above the threshold; at or below
+    it an unfilled [M, E] tensor, since the MoE routes those batches from x itself (`route_for_batch`)."""
+    import torch
+
+    if x.shape[0] <= threshold:
+        return x.new_empty((x.shape[0], weight.shape[0]))
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def _router_op():
+    """`torch.ops.suite_kernels.router_logits`: opaque to torch.compile, so that the batch-size branch is taken at
+    run time (vLLM compiles one graph for every batch size)."""
+    import torch
+
+    if hasattr(torch.ops, "suite_kernels") and hasattr(torch.ops.suite_kernels, "router_logits"):
+        return torch.ops.suite_kernels.router_logits
+
+    @torch.library.custom_op("suite_kernels::router_logits", mutates_args=(), schema=(
+        "(Tensor x, Tensor weight, Tensor? bias, SymInt threshold) -> Tensor"))
+    def op(x, weight, bias, threshold):
+        return router_logits(x, weight, bias, threshold)
+
+    @op.register_fake
+    def _(x, weight, bias, threshold):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    return torch.ops.suite_kernels.router_logits
+
+
+_router_classes: dict[type, type] = {}
+
+
+def _router_apply(self, layer, x, bias=None):
+    import torch
+
+    threshold = getattr(self, ROUTER_ATTR)
+    if torch.compiler.is_compiling():
+        return _router_op()(x, layer.weight, bias, threshold)
+    return router_logits(x, layer.weight, bias, threshold)
+
+
+def install_route(model, threshold: int) -> int:
+    """For every gpt-oss MLP block (a module with `router` and `experts`) whose experts the plugin packed: link the
+    router's weight and bias to the packed MoE layer and swap the router's method for `_router_apply`, both or
+    neither. Returns the number of blocks linked; a block it cannot link keeps vLLM's router and logits."""
+    linked = 0
+    for _, block in model.named_modules():
+        router, experts = getattr(block, "router", None), getattr(block, "experts", None)
+        qm = getattr(router, "quant_method", None)
+        if qm is None or experts is None or not hasattr(experts, "modules"):
+            continue
+        if hasattr(qm, ROUTER_ATTR):
+            linked += 1
+            continue
+        packed = [m for m in experts.modules() if hasattr(m, MOE_ATTR)]
+        if len(packed) != 1 or type(qm).__name__ != "UnquantizedLinearMethod" or getattr(router, "weight", None) is None:
+            continue
+        setattr(packed[0], ROUTER_ATTR, (router.weight, getattr(router, "bias", None)))
+        base = type(qm)
+        cls = _router_classes.setdefault(base, type(f"SuiteKernelsRouter{base.__name__}", (base,),
+                                                    {"apply": _router_apply}))
+        method = copy.copy(qm)
+        method.__class__ = cls
+        setattr(method, ROUTER_ATTR, int(threshold))
+        router.quant_method = method
+        linked += 1
+    return linked
+
+
+def _patch_load(threshold: int, parts: set[str]) -> None:
+    """After vLLM loads the served model: the MoE blocks' routers (moe), the dense layers (dense)."""
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
-    if getattr(BaseModelLoader.load_model, _MARK + "_dense", False):
+    if getattr(BaseModelLoader.load_model, _MARK + "_load", False):
         return
     original = BaseModelLoader.load_model
 
@@ -362,12 +453,17 @@ def _patch_dense(threshold: int) -> None:
         prefix = kwargs.get("prefix", args[2] if len(args) > 2 else "")
         if not prefix:  # the served model, not a speculative drafter
             require_cuda_kernels()
-            done = install_dense(model, threshold)
-            print(f"suite_kernels: dense MXFP4 for {len(done)} modules ({', '.join(done[:3])}"
-                  f"{', ...' if len(done) > 3 else ''})", file=sys.stderr, flush=True)
+            if "moe" in parts:
+                n = install_route(model, threshold)
+                print(f"suite_kernels: {n} MoE blocks route from x for M <= {threshold} (vLLM's router GEMM skipped "
+                      f"there)", file=sys.stderr, flush=True)
+            if "dense" in parts:
+                done = install_dense(model, threshold)
+                print(f"suite_kernels: dense MXFP4 for {len(done)} modules ({', '.join(done[:3])}"
+                      f"{', ...' if len(done) > 3 else ''})", file=sys.stderr, flush=True)
         return model
 
-    setattr(load_model, _MARK + "_dense", True)
+    setattr(load_model, _MARK + "_load", True)
     BaseModelLoader.load_model = load_model
 
 
@@ -381,5 +477,4 @@ def register() -> None:
         from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod
 
         patch_moe(GptOssMxfp4MoEMethod, threshold)
-    if "dense" in parts:
-        _patch_dense(threshold)
+    _patch_load(threshold, parts)
