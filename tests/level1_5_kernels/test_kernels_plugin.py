@@ -300,12 +300,18 @@ def test_decode_batches_route_from_x_and_skip_the_router_gemm_larger_ones_keep_i
     else:
         logits = torch.full((m, E), float("nan"), device=DEV)  # what an unfilled tensor may hold
     ids, wts = reference.route(x, router.weight, router.bias, TOP_K)
-    out = stock.apply_monolithic(layer=routed, x=x, router_logits=logits)
-    assert stock.calls == []
-    assert torch.isfinite(out.float()).all(), f"seed={seed}: the MoE read the router's unfilled logits"
     layer = _vllm_layer(seed)
     want = _reference(layer, x, ids, wts) if m <= 4 else _reference(layer, x, *plugin.route_from_logits(logits, TOP_K))
-    assert_close_nmse(out, want, MOE_NMSE, seed, f"routed from {'x' if m <= 4 else 'logits'} M={m}")
+    out = stock.apply_monolithic(layer=routed, x=x, router_logits=logits)
+    assert torch.isfinite(out.float()).all(), f"seed={seed}: the MoE read the router's unfilled logits"
+    assert_close_nmse(out, want, MOE_NMSE, seed, f"monolithic, routed from {'x' if m <= 4 else 'logits'} M={m}")
+    # the modular path: vLLM routes from the logits first; for a decode batch that routing read the unfilled tensor
+    vllm_ids, vllm_wts = plugin.route_from_logits(logits, TOP_K)
+    out = stock.apply(layer=routed, x=x, topk_weights=vllm_wts, topk_ids=vllm_ids, shared_experts=None,
+                      shared_experts_input=None)
+    assert torch.isfinite(out.float()).all(), f"seed={seed}: the MoE used vLLM's routing of the unfilled logits"
+    assert_close_nmse(out, want, MOE_NMSE, seed, f"modular, routed from {'x' if m <= 4 else 'logits'} M={m}")
+    assert stock.calls == []
 
 
 def test_a_block_the_plugin_cannot_link_keeps_vllms_router_and_its_logits(stock):

@@ -214,6 +214,9 @@ def patch_moe(cls, threshold: int) -> None:
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None, **kwargs):
         if shared_experts is not None:
             raise RuntimeError(f"{ENV}=moe: shared experts are not part of gpt-oss; unset {ENV} for this model")
+        if getattr(layer, ROUTER_ATTR, None) is not None and x.shape[0] <= threshold:
+            # vLLM routed this decode batch from the router's unfilled logits: route it from x instead
+            topk_ids, topk_weights = route_for_batch(layer, x, None, layer.top_k, threshold)
         return run_experts(x, topk_ids, topk_weights, packed_experts(layer), threshold)
 
     @functools.wraps(cls.get_fused_moe_quant_config)
