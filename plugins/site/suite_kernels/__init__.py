@@ -437,6 +437,7 @@ def install_route(model, threshold: int) -> int:
         method = copy.copy(qm)
         method.__class__ = cls
         setattr(method, ROUTER_ATTR, int(threshold))
+        _router_op()  # registered at load, before torch.compile traces the model or loads a cached graph naming it
         router.quant_method = method
         linked += 1
     return linked
