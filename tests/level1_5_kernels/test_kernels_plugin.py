@@ -91,6 +91,15 @@ def test_parts_come_from_the_environment_and_a_typo_is_an_error():
         plugin.wanted({plugin.ENV: "moe,gemv"})
 
 
+def test_the_fused_route_is_opt_in_and_needs_the_plugins_moe():
+    assert plugin.route({plugin.ENV: "moe,dense"}) == "vllm"
+    assert plugin.route({plugin.ENV: "moe", plugin.ROUTE_ENV: "fused"}) == "fused"
+    with pytest.raises(ValueError, match="use one of"):
+        plugin.route({plugin.ENV: "moe", plugin.ROUTE_ENV: "fuse"})
+    with pytest.raises(ValueError, match="add moe to"):
+        plugin.route({plugin.ENV: "dense", plugin.ROUTE_ENV: "fused"})
+
+
 @pytest.mark.parametrize("m", [1, 3])
 def test_small_batches_run_our_kernels_like_the_reference(stock, m):
     seed = fresh_seed()

@@ -6,15 +6,17 @@ vLLM finds it through the `vllm.general_plugins` entry point of the hand-written
 class level (MoE) or a module's `quant_method` is replaced (dense). Off unless a configuration sets:
 
   SUITE_KERNELS=moe         gpt-oss MXFP4 experts (`GptOssMxfp4MoEMethod`): repacked into our layout at load
-                            and vLLM's tensors freed; M <= the threshold: the CUDA decode kernels (route from
-                            x and the router's weights in one launch, gate_up + SwiGLU, down + combine: vLLM's
-                            router GEMM is skipped for these batches, its module answering with an unfilled
-                            tensor the MoE never reads); above it vLLM's router logits, then the grouped
-                            tensor-core GEMMs of `kernels.packed_mm` on the same packed bytes.
+                            and vLLM's tensors freed; routing from vLLM's router logits; M <= the threshold:
+                            the CUDA decode kernels (route, gate_up + SwiGLU, down + combine); above it the
+                            grouped tensor-core GEMMs of `kernels.packed_mm` on the same packed bytes.
   SUITE_KERNELS=moe,dense   also qkv_proj, o_proj and lm_head quantized to MXFP4 at load (the fork's
                             --mxfp4-layers all), their BF16 weights freed, every M served from the MXFP4
                             copy (`kernels.gemv.mxfp4_linear`: decode kernels up to the threshold, packed_mm above).
   SUITE_KERNELS_MAX_M=16    the threshold (default: kernels/tuning.yaml gemv.small_m_threshold).
+  SUITE_KERNELS_ROUTE=fused with moe: batches up to the threshold route from x in one launch (router GEMV + top-k,
+                            `kernels.moe.route_packed`) and vLLM's router GEMM is skipped for them (its module
+                            answers with an unfilled tensor the MoE never reads); default `vllm`: vLLM's router
+                            logits at every M. Opt-in until a served A/B shows the engine clock gains.
 
 Memory: one copy. vLLM's own MXFP4 backends do the same (they replace `w13_weight` / `w2_weight` with
 their repacked tensor after load); keeping vLLM's experts beside ours doubled them (~61 GB more on the
@@ -37,6 +39,8 @@ from pathlib import Path
 
 ENV = "SUITE_KERNELS"
 MAX_M_ENV = "SUITE_KERNELS_MAX_M"
+ROUTE_ENV = "SUITE_KERNELS_ROUTE"
+ROUTES = ("vllm", "fused")
 PARTS = ("moe", "dense")
 # the repository root: `kernels` lives there (plugins/site/suite_kernels/__init__.py -> repo)
 REPO = Path(__file__).resolve().parents[3]
@@ -56,6 +60,17 @@ def wanted(env: dict[str, str] | None = None) -> set[str]:
     if unknown:
         raise ValueError(f"{ENV}={raw!r}: unknown part(s) {sorted(unknown)}; use any of {list(PARTS)}")
     return parts
+
+
+def route(env: dict[str, str] | None = None) -> str:
+    """Who routes decode batches: `vllm` (its router GEMM, our top-k; the default) or `fused` (one launch from x)."""
+    env = os.environ if env is None else env
+    raw = env.get(ROUTE_ENV, "").strip() or ROUTES[0]
+    if raw not in ROUTES:
+        raise ValueError(f"{ROUTE_ENV}={raw!r}: use one of {list(ROUTES)}")
+    if raw == "fused" and "moe" not in wanted(env):
+        raise ValueError(f"{ROUTE_ENV}=fused routes for the plugin's MoE: add moe to {ENV}")
+    return raw
 
 
 def max_m(env: dict[str, str] | None = None) -> int:
@@ -444,7 +459,8 @@ def install_route(model, threshold: int) -> int:
 
 
 def _patch_load(threshold: int, parts: set[str]) -> None:
-    """After vLLM loads the served model: the MoE blocks' routers (moe), the dense layers (dense)."""
+    """After vLLM loads the served model: the MoE blocks' routers (moe with SUITE_KERNELS_ROUTE=fused), the dense
+    layers (dense)."""
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
     if getattr(BaseModelLoader.load_model, _MARK + "_load", False):
@@ -457,7 +473,7 @@ def _patch_load(threshold: int, parts: set[str]) -> None:
         prefix = kwargs.get("prefix", args[2] if len(args) > 2 else "")
         if not prefix:  # the served model, not a speculative drafter
             require_cuda_kernels()
-            if "moe" in parts:
+            if "moe" in parts and route() == "fused":
                 n = install_route(model, threshold)
                 print(f"suite_kernels: {n} MoE blocks route from x for M <= {threshold} (vLLM's router GEMM skipped "
                       f"there)", file=sys.stderr, flush=True)
@@ -477,8 +493,10 @@ def register() -> None:
     if not parts:
         return
     threshold = max_m()
+    fused = route() == "fused"  # a typo, or a fused route without the MoE, fails here: before the weights load
     if "moe" in parts:
         from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod
 
         patch_moe(GptOssMxfp4MoEMethod, threshold)
-    _patch_load(threshold, parts)
+    if "dense" in parts or fused:
+        _patch_load(threshold, parts)
