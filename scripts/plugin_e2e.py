@@ -11,6 +11,12 @@ keeps what it measured and a second call with the same --out measures only the c
 The kernel-time breakdown (MoE / dense / attention / other, GPU idle, launches per token) of one profiled
 request is harness/kernelpath/breakdown.py's, its categories the flavour files' data.
 
+A config entry may carry extra server environment, `CONFIG+VAR=VALUE[+VAR=VALUE...]`, to compare a plugin option
+against the same config without it in one run (e.g. `gemv-bf16-mxfp4-all,gemv-bf16-mxfp4-all+SUITE_KERNELS_ROUTE=fused`).
+`--warm` first boots the first entry and runs each workload once, discarded. On a fresh H200 (2026-11-30) the first
+boot compiled, and it ran engine-clock pp2048 26% slower than the next boot, whose prefill ran the same kernels
+(`pp2048_gpu` within 0.2%): whichever config comes first would be judged on the host.
+
 Workloads: tg32 and tg128 at batch 1 (16-token prompt, the seed's headline decode), tg32 at 4 concurrent
 requests (M=4: still the plugin's decode kernels), tg32 at 32 concurrent requests (above the plugin's
 threshold: kernels/packed_mm.py on the same packed weights) and pp2048 (prefill: packed_mm too). Ratios are
@@ -19,6 +25,7 @@ against the first config; used memory and KV capacity are vLLM's own accounting 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -53,11 +60,43 @@ BREAKDOWN_TOKENS = 64  # one batch-1 request profiled for the kernel-time breakd
 PLOT_NAME = "breakdown.png"  # one stacked bar per config, the first config first
 
 
+def parse_entry(entry: str) -> tuple[str, dict[str, str]]:
+    """`CONFIG` or `CONFIG+VAR=VALUE[+VAR=VALUE...]` -> (config, extra server environment)."""
+    config, *pairs = entry.split("+")
+    env = {}
+    for pair in pairs:
+        var, sep, value = pair.partition("=")
+        if not sep or not var.isidentifier() or not var.isupper() or not value:
+            raise SuiteError(f"--configs entry {entry!r}: {pair!r} is not VAR=VALUE (e.g. "
+                             f"{config}+SUITE_KERNELS_ROUTE=fused; an upper-case variable, a value without + or ,)")
+        env[var] = value
+    return config, env
+
+
 def _summary(entry: dict) -> dict:
     # the samples and their GPU clocks too: a decode CV of 10-15% (plugin) against 0.1-3% (stock) needs its shape
     # (one slow round, a drift, two modes) before a cause can be named
     return {"median": stats.median(entry["samples"]), "cv": stats.cv(entry["samples"]), "n": len(entry["samples"]),
             "samples": [round(v, 2) for v in entry["samples"]], "rounds": entry.get("rounds")}
+
+
+def _tag(env_extra: dict[str, str] | None, warm: bool = False) -> str:
+    """The boot's tag: its server log and hook directory apart from every other entry's."""
+    suffix = "".join(f"_{k.lower()}-{v}" for k, v in sorted((env_extra or {}).items()))
+    return "__e2e" + ("_warm" if warm else "") + "".join(c if c.isalnum() or c in "-_." else "_" for c in suffix)
+
+
+def warm_up(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str, str] | None,
+            prefill_gpu_only: bool) -> None:
+    """One boot and one round of each workload, discarded (see --warm)."""
+    target = next(t for t in suite.targets() if t.name == name)
+    if not target.runnable:
+        return
+    with suite.boot(target, tag=_tag(env_extra, warm=True), args_extra=args_extra, env_extra=env_extra) as running:
+        client = running.client(timeout_s=600)
+        maker = bench.PromptMaker(client, seed=7)
+        for w in (PREFILL_GPU,) if prefill_gpu_only else WORKLOADS:
+            bench.run_workload(client, maker, dataclasses.replace(w, runs=1, warmup=0))
 
 
 def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str, str] | None = None,
@@ -66,7 +105,7 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
     if not target.runnable:
         return {"skipped": target.reason}
     t0 = time.monotonic()
-    with suite.boot(target, tag="__e2e", args_extra=args_extra, env_extra=env_extra) as running:
+    with suite.boot(target, tag=_tag(env_extra), args_extra=args_extra, env_extra=env_extra) as running:
         client = running.client(timeout_s=600)
         maker = bench.PromptMaker(client, seed=7)
         metrics: dict[str, dict] = {}
@@ -231,15 +270,19 @@ def main() -> int:
     ap.add_argument("--boot-timeout", type=float, default=900)
     ap.add_argument("--prefill-gpu-only", action="store_true",
                     help="measure pp2048_gpu only (GPU kernel time of a 2048-token prefill; no decode workloads)")
+    ap.add_argument("--warm", action="store_true", help="first boot the first entry still to measure and run each "
+                    "workload once, discarded (a fresh machine's first boot compiles and disturbs the host)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    order = [c.strip() for c in a.configs.split(",") if c.strip()]
+    order = list(dict.fromkeys(c.strip() for c in a.configs.split(",") if c.strip()))
     util = dict(kv.split("=", 1) for kv in a.gpu_memory_utilization)
     res_file = out / "e2e.json"
     results: dict[str, dict] = json.loads(res_file.read_text())["results"] if res_file.is_file() else {}
     try:
-        suite = Suite.create(",".join(order), a.model, None, None, str(out / "suite-run"), a.boot_timeout)
+        entries = {e: parse_entry(e) for e in order}
+        bases = list(dict.fromkeys(config for config, _ in entries.values()))
+        suite = Suite.create(",".join(bases), a.model, None, None, str(out / "suite-run"), a.boot_timeout)
     except SuiteError as e:
         print(f"plugin_e2e: {e}")
         return 2
@@ -252,14 +295,24 @@ def main() -> int:
     if mixed:
         print(f"plugin_e2e: {out} {mixed}: use another --out (one table, one setting)")
         return 2
-    for name in order:
-        if "metrics" in results.get(name, {}):
-            continue
-        extra = ["--gpu-memory-utilization", util[name]] if name in util else []
+    def server(name: str) -> tuple[str, list[str], dict[str, str] | None]:
+        config, env = entries[name]
+        frac = util.get(name, util.get(config))
+        env = {**({RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else {}), **env}
+        return config, ["--gpu-memory-utilization", frac] if frac else [], env or None
+
+    pending = [n for n in order if "metrics" not in results.get(n, {})]
+    if a.warm and pending:
+        print(f"plugin_e2e: warm-up boot of {pending[0]} (discarded)", flush=True)
+        try:
+            warm_up(suite, *server(pending[0]), a.prefill_gpu_only)
+        except SuiteError as e:
+            print(f"plugin_e2e: the warm-up boot failed ({str(e).splitlines()[0][:200]}); measuring anyway", flush=True)
+    for name in pending:
+        config, extra, env = server(name)
         print(f"plugin_e2e: {name} {' '.join(extra)}", flush=True)
         try:
-            results[name] = {**measure(suite, name, extra, {RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else None,
-                                       a.prefill_gpu_only), **setting}
+            results[name] = {**measure(suite, config, extra, env, a.prefill_gpu_only), **setting}
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
         res_file.write_text(json.dumps({"model": a.model, "platform": suite.platform.name,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import plugin_e2e  # noqa: E402
 
@@ -83,3 +85,17 @@ def test_decode_is_called_host_bound_when_its_step_outlasts_its_kernels():
     assert "host-bound" in plugin and "samples 2.12-3.18" in plugin and "460.8 tok/s" in plugin
     assert "kernel-bound" in steady and "samples" not in steady  # CV under SPREAD_SHOWN: no sample range
     assert plugin_e2e.decode_bounds({"x": {"error": "boot failed"}}, ["x"]) == []
+
+
+def test_an_entry_with_server_environment_is_its_config_plus_that_environment_and_a_bad_one_says_the_form():
+    """`CONFIG+VAR=VALUE`: an option of the plugin judged against the same config without it, in one run. Each entry
+    boots under its own tag (its server log apart); a malformed pair is one line naming the form, not a boot."""
+    assert plugin_e2e.parse_entry("gemv-bf16") == ("gemv-bf16", {})
+    config, env = plugin_e2e.parse_entry("gemv-bf16-mxfp4-all+SUITE_KERNELS_ROUTE=fused+KERNELS_X=1")
+    assert (config, env) == ("gemv-bf16-mxfp4-all", {"SUITE_KERNELS_ROUTE": "fused", "KERNELS_X": "1"})
+    assert plugin_e2e._tag(None) == "__e2e" != plugin_e2e._tag(env) != plugin_e2e._tag(env, warm=True)
+    assert plugin_e2e._tag({"A": "x/y"}) == "__e2e_a-x_y"
+    for bad in ("gemv-bf16+route", "gemv-bf16+route=fused", "gemv-bf16+SUITE_KERNELS_ROUTE=", "gemv-bf16+=1"):
+        with pytest.raises(plugin_e2e.SuiteError, match="is not VAR=VALUE") as e:
+            plugin_e2e.parse_entry(bad)
+        assert "\n" not in str(e.value)
