@@ -1,4 +1,4 @@
-"""scripts/plugin_e2e.py resumes an --out a time limit cut off; it must never put results measured with other
+"""scripts/plugin_e2e.py: entries, warm-up and the report; it resumes an --out a time limit cut off, and must never put results measured with other
 weights (the shape models' valid random ones, or vLLM's dummy ones) or other kernel settings in the same table."""
 from __future__ import annotations
 
@@ -99,3 +99,39 @@ def test_an_entry_with_server_environment_is_its_config_plus_that_environment_an
         with pytest.raises(plugin_e2e.SuiteError, match="is not VAR=VALUE") as e:
             plugin_e2e.parse_entry(bad)
         assert "\n" not in str(e.value)
+
+
+def test_warm_boots_the_first_entry_still_to_measure_once_and_each_entry_boots_with_its_own_environment(
+        tmp_path, monkeypatch):
+    """main()'s plumbing with the boots recorded instead of run: --warm boots the first pending entry (discarded) before
+    any measured boot; `CONFIG+VAR=VALUE` measures CONFIG with VAR in its server environment; a resumed --out measures
+    (and warms) nothing it already has."""
+    from types import SimpleNamespace
+
+    made, calls = [], []
+    fake = SimpleNamespace(model=SimpleNamespace(fingerprint="fp"), platform=SimpleNamespace(name="sm_90", device="H200"))
+
+    def create(configs, *args):
+        made.append(configs)
+        return fake
+
+    monkeypatch.setattr(plugin_e2e.Suite, "create", staticmethod(create))
+    monkeypatch.setattr(plugin_e2e, "warm_up", lambda suite, *server: calls.append(("warm", *server)))
+    monkeypatch.setattr(plugin_e2e, "measure", lambda suite, *server: calls.append(("measure", *server))
+                        or {"boot_s": 1.0, "metrics": {"tg32": {"median": 100.0 + len(calls)}}})
+    argv = ["plugin_e2e.py", "--warm", "--configs", "gemv-bf16,gemv-bf16+SUITE_KERNELS_ROUTE=fused",
+            "--gpu-memory-utilization", "gemv-bf16=0.9", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert plugin_e2e.main() == 0
+    util = ["--gpu-memory-utilization", "0.9"]
+    assert made == ["gemv-bf16"]
+    assert calls == [("warm", "gemv-bf16", util, None, False),
+                     ("measure", "gemv-bf16", util, None, False),
+                     ("measure", "gemv-bf16", util, {"SUITE_KERNELS_ROUTE": "fused"}, False)], calls
+    import json
+
+    results = json.loads((tmp_path / "e2e.json").read_text())["results"]
+    assert list(results) == ["gemv-bf16", "gemv-bf16+SUITE_KERNELS_ROUTE=fused"]
+    assert "| gemv-bf16+SUITE_KERNELS_ROUTE=fused | 1.0 |" in (tmp_path / "e2e.md").read_text()
+    calls.clear()
+    assert plugin_e2e.main() == 0 and calls == [], "a resumed --out boots again"
