@@ -12,7 +12,8 @@ The kernel-time breakdown (MoE / dense / attention / other, GPU idle, launches p
 request is harness/kernelpath/breakdown.py's, its categories the flavour files' data.
 
 A config entry may carry extra server environment, `CONFIG+VAR=VALUE[+VAR=VALUE...]`, to compare a plugin option
-against the same config without it in one run (e.g. `gemv-bf16-mxfp4-all,gemv-bf16-mxfp4-all+SUITE_KERNELS_ROUTE=fused`).
+against the same config without it in one run
+(e.g. `gemv-bf16-mxfp4-all,gemv-bf16-mxfp4-all+SUITE_KERNELS_ROUTE=fused`).
 `--warm` first boots the first entry and runs each workload once, discarded. On a fresh H200 (2026-11-30) the first
 boot compiled, and it ran engine-clock pp2048 26% slower than the next boot, whose prefill ran the same kernels
 (`pp2048_gpu` within 0.2%): whichever config comes first would be judged on the host.

@@ -1,5 +1,6 @@
-"""scripts/plugin_e2e.py: entries, warm-up and the report; it resumes an --out a time limit cut off, and must never put results measured with other
-weights (the shape models' valid random ones, or vLLM's dummy ones) or other kernel settings in the same table."""
+"""scripts/plugin_e2e.py: entries, warm-up and the report. It resumes an --out a time limit cut off, and must never
+put results measured with other weights (the shape models' valid random ones, or vLLM's dummy ones) or other kernel
+settings in the same table."""
 from __future__ import annotations
 
 import sys
@@ -109,7 +110,8 @@ def test_warm_boots_the_first_entry_still_to_measure_once_and_each_entry_boots_w
     from types import SimpleNamespace
 
     made, calls = [], []
-    fake = SimpleNamespace(model=SimpleNamespace(fingerprint="fp"), platform=SimpleNamespace(name="sm_90", device="H200"))
+    fake = SimpleNamespace(model=SimpleNamespace(fingerprint="fp"),
+                           platform=SimpleNamespace(name="sm_90", device="H200"))
 
     def create(configs, *args):
         made.append(configs)
