@@ -288,7 +288,10 @@ def route_packed(x: torch.Tensor, router_w: torch.Tensor, router_b: torch.Tensor
         from . import cuda_ext
 
         if cuda_ext.topk_supported(router_w.shape[0], top_k) and cuda_ext.available()[0]:
-            return cuda_ext.route(x.to(torch.bfloat16).contiguous(), router_w, router_b, top_k, cfg.get("cuda_src", ""))
+            xb = x.to(torch.bfloat16)
+            # rows may be strided (a column slice of a padded x): the kernel takes the row stride, no copy needed
+            return cuda_ext.route(xb if xb.stride(-1) == 1 else xb.contiguous(), router_w, router_b, top_k,
+                                  cfg.get("cuda_src", ""))
     ids, wts = route(x, router_w, router_b, top_k)
     return ids.to(torch.int32), wts
 

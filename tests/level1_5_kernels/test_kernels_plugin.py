@@ -323,6 +323,25 @@ def test_decode_batches_route_from_x_and_skip_the_router_gemm_larger_ones_keep_i
     assert stock.calls == []
 
 
+def test_a_padded_hidden_state_routes_on_the_routers_own_columns():
+    """Backends that pad the MoE's hidden size (Marlin, GB10's default: 2880 -> 3072) hand the MoE x with zero
+    columns appended; the router holds the model's columns only. The fused route must give the routing of the
+    unpadded x (reading the router as if it had the padded width mixes its rows)."""
+    seed = fresh_seed()
+    model, routed = _moe_model(seed)
+    assert plugin.install_route(model, 4) == 1
+    router = model.mlp.router
+    x = torch.randn(3, H, generator=generator(seed + 1)).to(torch.bfloat16).to(DEV)
+    padded = torch.nn.functional.pad(x, (0, 64))
+    ids, wts = plugin.route_for_batch(routed, padded, None, TOP_K, 4)
+    want_ids, want_wts = reference.route(x, router.weight, router.bias, TOP_K)
+    # the same experts with the same weights, in whichever order the kernel lists them
+    order, want_order = ids.long().argsort(-1), want_ids.argsort(-1)
+    assert torch.equal(ids.long().gather(-1, order), want_ids.gather(-1, want_order)), f"seed={seed}"
+    # fp32 logits both ways; only the summation order differs (K = 64 terms: ~1e-6 relative)
+    torch.testing.assert_close(wts.gather(-1, order), want_wts.gather(-1, want_order), rtol=1e-4, atol=1e-6)
+
+
 def test_a_block_the_plugin_cannot_link_keeps_vllms_router_and_its_logits(stock):
     """Both or neither: a router is taken over only together with the one packed layer that will route from x.
     A block with no packed layer (the plugin did not pack its experts) or two keeps vLLM's router, and its MoE

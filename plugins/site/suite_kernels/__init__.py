@@ -178,7 +178,9 @@ def route_for_batch(layer, x, router_logits, top_k: int, threshold: int):
         _import_kernels()
         from kernels.moe import route_packed
 
-        return route_packed(x, linked[0], linked[1], top_k)
+        # a backend that pads the MoE's hidden size pads x with zero columns too (Marlin, GB10's default: 2880 ->
+        # 3072); the router has the model's own columns
+        return route_packed(x[:, : linked[0].shape[1]], linked[0], linked[1], top_k)
     return route_from_logits(router_logits, top_k)
 
 
