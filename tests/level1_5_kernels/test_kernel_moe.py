@@ -15,7 +15,7 @@ import torch
 
 from kernels import mxfp4, reference
 from kernels._triton import INTERPRET
-from kernels.cases import MOE, MOE_NMSE, ROUTE_WEIGHTS_TOL
+from kernels.cases import MOE, MOE_MARLIN_PADDED, MOE_NMSE, ROUTE_WEIGHTS_TOL
 from kernels.moe import moe_forward, mxfp4_moe
 from kernels.testing import (
     DEV,
@@ -193,6 +193,9 @@ def _need_cuda_ext():
     (1, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, 1.0, False),  # gpt-oss-120b decode
     (4, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, 1.0, False),
     (16, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, 1.0, True),
+    # the layer as vLLM's Marlin backend (GB10's default) allocates it: H 3072, I 2944
+    (1, MOE.experts, MOE_MARLIN_PADDED.hidden, MOE_MARLIN_PADDED.inter, MOE.top_k, 1.0, False),
+    (16, MOE.experts, MOE_MARLIN_PADDED.hidden, MOE_MARLIN_PADDED.inter, MOE.top_k, 1.0, True),
     (2, 6, 64, 96, 3, 40.0, True),  # clamps, ragged I (padded chunk), k not dividing 8 warps
     (1, 4, 32, 32, 2, 1.0, False),
 ])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kernels import reference
-from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_NMSE
+from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_MARLIN_PADDED, MOE_NMSE
 from kernels.cuda_ext import PF_VARIANTS
 from kernels.moe import pack_moe_experts
 from kernels.packed import pack_mxfp4
@@ -404,6 +404,21 @@ def test_moe_gpt_oss_120b_shapes(m, impl):
     out = poisoned((m, MOE.hidden), torch.bfloat16, "cuda")
     mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm ({impl}) MoE 120b M={m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("m", [17, 512])
+def test_moe_as_marlin_pads_it(m):
+    """The 120b layer as vLLM allocates it for its Marlin backend, GB10's default (H 3072, I 2944): the sizes the
+    plugin's prefill runs there."""
+    layer = MOE_MARLIN_PADDED
+    seed = fresh_seed()
+    x, ids, wts, gu, dn, p, ref = _packed_case(m, layer.experts, layer.hidden, layer.inter, layer.top_k, seed, 1.0,
+                                               True, dev="cuda")
+    out = poisoned((m, layer.hidden), torch.bfloat16, "cuda")
+    mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=_impl_cfg("cuda"))
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE padded as Marlin M={m}")
 
 
 @pytest.mark.gpu

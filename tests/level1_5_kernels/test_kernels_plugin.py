@@ -323,6 +323,38 @@ def test_decode_batches_route_from_x_and_skip_the_router_gemm_larger_ones_keep_i
     assert stock.calls == []
 
 
+def _padded_like_marlin(layer, pad_h: int = 64, pad_i: int = 32) -> SimpleNamespace:
+    """The same experts as vLLM allocates them for a backend that pads (Marlin, GB10's default: H 2880 -> 3072,
+    I 2880 -> 2944): zero rows and columns after the model's own, which the loader never writes."""
+    f = torch.nn.functional.pad
+    w13 = f(layer.w13_weight.view(E, INTER, 2, H // 2), (0, pad_h // 2, 0, 0, 0, pad_i)).reshape(E, -1, (H + pad_h) // 2)
+    s13 = f(layer.w13_weight_scale.view(E, INTER, 2, H // 32), (0, pad_h // 32, 0, 0, 0, pad_i))
+    b13 = f(layer.w13_bias.view(E, INTER, 2), (0, 0, 0, pad_i)).reshape(E, -1)
+    return SimpleNamespace(w13_weight=w13, w13_weight_scale=s13.reshape(E, -1, (H + pad_h) // 32), w13_bias=b13,
+                           w2_weight=f(layer.w2_weight, (0, pad_i // 2, 0, pad_h)),
+                           w2_weight_scale=f(layer.w2_weight_scale, (0, pad_i // 32, 0, pad_h)),
+                           w2_bias=f(layer.w2_bias, (0, pad_h)), top_k=TOP_K)
+
+
+@pytest.mark.parametrize("m", [1, 3, 9])
+def test_experts_padded_like_marlins_serve_the_unpadded_result(stock, m):
+    """On GB10 vLLM's MoE backend is Marlin, which pads H and I with zeros; the plugin packs what vLLM allocated and
+    gets x padded with zero columns. Its output's model columns must be the unpadded layer's (decode kernels at M <= 4,
+    the grouped path above), and the padded columns zero (vLLM strips them)."""
+    seed = fresh_seed()
+    layer = _vllm_layer(seed)
+    padded = _padded_like_marlin(layer)
+    setattr(padded, plugin.MOE_ATTR, plugin.pack_experts(padded))
+    g = generator(seed + 1)
+    x = torch.randn(m, H, generator=g).to(torch.bfloat16).to(DEV)
+    logits = (torch.randn(m, E, generator=g) * 2).to(DEV)
+    out = stock.apply_monolithic(layer=padded, x=torch.nn.functional.pad(x, (0, 64)), router_logits=logits)
+    assert out.shape == (m, H + 64)
+    want = _reference(layer, x, *plugin.route_from_logits(logits, TOP_K))
+    assert_close_nmse(out[:, :H], want, MOE_NMSE, seed, f"padded like Marlin, M={m}")
+    assert torch.equal(out[:, H:], torch.zeros_like(out[:, H:])), f"seed={seed}: padded columns not zero"
+
+
 def test_a_padded_hidden_state_routes_on_the_routers_own_columns():
     """Backends that pad the MoE's hidden size (Marlin, GB10's default: 2880 -> 3072) hand the MoE x with zero
     columns appended; the router holds the model's columns only. The fused route must give the routing of the
