@@ -386,6 +386,11 @@ def test_a_block_the_plugin_cannot_link_keeps_vllms_router_and_its_logits(stock)
     model, routed = _moe_model(fresh_seed())
     model.mlp.router.quant_method = type("Fp8LinearMethod", (), {})()
     assert plugin.install_route(model, 4) == 0 and not hasattr(routed, plugin.ROUTER_ATTR)
+    # asked for and linked nowhere: an error, not vLLM's router credited as the fused route
+    with pytest.raises(RuntimeError, match="no MoE block of this model") as e:
+        plugin.install_route_or_fail(model, 4)
+    assert "\n" not in str(e.value)
+    assert plugin.install_route_or_fail(_moe_model(fresh_seed())[0], 4) == 1
 
 
 def test_the_router_op_is_opaque_to_torch_compile_and_branches_at_run_time():

@@ -460,6 +460,16 @@ def install_route(model, threshold: int) -> int:
     return linked
 
 
+def install_route_or_fail(model, threshold: int) -> int:
+    """install_route, where the fused route was asked for: a model none of whose blocks could be linked is an error
+    (one line), not a silent run of vLLM's router that the results would credit to the fused route."""
+    n = install_route(model, threshold)
+    if n == 0:
+        raise RuntimeError(f"{ROUTE_ENV}=fused: no MoE block of this model has both a packed experts layer and a router "
+                           f"with vLLM's unquantized linear method to take over; unset {ROUTE_ENV}")
+    return n
+
+
 def _patch_load(threshold: int, parts: set[str]) -> None:
     """After vLLM loads the served model: the MoE blocks' routers (moe with SUITE_KERNELS_ROUTE=fused), the dense
     layers (dense)."""
@@ -476,7 +486,7 @@ def _patch_load(threshold: int, parts: set[str]) -> None:
         if not prefix:  # the served model, not a speculative drafter
             require_cuda_kernels()
             if "moe" in parts and route() == "fused":
-                n = install_route(model, threshold)
+                n = install_route_or_fail(model, threshold)
                 print(f"suite_kernels: {n} MoE blocks route from x for M <= {threshold} (vLLM's router GEMM skipped "
                       f"there)", file=sys.stderr, flush=True)
             if "dense" in parts:
