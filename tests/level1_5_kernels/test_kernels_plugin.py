@@ -327,7 +327,8 @@ def _padded_like_marlin(layer, pad_h: int = 64, pad_i: int = 32) -> SimpleNamesp
     """The same experts as vLLM allocates them for a backend that pads (Marlin, GB10's default: H 2880 -> 3072,
     I 2880 -> 2944): zero rows and columns after the model's own, which the loader never writes."""
     f = torch.nn.functional.pad
-    w13 = f(layer.w13_weight.view(E, INTER, 2, H // 2), (0, pad_h // 2, 0, 0, 0, pad_i)).reshape(E, -1, (H + pad_h) // 2)
+    w13 = f(layer.w13_weight.view(E, INTER, 2, H // 2), (0, pad_h // 2, 0, 0, 0, pad_i))
+    w13 = w13.reshape(E, -1, (H + pad_h) // 2)
     s13 = f(layer.w13_weight_scale.view(E, INTER, 2, H // 32), (0, pad_h // 32, 0, 0, 0, pad_i))
     b13 = f(layer.w13_bias.view(E, INTER, 2), (0, 0, 0, pad_i)).reshape(E, -1)
     return SimpleNamespace(w13_weight=w13, w13_weight_scale=s13.reshape(E, -1, (H + pad_h) // 32), w13_bias=b13,

@@ -445,7 +445,8 @@ def install_route(model, threshold: int) -> int:
             linked += 1
             continue
         packed = [m for m in experts.modules() if hasattr(m, MOE_ATTR)]
-        if len(packed) != 1 or type(qm).__name__ != "UnquantizedLinearMethod" or getattr(router, "weight", None) is None:
+        unquantized = type(qm).__name__ == "UnquantizedLinearMethod"
+        if len(packed) != 1 or not unquantized or getattr(router, "weight", None) is None:
             continue
         setattr(packed[0], ROUTER_ATTR, (router.weight, getattr(router, "bias", None)))
         base = type(qm)
@@ -465,8 +466,8 @@ def install_route_or_fail(model, threshold: int) -> int:
     (one line), not a silent run of vLLM's router that the results would credit to the fused route."""
     n = install_route(model, threshold)
     if n == 0:
-        raise RuntimeError(f"{ROUTE_ENV}=fused: no MoE block of this model has both a packed experts layer and a router "
-                           f"with vLLM's unquantized linear method to take over; unset {ROUTE_ENV}")
+        raise RuntimeError(f"{ROUTE_ENV}=fused: no MoE block of this model has both a packed experts layer and a "
+                           f"router with vLLM's unquantized linear method to take over; unset {ROUTE_ENV}")
     return n
 
 
