@@ -39,12 +39,12 @@ import suite_kernels as plugin  # noqa: E402
 E, H, INTER, TOP_K = 4, 64, 32, 2
 
 
-def _vllm_layer(seed: int) -> SimpleNamespace:
+def _vllm_layer(seed: int, inter: int = INTER) -> SimpleNamespace:
     """Expert tensors as vLLM's GptOssMxfp4MoEMethod.create_weights makes them (gate/up rows interleaved)."""
     g = generator(seed)
-    w13, s13 = random_mxfp4((E, 2 * INTER, H), g)
-    w2, s2 = random_mxfp4((E, H, INTER), g)
-    b13 = (torch.randn(E, 2 * INTER, generator=g) * 0.5).to(torch.bfloat16)
+    w13, s13 = random_mxfp4((E, 2 * inter, H), g)
+    w2, s2 = random_mxfp4((E, H, inter), g)
+    b13 = (torch.randn(E, 2 * inter, generator=g) * 0.5).to(torch.bfloat16)
     b2 = (torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16)
     return SimpleNamespace(w13_weight=w13.to(DEV), w13_weight_scale=s13.to(DEV), w2_weight=w2.to(DEV),
                            w2_weight_scale=s2.to(DEV), w13_bias=b13.to(DEV), w2_bias=b2.to(DEV), top_k=TOP_K)
@@ -323,36 +323,54 @@ def test_decode_batches_route_from_x_and_skip_the_router_gemm_larger_ones_keep_i
     assert stock.calls == []
 
 
-def _padded_like_marlin(layer, pad_h: int = 64, pad_i: int = 32) -> SimpleNamespace:
+def _padded_like_marlin(layer, pad_h: int = 64, pad_i: int = 32, sizes_known: bool = True) -> SimpleNamespace:
     """The same experts as vLLM allocates them for a backend that pads (Marlin, GB10's default: H 2880 -> 3072,
-    I 2880 -> 2944): zero rows and columns after the model's own, which the loader never writes."""
+    I 2880 -> 2944): zero rows and columns after the model's own, which the loader never writes. `sizes_known`: the
+    MoE config vLLM keeps beside them, with the model's own sizes."""
     f = torch.nn.functional.pad
-    w13 = f(layer.w13_weight.view(E, INTER, 2, H // 2), (0, pad_h // 2, 0, 0, 0, pad_i))
+    inter = layer.w2_weight.shape[2] * 2
+    w13 = f(layer.w13_weight.view(E, inter, 2, H // 2), (0, pad_h // 2, 0, 0, 0, pad_i))
     w13 = w13.reshape(E, -1, (H + pad_h) // 2)
-    s13 = f(layer.w13_weight_scale.view(E, INTER, 2, H // 32), (0, pad_h // 32, 0, 0, 0, pad_i))
-    b13 = f(layer.w13_bias.view(E, INTER, 2), (0, 0, 0, pad_i)).reshape(E, -1)
-    return SimpleNamespace(w13_weight=w13, w13_weight_scale=s13.reshape(E, -1, (H + pad_h) // 32), w13_bias=b13,
-                           w2_weight=f(layer.w2_weight, (0, pad_i // 2, 0, pad_h)),
-                           w2_weight_scale=f(layer.w2_weight_scale, (0, pad_i // 32, 0, pad_h)),
-                           w2_bias=f(layer.w2_bias, (0, pad_h)), top_k=TOP_K)
+    s13 = f(layer.w13_weight_scale.view(E, inter, 2, H // 32), (0, pad_h // 32, 0, 0, 0, pad_i))
+    b13 = f(layer.w13_bias.view(E, inter, 2), (0, 0, 0, pad_i)).reshape(E, -1)
+    padded = SimpleNamespace(w13_weight=w13, w13_weight_scale=s13.reshape(E, -1, (H + pad_h) // 32), w13_bias=b13,
+                             w2_weight=f(layer.w2_weight, (0, pad_i // 2, 0, pad_h)),
+                             w2_weight_scale=f(layer.w2_weight_scale, (0, pad_i // 32, 0, pad_h)),
+                             w2_bias=f(layer.w2_bias, (0, pad_h)), top_k=TOP_K)
+    if sizes_known:
+        padded.moe_config = SimpleNamespace(hidden_dim_unpadded=H, intermediate_size_per_partition_unpadded=inter,
+                                            hidden_dim=H + pad_h)
+    return padded
 
 
+# I = 64 tiles (our packing needs K % 64): the padding is left out; I = 32 does not, or the sizes are not known: kept
+@pytest.mark.parametrize("inter,sizes_known,stripped", [(64, True, True), (32, True, False), (64, False, False)])
 @pytest.mark.parametrize("m", [1, 3, 9])
-def test_experts_padded_like_marlins_serve_the_unpadded_result(stock, m):
-    """On GB10 vLLM's MoE backend is Marlin, which pads H and I with zeros; the plugin packs what vLLM allocated and
-    gets x padded with zero columns. Its output's model columns must be the unpadded layer's (decode kernels at M <= 4,
-    the grouped path above), and the padded columns zero (vLLM strips them)."""
+def test_experts_padded_like_marlins_serve_the_unpadded_result(stock, m, inter, sizes_known, stripped):
+    """On GB10 vLLM's MoE backend is Marlin, which pads H and I with zeros and x with zero columns. Where vLLM's MoE
+    config gives the model's own sizes and they tile, the plugin packs only those: the same bytes as the unpadded
+    layer's. Either way the output's model columns are the unpadded layer's (decode kernels at M <= 4, the grouped
+    path above) and the padded columns zero, at the width vLLM allocated (it strips them)."""
     seed = fresh_seed()
-    layer = _vllm_layer(seed)
-    padded = _padded_like_marlin(layer)
-    setattr(padded, plugin.MOE_ATTR, plugin.pack_experts(padded))
+    layer = _vllm_layer(seed, inter)
+    padded = _padded_like_marlin(layer, sizes_known=sizes_known)
+    packed = plugin.pack_experts(padded)
+    setattr(padded, plugin.MOE_ATTR, packed)
+    if stripped:
+        own = plugin.pack_experts(layer)
+        assert (packed.gate_up.n, packed.gate_up.k, packed.down.n, packed.down.k) == (2 * inter, H, H, inter)
+        assert torch.equal(packed.gate_up.words, own.gate_up.words) and torch.equal(packed.down.scales, own.down.scales)
+        assert packed.hidden_padded == H + 64
+        assert packed.gate_up_bias.is_contiguous() and packed.down_bias.is_contiguous()  # not copied every call
+    else:
+        assert (packed.gate_up.k, packed.down.k, packed.hidden_padded) == (H + 64, inter + 32, None)
     g = generator(seed + 1)
     x = torch.randn(m, H, generator=g).to(torch.bfloat16).to(DEV)
     logits = (torch.randn(m, E, generator=g) * 2).to(DEV)
     out = stock.apply_monolithic(layer=padded, x=torch.nn.functional.pad(x, (0, 64)), router_logits=logits)
     assert out.shape == (m, H + 64)
     want = _reference(layer, x, *plugin.route_from_logits(logits, TOP_K))
-    assert_close_nmse(out[:, :H], want, MOE_NMSE, seed, f"padded like Marlin, M={m}")
+    assert_close_nmse(out[:, :H], want, MOE_NMSE, seed, f"padded like Marlin, M={m}, I={inter}")
     assert torch.equal(out[:, H:], torch.zeros_like(out[:, H:])), f"seed={seed}: padded columns not zero"
 
 
