@@ -296,6 +296,7 @@ def main() -> int:
     if mixed:
         print(f"plugin_e2e: {out} {mixed}: use another --out (one table, one setting)")
         return 2
+
     def server(name: str) -> tuple[str, list[str], dict[str, str] | None]:
         config, env = entries[name]
         frac = util.get(name, util.get(config))
