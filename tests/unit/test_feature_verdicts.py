@@ -320,3 +320,20 @@ def test_a_kernel_time_criterion_at_depth_is_measured_in_the_profiled_rounds_ove
     plan = dict(workloads_for([parse_criterion("tg32_gpu@d8192 >= -3%")], "sm_90"))
     w = plan["tg32_gpu@d8192"]
     assert (w.kind, w.tg, w.depth) == ("decode", 32, 8192)
+
+
+def test_the_unprofiled_busy_fraction_counts_overlapping_kernels_once():
+    """Kernels started early by programmatic dependent launch overlap the one before; summing their durations counts
+    the wait twice and reads a GPU that waits for its host as busy. The plugin's first H200 boot: 3,210 us summed,
+    2,600 busy per token, a 3,531 us step: 74% busy, not 91%."""
+    from types import SimpleNamespace
+
+    from harness.features.run import _busy_unprofiled
+
+    side = SimpleNamespace(samples={"tg32": [1e6 / 3531.0], "tg32@c4": [1.0]})
+    b = {"total_us_per_token": 3210.0, "busy_us_per_token": 2600.0}
+    _busy_unprofiled(b, side)
+    assert b["busy_fraction_unprofiled"] == round(2600.0 / 3531.0, 4) and b["step_metric"] == "tg32"
+    older = {"total_us_per_token": 3210.0}  # recorded before the union was kept: the sum is all there is
+    _busy_unprofiled(older, side)
+    assert older["busy_fraction_unprofiled"] == round(3210.0 / 3531.0, 4)

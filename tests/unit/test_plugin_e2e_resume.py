@@ -86,6 +86,12 @@ def test_decode_is_called_host_bound_when_its_step_outlasts_its_kernels():
     assert "host-bound" in plugin and "samples 2.12-3.18" in plugin and "460.8 tok/s" in plugin
     assert "kernel-bound" in steady and "samples" not in steady  # CV under SPREAD_SHOWN: no sample range
     assert plugin_e2e.decode_bounds({"x": {"error": "boot failed"}}, ["x"]) == []
+    # kernels overlapping through programmatic dependent launch count once: the fused route's first H200 boot summed
+    # 3,210 us per token with 2,600 busy, and stepped 3,531 us; its kernels allowed 384.6 tok/s, not the sum's 311.5
+    first = _decode([283.2] * 3, 3210)
+    first["kernel_breakdown"]["busy_us_per_token"] = 2600
+    line, = plugin_e2e.decode_bounds({"fused": first}, ["fused"])
+    assert "host-bound" in line and "kernels 2.60 ms" in line and "384.6 tok/s" in line, line
 
 
 def test_an_entry_with_server_environment_is_its_config_plus_that_environment_and_a_bad_one_says_the_form():
