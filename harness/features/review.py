@@ -163,8 +163,9 @@ def _breakdown(result: FeatureResult, rel: Path) -> str:
     if not result.breakdown:
         return "Not measured in this run (no profiled decode window)."
     lines = ["Kernel time per generated token at batch 1 in a profiled decode window, by category (categories from the "
-             "flavours' kernel families); **GPU busy** = that kernel time over the decode step of the unprofiled rounds "
-             "(1 / tg, engine clock); the profiled window's own busy share (union of kernel intervals over its wall "
+             "flavours' kernel families); **GPU busy** = the window's busy time per token (the union of kernel intervals, "
+             "overlapping kernels counted once) over the decode step of the unprofiled rounds (1 / tg, engine clock); "
+             "the profiled window's own busy share (union of kernel intervals over its wall "
              "time) also holds the profiler's host cost between steps; **waiting for the host** = the window's GPU idle "
              "between kernels of different host launches (graph replays, eager kernels), per token; kernel launches per "
              "token.", "",
