@@ -238,11 +238,13 @@ def test_moe_packed_cuda_back_to_back_routes(m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("padded", [0, MOE_MARLIN_PADDED.hidden - MOE.hidden])
 @pytest.mark.parametrize("router_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("m", [1, 3, 16])
-def test_route_kernel_matches_reference(m, router_dtype):
+def test_route_kernel_matches_reference(m, router_dtype, padded):
     """One-launch routing: the same experts as fp32 torch routing (ties are measure-zero with random
-    logits; order by value), softmax weights to fp32 rounding, ids int32."""
+    logits; order by value), softmax weights to fp32 rounding, ids int32. `padded`: x is the leading columns of a
+    wider tensor (the plugin's view of an x vLLM padded for Marlin), read through its row stride without a copy."""
     _need_cuda_ext()
     from kernels.moe import route_packed
 
@@ -251,7 +253,7 @@ def test_route_kernel_matches_reference(m, router_dtype):
     e, h, k = MOE.experts, MOE.hidden, MOE.top_k
     w = (torch.randn(e, h, generator=g, device="cuda") * 0.05).to(router_dtype)
     b = (torch.randn(e, generator=g, device="cuda") * 0.1).to(router_dtype)
-    x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
+    x = torch.randn(m, h + padded, generator=g, device="cuda").to(torch.bfloat16)[:, :h]
     for _ in range(2):  # the last-CTA ticket must reset itself
         ids, wts = route_packed(x, w, b, k)
         rid, rw = reference.route(x, w, b, k)
