@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
-from harness.kernelpath.breakdown import Breakdown, breakdown, plot_breakdowns  # noqa: E402
+from harness.kernelpath.breakdown import Breakdown, breakdown, busy_us_per_token, plot_breakdowns  # noqa: E402
 from harness.perf.regression import HOST_BOUND_RATIO  # noqa: E402
 from harness.kernelpath.traces import profile  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
@@ -182,9 +182,7 @@ def decode_bounds(results: dict[str, dict], order: list[str]) -> list[str]:
         b, tg = r.get("kernel_breakdown"), r.get("metrics", {}).get("tg32", {})
         if not b or not tg.get("median") or not b.get("total_us_per_token"):
             continue
-        # the GPU's busy time, overlapping kernels once (harness.features.run._busy_unprofiled says why); results
-        # from before it was recorded have the sum only
-        kernels_ms, step_ms = (b.get("busy_us_per_token") or b["total_us_per_token"]) / 1000, 1000 / tg["median"]
+        kernels_ms, step_ms = busy_us_per_token(b) / 1000, 1000 / tg["median"]
         samples = [1000 / v for v in tg.get("samples") or [] if v]
         spread = f" (samples {min(samples):.2f}-{max(samples):.2f})" if samples and _noisy(tg) else ""
         if step_ms > HOST_BOUND * kernels_ms:

@@ -16,7 +16,7 @@ from harness.features.judge import (CriterionVerdict, Status, blocked, did_not_b
 from harness.features.levels import LevelOutcome, run_levels
 from harness.features.measure import Measurer, Side, bracketed, interleaved, save_sides
 from harness.features.spec import Criterion, Feature
-from harness.kernelpath.breakdown import Breakdown, breakdown, plot_breakdowns
+from harness.kernelpath.breakdown import Breakdown, breakdown, busy_us_per_token, plot_breakdowns
 from harness.kernelpath.check import profile_decode_window
 from harness.perf.clocks import ClockSampler
 from harness.perf.regression import THRESHOLDS_FILE, load_thresholds
@@ -235,17 +235,15 @@ def _busy_unprofiled(b: dict | None, side: Side) -> None:
     moves) over the decode step time of the unprofiled rounds (1 / tg at batch 1, engine clock). The profiled window's
     own wall time also holds the profiler's host cost between steps (on an H100, the 20b shape: 77% busy in the
     window, 59% over a whole profiled request, against ~97% from the unprofiled step; scripts/decode_window_gaps.py).
-    Busy time is the union of the kernels' intervals, not their summed durations: a kernel started early by
-    programmatic dependent launch waits inside its duration, and the sum counts that wait twice (the plugin on the
-    120b shape, H200: 3,210 us summed against 2,600 busy per token, 91% against 74% of a 3,531 us step)."""
+    Busy time counts overlapping kernels once (`busy_us_per_token`): on the plugin's first 120b boot on an H200 the
+    sum of kernel durations read 91% of a 3,531 us step, the GPU's busy time 74%."""
     tg = [m for m in side.samples if m.startswith("tg") and "@" not in m]
     if not b or not tg:
         return
     step_us = 1e6 / stats.median(side.samples[tg[0]])
     b["step_us_unprofiled"] = round(step_us, 1)
     b["step_metric"] = tg[0]
-    busy_us = b.get("busy_us_per_token") or b["total_us_per_token"]  # results from before the union was recorded
-    b["busy_fraction_unprofiled"] = round(min(1.0, busy_us / step_us), 4)
+    b["busy_fraction_unprofiled"] = round(min(1.0, busy_us_per_token(b) / step_us), 4)
 
 
 def _sampler(suite: Suite) -> ClockSampler | None:
