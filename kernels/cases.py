@@ -62,7 +62,8 @@ LINEAR_SHAPES = GPT_OSS_120B.linear_shapes()  # name -> (N, K)
 MOE = GPT_OSS_120B.moe  # the decode MoE layer: 128 experts, top-4, 2880 <-> 2 x 2880 / 2880
 # The same layer as vLLM allocates it for its Marlin MoE backend, the default on GB10: hidden rounded up to 256 and
 # intermediate to 128 (vLLM's mxfp4_round_up_hidden_size_and_intermediate_size), zeros the loader never writes. The
-# plugin packs what vLLM allocated, so on GB10 our kernels run these sizes.
+# plugin packs the model's own sizes where vLLM's MoE config gives them, and this layout as allocated where it does
+# not: then our kernels run these sizes.
 MOE_MARLIN_PADDED = MoeLayer(MOE.experts, MOE.top_k, 3072, 2944)
 
 # Conformance bounds on NMSE = sum((out - ref)^2) / sum(ref^2) against the fp32 references (kernels/reference.py).

@@ -411,7 +411,7 @@ def test_moe_gpt_oss_120b_shapes(m, impl):
 @pytest.mark.parametrize("m", [17, 512])
 def test_moe_as_marlin_pads_it(m):
     """The 120b layer as vLLM allocates it for its Marlin backend, GB10's default (H 3072, I 2944): the sizes the
-    plugin's prefill runs there."""
+    plugin's prefill runs there where vLLM's MoE config does not give the model's own."""
     layer = MOE_MARLIN_PADDED
     seed = fresh_seed()
     x, ids, wts, gu, dn, p, ref = _packed_case(m, layer.experts, layer.hidden, layer.inter, layer.top_k, seed, 1.0,

@@ -244,13 +244,13 @@ def run_experts(x, ids, weights, p: PackedExperts, threshold: int = 16):
     from kernels.packed_mm import mxfp4_moe_packed_mm
 
     ids, weights = ids.to(torch.int32), weights.float()
-    if p.hidden_padded is not None:  # vLLM's padded x in, its padded width back (the padding is zero both ways)
-        out = run_experts(x[:, : p.gate_up.k], ids, weights, PackedExperts(p.gate_up, p.gate_up_bias, p.down,
-                                                                           p.down_bias), threshold)
-        return torch.nn.functional.pad(out, (0, p.hidden_padded - out.shape[1]))
-    if x.shape[0] <= threshold:
-        return mxfp4_moe_packed(x, ids, weights, p.gate_up, p.gate_up_bias, p.down, p.down_bias)
-    return mxfp4_moe_packed_mm(x, ids, weights, p.gate_up, p.gate_up_bias, p.down, p.down_bias)
+    if p.hidden_padded is not None:  # vLLM padded x for its backend: its zero columns left out
+        x = x[:, : p.gate_up.k]
+    run = mxfp4_moe_packed if x.shape[0] <= threshold else mxfp4_moe_packed_mm
+    out = run(x, ids, weights, p.gate_up, p.gate_up_bias, p.down, p.down_bias)
+    if p.hidden_padded is None:
+        return out
+    return torch.nn.functional.pad(out, (0, p.hidden_padded - out.shape[1]))  # the width vLLM allocated, zeros
 
 
 def packed_experts(layer) -> PackedExperts:
