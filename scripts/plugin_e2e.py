@@ -220,6 +220,26 @@ def table(results: dict[str, dict], order: list[str]) -> list[str]:
     return lines
 
 
+def moe_per_call(results: dict[str, dict], order: list[str]) -> list[str]:
+    """The MoE kernels of the profiled request, us per call: at batch 1 one call is one layer's, the number the
+    kernel benches give (`kernels.tools.decode_sequence`). Own time counts overlaps once: a kernel started early by
+    programmatic dependent launch waits inside its recorded duration."""
+    rows = []
+    for c in order:
+        b = (results.get(c) or {}).get("kernel_breakdown") or {}
+        for t in b.get("top") or []:
+            if t["category"] == "moe" and t["calls"]:
+                per_call = b["tokens"] / t["calls"]
+                own = t.get("exclusive_us_per_token")
+                rows.append(f"| {c} | {t['name'][:90]} | {t['calls'] / b['tokens']:.2f} | {t['us_per_token'] * per_call:.1f} | "
+                            f"{'-' if own is None else f'{own * per_call:.1f}'} |")
+    if not rows:
+        return []
+    return ["", "MoE kernels, us per call (batch 1: one call per layer and token), recorded and own (overlaps counted "
+            "once, for the earlier kernel):", "", "| config | kernel | calls per token | recorded | own |",
+            "|---|---|---|---|---|"] + rows
+
+
 def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str]:
     """e2e.md's lines: the speed table, then each config's decode-time breakdown and host ranges."""
     md = [f"# Kernels plugin end to end: {title}", "",
@@ -245,6 +265,7 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
                       f"{u['other']:.0f} | {b['total_us_per_token']:.0f} | {_cell(b, 'idle_us_per_token')} | "
                       f"{_cell(b, 'host_wait_us_per_token')} | {_cell(b, 'launches_per_token')} |"
                       if tg else f"| {c} | n/a | | | | | | | | | |")
+    md += moe_per_call(results, order)
     bounds = decode_bounds(results, order)
     if bounds:
         md += ["", f"What bounds batch-1 decode (host-bound: the tg32 step is over {HOST_BOUND:.2f}x the kernels' busy "

@@ -39,6 +39,9 @@ class TopKernel:
     calls: int
     us_per_token: float
     category: str
+    # the same with overlaps counted once (see Breakdown.exclusive_us_per_token): a kernel launched early by
+    # programmatic dependent launch holds its predecessor's tail in `us_per_token`, not here. None: written before
+    exclusive_us_per_token: float | None = None
 
 
 # host-side events: vLLM's own phase ranges (user_annotation: "gpu_model_runner: forward", "...: sample"), the
@@ -170,9 +173,10 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
     by_category = dict.fromkeys(KERNEL_CATEGORIES, 0.0)
     for name, d in dur.items():
         by_category[category[name]] = by_category.get(category[name], 0.0) + d / tokens
+    by_name = _exclusive_time([(start, end, name) for start, end, _, name in spans])
     exclusive = dict.fromkeys(by_category, 0.0)
-    for cat, us in _exclusive_time([(start, end, category[name]) for start, end, _, name in spans]).items():
-        exclusive[cat] += us / tokens
+    for name, us in by_name.items():
+        exclusive[category[name]] += us / tokens
     ranked = sorted(calls, key=lambda n: -dur[n])[:top]
     has_runtime = bool(runtime)
     return Breakdown(
@@ -182,7 +186,8 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         launches_per_token=len(kernels) / tokens,
         host_launches_per_token=sum(n in HOST_LAUNCHES for n in runtime) / tokens if has_runtime else None,
         graph_launches_per_token=runtime.count("cudaGraphLaunch") / tokens if has_runtime else None,
-        top=[TopKernel(n[:NAME_WIDTH], calls[n], dur[n] / tokens, category[n]) for n in ranked],
+        top=[TopKernel(n[:NAME_WIDTH], calls[n], dur[n] / tokens, category[n], by_name.get(n, 0.0) / tokens)
+             for n in ranked],
         host_wait_us_per_token=host_wait / tokens if has_correlation else None,
         host_top=[HostRange(n, c, host_calls[(n, c)] / tokens, host_dur[(n, c)] / tokens)
                   for n, c in sorted(host_dur, key=lambda key: -host_dur[key])[:top]] if host_dur else None,

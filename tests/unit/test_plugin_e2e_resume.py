@@ -46,6 +46,7 @@ def test_the_report_shows_the_wait_for_the_host_the_exclusive_moe_time_and_the_h
         json.dump({"traceEvents": events}, f)
     b = breakdown(trace, Catalog().kernel_categories(), 1).to_json()
     old = {k: v for k, v in b.items() if k not in ("host_wait_us_per_token", "exclusive_us_per_token", "host_top")}
+    old["top"] = [{k: v for k, v in t.items() if k != "exclusive_us_per_token"} for t in b["top"]]
     results = {"triton-bf16": {"boot_s": 1.0, "metrics": {"tg32": {"median": 200.0}}, "kernel_breakdown": b},
                "gemv-bf16": {"boot_s": 1.0, "metrics": {"tg32": {"median": 250.0}}, "kernel_breakdown": old}}
     md = plugin_e2e.markdown(results, ["triton-bf16", "gemv-bf16"], "x")
@@ -55,6 +56,9 @@ def test_the_report_shows_the_wait_for_the_host_the_exclusive_moe_time_and_the_h
     assert rows[0] == "| triton-bf16 | 5.00 | 30 | 25 | 0 | 0 | 0 | 30 | 25 | 25 | 3 |", rows[0]
     assert " - | 0 | 0 | 0 | 30 | 25 | - | 3 |" in rows[1], rows[1]
     assert "- gpu_model_runner: sample (user_annotation): 20 us, 1.00 calls" in md
+    # per call (one per layer at batch 1): 30 us recorded over 3 calls, 25 own (the second call waits 5-10 inside)
+    assert f"| triton-bf16 | {moe} | 3.00 | 10.0 | 8.3 |" in md
+    assert f"| gemv-bf16 | {moe} | 3.00 | 10.0 | - |" in md
 
 
 def test_the_speed_table_shows_the_spread_of_a_noisy_median():
