@@ -8,8 +8,9 @@ Boots each config in turn the way the suite does (one GPU holds one gpt-oss-120b
 the same workloads on each (engine clock, warm-up first, median of the rounds), stops it, and writes
 `e2e.json`, `e2e.md` and `breakdown.png` under --out after every config, so a call cut off by its time limit
 keeps what it measured and a second call with the same --out measures only the configs still missing.
-The kernel-time breakdown (MoE / dense / attention / other, GPU idle, launches per token) of one profiled
-request is harness/kernelpath/breakdown.py's, its categories the flavour files' data.
+The kernel-time breakdown (MoE / dense / attention / other, GPU idle, launches per token) of a window of batch-1
+decode steps is the feature verdicts' (`decode_breakdown`: the profiler starts after the stream's first token, so no
+prefill is inside), its categories the flavour files' data.
 
 A config entry may carry extra server environment, `CONFIG+VAR=VALUE[+VAR=VALUE...]`, to compare a plugin option
 against the same config without it in one run
@@ -39,10 +40,10 @@ sys.path.insert(0, str(REPO))
 
 from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
-from harness.kernelpath.breakdown import Breakdown, breakdown, busy_us_per_token, plot_breakdowns  # noqa: E402
+from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_breakdowns  # noqa: E402
 from harness.perf.regression import HOST_BOUND_RATIO  # noqa: E402
-from harness.kernelpath.traces import profile  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
+from harness.features.run import BREAKDOWN_TOKENS, decode_breakdown  # noqa: E402
 from harness.perf import bench  # noqa: E402
 from harness.perf.benchmark import kernel_time_probe  # noqa: E402
 from harness.perf.memory import server_memory  # noqa: E402
@@ -57,7 +58,6 @@ WORKLOADS = (
 )
 PREFILL_GPU = bench.Workload("prefill", 2048, 1, runs=3, warmup=0)  # pp2048_gpu: GPU kernel time of one prefill
 SHOWN = ("tg32", "tg128", "tg32@c4", "tg32@c32", "pp2048", "pp2048_gpu")
-BREAKDOWN_TOKENS = 64  # one batch-1 request profiled for the kernel-time breakdown
 PLOT_NAME = "breakdown.png"  # one stacked bar per config, the first config first
 
 
@@ -123,16 +123,16 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
                                          **{k: entry[k] for k in ("unresolved", "flagged") if k in entry}}
             except SuiteError as e:  # the decode metrics above stay measured
                 metrics["pp2048_gpu"] = {"error": str(e).splitlines()[0][:300]}
-        kernels = None
-        if running.trace_dir is not None and not prefill_gpu_only:  # the 16-token prompt's prefill is included
-            w = bench.Workload("decode", 16, BREAKDOWN_TOKENS, runs=1, warmup=0)
-            summary = profile(running.url, running.trace_dir, lambda: bench.run_workload(client, maker, w), "kernel")
-            # categories from the flavours' data (configs/flavours/*.yaml), see harness/kernelpath/breakdown.py
-            kernels = breakdown(summary.source, suite.catalog.kernel_categories(), BREAKDOWN_TOKENS).to_json()
+        kernels, notes = None, []
+        if not prefill_gpu_only:
+            # decode steps only: a profiled request would hold its prompt's prefill and its warm-up request's, which
+            # at 16 tokens read ~60 experts per layer (the plugin on the 120b shape, H200: 342 us per token of MoE
+            # kernel time that decode does not spend, 13% of the busy time)
+            kernels = decode_breakdown(suite, running, notes)
         log = running.log_path.read_text(errors="replace") if running.log_path else ""
         mem = server_memory(running, suite.platform.is_cuda)
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
-                "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": kernels,
+                "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": kernels, "breakdown_notes": notes,
                 "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")},
                 "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40],
                 # whether vLLM overlapped the host's next step with the GPU's current one: the first thing to know
@@ -168,7 +168,7 @@ def _spread(metric: dict) -> str:
     return f", CV {metric['cv']:.1%}" if _noisy(metric) else ""
 
 
-# A batch-1 decode step this much longer than its kernels (per token, from the profiled request) leaves the GPU idle
+# A batch-1 decode step this much longer than its kernels (per token, from the profiled decode window) leaves the GPU idle
 # for >= 9% of the step: the step follows vLLM's host side, not the kernels. The level 5 gate uses the same factor.
 HOST_BOUND = HOST_BOUND_RATIO
 
@@ -221,7 +221,7 @@ def table(results: dict[str, dict], order: list[str]) -> list[str]:
 
 
 def moe_per_call(results: dict[str, dict], order: list[str]) -> list[str]:
-    """The MoE kernels of the profiled request, us per call: at batch 1 one call is one layer's, the number the
+    """The MoE kernels of the profiled decode window, us per call: at batch 1 one call is one layer's, the number the
     kernel benches give (`kernels.tools.decode_sequence`). Own time counts overlaps once: a kernel started early by
     programmatic dependent launch waits inside its recorded duration."""
     rows = []
@@ -246,8 +246,9 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
           "Engine clock (pp2048_gpu: GPU kernel time of one profiled 2048-token prefill), medians after warm-up; "
           "ratio against the first config; a CV after the ratio: samples spread more than "
           f"{SPREAD_SHOWN:.0%}, so the median alone misleads.", ""] + table(results, order)
-    md += ["", "Kernel time per generated token (us), one profiled batch-1 request of "
-           f"{BREAKDOWN_TOKENS} tokens; GPU idle = trace wall time - union of the kernels "
+    md += ["", f"Kernel time per generated token (us), a profiled window of ~{BREAKDOWN_TOKENS} batch-1 decode steps (the "
+           "profiler started after the stream's first token: no prefill inside; the profiler's host cost widens the "
+           "window's idle, so GPU idle describes the profiled steps, not tg32's); GPU idle = trace wall time - union of the kernels "
            f"(`{PLOT_NAME}`); waiting for the host = the idle between kernels of different host launches "
            "(graph replays, eager kernels), the rest lies inside one graph replay; MoE, overlaps once = MoE kernel time "
            "where kernels overlap (a kernel started early by programmatic dependent launch waits inside its duration) "
@@ -266,10 +267,11 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
                       f"{_cell(b, 'host_wait_us_per_token')} | {_cell(b, 'launches_per_token')} |"
                       if tg else f"| {c} | n/a | | | | | | | | | |")
     md += moe_per_call(results, order)
+    md += [f"- {c}: {n}" for c in order for n in (results.get(c) or {}).get("breakdown_notes") or []]
     bounds = decode_bounds(results, order)
     if bounds:
         md += ["", f"What bounds batch-1 decode (host-bound: the tg32 step is over {HOST_BOUND:.2f}x the kernels' busy "
-               "time per token of the profiled request, overlapping kernels counted once):", ""] + bounds
+               "time per token of the profiled decode window, overlapping kernels counted once):", ""] + bounds
     for c in order:  # where each step's host time goes (the GPU waits for it): vLLM's phase ranges, ops, runtime
         host = ((results.get(c) or {}).get("kernel_breakdown") or {}).get("host_top") or []
         if host:

@@ -147,3 +147,38 @@ def test_warm_boots_the_first_entry_still_to_measure_once_and_each_entry_boots_w
     assert "| gemv-bf16+SUITE_KERNELS_ROUTE=fused | 1.0 |" in (tmp_path / "e2e.md").read_text()
     calls.clear()
     assert plugin_e2e.main() == 0 and calls == [], "a resumed --out boots again"
+
+
+def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkeypatch):
+    """measure()'s plumbing with the server faked: the kernel breakdown is the feature verdicts' decode window
+    (`decode_breakdown`), so no prompt prefill is in the MoE's time per token (a profiled 16-token request and its
+    warm-up request added 342 us per token of MoE time on the 120b shape); its notes are kept; --prefill-gpu-only
+    profiles no decode."""
+    import contextlib
+    from types import SimpleNamespace
+
+    running = SimpleNamespace(trace_dir="/tmp/unused", log_path=None, boot_seconds=1.0,
+                              client=lambda timeout_s=None: object())
+    target = SimpleNamespace(name="gemv-bf16", runnable=True)
+    suite = SimpleNamespace(targets=lambda: [target], boot=lambda *a, **k: contextlib.nullcontext(running),
+                            platform=SimpleNamespace(is_cuda=True))
+    windows = []
+
+    def window(s, r, notes):
+        windows.append(r)
+        notes.append("profiled 64 decode steps")
+        return {"tokens": 64}
+
+    monkeypatch.setattr(plugin_e2e, "decode_breakdown", window)
+    monkeypatch.setattr(plugin_e2e.bench, "PromptMaker", lambda client, seed: None)
+    monkeypatch.setattr(plugin_e2e.bench, "run_workload", lambda *a, **k: None)
+    monkeypatch.setattr(plugin_e2e.bench, "metrics_for", lambda w, m: {})
+    monkeypatch.setattr(plugin_e2e.bench, "gpu_prefill", lambda *a: {"samples": [1.0, 1.0, 1.0]})
+    monkeypatch.setattr(plugin_e2e, "kernel_time_probe", lambda r: None)
+    monkeypatch.setattr(plugin_e2e, "server_memory", lambda r, cuda: {})
+    r = plugin_e2e.measure(suite, "gemv-bf16", [])
+    assert windows == [running] and r["kernel_breakdown"] == {"tokens": 64}
+    assert r["breakdown_notes"] == ["profiled 64 decode steps"]
+    windows.clear()
+    r = plugin_e2e.measure(suite, "gemv-bf16", [], None, True)
+    assert windows == [] and r["kernel_breakdown"] is None and "pp2048_gpu" in r["metrics"]
