@@ -126,8 +126,8 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
         kernels, notes = None, []
         if not prefill_gpu_only:
             # decode steps only: a profiled request would hold its prompt's prefill and its warm-up request's, which
-            # at 16 tokens read ~60 experts per layer (the plugin on the 120b shape, H200: 342 us per token of MoE
-            # kernel time that decode does not spend, 13% of the busy time)
+            # at 16 tokens read ~60 experts per layer (the plugin on the 120b shape, H200: 342 us per token of GPU
+            # busy time that decode does not spend, 13% of it; 288 us of MoE, 8 us per layer)
             kernels = decode_breakdown(suite, running, notes)
         log = running.log_path.read_text(errors="replace") if running.log_path else ""
         mem = server_memory(running, suite.platform.is_cuda)

@@ -3,8 +3,9 @@ in-model MoE's extra time per layer the launch sequence itself explains.
 
     python -m kernels.tools.decode_sequence [--layers 12] [--rounds 5] [--out F.json]
 
-In the served model the plugin's MoE kernels take ~30 us per layer at batch 1 and vLLM's router GEMM ~6 more
-(plugin_e2e's breakdown, gpt-oss-120b shape, H200), where `kernels.tools.bench` times ~24 (route + experts). The
+In the served model's decode steps (plugin_e2e's decode window, gpt-oss-120b shape, H200) the plugin's MoE takes
+28.4 us per layer with vLLM's router GEMM, against 28.0 for `served` below; with the fused route 24.3 (20b shape,
+same expert sizes), against 24.2 for `route+experts` (kernels/NOTES.md, 2026-12-01). The
 sequences below differ by one step each. Each is captured as one CUDA graph over `--layers` layers with their own
 weights (a layer's ~1.7 GB of packed experts keeps its reads cold, as they are in the model) and replayed; every
 round times every sequence, in alternating order, so the spread between rounds is an A/A of the method:

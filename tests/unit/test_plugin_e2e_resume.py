@@ -152,7 +152,7 @@ def test_warm_boots_the_first_entry_still_to_measure_once_and_each_entry_boots_w
 def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkeypatch):
     """measure()'s plumbing with the server faked: the kernel breakdown is the feature verdicts' decode window
     (`decode_breakdown`), so no prompt prefill is in the MoE's time per token (a profiled 16-token request and its
-    warm-up request added 342 us per token of MoE time on the 120b shape); its notes are kept; --prefill-gpu-only
+    warm-up request added 342 us per token of GPU busy time on the 120b shape, 288 of it MoE); its notes are kept; --prefill-gpu-only
     profiles no decode."""
     import contextlib
     from types import SimpleNamespace
