@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
-from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_breakdowns  # noqa: E402
+from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_breakdowns, tokens_note  # noqa: E402
 from harness.perf.regression import HOST_BOUND_RATIO  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
 from harness.features.run import BREAKDOWN_TOKENS, decode_breakdown  # noqa: E402
@@ -268,6 +268,8 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
                       if tg else f"| {c} | n/a | | | | | | | | | |")
     md += moe_per_call(results, order)
     md += [f"- {c}: {n}" for c in order for n in (results.get(c) or {}).get("breakdown_notes") or []]
+    md += [f"- {c}: {note}." for c in order
+           if (note := tokens_note((results.get(c) or {}).get("kernel_breakdown") or {}))]
     bounds = decode_bounds(results, order)
     if bounds:
         md += ["", f"What bounds batch-1 decode (host-bound: the tg32 step is over {HOST_BOUND:.2f}x the kernels' busy "

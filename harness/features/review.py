@@ -22,6 +22,7 @@ from harness.core.paths import REPO
 from harness.features.judge import GIB, CriterionVerdict, Status
 from harness.features.run import FeatureResult
 from harness.features.spec import load_features
+from harness.kernelpath.breakdown import tokens_note
 
 MEASURED = ("REQUIRED: Hypothesis (1 sentence)", "REQUIRED: Success Criteria (hard numbers)",
             "Success Criteria Evaluation", "Test Results", "Benchmark Results", "Where decode time goes",
@@ -184,6 +185,9 @@ def _breakdown(result: FeatureResult, rel: Path) -> str:
                      f"{_fmt((b.get('busy_fraction') or 0) * 100)}% | {_fmt(b.get('host_wait_us_per_token'))} | "
                      f"{_fmt(b.get('launches_per_token'))} |")
     for config, b in result.breakdown.items():
+        note = tokens_note(b) if b else None
+        if note:
+            lines += ["", f"{config}: {note}."]
         top = (b or {}).get("top") or []
         if top:
             lines += ["", f"Top kernels, {config}:", ""]

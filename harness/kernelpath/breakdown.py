@@ -31,6 +31,10 @@ Categories = Sequence[tuple[str, Sequence[str]]]
 HOST_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                            "cudaLaunchCooperativeKernel"})
 NAME_WIDTH = 120  # template-heavy names (FA3, CUTLASS) run to thousands of characters
+# vLLM's range around each engine step: requests(tokens) with context (prefill) and generation (decode) work. The
+# client's token count of a profiled window is a step or two off (the profiler starts and stops between steps it does
+# not see): on an H100 the 20b shape's per-layer kernels ran 24.7 times per counted token, i.e. 3% more steps
+STEP_RANGE = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 
 
 @dataclass
@@ -62,7 +66,7 @@ class Breakdown:
     """Per generated token, in microseconds unless said otherwise."""
 
     source: str  # the trace file
-    tokens: int
+    tokens: int  # the divisor of every per-token number: the decode tokens vLLM's step ranges show, else the caller's
     us_per_token: dict[str, float]  # kernel time by category: moe, dense, attention, other
     total_us_per_token: float  # summed kernel time; more than busy when kernels overlap on several streams
     wall_us_per_token: float  # first kernel start to last kernel end
@@ -81,6 +85,11 @@ class Breakdown:
     # first. A kernel launched early by programmatic dependent launch waits for its predecessor, so its duration
     # holds part of the predecessor's: the summed `us_per_token` counts that twice. These sum to busy_us_per_token.
     exclusive_us_per_token: dict[str, float] | None = None
+    # where `tokens` came from: "trace" (vLLM's step ranges, `execute_context_C(c)_generation_G(g)`: the steps whose
+    # kernels the trace holds) or "caller" (a trace without them). None: written before the ranges were read
+    tokens_source: str | None = None
+    caller_tokens: int | None = None  # what the caller counted (client-side, so a step or two off at the window's edges)
+    prefill_steps: int | None = None  # steps with context tokens inside (a decode window has none); None: no ranges
 
     @property
     def idle_us_per_token(self) -> float:
@@ -107,6 +116,18 @@ def busy_us_per_token(b: Mapping) -> float:
     return b.get("busy_us_per_token") or b["total_us_per_token"]
 
 
+def tokens_note(b: Mapping) -> str | None:
+    """One line on what a breakdown's JSON divided by, where a reader needs it: the step ranges disagreeing with the
+    caller's count, or prefill steps inside what should be a decode window. None where there is nothing to say."""
+    parts = []
+    if b.get("tokens_source") == "trace" and b.get("caller_tokens") not in (None, b["tokens"]):
+        parts.append(f"per token over the {b['tokens']} decode tokens of vLLM's step ranges in the trace "
+                     f"(the client counted {b['caller_tokens']})")
+    if b.get("prefill_steps"):
+        parts.append(f"the trace holds {b['prefill_steps']} prefill step(s), whose kernel time is in these numbers")
+    return "; ".join(parts) or None
+
+
 def categorise(name: str, categories: Categories) -> str:
     """The category of the first entry with a glob matching `name` (case-sensitive, as every pattern of the
     suite); "other" when none does."""
@@ -120,14 +141,15 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
               window: tuple[float, float] | None = None, top: int = 12) -> Breakdown:
     """Kernel time by category, busy fraction and launches of a trace, per token.
 
-    `tokens`: the decode steps the trace (or `window`) holds; the caller knows it (profile_decode_window's
-    `inside`). `window`: (start, end) on the trace's clock in us; only events starting inside count (None:
+    `tokens`: the decode steps the trace (or `window`) holds, as the caller counted them (profile_decode_window's
+    `inside`); where the trace has vLLM's step ranges, the decode tokens they show are the divisor instead. `window`: (start, end) on the trace's clock in us; only events starting inside count (None:
     the whole trace). Wall time is first kernel start to last kernel end, so idle before the first kernel
     (the profiler starting) is not counted."""
     if not isinstance(tokens, int) or tokens < 1:
         raise SuiteError(f"breakdown: tokens is {tokens!r}; pass the number of decode steps in the profiled window (>= 1)")
     lo, hi = window if window is not None else (float("-inf"), float("inf"))
     kernels, runtime = [], []
+    decode_tokens, prefill_steps = 0, 0
     host_calls: dict[tuple[str, str], int] = defaultdict(int)
     host_dur: dict[tuple[str, str], float] = defaultdict(float)
     for ev in read_trace(Path(trace_path)).get("traceEvents", []):
@@ -138,6 +160,11 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
             continue
         if ev.get("cat") == "cuda_runtime":
             runtime.append(ev.get("name", ""))
+        if ev.get("cat") == "user_annotation" and (step := STEP_RANGE.fullmatch(ev.get("name", ""))):
+            if int(step[2]):
+                prefill_steps += 1
+            elif int(step[4]):
+                decode_tokens += int(step[4])
         if ev.get("cat") in HOST_CATEGORIES and ev.get("ph") == "X":
             key = (re.sub(r"\d+", "N", ev.get("name", ""))[:NAME_WIDTH], ev["cat"])
             host_calls[key] += 1
@@ -147,6 +174,9 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         raise SuiteError(f"breakdown: no GPU kernel events in {trace_path}{where}; profile a CUDA server "
                          "(kernel events come from CUPTI; a CPU trace has cpu_op events only)")
 
+    caller_tokens, from_trace = tokens, bool(decode_tokens or prefill_steps)
+    if decode_tokens:
+        tokens = decode_tokens
     calls: dict[str, int] = defaultdict(int)
     dur: dict[str, float] = defaultdict(float)
     spans = []
@@ -191,7 +221,8 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         host_wait_us_per_token=host_wait / tokens if has_correlation else None,
         host_top=[HostRange(n, c, host_calls[(n, c)] / tokens, host_dur[(n, c)] / tokens)
                   for n, c in sorted(host_dur, key=lambda key: -host_dur[key])[:top]] if host_dur else None,
-        exclusive_us_per_token=exclusive)
+        exclusive_us_per_token=exclusive, tokens_source="trace" if decode_tokens else "caller",
+        caller_tokens=caller_tokens, prefill_steps=prefill_steps if from_trace else None)
 
 
 def _exclusive_time(spans: list[tuple[float, float, str]]) -> dict[str, float]:

@@ -9,7 +9,7 @@ import pytest
 
 from harness.config.catalog import AXIS_CATEGORIES, CONFIG_DIR, Catalog
 from harness.core.errors import SuiteError
-from harness.kernelpath.breakdown import Breakdown, HostRange, breakdown, categorise, plot_breakdowns
+from harness.kernelpath.breakdown import Breakdown, HostRange, breakdown, categorise, plot_breakdowns, tokens_note
 
 MOE_OGS = "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x256x128x1_swiglu"
 NVJET = "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT"
@@ -233,3 +233,34 @@ def test_the_plot_is_a_png(tmp_path, categories):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     with pytest.raises(SuiteError, match="no breakdowns given"):
         plot_breakdowns({}, tmp_path / "empty.png")
+
+
+def _step(context: tuple[int, int], generation: tuple[int, int], ts: float) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": ts, "dur": 3,
+            "name": f"execute_context_{context[0]}({context[1]})_generation_{generation[0]}({generation[1]})"}
+
+
+def test_the_steps_vllm_ran_inside_the_trace_are_the_divisor_not_the_callers_count(tmp_path, categories):
+    """The client counts a profiled window's tokens a step or two off (on an H100 the per-layer kernels ran 24.7 times
+    per counted token on a 24-layer model). vLLM's step ranges say which steps the trace holds: three decode steps of
+    one token here, where the caller counted two; a prefill step inside is counted apart, never as tokens. A/A: a
+    trace without the ranges keeps the caller's count."""
+    kernels = [_k(MOE_OGS, 100 * i, 10) for i in range(3)]
+    ranges = [_step((0, 0), (1, 1), 100 * i - 5) for i in range(3)]
+    b = breakdown(_trace(tmp_path, kernels + ranges), categories, tokens=2)
+    assert (b.tokens, b.tokens_source, b.caller_tokens, b.prefill_steps) == (3, "trace", 2, 0)
+    assert b.us_per_token["moe"] == 10.0 and b.top[0].calls == 3
+    with_prefill = kernels + ranges + [_k(MOE_OGS, 300, 50), _step((1, 16), (0, 0), 295)]
+    b = breakdown(_trace(tmp_path, with_prefill), categories, tokens=3)
+    assert (b.tokens, b.prefill_steps) == (3, 1) and b.us_per_token["moe"] == 80 / 3
+    batched = [_k(MOE_OGS, 100 * i, 10) for i in range(2)] + [_step((0, 0), (4, 4), 100 * i - 5) for i in range(2)]
+    assert breakdown(_trace(tmp_path, batched), categories, tokens=1).tokens == 8  # 4 requests' tokens per step
+    bare = breakdown(_trace(tmp_path, kernels), categories, tokens=2)
+    assert (bare.tokens, bare.tokens_source, bare.caller_tokens, bare.prefill_steps) == (2, "caller", 2, None)
+    assert bare.us_per_token["moe"] == 15.0
+    assert Breakdown.from_json(json.loads(json.dumps(b.to_json()))) == b
+    # what a report says about it: the two counts where they differ, and a prefill inside a decode window
+    assert tokens_note(breakdown(_trace(tmp_path, kernels + ranges), categories, tokens=2).to_json()) == (
+        "per token over the 3 decode tokens of vLLM's step ranges in the trace (the client counted 2)")
+    assert "1 prefill step(s)" in tokens_note(b.to_json()) and "client counted" not in tokens_note(b.to_json())
+    assert tokens_note(bare.to_json()) is None
