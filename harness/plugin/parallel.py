@@ -31,7 +31,7 @@ from typing import Iterator
 import pytest
 
 from harness.core.filelock import FileLock
-from harness.engine.devices import device_for_worker, gpu_set, visible_gpus
+from harness.engine.devices import device_for_worker, gpu_set, visible_gpus, worker_index
 from harness.session.suite import SUITE_KEY
 
 # workerinput keys the controller hands to each worker
@@ -68,6 +68,19 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.dist = "loadgroup"
 
 
+def shared_gpu_warning(worker: str | None, gpus: list[str]) -> str | None:
+    """One line for the first worker that has no GPU of its own (more workers than GPUs), else None.
+
+    Its servers still wait for the GPU's slot, but its GPU tests that boot no server (kernel conformance) do not, and a
+    vLLM boot whose GPU another process frees memory on fails its memory profiling ("Error in memory profiling. Initial
+    free memory ..., current free memory ...": seen on an H200 with the kernel tests beside a boot, 2026-12-01)."""
+    index = worker_index(worker)
+    if not gpus or index != len(gpus):
+        return None
+    return (f"suite: {index + 1} or more xdist workers for {len(gpus)} GPU(s): workers share a GPU, and a server booting "
+            f"beside another worker's GPU tests can fail vLLM's memory profiling; use -n {len(gpus)} or fewer")
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """Controller side: hand each worker the run directory and the GPUs to choose from."""
@@ -75,6 +88,10 @@ def pytest_configure_node(node) -> None:
     if suite is not None:
         node.workerinput[RUN_DIR_KEY] = str(suite.run_dir)
     node.workerinput[GPUS_KEY] = visible_gpus() if not os.environ.get("SUITE_PLATFORM") == "cpu" else []
+    warning = shared_gpu_warning(node.workerinput.get("workerid"), list(node.workerinput[GPUS_KEY]))
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    if warning and reporter is not None:
+        reporter.write_line(warning, yellow=True)
     # workers re-parse the command line, which lacks the --dist this plugin chose: tell them
     node.workerinput[LOADGROUP_KEY] = node.config.option.dist == "loadgroup"
 

@@ -237,3 +237,15 @@ def test_an_xdist_run_keeps_each_config_on_one_worker_with_its_own_gpu(tmp_path)
     assert all(len(v) == 1 for v in by_config.values()), by_config  # one worker (and GPU) per config
     expected = {"gw0": "5", "gw1": "7"}  # each worker pinned to its own GPU of the controller's list
     assert all(row["gpu"] == expected[row["worker"]] for row in rows), rows
+
+
+def test_more_workers_than_gpus_is_told_once_with_the_fix():
+    """`-n 3` on one GPU: the second worker (gw1) is the first without a GPU of its own, and the line names the fix;
+    as many workers as GPUs, CPU (no GPUs) and no xdist say nothing."""
+    from harness.plugin.parallel import shared_gpu_warning
+
+    line = shared_gpu_warning("gw1", ["0"])
+    assert line is not None and "use -n 1 or fewer" in line and "memory profiling" in line and "\n" not in line
+    assert shared_gpu_warning("gw2", ["0"]) is None  # told once, for the first extra worker
+    assert shared_gpu_warning("gw1", ["0", "1"]) is None and shared_gpu_warning("gw2", ["0", "1"]) is not None
+    assert shared_gpu_warning("gw1", []) is None and shared_gpu_warning(None, ["0"]) is None
