@@ -60,7 +60,8 @@ def main() -> int:
         cats = suite.catalog.kernel_categories()
         for name, trace, tokens in (("decode_window", w_trace, window.inside), ("whole_request", Path(whole.source), a.tokens)):
             b = breakdown(trace, cats, tokens)
-            report[name] = {"tokens": tokens, "busy_fraction": round(b.busy_fraction, 4),
+            report[name] = {"tokens": b.tokens, "tokens_counted": tokens, "prefill_steps": b.prefill_steps,
+                            "busy_fraction": round(b.busy_fraction, 4),
                             "kernel_us_per_token": round(b.total_us_per_token, 1),
                             "wall_us_per_token": round(b.wall_us_per_token, 1),
                             "graph_launches_per_token": b.graph_launches_per_token, **gaps(trace)}

@@ -31,9 +31,10 @@ Categories = Sequence[tuple[str, Sequence[str]]]
 HOST_LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                            "cudaLaunchCooperativeKernel"})
 NAME_WIDTH = 120  # template-heavy names (FA3, CUTLASS) run to thousands of characters
-# vLLM's range around each engine step: requests(tokens) with context (prefill) and generation (decode) work. The
-# client's token count of a profiled window is a step or two off (the profiler starts and stops between steps it does
-# not see): on an H100 the 20b shape's per-layer kernels ran 24.7 times per counted token, i.e. 3% more steps
+# vLLM's range around each engine step: requests(scheduled tokens) with context (prefill) and generation (decode)
+# work. The client's token count of a profiled window is a step or two off (the profiler starts and stops between
+# steps the client does not see): in the feature verdicts of docs/evidence/sm_90-2026-11-26-features/ the 20b shape's
+# per-layer kernels ran 24.7 times per counted token on 24 layers, ~3% more steps than tokens
 STEP_RANGE = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 
 
@@ -85,8 +86,9 @@ class Breakdown:
     # first. A kernel launched early by programmatic dependent launch waits for its predecessor, so its duration
     # holds part of the predecessor's: the summed `us_per_token` counts that twice. These sum to busy_us_per_token.
     exclusive_us_per_token: dict[str, float] | None = None
-    # where `tokens` came from: "trace" (vLLM's step ranges, `execute_context_C(c)_generation_G(g)`: the steps whose
-    # kernels the trace holds) or "caller" (a trace without them). None: written before the ranges were read
+    # where `tokens` came from: "trace" (vLLM's step ranges, `execute_context_C(c)_generation_G(g)`, in a whole
+    # trace whose decode steps schedule one token per request) or "caller" (no ranges, a `window`, or speculative
+    # decoding, whose ranges count scheduled draft tokens, not generated ones). None: written before ranges were read
     tokens_source: str | None = None
     caller_tokens: int | None = None  # what the caller counted (client-side, so a step or two off at the window's edges)
     prefill_steps: int | None = None  # steps with context tokens inside (a decode window has none); None: no ranges
@@ -142,14 +144,17 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
     """Kernel time by category, busy fraction and launches of a trace, per token.
 
     `tokens`: the decode steps the trace (or `window`) holds, as the caller counted them (profile_decode_window's
-    `inside`); where the trace has vLLM's step ranges, the decode tokens they show are the divisor instead. `window`: (start, end) on the trace's clock in us; only events starting inside count (None:
-    the whole trace). Wall time is first kernel start to last kernel end, so idle before the first kernel
+    `inside`). Where a whole trace (no `window`) has vLLM's step ranges and each decode step schedules one token per
+    request, the generated tokens they show are the divisor instead. Not inside a `window`: ranges carry host times,
+    kernels GPU times, and the host runs a step ahead, so the two would disagree at the window's edges.
+
+    `window`: (start, end) on the trace's clock in us; only events starting inside count (None: the whole trace). Wall time is first kernel start to last kernel end, so idle before the first kernel
     (the profiler starting) is not counted."""
     if not isinstance(tokens, int) or tokens < 1:
         raise SuiteError(f"breakdown: tokens is {tokens!r}; pass the number of decode steps in the profiled window (>= 1)")
     lo, hi = window if window is not None else (float("-inf"), float("inf"))
     kernels, runtime = [], []
-    decode_tokens, prefill_steps = 0, 0
+    decode_tokens, prefill_steps, one_per_request = 0, 0, True
     host_calls: dict[tuple[str, str], int] = defaultdict(int)
     host_dur: dict[tuple[str, str], float] = defaultdict(float)
     for ev in read_trace(Path(trace_path)).get("traceEvents", []):
@@ -161,10 +166,10 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         if ev.get("cat") == "cuda_runtime":
             runtime.append(ev.get("name", ""))
         if ev.get("cat") == "user_annotation" and (step := STEP_RANGE.fullmatch(ev.get("name", ""))):
-            if int(step[2]):
+            if int(step[2]):  # a step with prefill work; its decode tokens (chunked prefill beside decodes) count too
                 prefill_steps += 1
-            elif int(step[4]):
-                decode_tokens += int(step[4])
+            decode_tokens += int(step[4])
+            one_per_request = one_per_request and int(step[3]) == int(step[4])
         if ev.get("cat") in HOST_CATEGORIES and ev.get("ph") == "X":
             key = (re.sub(r"\d+", "N", ev.get("name", ""))[:NAME_WIDTH], ev["cat"])
             host_calls[key] += 1
@@ -175,7 +180,8 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
                          "(kernel events come from CUPTI; a CPU trace has cpu_op events only)")
 
     caller_tokens, from_trace = tokens, bool(decode_tokens or prefill_steps)
-    if decode_tokens:
+    use_ranges = bool(decode_tokens) and one_per_request and window is None
+    if use_ranges:
         tokens = decode_tokens
     calls: dict[str, int] = defaultdict(int)
     dur: dict[str, float] = defaultdict(float)
@@ -221,7 +227,7 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
         host_wait_us_per_token=host_wait / tokens if has_correlation else None,
         host_top=[HostRange(n, c, host_calls[(n, c)] / tokens, host_dur[(n, c)] / tokens)
                   for n, c in sorted(host_dur, key=lambda key: -host_dur[key])[:top]] if host_dur else None,
-        exclusive_us_per_token=exclusive, tokens_source="trace" if decode_tokens else "caller",
+        exclusive_us_per_token=exclusive, tokens_source="trace" if use_ranges else "caller",
         caller_tokens=caller_tokens, prefill_steps=prefill_steps if from_trace else None)
 
 

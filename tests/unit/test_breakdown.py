@@ -241,9 +241,10 @@ def _step(context: tuple[int, int], generation: tuple[int, int], ts: float) -> d
 
 
 def test_the_steps_vllm_ran_inside_the_trace_are_the_divisor_not_the_callers_count(tmp_path, categories):
-    """The client counts a profiled window's tokens a step or two off (on an H100 the per-layer kernels ran 24.7 times
-    per counted token on a 24-layer model). vLLM's step ranges say which steps the trace holds: three decode steps of
-    one token here, where the caller counted two; a prefill step inside is counted apart, never as tokens. A/A: a
+    """The client counts a profiled window's tokens a step or two off (in docs/evidence/sm_90-2026-11-26-features/ the
+    per-layer kernels ran 24.7 times per counted token on a 24-layer model). vLLM's step ranges say which steps a whole
+    trace holds: three decode steps of one token here, where the caller counted two; a prefill step inside is counted
+    apart. Where the ranges cannot say (speculative drafts, a window on two clocks) the caller's count stays. A/A: a
     trace without the ranges keeps the caller's count."""
     kernels = [_k(MOE_OGS, 100 * i, 10) for i in range(3)]
     ranges = [_step((0, 0), (1, 1), 100 * i - 5) for i in range(3)]
@@ -255,6 +256,17 @@ def test_the_steps_vllm_ran_inside_the_trace_are_the_divisor_not_the_callers_cou
     assert (b.tokens, b.prefill_steps) == (3, 1) and b.us_per_token["moe"] == 80 / 3
     batched = [_k(MOE_OGS, 100 * i, 10) for i in range(2)] + [_step((0, 0), (4, 4), 100 * i - 5) for i in range(2)]
     assert breakdown(_trace(tmp_path, batched), categories, tokens=1).tokens == 8  # 4 requests' tokens per step
+    # speculative decoding: a range counts scheduled tokens (1 + 3 drafts), not generated ones: the caller's count stays
+    drafts = kernels + [_step((0, 0), (1, 4), 100 * i - 5) for i in range(3)]
+    b_spec = breakdown(_trace(tmp_path, drafts), categories, tokens=5)
+    assert (b_spec.tokens, b_spec.tokens_source) == (5, "caller")
+    # a window: ranges carry host times, kernels GPU times, so inside a window the caller's count stays too
+    b_win = breakdown(_trace(tmp_path, kernels + ranges), categories, tokens=2, window=(-10, 1000))
+    assert (b_win.tokens, b_win.tokens_source, b_win.prefill_steps) == (2, "caller", 0)
+    # a step with prefill and decode work (chunked prefill beside a decode): its decode token counts, the step as prefill
+    mixed = kernels + ranges + [_step((1, 16), (1, 1), 295), _k(MOE_OGS, 300, 50)]
+    b_mixed = breakdown(_trace(tmp_path, mixed), categories, tokens=3)
+    assert (b_mixed.tokens, b_mixed.prefill_steps) == (4, 1)
     bare = breakdown(_trace(tmp_path, kernels), categories, tokens=2)
     assert (bare.tokens, bare.tokens_source, bare.caller_tokens, bare.prefill_steps) == (2, "caller", 2, None)
     assert bare.us_per_token["moe"] == 15.0

@@ -26,6 +26,10 @@ def test_results_of_other_weights_or_kernel_settings_are_refused():
     assert "BLOCK_M" in plugin_e2e.mixed_setting(tiled, NOW)
     older = {"triton-bf16": {"metrics": {}}}  # written before results said what they were measured with
     assert plugin_e2e.mixed_setting(older, NOW) is not None
+    window = {**NOW, "workloads": "all", "breakdown": "decode window"}
+    request = {"triton-bf16": {"metrics": {}, **NOW, "workloads": "all"}}  # its breakdown held two prefills
+    assert "breakdown" in plugin_e2e.mixed_setting(request, window)
+    assert plugin_e2e.mixed_setting({"t": {"metrics": {}, **window}}, window) is None
 
 
 def test_the_report_shows_the_wait_for_the_host_the_exclusive_moe_time_and_the_host_ranges(tmp_path):
