@@ -137,9 +137,19 @@ def root_cause(path: Path) -> str | None:
     return None
 
 
+# boot failures whose cause lies outside the config, with what fixes them (the first line of the error says it)
+BOOT_FIXES = (
+    ("Error in memory profiling",
+     "another process changed the GPU's free memory while vLLM profiled it (GPU tests or a server beside this boot; "
+     "on GB10's unified memory the OS page cache counts too, vllm-project/vllm#35920): boot with nothing else on "
+     "the GPU"),
+)
+
+
 def _died(what: str, path: Path) -> str:
     cause = root_cause(path)
-    return f"{what}{f' ({cause})' if cause else ''}; log {path}:\n{tail(path)}"
+    fix = next((f for sign, f in BOOT_FIXES if cause and sign in cause), None)
+    return f"{what}{f' ({cause})' if cause else ''}{f'; fix: {fix}' if fix else ''}; log {path}:\n{tail(path)}"
 
 
 def tail(path: Path, lines: int = 40) -> str:

@@ -172,6 +172,21 @@ def test_a_boot_that_dies_names_the_root_cause_in_its_first_line(tmp_path):
         make(tmp_path, "die").start()
 
 
+def test_a_boot_that_lost_its_memory_profiling_to_another_process_names_the_fix(tmp_path):
+    """Seen on an H200 (vLLM 0.26, 2026-12-01): kernel tests beside a boot freed GPU memory during its profiling.
+    The error's first line says what to do; an error without a known fix says none (A/A)."""
+    from harness.engine.server import _died
+
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore_DP0 pid=9) AssertionError: Error in memory profiling. Initial free memory 133.67 GiB, "
+                   "current free memory 138.75 GiB. This happens when other processes sharing the same container "
+                   "release GPU memory while vLLM is profiling during initialization.\n")
+    first = _died("vLLM server exited with code 1 during boot", log).splitlines()[0]
+    assert "fix: another process changed the GPU's free memory" in first and "nothing else on the GPU" in first
+    log.write_text("(EngineCore_DP0 pid=7) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 15.82 GiB.\n")
+    assert "fix:" not in _died("vLLM server exited with code 1 during boot", log)
+
+
 def test_a_levels_own_servers_stop_after_its_last_test_not_at_session_end(tmp_path):
     """Levels 3 and 5 boot servers beside the shared one; left up until the session's end they pushed a 24 GB CI box
     into the OOM killer during level 6. They stop once the next test is outside the folder, or there is none."""
