@@ -148,8 +148,9 @@ def breakdown(trace_path: str | os.PathLike, categories: Categories, tokens: int
     request, the generated tokens they show are the divisor instead. Not inside a `window`: ranges carry host times,
     kernels GPU times, and the host runs a step ahead, so the two would disagree at the window's edges.
 
-    `window`: (start, end) on the trace's clock in us; only events starting inside count (None: the whole trace). Wall time is first kernel start to last kernel end, so idle before the first kernel
-    (the profiler starting) is not counted."""
+    `window`: (start, end) on the trace's clock in us; only events starting inside count (None: the whole trace).
+    Wall time is first kernel start to last kernel end, so idle before the first kernel (the profiler starting) is
+    not counted."""
     if not isinstance(tokens, int) or tokens < 1:
         raise SuiteError(f"breakdown: tokens is {tokens!r}; pass the number of decode steps in the profiled window (>= 1)")
     lo, hi = window if window is not None else (float("-inf"), float("inf"))
