@@ -222,3 +222,25 @@ def test_a_value_vllm_rejects_on_a_platform_says_so():
     assert not ok and "rejected on sm_121" in why and "triton#8335" in why
     ok, why = up.runnable(CATALOG.parse("gemm-bf16"), "sm_121")
     assert not ok and "SM90 only" in why
+
+
+@pytest.mark.parametrize("platform", ["sm_90", "sm_121"])
+def test_the_plugin_on_marlins_layout_may_use_vllms_router_but_not_marlins_gemm(platform):
+    """On GB10 vLLM's MoE backend is Marlin, which routes in vLLM (its `topkGating` kernel) before the MoE method
+    runs, so the plugin's `gemv-bf16` there serves vLLM's top-k (seen on an H200 with --moe-backend=marlin,
+    2026-12-02: 128 `topkGating` calls beside our mxfp4_kernel<1/2>). That trace must pass on both platforms;
+    the same trace with Marlin's expert GEMM in it (the backend served the experts) must still fail."""
+    upstream = CATALOG.flavours["upstream"]
+    cfg = CATALOG.parse("gemv-bf16")
+    exp = upstream.resolve(cfg, platform).kernels
+    marlin_seen = [n for _, e in upstream.kernel_entries("moe", "marlin", platform) for n in e.get("seen") or []]
+    # the name the real trace showed
+    router = ["void vllm::moe::topkGating<8, 8, 4, 16, 32, int, __nv_bfloat16, (vllm::moe::ScoringFunc)0>(__nv_bfloat16 "
+              "const*, bool const*, float*, int, int*, int*, int, int, int, bool, float const*, double)"]
+    own = upstream.seen(cfg, platform)
+    v = check_path(_summary(own + router), exp)
+    assert v.ok, f"gemv-bf16 on {platform}: vLLM's router beside the plugin's experts fails: {v.problems}"
+    gemm = [n for n in marlin_seen if "marlin_moe_wna16" in n]
+    assert gemm, f"moe=marlin declares no Marlin GEMM kernel on {platform}"
+    v = check_path(_summary(own + router + gemm), exp)
+    assert not v.ok and any("marlin_moe_wna16" in p for p in v.problems), v.problems
