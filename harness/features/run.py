@@ -256,6 +256,8 @@ def require_runnable(suite: Suite, f: Feature) -> str | None:
         return (f"feature {f.name} runs on the {f.flavour} flavour"
                 + (" (the users' fork, on GB10)" if f.flavour == "fork" else "")
                 + f"; this run's flavour is {suite.flavour.name} on {suite.platform.name}")
+    if f.baseline_why:
+        return f.baseline_why
     for role, name in (("candidate", f.candidate), ("baseline", f.baseline)):
         t = suite.target(suite.catalog.parse(name))
         if not t.runnable:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.config.catalog import Catalog
 from harness.core.errors import SuiteError
 from harness.core.paths import CONFIG_DIR
+from harness.core.platform import is_valid_selector, platform_matches
 from harness.core.yamlfile import load_mapping
 from harness.perf.metrics import higher_is_better, parse_metric_name
 
@@ -123,7 +124,8 @@ class FeatureEntry(_Model):
     flavour: Literal["fork", "upstream", "cpu"]
     hypothesis: str = Field(min_length=10)
     candidate: str
-    baseline: str | None = None  # default: the flavour's baseline config (`baselines:`)
+    # default: the flavour's baseline config (`baselines:`); a config, or configs by platform selector, first match
+    baseline: str | dict[str, str] | None = None
     criteria: list[str] = Field(min_length=1)
     levels: list[str] = Field(default_factory=list)
     requires: list[str] = Field(default_factory=list)  # features whose `gate` must pass first
@@ -159,7 +161,7 @@ class FeatureEntry(_Model):
 
 
 class FeaturesFile(_Model):
-    baselines: dict[Literal["fork", "upstream", "cpu"], str]
+    baselines: dict[Literal["fork", "upstream", "cpu"], str | dict[str, str]]
     features: dict[str, FeatureEntry]
 
 
@@ -172,13 +174,14 @@ class Feature:
     flavour: str
     hypothesis: str
     candidate: str
-    baseline: str
+    baseline: str  # the config this platform judges against; "" where none is given for it (`baseline_why`)
     criteria: tuple[Criterion, ...]
     levels: tuple[str, ...]
     requires: tuple[str, ...]
     gate: tuple[Criterion, ...]
     gate_levels: tuple[str, ...]  # `levels ...` entries of the gate: those levels must have passed
     about: str | None = None
+    baseline_why: str | None = None  # why `baseline` is "": no entry of a by-platform baseline fits this platform
 
 
 def _one_line(e: ValidationError, path: Path) -> str:
@@ -206,8 +209,30 @@ def _gate(texts: list[str]) -> tuple[tuple[Criterion, ...], tuple[str, ...]]:
     return tuple(crits), tuple(levels)
 
 
-def load_features(path: Path = FEATURES_FILE, catalog: Catalog | None = None) -> dict[str, Feature]:
-    """Every feature of the file, validated against the catalog (config names) and each other (requires)."""
+def _baseline_on(spec: str | dict[str, str], platform: str | None, where: str) -> tuple[list[str], str, str | None]:
+    """(every config `spec` names, the one `platform` judges against or "", why none). A by-platform baseline exists
+    because stock differs: upstream vLLM serves gpt-oss's MoE with Triton's matmul_ogs on Hopper, and refuses that
+    backend on sm_12x, where Marlin is its default."""
+    if isinstance(spec, str):
+        return [spec], spec, None
+    bad = [sel for sel in spec if not is_valid_selector(sel)]
+    if bad:
+        raise SuiteError(f"{where} has unknown platform selector(s) {bad}; use cpu, sm_90, a family like sm_12x, or "
+                         ">=sm_80")
+    listed = ", ".join(f"{sel}: {cfg}" for sel, cfg in spec.items())
+    if platform is None:
+        return list(spec.values()), "", f"{where} depends on the platform ({listed}), and none was given"
+    for sel, cfg in spec.items():
+        if platform_matches(sel, platform):
+            return list(spec.values()), cfg, None
+    return list(spec.values()), "", f"{where} has no entry for {platform} ({listed}); add one"
+
+
+def load_features(path: Path = FEATURES_FILE, catalog: Catalog | None = None,
+                  platform: str | None = None) -> dict[str, Feature]:
+    """Every feature of the file, validated against the catalog (config names) and each other (requires).
+    `platform` picks each by-platform baseline (without it, such a feature's baseline is "" and `baseline_why`
+    says why)."""
     raw = load_mapping(path, "restore it from git (configs/features.yaml)")
     try:
         data = FeaturesFile.model_validate(raw)
@@ -219,10 +244,13 @@ def load_features(path: Path = FEATURES_FILE, catalog: Catalog | None = None) ->
         where = f"{path}: features.{name}"
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
             raise SuiteError(f"{where}: feature names are kebab case ([a-z0-9-]); rename it")
-        baseline = f.baseline or data.baselines.get(f.flavour)
-        if not baseline:
+        spec = f.baseline or data.baselines.get(f.flavour)
+        if not spec:
             raise SuiteError(f"{where}: no baseline given and `baselines:` has none for flavour {f.flavour}; add one")
-        for role, cfg in (("candidate", f.candidate), ("baseline", baseline)):
+        named, baseline, baseline_why = _baseline_on(
+            spec, platform, f"feature {name}: its baseline ({path.name} "
+            + (f"features.{name}.baseline" if f.baseline else f"baselines.{f.flavour}") + ")")
+        for role, cfg in [("candidate", f.candidate)] + [("baseline", b) for b in named]:
             try:
                 catalog.parse(cfg, f"{where}.{role}")
             except SuiteError as e:
@@ -232,8 +260,9 @@ def load_features(path: Path = FEATURES_FILE, catalog: Catalog | None = None) ->
         except SuiteError as e:
             raise SuiteError(f"{where}.gate: {e}") from None
         out[name] = Feature(name, f.phase, f.flavour, f.hypothesis.strip(), catalog.name(catalog.parse(f.candidate)),
-                            catalog.name(catalog.parse(baseline)), tuple(parse_criterion(c) for c in f.criteria),
-                            tuple(f.levels), tuple(f.requires), gate, gate_levels, f.about)
+                            catalog.name(catalog.parse(baseline)) if baseline else "",
+                            tuple(parse_criterion(c) for c in f.criteria), tuple(f.levels), tuple(f.requires), gate,
+                            gate_levels, f.about, baseline_why)
     for name, f in out.items():
         missing = [r for r in f.requires if r not in out]
         if missing:

@@ -22,7 +22,7 @@ def _features(config: pytest.Config) -> dict[str, Feature]:
     """The features this run judges, in file order; an ad-hoc one for --config X --against Y."""
     suite: Suite = config.stash[SUITE_KEY]
     try:
-        known = load_features(catalog=suite.catalog)
+        known = load_features(catalog=suite.catalog, platform=suite.platform.name)
         against = config.getoption("--against")
         if against:
             cand = config.getoption("--config")

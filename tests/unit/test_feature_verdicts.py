@@ -119,6 +119,50 @@ def test_the_kernel_features_judge_the_kernels_time_in_the_served_model_beside_w
         assert (plan["tg32_gpu"].pp, plan["tg32_gpu"].tg) == (plan["tg32"].pp, plan["tg32"].tg)
 
 
+def test_the_kernel_features_judge_against_the_stock_moe_of_each_platform():
+    """Stock is what vLLM serves gpt-oss with: Triton's matmul_ogs MoE on Hopper, Marlin on GB10, where vLLM refuses
+    the Triton MoE. Against a fixed `triton-bf16` the users' first GB10 run could not judge our kernels at all."""
+    from harness.config.catalog import Catalog
+    catalog = Catalog()
+    upstream = catalog.flavours["upstream"]
+    for platform, stock in (("sm_90", "triton-bf16"), ("sm_100", "triton-bf16"), ("sm_121", "marlin-bf16")):
+        features = load_features(catalog=catalog, platform=platform)
+        for name in ("kernels-moe", "kernels-mxfp4-all"):
+            f = features[name]
+            assert (f.baseline, f.baseline_why) == (stock, None), (platform, f)
+            assert upstream.runnable(catalog.parse(f.baseline), platform)[0], (platform, f.baseline)
+    assert not upstream.runnable(catalog.parse("triton-bf16"), "sm_121")[0]  # why GB10 needs its own entry
+
+
+def test_a_platform_without_a_baseline_entry_is_a_reason_not_a_guess():
+    from types import SimpleNamespace
+
+    from harness.features.run import require_runnable
+    f = load_features(platform="cpu")["kernels-moe"]
+    assert f.baseline == "" and "has no entry for cpu" in f.baseline_why and "add one" in f.baseline_why
+    on = SimpleNamespace(flavour=SimpleNamespace(name="upstream"), platform=SimpleNamespace(name="cpu"))
+    assert require_runnable(on, f) == f.baseline_why  # before any config is looked up or booted
+    unknown = load_features()["kernels-moe"]  # no platform: none is picked
+    assert unknown.baseline == "" and "depends on the platform" in unknown.baseline_why
+    assert load_features()["cutlass-gemm"].baseline == "marlin-bf16-attn-flashinfer-nosinks"  # a plain one needs none
+
+
+@pytest.mark.parametrize("baselines, why", [
+    ('{sm_12x: marlin-bf16, "sm90": triton-bf16}', "unknown platform selector"),
+    ("{}", "has none for flavour upstream"),
+    ('{sm_12x: marlin-bf17, ">=sm_80": triton-bf16}', "marlin-bf17"),  # checked on every platform, not only its own
+])
+def test_a_malformed_by_platform_baseline_is_one_line(tmp_path, baselines, why):
+    text = (REPO / "configs" / "features.yaml").read_text()
+    old = 'upstream: {sm_12x: marlin-bf16, ">=sm_80": triton-bf16}'
+    assert old in text
+    bad = tmp_path / "features.yaml"
+    bad.write_text(text.replace(old, "upstream: " + baselines))
+    with pytest.raises(SuiteError, match=why) as e:
+        load_features(bad, platform="sm_90")
+    assert "\n" not in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("mutate, why", [
     (lambda t: t.replace("hypothesis:", "hypotesis:", 1), "unknown key"),
     (lambda t: t.replace("[tg32 >= +10%, ttft_p50", "[tg32 >= 10%, ttft_p50", 1), "needs a sign"),
@@ -199,7 +243,7 @@ def test_a_candidate_that_cannot_load_fails_every_criterion_and_still_gets_its_r
     from harness.features import run as feature_run
     from harness.features.review import render
 
-    feature = load_features()["kernels-moe"]
+    feature = load_features(platform="sm_90")["kernels-moe"]
     suite = SimpleNamespace(run_dir=tmp_path, platform=SimpleNamespace(name="sm_90", device="H100", is_cuda=False),
                             flavour=SimpleNamespace(name="upstream"), model=SimpleNamespace(alias="gpt-oss-120b-shape"),
                             can_boot_secondary=lambda: (False, "one GPU model at a time"))
