@@ -4,6 +4,9 @@
     python3 scripts/plugin_e2e.py --model gpt-oss-120b-shape --configs triton-bf16,gemv-bf16,gemv-bf16-mxfp4-all \
         --out DIR [--gpu-memory-utilization gemv-bf16=0.93]
 
+Without --configs: upstream vLLM's stock MoE on this platform (configs/features.yaml `baselines:`: triton-bf16 on
+Hopper, marlin-bf16 on GB10, where vLLM refuses the Triton MoE), gemv-bf16, gemv-bf16-mxfp4-all.
+
 Boots each config in turn the way the suite does (one GPU holds one gpt-oss-120b shape at a time), measures
 the same workloads on each (engine clock, warm-up first, median of the rounds), stops it, and writes
 `e2e.json`, `e2e.md` and `breakdown.png` under --out after every config, so a call cut off by its time limit
@@ -40,10 +43,12 @@ sys.path.insert(0, str(REPO))
 
 from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.platform import detect_platform  # noqa: E402
 from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_breakdowns, tokens_note  # noqa: E402
 from harness.perf.regression import HOST_BOUND_RATIO  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
 from harness.features.run import BREAKDOWN_TOKENS, decode_breakdown  # noqa: E402
+from harness.features.spec import flavour_baseline  # noqa: E402
 from harness.perf import bench  # noqa: E402
 from harness.perf.benchmark import kernel_time_probe  # noqa: E402
 from harness.perf.memory import server_memory  # noqa: E402
@@ -58,6 +63,7 @@ WORKLOADS = (
 )
 PREFILL_GPU = bench.Workload("prefill", 2048, 1, runs=3, warmup=0)  # pp2048_gpu: GPU kernel time of one prefill
 SHOWN = ("tg32", "tg128", "tg32@c4", "tg32@c32", "pp2048", "pp2048_gpu")
+PLUGIN_CONFIGS = ("gemv-bf16", "gemv-bf16-mxfp4-all")  # measured after the platform's stock by default
 PLOT_NAME = "breakdown.png"  # one stacked bar per config, the first config first
 
 
@@ -287,7 +293,8 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-oss-120b-shape")
-    ap.add_argument("--configs", default="triton-bf16,gemv-bf16,gemv-bf16-mxfp4-all")
+    ap.add_argument("--configs", default=None, help="default: this platform's stock (upstream's baseline in "
+                    "configs/features.yaml), gemv-bf16, gemv-bf16-mxfp4-all")
     ap.add_argument("--gpu-memory-utilization", action="append", default=[], metavar="CONFIG=FRACTION",
                     help="per-config override of the flavour's fraction")
     ap.add_argument("--out", required=True)
@@ -302,7 +309,12 @@ def main() -> int:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    order = list(dict.fromkeys(c.strip() for c in a.configs.split(",") if c.strip()))
+    try:
+        configs = a.configs or ",".join([flavour_baseline("upstream", detect_platform().name), *PLUGIN_CONFIGS])
+    except SuiteError as e:
+        print(f"plugin_e2e: {e}")
+        return 2
+    order = list(dict.fromkeys(c.strip() for c in configs.split(",") if c.strip()))
     util = dict(kv.split("=", 1) for kv in a.gpu_memory_utilization)
     res_file = out / "e2e.json"
     results: dict[str, dict] = json.loads(res_file.read_text())["results"] if res_file.is_file() else {}

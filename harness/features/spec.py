@@ -228,6 +228,22 @@ def _baseline_on(spec: str | dict[str, str], platform: str | None, where: str) -
     return list(spec.values()), "", f"{where} has no entry for {platform} ({listed}); add one"
 
 
+def flavour_baseline(flavour: str, platform: str, path: Path = FEATURES_FILE) -> str:
+    """The flavour's baseline config on `platform` (`baselines:`), e.g. upstream's stock MoE: triton-bf16 on Hopper,
+    marlin-bf16 on GB10."""
+    try:
+        data = FeaturesFile.model_validate(load_mapping(path, "restore it from git (configs/features.yaml)"))
+    except ValidationError as e:
+        raise SuiteError(_one_line(e, path)) from None
+    spec = data.baselines.get(flavour)
+    if not spec:
+        raise SuiteError(f"{path}: `baselines:` has none for flavour {flavour}; add one")
+    _, config, why = _baseline_on(spec, platform, f"the {flavour} baseline ({path.name} baselines.{flavour})")
+    if why:
+        raise SuiteError(why)
+    return config
+
+
 def load_features(path: Path = FEATURES_FILE, catalog: Catalog | None = None,
                   platform: str | None = None) -> dict[str, Feature]:
     """Every feature of the file, validated against the catalog (config names) and each other (requires).

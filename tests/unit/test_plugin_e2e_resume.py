@@ -186,3 +186,27 @@ def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkey
     windows.clear()
     r = plugin_e2e.measure(suite, "gemv-bf16", [], None, True)
     assert windows == [] and r["kernel_breakdown"] is None and "pp2048_gpu" in r["metrics"]
+
+
+@pytest.mark.parametrize("platform, stock", [("sm_90", "triton-bf16"), ("sm_121", "marlin-bf16"), ("cpu", None)])
+def test_without_configs_the_stock_is_this_platforms_and_a_platform_without_one_is_one_line(
+        tmp_path, monkeypatch, capsys, platform, stock):
+    """The default run compares the plugin with the MoE stock vLLM serves on this platform: on GB10 vLLM refuses the
+    Triton MoE, so a fixed triton-bf16 first would have been skipped and left the ratios without their stock."""
+    from types import SimpleNamespace
+
+    made = []
+
+    def create(configs, *args):  # what main() asked for; no server is booted
+        made.append(configs)
+        raise plugin_e2e.SuiteError("stop")
+
+    monkeypatch.setattr(plugin_e2e, "detect_platform", lambda: SimpleNamespace(name=platform))
+    monkeypatch.setattr(plugin_e2e.Suite, "create", staticmethod(create))
+    monkeypatch.setattr(sys, "argv", ["plugin_e2e.py", "--out", str(tmp_path)])
+    assert plugin_e2e.main() == 2
+    if stock:
+        assert made == [f"{stock},gemv-bf16,gemv-bf16-mxfp4-all"]
+    else:
+        line = capsys.readouterr().out.strip()
+        assert not made and "has no entry for cpu" in line and "\n" not in line, line
