@@ -312,7 +312,7 @@ def main() -> int:
     try:
         configs = a.configs or ",".join([flavour_baseline("upstream", detect_platform().name), *PLUGIN_CONFIGS])
     except SuiteError as e:
-        print(f"plugin_e2e: {e}")
+        print(f"plugin_e2e: {e}; or name the stock config first yourself: --configs STOCK,{','.join(PLUGIN_CONFIGS)}")
         return 2
     order = list(dict.fromkeys(c.strip() for c in configs.split(",") if c.strip()))
     util = dict(kv.split("=", 1) for kv in a.gpu_memory_utilization)

@@ -9,6 +9,7 @@ any section the user adds) is kept exactly as written, byte for byte, in its pla
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -272,10 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     for v in a.verdicts:
         data = json.loads(Path(v).read_text(encoding="utf-8"))
-        features = load_features(platform=data["platform"])  # its by-platform baselines as that run judged them
+        features = load_features(platform=data["platform"])
         if data["feature"] not in features:
             raise SuiteError(f"{v}: feature {data['feature']} is not in configs/features.yaml")
-        result = FeatureResult.from_json(data, features[data["feature"]])
+        # the baseline that run judged against, whatever the file says today
+        feature = dataclasses.replace(features[data["feature"]], baseline=data["baseline"], baseline_why=None)
+        result = FeatureResult.from_json(data, feature)
         if a.artifacts:
             result.artifacts = str(Path(a.artifacts) / data["feature"])
         print(write_review(result, Path(a.review_dir)))

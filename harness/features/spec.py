@@ -209,10 +209,15 @@ def _gate(texts: list[str]) -> tuple[tuple[Criterion, ...], tuple[str, ...]]:
     return tuple(crits), tuple(levels)
 
 
+def _specificity(selector: str) -> int:
+    """An exact platform (sm_121) before a family (sm_12x) before a lower bound (>=sm_80), whatever the file's order."""
+    return 2 if selector.startswith(">=") else 1 if "x" in selector else 0
+
+
 def _baseline_on(spec: str | dict[str, str], platform: str | None, where: str) -> tuple[list[str], str, str | None]:
     """(every config `spec` names, the one `platform` judges against or "", why none). A by-platform baseline exists
     because stock differs: upstream vLLM serves gpt-oss's MoE with Triton's matmul_ogs on Hopper, and refuses that
-    backend on sm_12x, where Marlin is its default."""
+    backend on sm_12x, where Marlin is its default. The most specific matching selector wins."""
     if isinstance(spec, str):
         return [spec], spec, None
     bad = [sel for sel in spec if not is_valid_selector(sel)]
@@ -221,11 +226,13 @@ def _baseline_on(spec: str | dict[str, str], platform: str | None, where: str) -
                          ">=sm_80")
     listed = ", ".join(f"{sel}: {cfg}" for sel, cfg in spec.items())
     if platform is None:
-        return list(spec.values()), "", f"{where} depends on the platform ({listed}), and none was given"
-    for sel, cfg in spec.items():
+        return list(spec.values()), "", (f"{where} depends on the platform ({listed}); judge it on a platform "
+                                         "(the suite passes its own)")
+    for sel in sorted(spec, key=_specificity):
         if platform_matches(sel, platform):
-            return list(spec.values()), cfg, None
-    return list(spec.values()), "", f"{where} has no entry for {platform} ({listed}); add one"
+            return list(spec.values()), spec[sel], None
+    return list(spec.values()), "", (f"{where} has no entry for {platform} ({listed}); add the config stock serves "
+                                     f"on {platform} there")
 
 
 def flavour_baseline(flavour: str, platform: str, path: Path = FEATURES_FILE) -> str:

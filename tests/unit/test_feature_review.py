@@ -76,3 +76,18 @@ def test_levels_are_read_per_folder_from_junit(tmp_path):
     out = read_junit(tmp_path / "j.xml", ("level1", "level1_5"))
     assert out["level1"].status == "FAIL" and out["level1"].first_failures == ["b: boom (CUDA out of memory); log x.log:"]  # one line each
     assert out["level1_5"].status == "NOT RUN"  # everything skipped is not a pass
+
+
+def test_a_rerendered_review_keeps_the_baseline_its_run_judged_against(tmp_path):
+    """`python -m harness.features.review verdict.json` re-renders a run's review from its JSON: the baseline named is
+    the one that run measured (e.g. marlin-bf16 on GB10), never what configs/features.yaml would pick today."""
+    from harness.features import review
+
+    r = result(tmp_path)
+    data = r.to_json()
+    assert data["baseline"] == "cpu-bf16-eager"
+    data["baseline"] = "cpu-bf16-noprefix"  # as if the file's baseline had changed since that run
+    (tmp_path / "verdict.json").write_text(json.dumps(data))
+    assert review.main([str(tmp_path / "verdict.json"), "--review-dir", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "FEATURE_cpu-compiled-decode.md").read_text()
+    assert "(cpu-bf16-noprefix)" in text and "(cpu-bf16-eager)" not in text

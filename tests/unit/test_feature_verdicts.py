@@ -125,7 +125,7 @@ def test_the_kernel_features_judge_against_the_stock_moe_of_each_platform():
     from harness.config.catalog import Catalog
     catalog = Catalog()
     upstream = catalog.flavours["upstream"]
-    for platform, stock in (("sm_90", "triton-bf16"), ("sm_100", "triton-bf16"), ("sm_121", "marlin-bf16")):
+    for platform, stock in (("sm_90", "triton-bf16"), ("sm_121", "marlin-bf16")):
         features = load_features(catalog=catalog, platform=platform)
         for name in ("kernels-moe", "kernels-mxfp4-all"):
             f = features[name]
@@ -138,23 +138,34 @@ def test_a_platform_without_a_baseline_entry_is_a_reason_not_a_guess():
     from types import SimpleNamespace
 
     from harness.features.run import require_runnable
-    f = load_features(platform="cpu")["kernels-moe"]
-    assert f.baseline == "" and "has no entry for cpu" in f.baseline_why and "add one" in f.baseline_why
-    on = SimpleNamespace(flavour=SimpleNamespace(name="upstream"), platform=SimpleNamespace(name="cpu"))
+    f = load_features(platform="sm_100")["kernels-moe"]  # stock there is not known to us: no entry, no guess
+    assert f.baseline == "" and "has no entry for sm_100" in f.baseline_why and "add the config" in f.baseline_why
+    on = SimpleNamespace(flavour=SimpleNamespace(name="upstream"), platform=SimpleNamespace(name="sm_100"))
     assert require_runnable(on, f) == f.baseline_why  # before any config is looked up or booted
     unknown = load_features()["kernels-moe"]  # no platform: none is picked
     assert unknown.baseline == "" and "depends on the platform" in unknown.baseline_why
     assert load_features()["cutlass-gemm"].baseline == "marlin-bf16-attn-flashinfer-nosinks"  # a plain one needs none
 
 
+@pytest.mark.parametrize("baselines", ['{">=sm_80": triton-bf16, sm_12x: marlin-bf16}',
+                                       '{sm_12x: marlin-bf16, ">=sm_80": triton-bf16}'])
+def test_the_most_specific_selector_wins_in_any_order(tmp_path, baselines):
+    """A catch-all written first must not shadow GB10's own entry (it would judge GB10 against a backend vLLM refuses)."""
+    bad = tmp_path / "features.yaml"
+    text = (REPO / "configs" / "features.yaml").read_text()
+    bad.write_text(text.replace("upstream: {sm_12x: marlin-bf16, sm_90: triton-bf16}", "upstream: " + baselines))
+    assert load_features(bad, platform="sm_121")["kernels-moe"].baseline == "marlin-bf16"
+    assert load_features(bad, platform="sm_90")["kernels-moe"].baseline == "triton-bf16"
+
+
 @pytest.mark.parametrize("baselines, why", [
     ('{sm_12x: marlin-bf16, "sm90": triton-bf16}', "unknown platform selector"),
     ("{}", "has none for flavour upstream"),
-    ('{sm_12x: marlin-bf17, ">=sm_80": triton-bf16}', "marlin-bf17"),  # checked on every platform, not only its own
+    ("{sm_12x: marlin-bf17, sm_90: triton-bf16}", "marlin-bf17"),  # checked on every platform, not only its own
 ])
 def test_a_malformed_by_platform_baseline_is_one_line(tmp_path, baselines, why):
     text = (REPO / "configs" / "features.yaml").read_text()
-    old = 'upstream: {sm_12x: marlin-bf16, ">=sm_80": triton-bf16}'
+    old = "upstream: {sm_12x: marlin-bf16, sm_90: triton-bf16}"
     assert old in text
     bad = tmp_path / "features.yaml"
     bad.write_text(text.replace(old, "upstream: " + baselines))
