@@ -139,6 +139,13 @@ class FeatureEntry(_Model):
             raise ValueError("must be one sentence (the protocol: one-sentence hypothesis)")
         return v
 
+    @field_validator("baseline")
+    @classmethod
+    def _some_baseline(cls, v: str | dict[str, str] | None) -> str | dict[str, str] | None:
+        if isinstance(v, dict) and not v:  # would fall back to the flavour's baseline without a word
+            raise ValueError("an empty by-platform baseline; give a config, or platform selectors mapped to configs")
+        return v
+
     @field_validator("levels")
     @classmethod
     def _levels(cls, v: list[str]) -> list[str]:

@@ -392,3 +392,14 @@ def test_the_unprofiled_busy_fraction_counts_overlapping_kernels_once():
     older = {"total_us_per_token": 3210.0}  # recorded before the union was kept: the sum is all there is
     _busy_unprofiled(older, side)
     assert older["busy_fraction_unprofiled"] == round(3210.0 / 3531.0, 4)
+
+
+def test_an_empty_by_platform_baseline_of_a_feature_is_refused_not_replaced_by_the_default(tmp_path):
+    text = (REPO / "configs" / "features.yaml").read_text()
+    old = "    candidate: gemv-bf16\n"
+    assert text.count(old) == 1
+    bad = tmp_path / "features.yaml"
+    bad.write_text(text.replace(old, old + "    baseline: {}\n"))
+    with pytest.raises(SuiteError, match="kernels-moe.baseline: an empty by-platform baseline") as e:
+        load_features(bad, platform="sm_90")
+    assert "\n" not in str(e.value)
