@@ -124,7 +124,7 @@ class FeatureEntry(_Model):
     flavour: Literal["fork", "upstream", "cpu"]
     hypothesis: str = Field(min_length=10)
     candidate: str
-    # default: the flavour's baseline config (`baselines:`); a config, or configs by platform selector, first match
+    # default: the flavour's baseline config (`baselines:`); a config, or configs by platform selector (most specific wins)
     baseline: str | dict[str, str] | None = None
     criteria: list[str] = Field(min_length=1)
     levels: list[str] = Field(default_factory=list)
