@@ -271,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--review-dir", default=str(REPO / "docs" / "porting"))
     ap.add_argument("--artifacts", default=None, help="where the run's artifacts now are (if moved)")
     a = ap.parse_args(argv)
+    features = load_features()
     for v in a.verdicts:
         data = json.loads(Path(v).read_text(encoding="utf-8"))
-        features = load_features(platform=data["platform"])
         if data["feature"] not in features:
             raise SuiteError(f"{v}: feature {data['feature']} is not in configs/features.yaml")
         # the baseline that run judged against, whatever the file says today

@@ -242,14 +242,17 @@ def _baseline_on(spec: str | dict[str, str], platform: str | None, where: str) -
                                      f"on {platform} there")
 
 
+def _read(path: Path) -> FeaturesFile:
+    try:
+        return FeaturesFile.model_validate(load_mapping(path, "restore it from git (configs/features.yaml)"))
+    except ValidationError as e:
+        raise SuiteError(_one_line(e, path)) from None
+
+
 def flavour_baseline(flavour: str, platform: str, path: Path = FEATURES_FILE) -> str:
     """The flavour's baseline config on `platform` (`baselines:`), e.g. upstream's stock MoE: triton-bf16 on Hopper,
     marlin-bf16 on GB10."""
-    try:
-        data = FeaturesFile.model_validate(load_mapping(path, "restore it from git (configs/features.yaml)"))
-    except ValidationError as e:
-        raise SuiteError(_one_line(e, path)) from None
-    spec = data.baselines.get(flavour)
+    spec = _read(path).baselines.get(flavour)
     if not spec:
         raise SuiteError(f"{path}: `baselines:` has none for flavour {flavour}; add one")
     _, config, why = _baseline_on(spec, platform, f"the {flavour} baseline ({path.name} baselines.{flavour})")
@@ -263,11 +266,7 @@ def load_features(path: Path = FEATURES_FILE, catalog: Catalog | None = None,
     """Every feature of the file, validated against the catalog (config names) and each other (requires).
     `platform` picks each by-platform baseline (without it, such a feature's baseline is "" and `baseline_why`
     says why)."""
-    raw = load_mapping(path, "restore it from git (configs/features.yaml)")
-    try:
-        data = FeaturesFile.model_validate(raw)
-    except ValidationError as e:
-        raise SuiteError(_one_line(e, path)) from None
+    data = _read(path)
     catalog = catalog or Catalog()
     out: dict[str, Feature] = {}
     for name, f in data.features.items():
