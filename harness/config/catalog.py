@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.core.errors import SuiteError
 from harness.core.paths import CONFIG_DIR
-from harness.core.platform import is_valid_selector, platform_matches
+from harness.core.platform import best_selector, is_valid_selector, platform_matches
 from harness.core.yamlfile import load_mapping
 
 # Kernel expectations verified on real traces (scripts/record_kernels.py --accept), merged over the
@@ -203,9 +203,9 @@ class Catalog:
         )
 
     def default_for(self, platform_name: str) -> Config:
-        for selector, name in self.defaults.items():
-            if platform_matches(selector, platform_name):
-                return self.parse(name)
+        selector = best_selector(self.defaults, platform_name)
+        if selector is not None:
+            return self.parse(self.defaults[selector])
         raise SuiteError(f"no default config for platform {platform_name}: add it under `defaults` in configs/configs.yaml")
 
     def select(self, option: str | None, platform_name: str) -> list[Config]:

@@ -8,6 +8,7 @@ import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterable
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,26 @@ def platform_matches(selector: str, platform_name: str) -> bool:
     if "x" in selector:
         return re.fullmatch(selector.replace("x", r"\d"), platform_name) is not None
     return selector == platform_name
+
+
+def selector_breadth(selector: str) -> int:
+    """0 for one platform (`cpu`, `sm_121`), 1 for a family (`sm_12x`), 2 for a lower bound (`>=sm_80`)."""
+    s = selector.strip()
+    return 2 if s.startswith(">=") else 1 if "x" in s else 0
+
+
+def best_selector(selectors: Iterable[str], platform_name: str) -> str | None:
+    """The selector whose entry a platform takes where several match: the most specific (one platform, then a
+    family, then a lower bound), whatever the file's order, so a catch-all written first never shadows GB10's own
+    entry; equally specific ones in file order. None where none matches."""
+    matching = [s for s in selectors if platform_matches(s, platform_name)]
+    return min(matching, key=selector_breadth) if matching else None
+
+
+def broadest_first(selectors: Iterable[str], platform_name: str) -> list[str]:
+    """Every selector that matches the platform, the broadest first: layered overrides applied in this order leave
+    the most specific one's values (the same rule as `best_selector`)."""
+    return sorted((s for s in selectors if platform_matches(s, platform_name)), key=selector_breadth, reverse=True)
 
 
 def is_valid_selector(selector: str) -> bool:

@@ -19,7 +19,7 @@ import yaml
 
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
-from harness.core.platform import is_valid_selector, platform_matches
+from harness.core.platform import best_selector, is_valid_selector
 from harness.correctness.logprobs import (
     Scored,
     Stream,
@@ -40,13 +40,15 @@ class Workload:
     max_tokens: int
     top_k: int
     perplexity_text: str
-    tolerances: dict[str, Tolerance]  # platform selector -> tolerance, first match wins
+    tolerances: dict[str, Tolerance]  # platform selector -> tolerance: the most specific match, else `default`
     path: Path
 
     def tolerance(self, platform_name: str) -> Tolerance:
-        for selector, tol in self.tolerances.items():
-            if selector == "default" or platform_matches(selector, platform_name):
-                return tol
+        selector = best_selector([s for s in self.tolerances if s != "default"], platform_name)
+        if selector is None and "default" in self.tolerances:
+            selector = "default"
+        if selector is not None:
+            return self.tolerances[selector]
         raise SuiteError(f"{self.path}: no tolerance for platform {platform_name}; add it (or `default`) under `tolerances:`")
 
 

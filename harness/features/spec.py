@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from harness.config.catalog import Catalog
 from harness.core.errors import SuiteError
 from harness.core.paths import CONFIG_DIR
-from harness.core.platform import is_valid_selector, platform_matches
+from harness.core.platform import best_selector, is_valid_selector
 from harness.core.yamlfile import load_mapping
 from harness.perf.metrics import higher_is_better, parse_metric_name
 
@@ -216,11 +216,6 @@ def _gate(texts: list[str]) -> tuple[tuple[Criterion, ...], tuple[str, ...]]:
     return tuple(crits), tuple(levels)
 
 
-def _specificity(selector: str) -> int:
-    """An exact platform (sm_121) before a family (sm_12x) before a lower bound (>=sm_80), whatever the file's order."""
-    return 2 if selector.startswith(">=") else 1 if "x" in selector else 0
-
-
 def _baseline_on(spec: str | dict[str, str], platform: str | None, where: str) -> tuple[list[str], str, str | None]:
     """(every config `spec` names, the one `platform` judges against or "", why none). A by-platform baseline exists
     because stock differs: upstream vLLM serves gpt-oss's MoE with Triton's matmul_ogs on Hopper, and refuses that
@@ -235,9 +230,9 @@ def _baseline_on(spec: str | dict[str, str], platform: str | None, where: str) -
     if platform is None:
         return list(spec.values()), "", (f"{where} depends on the platform ({listed}); judge it on a platform "
                                          "(the suite passes its own)")
-    for sel in sorted(spec, key=_specificity):
-        if platform_matches(sel, platform):
-            return list(spec.values()), spec[sel], None
+    sel = best_selector(spec, platform)
+    if sel is not None:
+        return list(spec.values()), spec[sel], None
     return list(spec.values()), "", (f"{where} has no entry for {platform} ({listed}); add the config stock serves "
                                      f"on {platform} there")
 

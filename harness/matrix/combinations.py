@@ -25,7 +25,7 @@ import yaml
 from harness.config.catalog import Catalog, Config, Flavour, KernelExpectation
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
-from harness.core.platform import is_valid_selector, platform_matches
+from harness.core.platform import best_selector, is_valid_selector
 from harness.kernelpath.traces import KernelSummary
 
 MATRIX_FILE = REPO / "tests" / "level6_matrix" / "matrix.yaml"
@@ -56,10 +56,8 @@ class MatrixData:
     path: Path
 
     def for_platform(self, platform_name: str) -> PlatformMatrix | None:
-        for m in self.platforms:
-            if platform_matches(m.selector, platform_name):
-                return m
-        return None
+        selector = best_selector([m.selector for m in self.platforms], platform_name)
+        return next((m for m in self.platforms if m.selector == selector), None)
 
 
 def load_matrix(path: Path = MATRIX_FILE) -> MatrixData:

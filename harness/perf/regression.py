@@ -37,7 +37,7 @@ import yaml
 from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.core.paths import BASELINE_ROOT
-from harness.core.platform import is_valid_selector, platform_matches
+from harness.core.platform import broadest_first, is_valid_selector
 from harness.perf import metrics as perf
 from harness.core.store import identity_problem, regen_command
 from harness.perf.baselines import is_finite_number, platform_key
@@ -136,8 +136,9 @@ class Thresholds:
 
 
 def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thresholds:
-    """Thresholds from YAML: `defaults:` plus optional `platforms: {selector: overrides}` applied in file
-    order for every selector (`cpu`, `sm_121`, `sm_12x`, `>=sm_90`) that matches `platform`.
+    """Thresholds from YAML: `defaults:` plus optional `platforms: {selector: overrides}`, every selector (`cpu`,
+    `sm_121`, `sm_12x`, `>=sm_90`) that matches `platform` applied broadest first, so the most specific one's values
+    win whatever the file's order.
 
     Every section is checked whatever `platform` is (its selector, and its values over the defaults): CI runs
     on CPU, and a typo such as `sm121:` would otherwise silently drop the nightly's strict settings."""
@@ -162,8 +163,9 @@ def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thr
             raise SuiteError(f"{path}: platforms: '{selector}' is not a platform selector (cpu, sm_90, sm_121, "
                              "sm_12x, >=sm_90); fix its name")
         _with(defaults, values or {}, where)  # checked whether or not it applies here
-        if platform is not None and platform_matches(str(selector), platform):
-            thresholds = _with(thresholds, values or {}, where)
+    if platform is not None:
+        for selector in broadest_first([str(s) for s in overrides], platform):
+            thresholds = _with(thresholds, overrides[selector] or {}, f"{path}: platforms.{selector}")
     return thresholds
 
 
