@@ -94,7 +94,8 @@ def profile_decode_window(server: RunningServer, kind: str, window: int = DECODE
 
     def run() -> None:
         try:
-            outcome["stream"] = client.stream("Once upon a time", max_tokens, until=until)
+            # as the benchmarks stream (no logprobs), so the window's steps are the steps tgN times
+            outcome["stream"] = client.stream("Once upon a time", max_tokens, until=until, per_chunk_usage=True)
         except Exception as e:  # re-raised below, in the test's thread
             outcome["error"] = e
         finally:

@@ -111,7 +111,7 @@ def _prompt(client: Client, maker: PromptMaker, w: Workload) -> list[int]:
 
 
 def _measure(client: Client, w: Workload, prompt: list[int]) -> perf.TimedRequest:
-    r = client.stream(prompt, w.tg, ignore_eos=True)
+    r = client.stream(prompt, w.tg, ignore_eos=True, per_chunk_usage=True)
     usage = r.usage
     if usage.get("prompt_tokens") != len(prompt):
         raise SuiteError(f"server counted {usage.get('prompt_tokens')} prompt tokens for {len(prompt)} token ids sent")
@@ -458,7 +458,8 @@ def _kernel_rate(client: Client, maker: PromptMaker, w: Workload, profile_one: C
 
 def workload_record(workloads: list[Workload], dropped: list[str]) -> dict[str, Any]:
     return {"items": [asdict(w) for w in workloads], "dropped": dropped, "temperature": 0.0,
-            "ignore_eos": True, "prompts": "random token ids, unique per run", "seed": 42}
+            "ignore_eos": True, "prompts": "random token ids, unique per run", "seed": 42,
+            "stream_request": perf.STREAM_REQUEST}
 
 
 def check_workloads_option(option: str | None, platform_name: str) -> None:

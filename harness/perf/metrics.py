@@ -178,6 +178,14 @@ def to_metrics(requests: Sequence[TimedRequest], pp_tokens: int, tg_tokens: int,
     return out
 
 
+# How the measured streams ask for their token counts. Written into every result and baseline: the engine does
+# per-step work for logprobs (a log-softmax and a top-k over the vocabulary), so the engine- and client-clock
+# metrics of two request kinds are not comparable (level 5 says so instead of judging them). Files without the
+# field were measured with logprobs=1.
+STREAM_REQUEST = "per-chunk usage, no logprobs"
+STREAM_REQUEST_BEFORE = "logprobs=1"
+
+
 def check_token_accounting(chunks: int, usage_tokens: int, allow_multi_token_chunks: bool) -> None:
     """Raise SuiteError when the streamed chunk count cannot match usage.completion_tokens.
 

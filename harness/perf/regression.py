@@ -201,6 +201,7 @@ class Reason(str, Enum):
     NOT_SIGNIFICANT = "not_significant"  # beyond the gate but not significant
     CI_TOO_WIDE = "ci_too_wide"  # within the gate, but the CI reaches beyond it
     CLOCK_MISMATCH = "clock_mismatch"  # baseline and run measured with different clocks
+    REQUEST_MISMATCH = "request_mismatch"  # baseline and run streamed different requests (logprobs or not)
     NOT_MEASURED = "not_measured"  # in the baseline, not measured by this run
     NOT_IN_BASELINE = "not_in_baseline"  # measured now, not by the baseline (memory: schema 1)
     SOURCE_MISMATCH = "source_mismatch"  # used memory read from different sources
@@ -211,7 +212,7 @@ class Reason(str, Enum):
 
 
 # Reasons whose `detail` does not already show the bootstrap CI (the report adds it beside a failure).
-DETAIL_WITHOUT_CI = frozenset({Reason.TOO_FEW_SAMPLES, Reason.CLOCK_MISMATCH, Reason.NOT_MEASURED,
+DETAIL_WITHOUT_CI = frozenset({Reason.TOO_FEW_SAMPLES, Reason.CLOCK_MISMATCH, Reason.REQUEST_MISMATCH, Reason.NOT_MEASURED,
                                Reason.NOT_IN_BASELINE, Reason.SOURCE_MISMATCH})
 _WORD = {"pass": "pass", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "improved": "IMPROVED"}
 
@@ -515,6 +516,24 @@ def _clock_mismatch(name: str, b: Mapping, c: Mapping, b_clock: str, c_clock: st
                    fix=f"rerun (vLLM's /metrics must answer throughout) or re-record with: {regen_command('level5', config)}")
 
 
+def stream_request(side: Mapping) -> str:
+    """How a results or baseline file's measured streams asked for token counts (`workload.stream_request`);
+    files written before the field existed streamed with logprobs=1."""
+    workload = side.get("workload")
+    request = workload.get("stream_request") if isinstance(workload, Mapping) else None
+    return str(request) if request else perf.STREAM_REQUEST_BEFORE
+
+
+def _request_mismatch(name: str, b: Mapping, c: Mapping, b_req: str, c_req: str, config: str) -> Verdict:
+    base_med, cur_med = stats.median(b["samples"]), stats.median(c["samples"])
+    detail = (f"{name}: the baseline streamed its requests with {b_req}, this run with {c_req} "
+              f"({stats.fmt(base_med)} -> {stats.fmt(cur_med)} {b.get('unit') or ''}); logprobs add engine work every "
+              f"step, so not judged")
+    return Verdict(name, "inconclusive", math.nan, cur_med - base_med, base_med, cur_med, str(b.get("unit") or ""),
+                   bool(b["higher_is_better"]), None, None, None, None, Reason.REQUEST_MISMATCH, detail,
+                   fix=f"re-record the baseline with: {regen_command('level5', config)}")
+
+
 def _not_measured(name: str, b: Mapping, current: Mapping, config: str) -> Verdict:
     base_med = stats.median(b["samples"])
     workload = current.get("workload")
@@ -608,6 +627,7 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
     verdicts = []
     b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
     decode_host_bound = {} if thresholds.advisory else host_bound_decode(baseline, current, thresholds)
+    b_request, c_request = stream_request(baseline), stream_request(current)
     for name, b in b_metrics.items():
         if name not in c_metrics:  # never pass a gate that was not run: inconclusive (a failure on a strict gate)
             verdicts.append(_not_measured(name, b, current, config))
@@ -624,6 +644,9 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         b_clock, c_clock = metric_clock(baseline, name, b), metric_clock(current, name, c)
         if b_clock and c_clock and b_clock != c_clock:  # never pass nor fail samples of two different clocks
             verdicts.append(_clock_mismatch(name, b, c, b_clock, c_clock, config))
+            continue
+        if b_request != c_request and c_clock != "kernel":  # kernel-time metrics time requests without logprobs
+            verdicts.append(_request_mismatch(name, b, c, b_request, c_request, config))
             continue
         unresolved = "; ".join(f"{side}: {e['unresolved']}" for side, e in (("baseline", b), ("current", c))
                                if e.get("unresolved")) or None

@@ -462,6 +462,27 @@ def test_baselines_without_a_per_metric_clock_use_the_workloads_pp_tg_clock():
     assert {v.name: v.status for v in regression.compare_run(base, cur, T)}["tg32"] == "inconclusive"
 
 
+def test_a_baseline_streamed_with_logprobs_is_not_judged_against_a_run_without():
+    """Logprobs cost the engine a log-softmax and a top-k over the vocabulary every step (11.6% of the tiny model's
+    CPU decode): a run without them would pass a real 5% regression against a baseline with them."""
+    from harness.perf import metrics as perf
+
+    def gpu(tok_s: float, seed: int) -> dict:
+        return {"samples": samples(tok_s, seed=seed), "unit": "tok/s", "higher_is_better": True, "clock": "kernel"}
+
+    base = run(tg32_gpu=gpu(500.0, 6))  # no workload.stream_request: written before the field, streamed with logprobs=1
+    cur = run(tg_factor=1.07, tg32_gpu=gpu(450.0, 7))
+    cur["workload"] = {"stream_request": perf.STREAM_REQUEST}
+    verdicts = {v.name: v for v in regression.compare_run(base, cur, T)}
+    for name in ("tg32", "ttft_ms"):
+        assert verdicts[name].status == "inconclusive" and verdicts[name].reason is regression.Reason.REQUEST_MISMATCH
+        assert "logprobs=1" in verdicts[name].message and "re-record" in verdicts[name].message
+    assert verdicts["tg32_gpu"].status == "fail"  # kernel time never streamed logprobs: still judged
+    assert regression.gate_failures(list(verdicts.values()), replace(T, inconclusive_is_failure=True))
+    base["workload"] = {"stream_request": perf.STREAM_REQUEST}  # the same request on both sides: judged
+    assert {v.name: v.status for v in regression.compare_run(base, cur, T)}["tg32"] == "improved"
+
+
 def test_every_committed_baseline_names_the_clock_of_each_metric():
     from harness.perf.baselines import load_baseline
 

@@ -82,7 +82,11 @@ def _handler(engine: FakeEngine):
                 time.sleep(engine.step_s)
                 if engine.profiling:
                     engine.steps.append("prefill_kernel" if i == 0 else "decode_kernel")
-                chunk = {"choices": [{"text": "a", "logprobs": {"tokens": ["a"]}, "finish_reason": None}]}
+                chunk = {"choices": [{"text": "a", "finish_reason": None}]}
+                if (body.get("stream_options") or {}).get("continuous_usage_stats"):  # vLLM's running usage
+                    chunk["usage"] = {"prompt_tokens": 4, "completion_tokens": i + 1}
+                if body.get("logprobs"):
+                    chunk["choices"][0]["logprobs"] = {"tokens": ["a"]}
                 try:
                     send(f"data: {json.dumps(chunk)}\n\n")
                 except (BrokenPipeError, ConnectionResetError):

@@ -267,7 +267,8 @@ class FakeEngineClient:
         text = "\n".join(f"{k} {v}" for k, v in self.sums.items())
         return SimpleNamespace(status_code=200, text=text)
 
-    def stream(self, prompt, max_tokens, ignore_eos=True):
+    def stream(self, prompt, max_tokens, ignore_eos=True, per_chunk_usage=False):
+        assert per_chunk_usage, "the benchmarks stream without logprobs"
         self.calls.append(("measure", len(prompt)))
         p = self.prefill_s[min(self.i, len(self.prefill_s) - 1)]
         self.i += 1

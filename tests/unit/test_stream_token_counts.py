@@ -1,0 +1,96 @@
+"""How a benchmark stream counts its tokens without logprobs: the running usage each chunk carries.
+
+A fake response stands in for the server (harness logic only); the real vLLM on CPU is exercised by level 4's
+benchmarks, which stream this way.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.core.errors import SuiteError
+from harness.engine.client import Client
+from harness.perf import bench
+from harness.perf import metrics as perf
+
+
+class _Response:
+    status_code = 200
+
+    def __init__(self, events: list[dict]) -> None:
+        self.lines = [b"data: " + json.dumps(e).encode() for e in events] + [b"data: [DONE]"]
+
+    def iter_lines(self, chunk_size=None):
+        yield from self.lines
+
+    def close(self) -> None:
+        pass
+
+
+class _Session:
+    def __init__(self, events: list[dict]) -> None:
+        self.events, self.bodies = events, []
+
+    def post(self, url, json=None, timeout=None, stream=False):
+        self.bodies.append(json)
+        return _Response(self.events)
+
+
+def _chunks(sizes: list[int], usage_per_chunk: bool = True) -> list[dict]:
+    """Chunks of `sizes` tokens each (vLLM merges tokens when its API process lags), then the usage chunk."""
+    events, total = [], 0
+    for n in sizes:
+        total += n
+        e = {"choices": [{"text": "a" * n, "finish_reason": None}]}
+        if usage_per_chunk:
+            e["usage"] = {"prompt_tokens": 4, "completion_tokens": total}
+        events.append(e)
+    events.append({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": total}})
+    return events
+
+
+def _client(events: list[dict]) -> tuple[Client, _Session]:
+    session = _Session(events)
+    return Client("http://127.0.0.1:1", "model", session=session), session
+
+
+def test_merged_chunks_are_counted_from_the_running_usage_and_no_logprobs_are_asked():
+    client, session = _client(_chunks([1, 3, 1, 2]))
+    r = client.stream([1, 2, 3, 4], 7, per_chunk_usage=True)
+    assert r.chunk_tokens == 7 and r.usage["completion_tokens"] == 7 and len(r.chunk_times) == 4
+    body = session.bodies[0]
+    assert "logprobs" not in body and body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    perf.check_token_accounting(r.chunk_tokens, r.usage["completion_tokens"], allow_multi_token_chunks=False)
+
+
+def test_counting_chunks_instead_would_miss_the_merged_tokens():
+    """The fault this guards against: one chunk counted as one token (4 of 7 here) fails the accounting check."""
+    client, _ = _client(_chunks([1, 3, 1, 2]))
+    r = client.stream([1, 2, 3, 4], 7)  # the logprobs way, on a server that sent none: one per text chunk
+    assert r.chunk_tokens == 4
+    with pytest.raises(SuiteError, match="merged"):
+        perf.check_token_accounting(r.chunk_tokens, r.usage["completion_tokens"], allow_multi_token_chunks=False)
+
+
+def test_a_server_without_running_usage_is_one_line_naming_the_option():
+    client, _ = _client(_chunks([1, 1], usage_per_chunk=False))
+    with pytest.raises(SuiteError, match="continuous_usage_stats") as e:
+        client.stream([1], 2, per_chunk_usage=True)
+    assert "\n" not in str(e.value)
+
+
+def test_usage_that_goes_back_is_refused():
+    events = _chunks([2, 1])
+    events[1]["usage"]["completion_tokens"] = 1
+    client, _ = _client(events)
+    with pytest.raises(SuiteError, match="went back"):
+        client.stream([1], 3, per_chunk_usage=True)
+
+
+def test_the_benchmarks_stream_this_way_and_record_it():
+    client, session = _client(_chunks([1] * 4))
+    w = bench.Workload("decode", 4, 4)
+    bench._measure(client, w, [1, 2, 3, 4])
+    assert "logprobs" not in session.bodies[0]
+    assert bench.workload_record([w], [])["stream_request"] == perf.STREAM_REQUEST
