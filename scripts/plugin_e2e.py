@@ -50,6 +50,7 @@ from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
 from harness.features.run import BREAKDOWN_TOKENS, decode_breakdown  # noqa: E402
 from harness.features.spec import flavour_baseline  # noqa: E402
 from harness.perf import bench  # noqa: E402
+from harness.perf import metrics as perf  # noqa: E402
 from harness.perf.benchmark import kernel_time_probe  # noqa: E402
 from harness.perf.memory import server_memory  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
@@ -331,7 +332,9 @@ def main() -> int:
                "kernel_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KERNELS_")},
                "workloads": "pp2048_gpu only" if a.prefill_gpu_only else "all",
                # before the decode window, a profiled request with two prefills inside (+12.7% busy, 120b shape)
-               "breakdown": None if a.prefill_gpu_only else "decode window"}
+               "breakdown": None if a.prefill_gpu_only else "decode window",
+               # logprobs=1 streams before it: the engine's log-softmax and top-k every step (README)
+               "stream": perf.STREAM_REQUEST}
     mixed = mixed_setting(results, setting)
     if mixed:
         print(f"plugin_e2e: {out} {mixed}: use another --out (one table, one setting)")

@@ -4,8 +4,9 @@ alternating rounds with logprobs=1 and without (tokens counted from the running 
 
     python3 scripts/stream_logprobs_cost.py [--config cpu-bf16] [--model ALIAS] [--rounds 12]
 
-Prints each side's median, CV and samples, and the ratio without / with. On a 2-core CPU (tiny model, 2026-12-02):
-39.2 against 43.7 tok/s, 1.116x, every pair apart (docs/evidence/cpu-2026-12-02-stream-logprobs/).
+Prints each side's median, CV and samples, and the ratio without / with. On a 2-core CPU (tiny model, 2026-12-02)
+this script gave 40.5 against 46.0 tok/s (1.136x), 12 of 12 pairs faster without
+(docs/evidence/cpu-2026-12-02-stream-logprobs/).
 """
 from __future__ import annotations
 

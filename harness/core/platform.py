@@ -92,9 +92,11 @@ def best_selector(selectors: Iterable[str], platform_name: str) -> str | None:
 
 
 def broadest_first(selectors: Iterable[str], platform_name: str) -> list[str]:
-    """Every selector that matches the platform, the broadest first: layered overrides applied in this order leave
-    the most specific one's values (the same rule as `best_selector`)."""
-    return sorted((s for s in selectors if platform_matches(s, platform_name)), key=selector_breadth, reverse=True)
+    """Every selector that matches the platform in the order layered overrides apply, so the last one applied is
+    `best_selector`'s: the broadest first and, among equally specific ones, the file's first one last."""
+    matching = [s for s in selectors if platform_matches(s, platform_name)]
+    order = sorted(range(len(matching)), key=lambda i: (selector_breadth(matching[i]), i), reverse=True)
+    return [matching[i] for i in order]
 
 
 def is_valid_selector(selector: str) -> bool:

@@ -35,6 +35,7 @@ class FakeEngine:
         self.steps: list[str] = []
         self.closed_early = threading.Event()
         self.requested_tokens = 0
+        self.body: dict = {}
 
 
 def _handler(engine: FakeEngine):
@@ -67,7 +68,7 @@ def _handler(engine: FakeEngine):
                 with gzip.open(engine.trace_dir / "worker.pt.trace.json.gz", "wt") as f:
                     json.dump({"traceEvents": events}, f)
                 return self._json({})
-            engine.requested_tokens = body["max_tokens"]
+            engine.requested_tokens, engine.body = body["max_tokens"], body
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")  # as vLLM streams: the client reads chunk by chunk
@@ -125,6 +126,8 @@ def test_the_window_holds_decode_steps_only_and_closes_the_stream(fake):
     assert window.summary.kernels[0].calls >= 16
     assert engine.closed_early.wait(5), "the stream was not closed after the window: the request would decode to the end"
     assert engine.requested_tokens == 4096 - 64  # the served context, less room for the prompt
+    # streamed as the benchmarks stream: no logprobs work in the window's steps
+    assert "logprobs" not in engine.body and engine.body["stream_options"]["continuous_usage_stats"] is True
 
 
 def test_a_stream_that_ends_inside_the_window_is_an_error(fake):

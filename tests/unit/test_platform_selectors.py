@@ -33,8 +33,17 @@ def test_the_most_specific_selector_wins_in_any_order(selectors):
 
 
 def test_equally_specific_selectors_keep_the_files_order():
+    """Between equally specific selectors the file's first wins, whether one entry is picked or entries are layered."""
     assert best_selector(["sm_12x", "sm_1xx"], "sm_121") == "sm_12x"
     assert best_selector(["sm_1xx", "sm_12x"], "sm_121") == "sm_1xx"
+    assert broadest_first(["sm_12x", "sm_1xx", ">=sm_80"], "sm_121") == [">=sm_80", "sm_1xx", "sm_12x"]
+
+
+def test_layered_thresholds_break_ties_as_one_pick_does(tmp_path):
+    path = tmp_path / "thresholds.yaml"
+    path.write_text(yaml.safe_dump({"defaults": {}, "platforms": {"sm_12x": {"max_cv": 0.02},
+                                                                  "sm_1xx": {"max_cv": 0.04}}}, sort_keys=False))
+    assert load_thresholds(path, "sm_121").max_cv == 0.02
 
 
 def test_default_config_with_a_catch_all_written_first(tmp_path):
@@ -62,7 +71,7 @@ def test_level2_tolerance_with_default_written_first(tmp_path):
     workload = load_workload(bad)
     assert list(workload.tolerances)[0] == "default"
     assert workload.tolerance("sm_121").max_abs == 0.25
-    assert workload.tolerance("sm_90").max_abs == workload.tolerances["sm_90"].max_abs
+    assert workload.tolerance("sm_90") is workload.tolerances["sm_90"]
     assert workload.tolerance("sm_100") is workload.tolerances["default"]
 
 

@@ -30,6 +30,9 @@ def test_results_of_other_weights_or_kernel_settings_are_refused():
     request = {"triton-bf16": {"metrics": {}, **NOW, "workloads": "all"}}  # its breakdown held two prefills
     assert "breakdown" in plugin_e2e.mixed_setting(request, window)
     assert plugin_e2e.mixed_setting({"t": {"metrics": {}, **window}}, window) is None
+    streamed = {**window, "stream": "per-chunk usage, no logprobs"}
+    assert "stream" in plugin_e2e.mixed_setting({"t": {"metrics": {}, **window}}, streamed)  # its tg had logprobs
+    assert plugin_e2e.mixed_setting({"t": {"metrics": {}, **streamed}}, streamed) is None
 
 
 def test_the_report_shows_the_wait_for_the_host_the_exclusive_moe_time_and_the_host_ranges(tmp_path):

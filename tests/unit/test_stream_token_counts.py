@@ -73,11 +73,23 @@ def test_counting_chunks_instead_would_miss_the_merged_tokens():
         perf.check_token_accounting(r.chunk_tokens, r.usage["completion_tokens"], allow_multi_token_chunks=False)
 
 
-def test_a_server_without_running_usage_is_one_line_naming_the_option():
+def test_a_server_without_running_usage_counts_text_chunks_and_its_merges_fail_the_accounting():
+    """llama.cpp sends no per-chunk usage: one token per chunk holds there; a merged chunk is caught by usage."""
     client, _ = _client(_chunks([1, 1], usage_per_chunk=False))
-    with pytest.raises(SuiteError, match="continuous_usage_stats") as e:
-        client.stream([1], 2, per_chunk_usage=True)
+    r = client.stream([1], 2, per_chunk_usage=True)
+    assert r.chunk_tokens == 2
+    perf.check_token_accounting(r.chunk_tokens, r.usage["completion_tokens"], allow_multi_token_chunks=False)
+    client, _ = _client(_chunks([1, 2], usage_per_chunk=False))
+    r = client.stream([1], 3, per_chunk_usage=True)
+    with pytest.raises(SuiteError, match="merged") as e:
+        perf.check_token_accounting(r.chunk_tokens, r.usage["completion_tokens"], allow_multi_token_chunks=False)
     assert "\n" not in str(e.value)
+
+
+def test_several_choices_are_refused_with_running_usage():
+    client, _ = _client(_chunks([1]))
+    with pytest.raises(SuiteError, match="one sequence"):
+        client.stream([1], 1, per_chunk_usage=True, n=2)
 
 
 def test_usage_that_goes_back_is_refused():
