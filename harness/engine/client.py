@@ -123,16 +123,17 @@ class Client:
 
         vLLM merges several tokens into one chunk when its API process lags the engine, so chunks are never
         counted as tokens. By default each chunk lists its tokens (logprobs=1). With `per_chunk_usage` each
-        chunk carries the running usage instead (stream_options.continuous_usage_stats; a server without it gets
-        one token per text chunk, and the callers' accounting against the final usage catches merged ones) and no
-        logprobs are asked for: the benchmarks' way, because logprobs make the engine compute a log-softmax and a top-k over
-        the whole vocabulary every step (the tiny model's batch-1 decode ran 1.12-1.14x faster without them on a 2-core CPU).
+        chunk carries the running usage instead (stream_options.continuous_usage_stats; a server without it
+        gets one token per text chunk, and the callers' accounting against the final usage catches merged
+        ones) and no logprobs are asked for. That is the benchmarks' way: logprobs make the engine compute a
+        log-softmax and a top-k over the whole vocabulary every step (the tiny model's batch-1 decode ran
+        1.12-1.14x faster without them on a 2-core CPU).
 
         `until(tokens_so_far)` runs after every chunk that carried tokens; when it returns True the stream is
         closed there (vLLM aborts a request whose client disconnects), and the result has no `usage`."""
         if per_chunk_usage and (params.get("n", 1) != 1 or params.get("best_of", 1) != 1):
             raise SuiteError("per_chunk_usage counts one sequence's tokens: vLLM's running usage sums every choice")
-        options = {"include_usage": True, "continuous_usage_stats": True} if per_chunk_usage else {"include_usage": True}
+        options = {"include_usage": True, **({"continuous_usage_stats": True} if per_chunk_usage else {})}
         body = {
             "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "stream": True, "stream_options": options, **({} if per_chunk_usage else {"logprobs": 1}), **params,
