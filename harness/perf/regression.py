@@ -212,8 +212,8 @@ class Reason(str, Enum):
 
 
 # Reasons whose `detail` does not already show the bootstrap CI (the report adds it beside a failure).
-DETAIL_WITHOUT_CI = frozenset({Reason.TOO_FEW_SAMPLES, Reason.CLOCK_MISMATCH, Reason.REQUEST_MISMATCH, Reason.NOT_MEASURED,
-                               Reason.NOT_IN_BASELINE, Reason.SOURCE_MISMATCH})
+DETAIL_WITHOUT_CI = frozenset({Reason.TOO_FEW_SAMPLES, Reason.CLOCK_MISMATCH, Reason.REQUEST_MISMATCH,
+                               Reason.NOT_MEASURED, Reason.NOT_IN_BASELINE, Reason.SOURCE_MISMATCH})
 _WORD = {"pass": "pass", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "improved": "IMPROVED"}
 
 
