@@ -162,9 +162,8 @@ class Client:
                     if n < 0:
                         raise SuiteError(f"the server's running usage went back from {counted} to {running} "
                                          "completion tokens; its usage is broken")
-                elif per_chunk_usage:  # a server without continuous_usage_stats (llama.cpp): one per text chunk,
-                    n = int(bool(choice.get("text")))  # which the callers' token accounting checks against usage
-                else:
+                else:  # each chunk's logprobs tokens; without them (a server without continuous_usage_stats, such
+                    # as llama.cpp) one per text chunk, which the callers' token accounting checks against usage
                     lp = choice.get("logprobs") or {}
                     n = len(lp.get("tokens") or []) if lp else int(bool(choice.get("text")))
                 if n:

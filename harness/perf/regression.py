@@ -506,14 +506,21 @@ def metric_clock(side: Mapping, name: str, entry: Mapping) -> str | None:
     return str(clock) if clock else None
 
 
-def _clock_mismatch(name: str, b: Mapping, c: Mapping, b_clock: str, c_clock: str, config: str) -> Verdict:
+def _not_comparable(name: str, b: Mapping, c: Mapping, reason: Reason, how: str, why: str, fix: str) -> Verdict:
+    """Inconclusive: the baseline's and this run's samples were not measured alike (`how`): neither pass nor fail."""
     base_med, cur_med = stats.median(b["samples"]), stats.median(c["samples"])
-    detail = (f"{name}: the baseline measured it with the {b_clock} clock, this run with the {c_clock} "
-              f"clock ({stats.fmt(base_med)} -> {stats.fmt(cur_med)} {b.get('unit') or ''}); they differ by tens of "
-              f"percent on an unchanged server, so not judged")
+    change = f"{stats.fmt(base_med)} -> {stats.fmt(cur_med)} {b.get('unit') or ''}"
+    detail = f"{name}: {how} ({change}); {why}, so not judged"
     return Verdict(name, "inconclusive", math.nan, cur_med - base_med, base_med, cur_med, str(b.get("unit") or ""),
-                   bool(b["higher_is_better"]), None, None, None, None, Reason.CLOCK_MISMATCH, detail,
-                   fix=f"rerun (vLLM's /metrics must answer throughout) or re-record with: {regen_command('level5', config)}")
+                   bool(b["higher_is_better"]), None, None, None, None, reason, detail, fix=fix)
+
+
+def _clock_mismatch(name: str, b: Mapping, c: Mapping, b_clock: str, c_clock: str, config: str) -> Verdict:
+    return _not_comparable(name, b, c, Reason.CLOCK_MISMATCH,
+                           f"the baseline measured it with the {b_clock} clock, this run with the {c_clock} clock",
+                           "they differ by tens of percent on an unchanged server",
+                           f"rerun (vLLM's /metrics must answer throughout) or re-record with: "
+                           f"{regen_command('level5', config)}")
 
 
 def stream_request(side: Mapping) -> str:
@@ -525,13 +532,10 @@ def stream_request(side: Mapping) -> str:
 
 
 def _request_mismatch(name: str, b: Mapping, c: Mapping, b_req: str, c_req: str, config: str) -> Verdict:
-    base_med, cur_med = stats.median(b["samples"]), stats.median(c["samples"])
-    detail = (f"{name}: the baseline streamed its requests with {b_req}, this run with {c_req} "
-              f"({stats.fmt(base_med)} -> {stats.fmt(cur_med)} {b.get('unit') or ''}); logprobs add engine work every "
-              f"step, so not judged")
-    return Verdict(name, "inconclusive", math.nan, cur_med - base_med, base_med, cur_med, str(b.get("unit") or ""),
-                   bool(b["higher_is_better"]), None, None, None, None, Reason.REQUEST_MISMATCH, detail,
-                   fix=f"re-record the baseline with: {regen_command('level5', config)}")
+    return _not_comparable(name, b, c, Reason.REQUEST_MISMATCH,
+                           f"the baseline streamed its requests with {b_req}, this run with {c_req}",
+                           "logprobs add engine work every step",
+                           f"re-record the baseline with: {regen_command('level5', config)}")
 
 
 def _not_measured(name: str, b: Mapping, current: Mapping, config: str) -> Verdict:
