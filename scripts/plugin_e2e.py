@@ -182,8 +182,12 @@ HOST_BOUND = HOST_BOUND_RATIO
 
 def decode_bounds(results: dict[str, dict], order: list[str]) -> list[str]:
     """Per config: is batch-1 decode (tg32) bound by its kernels or by the host? A host-bound step hides part of a kernel
-    change and spreads with the host's time per step, so its tg32 ratio and CV judge the host, not the kernels."""
-    lines = []
+    change and spreads with the host's time per step, so its tg32 ratio and CV judge the host, not the kernels.
+
+    Each line also gives the share of the tg32 step the kernels fill, and its distance in points from the first
+    config's: the GPU's busy fraction in tg32's own steps. The profiled window's busy fraction (the breakdown table)
+    is lower, because the profiler's host cost widens that window's idle."""
+    lines, first_share = [], None
     for c in order:
         r = results.get(c) or {}
         b, tg = r.get("kernel_breakdown"), r.get("metrics", {}).get("tg32", {})
@@ -192,12 +196,19 @@ def decode_bounds(results: dict[str, dict], order: list[str]) -> list[str]:
         kernels_ms, step_ms = busy_us_per_token(b) / 1000, 1000 / tg["median"]
         samples = [1000 / v for v in tg.get("samples") or [] if v]
         spread = f" (samples {min(samples):.2f}-{max(samples):.2f})" if samples and _noisy(tg) else ""
+        share = kernels_ms / step_ms
+        if first_share is None:
+            first_share = (c, share)
+            busy = f"{share:.1%} of the step"
+        else:
+            busy = f"{share:.1%} of the step, {100 * (share - first_share[1]):+.1f} points against {first_share[0]}"
         if step_ms > HOST_BOUND * kernels_ms:
             verdict = (f"host-bound: the GPU waits for vLLM's host side, so tg32 measures the host as much as the "
                        f"kernels (they alone allow {1000 / kernels_ms:.1f} tok/s)")
         else:
             verdict = "kernel-bound: tg32 follows the kernels"
-        lines.append(f"- {c}: tg32 step {step_ms:.2f} ms per token{spread}, kernels {kernels_ms:.2f} ms: {verdict}.")
+        lines.append(f"- {c}: tg32 step {step_ms:.2f} ms per token{spread}, kernels {kernels_ms:.2f} ms ({busy}): "
+                     f"{verdict}.")
     return lines
 
 
@@ -281,7 +292,8 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
     bounds = decode_bounds(results, order)
     if bounds:
         md += ["", f"What bounds batch-1 decode (host-bound: the tg32 step is over {HOST_BOUND:.2f}x the kernels' busy "
-               "time per token of the profiled decode window, overlapping kernels counted once):", ""] + bounds
+               "time per token of the profiled decode window, overlapping kernels counted once; their share of the "
+               "step is the GPU's busy fraction in tg32's own steps):", ""] + bounds
     for c in order:  # where each step's host time goes (the GPU waits for it): vLLM's phase ranges, ops, runtime
         host = ((results.get(c) or {}).get("kernel_breakdown") or {}).get("host_top") or []
         if host:

@@ -96,6 +96,11 @@ def test_decode_is_called_host_bound_when_its_step_outlasts_its_kernels():
     assert "kernel-bound" in stock and "host-bound" not in stock
     assert "host-bound" in plugin and "samples 2.12-3.18" in plugin and "460.8 tok/s" in plugin
     assert "kernel-bound" in steady and "samples" not in steady  # CV under SPREAD_SHOWN: no sample range
+    # the kernels' share of the tg32 step (the busy fraction of tg32's own steps), in points against the first config:
+    # stock 3.043 ms of a 3.075 ms step (median 325.25 tok/s), the plugin 2.170 of 2.549 (392.3 tok/s)
+    assert "(99.0% of the step)" in stock
+    assert "(85.1% of the step, -13.8 points against triton-bf16)" in plugin, plugin
+    assert "(98.7% of the step, -0.2 points against triton-bf16)" in steady, steady
     assert plugin_e2e.decode_bounds({"x": {"error": "boot failed"}}, ["x"]) == []
     # kernels overlapping through programmatic dependent launch count once: the fused route's first H200 boot summed
     # 3,210 us per token with 2,600 busy, and stepped 3,531 us; its kernels allowed 384.6 tok/s, not the sum's 311.5
