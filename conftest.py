@@ -91,9 +91,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     suite = config.stash[SUITE_KEY]
     try:
         issues = known_issues.load()
+        engine, version = suite.engine_version()  # a --server-url server that died since its probe: one line
     except SuiteError as e:
         raise pytest.UsageError(str(e)) from None
-    engine, version = suite.engine_version()
     live = [i for i in issues if i.applies(engine, version, suite.platform.name)]
     here = detect_platform()  # this machine, where kernel tests run (an external server may be elsewhere)
     if not here.is_cuda:

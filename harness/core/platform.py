@@ -11,6 +11,10 @@ from functools import lru_cache
 from typing import Iterable
 
 
+# the platform of a --server-url server when --platform does not say it
+UNKNOWN_PLATFORM = "unknown"
+
+
 @dataclass(frozen=True)
 class Platform:
     name: str  # "cpu", "sm_90", "sm_121", ...

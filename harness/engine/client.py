@@ -71,17 +71,26 @@ class Client:
     def models(self) -> list[str]:
         r = self.get("/v1/models")
         _raise_for(r, "/v1/models")
-        return [m["id"] for m in r.json()["data"]]
+        listing = self._json(r, "/v1/models")
+        try:
+            return [m["id"] for m in listing["data"]]
+        except (KeyError, TypeError):
+            raise SuiteError(f"/v1/models of {self.base_url} answered without a model list ({str(listing)[:80]}): it is "
+                             "not an OpenAI-compatible server; check --server-url") from None
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids as the server's own tokenizer sees them (vLLM's /tokenize)."""
         r = self._post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
         _raise_for(r, "/tokenize")
-        return list(r.json()["tokens"])
+        return list(self._json(r, "/tokenize")["tokens"])
 
     def version(self) -> str:
         r = self.get("/version")
-        return r.json().get("version", "unknown") if r.status_code == 200 else "unknown"
+        try:  # a server without vLLM's /version (llama.cpp, a proxy's HTML page) is of unknown version
+            body = r.json() if r.status_code == 200 else {}
+        except ValueError:
+            body = {}
+        return str(body.get("version", "unknown")) if isinstance(body, dict) else "unknown"
 
     def complete(self, prompt: str | list[int], max_tokens: int, **params: Any) -> dict:
         """Non-streamed completion; greedy unless `temperature` is given."""
@@ -99,7 +108,15 @@ class Client:
         if r.status_code >= 500:
             self._await_death()
         _raise_for(r, path)
-        return r.json()
+        return self._json(r, path)
+
+    def _json(self, r: requests.Response, path: str) -> Any:
+        """The answer's JSON; an answer that is not JSON (an HTML page, a proxy) is one line naming the URL."""
+        try:
+            return r.json()
+        except ValueError:
+            raise SuiteError(f"{path} of {self.base_url} answered HTTP {r.status_code} with no JSON "
+                             f"({r.text[:80]!r}): it is not an OpenAI-compatible server; check --server-url") from None
 
     def _await_death(self, grace_s: float = 3.0) -> None:
         """A crashed engine answers 500 just before the API process exits: give it a moment, so the

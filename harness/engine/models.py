@@ -86,10 +86,23 @@ def default_alias(platform_name: str) -> str:
     return "tiny-gpt-oss" if platform_name == "cpu" else "tiny-gpt-oss-mxfp4"
 
 
+# what a truncated or hand-edited model file raises while it is read (JSON, safetensors header, shapes)
+_UNREADABLE = (ValueError, KeyError, TypeError, IndexError, struct.error)
+
+
 def resolve_model(name: str, work_dir: Path) -> Model:
     """An alias, a local checkpoint directory (a compact one is materialized), or a hub id
     (`org/name`, resolved by vLLM itself). `work_dir` is kept for callers; materialized
     checkpoints live in the shared cache models/.materialized/."""
+    try:
+        return _resolve_model(name)
+    except _UNREADABLE as e:
+        where = "restore the folder from git (git checkout -- models/)" if name in ALIASES else "fix or replace that checkpoint"
+        raise SuiteError(f"model '{name}': a file of it cannot be read ({type(e).__name__}: {str(e)[:100]}); "
+                         f"{where}") from None
+
+
+def _resolve_model(name: str) -> Model:
     if name in ALIASES:
         spec = ALIASES[name]
         if "compact" in spec:

@@ -119,7 +119,8 @@ def install_cleanup() -> None:
             signal.signal(sig, _on_signal)
 
 
-_ERROR_LINE = re.compile(r"\b(\w+(Error|Exception)|CUDA error)\b[:(]")
+# an exception's line, or argparse's ("api_server.py: error: unrecognized arguments: --x", exit code 2)
+_ERROR_LINE = re.compile(r"\b(\w+(Error|Exception)|CUDA error)\b[:(]|^\S+: error: ")
 _GENERIC = ("Engine core initialization failed", "See root cause above")
 _SOURCE_LINE = re.compile(r"^\s*(raise|except|return|[\w.]+\s*=)\b")  # a traceback's quoted source, not an error
 
@@ -143,6 +144,9 @@ BOOT_FIXES = (
      "another process changed the GPU's free memory while vLLM profiled it (GPU tests or a server beside this boot; "
      "on GB10's unified memory the OS page cache counts too, vllm-project/vllm#35920): boot with nothing else on "
      "the GPU"),
+    ("error: unrecognized arguments",
+     "this vLLM does not know that option: check --server-arg and the config's args (configs/flavours/*.yaml), or "
+     "run `vllm serve --help` for the options it has"),
 )
 
 

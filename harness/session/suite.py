@@ -16,7 +16,7 @@ import pytest
 from harness.config.catalog import Catalog, Config, Flavour, ServerSpec
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO, slug
-from harness.core.platform import Platform, detect_platform
+from harness.core.platform import UNKNOWN_PLATFORM, Platform, detect_platform
 from harness.engine import hooks
 from harness.engine.client import Client
 from harness.engine.hub import check_hub_model
@@ -32,7 +32,6 @@ from harness.engine.server import (
 # crash-prone tests' server and the fault-injection one), and at 0.2 each the second found too little free
 # memory on an H200 and failed to boot. The tiny model needs a few GiB; KV-cache size does not matter there.
 SECONDARY_GPU_FRACTION = 0.12
-UNKNOWN_PLATFORM = "unknown"
 _BOOTS_LOCK = threading.Lock()
 
 

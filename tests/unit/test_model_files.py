@@ -1,0 +1,52 @@
+"""A corrupt model file is one line naming the fix, not a traceback from deep inside the loader (a truncated
+checkpoint or a hand-edited manifest once ended every pytest run, unit tests included, in an INTERNALERROR)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.core.errors import SuiteError
+from harness.engine import models as hm
+
+
+@pytest.fixture
+def tiny_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "model-files-test"
+    shutil.copytree(hm.MODELS / "tiny-gpt-oss", folder)
+    return folder
+
+
+def _one_line_error(folder: Path) -> str:
+    with pytest.raises(SuiteError) as e:
+        hm.resolve_model(str(folder), folder.parent)
+    message = str(e.value)
+    assert "\n" not in message and "cannot be read" in message and "fix or replace that checkpoint" in message, message
+    return message
+
+
+def test_a_truncated_manifest_names_the_model(tiny_copy: Path):
+    (tiny_copy / hm.MANIFEST).write_text('{"format": "compact-gpt-oss/1", ')
+    assert "JSONDecodeError" in _one_line_error(tiny_copy)
+
+
+def test_a_manifest_without_its_weights_list(tiny_copy: Path):
+    (tiny_copy / hm.MANIFEST).write_text('{"format": "compact-gpt-oss/1", "vocab_map": "compact_vocab.json"}')
+    assert "KeyError" in _one_line_error(tiny_copy)
+
+
+@pytest.mark.parametrize("size", [4, 100], ids=["shorter-than-its-header-length", "header-cut"])
+def test_a_truncated_safetensors_file(tiny_copy: Path, size: int):
+    weights = tiny_copy / "model.compact.safetensors"
+    weights.write_bytes(weights.read_bytes()[:size])
+    _one_line_error(tiny_copy)
+
+
+def test_an_intact_copy_still_resolves(tiny_copy: Path):
+    """A/A: the wrapper changes nothing for good files."""
+    model = hm.resolve_model(str(tiny_copy), tiny_copy.parent)
+    try:
+        assert Path(model.path, "model.safetensors").is_file()
+    finally:
+        shutil.rmtree(model.path, ignore_errors=True)  # the shared cache keeps no copy of this test's model
