@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.core.errors import SuiteError  # noqa: E402
 from harness.kernelpath.breakdown import breakdown  # noqa: E402
 from harness.kernelpath.check import profile_decode_window  # noqa: E402
 from harness.kernelpath.traces import profile, read_trace  # noqa: E402
@@ -37,13 +38,20 @@ def gaps(trace: Path, top: int = 12) -> dict:
             "largest": [{"gap_us": round(g, 1), "after": a, "before": b, "at_us": round(t, 1)} for g, a, b, t in out[:top]]}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-oss-20b-shape")
     ap.add_argument("--config", default="triton-bf16")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+    try:
+        return _run(ap.parse_args(argv))
+    except SuiteError as e:
+        print(f"decode_window_gaps: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     suite = Suite.create(a.config, a.model, None, None, str(out / "run"), 900.0)

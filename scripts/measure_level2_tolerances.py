@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.config.catalog import Catalog  # noqa: E402
+from harness.core.errors import SuiteError  # noqa: E402
 from harness.correctness.level2 import Level2Result, judge, load_workload, run_level2  # noqa: E402
 from harness.correctness.logprobs import compare_scored, compare_streams  # noqa: E402
 from harness.engine.mutations import LEVEL2, mutated_copy, sinks_raised  # noqa: E402
@@ -37,17 +39,32 @@ def compare(ref: dict, result: Level2Result, tol) -> dict:
             "passes_current_tolerance": verdict.ok, "first_problem": next(iter("\n".join(verdict.problems).splitlines()), "")[:160]}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", required=True, help="comma separated; the first is the reference (repeat it for an A/A)")
     ap.add_argument("--mutations", default="", help="'all' or comma separated names from harness/engine/mutations.py LEVEL2")
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", default="runs/level2-tolerances")
     ap.add_argument("--resume", action="store_true", help="reuse OUT/reference.json instead of booting the reference again")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    try:
+        return _run(args, ap)
+    except SuiteError as e:
+        print(f"measure_level2_tolerances: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not names:
+        raise SuiteError("--configs names no config: pass the reference first, e.g. --configs cpu-bf16,cpu-bf16")
+    # every name before the reference boots (a typo in the last one used to cost that boot), under this script's
+    # option name: Suite.create's own check says --config
+    catalog = Catalog()
+    for name in names:
+        catalog.parse(name, "--configs")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    names = [c.strip() for c in args.configs.split(",") if c.strip()]
     suite = Suite.create(names[0], args.model, None, None, str(out), 900.0)
     wl = load_workload()
     tol = wl.tolerance(suite.platform.name)

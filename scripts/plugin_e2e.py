@@ -41,6 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from harness.config.catalog import Catalog  # noqa: E402
 from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
 from harness.core.platform import detect_platform  # noqa: E402
@@ -79,6 +80,38 @@ def parse_entry(entry: str) -> tuple[str, dict[str, str]]:
                              f"{config}+SUITE_KERNELS_ROUTE=fused; an upper-case variable, a value without + or ,)")
         env[var] = value
     return config, env
+
+
+def memory_overrides(pairs: list[str]) -> dict[str, str]:
+    """`--gpu-memory-utilization CONFIG=FRACTION` values -> {config or entry: fraction}."""
+    util = {}
+    for kv in pairs:
+        name, sep, frac = kv.partition("=")
+        try:
+            ok = bool(sep and name.strip()) and 0 < float(frac) <= 1
+        except ValueError:
+            ok = False
+        if not ok:  # a bare fraction names no config: it would apply to none of them
+            raise SuiteError(f"--gpu-memory-utilization {kv!r}: use the form --gpu-memory-utilization CONFIG=FRACTION "
+                             f"(e.g. gemv-bf16=0.93), once per config")
+        util[name.strip()] = frac.strip()
+    return util
+
+
+def load_results(res_file: Path) -> dict[str, dict]:
+    """The results an earlier call wrote to `res_file` (none if it is absent), so a resumed --out measures only the
+    configs still missing."""
+    if not res_file.exists():
+        return {}
+    try:
+        results = json.loads(res_file.read_text())["results"]
+        if not isinstance(results, dict) or not all(isinstance(r, dict) for r in results.values()):
+            raise TypeError("'results' is not a mapping of config to result")
+    except (OSError, ValueError, KeyError, TypeError) as e:  # ValueError: not JSON; KeyError: no 'results'
+        why = e.strerror if isinstance(e, OSError) else f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise SuiteError(f"{res_file} is not the e2e.json of an earlier call ({why}): delete it to measure every "
+                         f"config again, or choose another --out") from None
+    return results
 
 
 def _summary(entry: dict) -> dict:
@@ -303,7 +336,7 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
     return md
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-oss-120b-shape")
     ap.add_argument("--configs", default=None, help="default: this platform's stock (upstream's baseline in "
@@ -319,21 +352,31 @@ def main() -> int:
                     help="measure pp2048_gpu only (GPU kernel time of a 2048-token prefill; no decode workloads)")
     ap.add_argument("--warm", action="store_true", help="first boot the first entry still to measure and run each "
                     "workload once, discarded (a fresh machine's first boot compiles and disturbs the host)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        util = memory_overrides(a.gpu_memory_utilization)
+        out.mkdir(parents=True, exist_ok=True)
+    except SuiteError as e:
+        print(f"plugin_e2e: {e}")
+        return 2
+    except OSError as e:
+        print(f"plugin_e2e: --out {out}: cannot create it ({e.strerror}); choose a writable directory")
+        return 2
     try:
         configs = a.configs or ",".join([flavour_baseline("upstream", detect_platform().name), *PLUGIN_CONFIGS])
     except SuiteError as e:
         print(f"plugin_e2e: {e}; or name the stock config first yourself: --configs STOCK,{','.join(PLUGIN_CONFIGS)}")
         return 2
     order = list(dict.fromkeys(c.strip() for c in configs.split(",") if c.strip()))
-    util = dict(kv.split("=", 1) for kv in a.gpu_memory_utilization)
     res_file = out / "e2e.json"
-    results: dict[str, dict] = json.loads(res_file.read_text())["results"] if res_file.is_file() else {}
     try:
+        results = load_results(res_file)
         entries = {e: parse_entry(e) for e in order}
         bases = list(dict.fromkeys(config for config, _ in entries.values()))
+        catalog = Catalog()
+        for config in bases:  # Suite.create names its own option, --config, in an unknown name's error
+            catalog.parse(config, "--configs")
         suite = Suite.create(",".join(bases), a.model, None, None, str(out / "suite-run"), a.boot_timeout)
     except SuiteError as e:
         print(f"plugin_e2e: {e}")

@@ -76,8 +76,8 @@ def _run(args) -> int:
     from harness.kernelpath.traces import KernelSummary
 
     run_dir = args.run_dir or str(REPO / "runs" / f"record-{args.config}-{time.strftime('%Y%m%d-%H%M%S')}")
-    names = ",".join(n for n in (args.config, args.sibling) if n)
-    suite = Suite.create(names, args.model, args.flavour, None, run_dir, args.boot_timeout)
+    # --config alone: Suite.create would name a bad sibling "--config" too; it is checked under its own option below
+    suite = Suite.create(args.config, args.model, args.flavour, None, run_dir, args.boot_timeout)
     cat, flavour, platform = suite.catalog, suite.flavour, suite.platform
     config = cat.parse(args.config)
     sibling = cat.parse(args.sibling, "--sibling") if args.sibling else None
@@ -87,8 +87,15 @@ def _run(args) -> int:
         if saved is None:
             return _profile(suite, cfg, "__record")
         target = suite.target(cfg)
-        data = json.loads((saved / f"{target.name}.json").read_text())
-        return {"target": target, "summary": KernelSummary.from_json(data["summary"]), "vllm": data["vllm"], "log": data.get("log", "")}
+        path = saved / f"{target.name}.json"
+        try:
+            data = json.loads(path.read_text())
+            return {"target": target, "summary": KernelSummary.from_json(data["summary"]), "vllm": data["vllm"],
+                    "log": data.get("log", "")}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # ValueError: not JSON
+            why = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            raise SuiteError(f"--from-summaries: cannot read a kernel summary from {path} ({why}); pass the run dir of "
+                             f"a recording of {target.name}, or record it again without --from-summaries") from None
 
     mine = recorded(config)
     target = mine["target"]

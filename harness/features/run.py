@@ -264,9 +264,3 @@ def require_runnable(suite: Suite, f: Feature) -> str | None:
             return f"feature {f.name}: its {role} {name} cannot run here: {t.reason}"
     return None
 
-
-def check_known(names: list[str], known: dict) -> None:
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise SuiteError(f"--feature: unknown feature(s) {', '.join(unknown)}; known: {', '.join(known)} "
-                         "(configs/features.yaml), or 'all'")

@@ -326,3 +326,23 @@ def ad_hoc(candidate: str, baseline: str, criteria: str | None, catalog: Catalog
 
 # The users' review template's standing criteria, for a comparison given on the command line without its own.
 DEFAULT_CRITERIA = "tg32 >= -3%; ttft_p50 <= +3%; used_memory <= +2 GB; kv_capacity >= -5%"
+
+
+def selected_features(catalog: Catalog, platform: str, flavour: str, feature_option: str | None,
+                      against: str | None, config_option: str | None, criteria: str | None) -> dict[str, Feature]:
+    """The features a run judges, in file order (--feature, default all), or the ad-hoc one of --config X
+    --against Y. Checked when the run starts (conftest.py), so a bad name or file is one line before collection."""
+    known = load_features(catalog=catalog, platform=platform)
+    if against:
+        if not config_option or "," in config_option:
+            raise SuiteError("--against judges one candidate: pass --config=CANDIDATE (one config)")
+        f = ad_hoc(config_option, against, criteria, catalog, flavour)
+        return {f.name: f}
+    if not feature_option or feature_option == "all":
+        return known
+    names = [n.strip() for n in feature_option.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SuiteError(f"--feature: unknown feature(s) {', '.join(unknown)}; known: {', '.join(known)} "
+                         "(configs/features.yaml), or 'all'")
+    return {n: known[n] for n in names}

@@ -10,8 +10,8 @@ import pytest
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 from harness.features.review import write_matrix, write_review, write_verdicts
-from harness.features.run import FeatureResult, check_known, decode_breakdown, require_runnable, run_feature
-from harness.features.spec import Feature, ad_hoc, load_features
+from harness.features.run import FeatureResult, decode_breakdown, require_runnable, run_feature
+from harness.features.spec import Feature, selected_features
 from harness.perf import bench
 from harness.session.suite import SUITE_KEY, Suite
 
@@ -19,30 +19,21 @@ RESULTS = pytest.StashKey[dict]()
 
 
 def _features(config: pytest.Config) -> dict[str, Feature]:
-    """The features this run judges, in file order; an ad-hoc one for --config X --against Y."""
+    """The features this run judges, in file order; an ad-hoc one for --config X --against Y. With a feature option
+    the root conftest checked them before collection; a broken configs/features.yaml met here fails each feature
+    test with its one line instead of stopping collection with pluggy's stack."""
     suite: Suite = config.stash[SUITE_KEY]
-    try:
-        known = load_features(catalog=suite.catalog, platform=suite.platform.name)
-        against = config.getoption("--against")
-        if against:
-            cand = config.getoption("--config")
-            if not cand or "," in cand:
-                raise SuiteError("--against judges one candidate: pass --config=CANDIDATE (one config)")
-            f = ad_hoc(cand, against, config.getoption("--criteria"), suite.catalog, suite.flavour.name)
-            return {f.name: f}
-        wanted = config.getoption("--feature")
-        if not wanted or wanted == "all":
-            return known
-        names = [n.strip() for n in wanted.split(",") if n.strip()]
-        check_known(names, known)
-        return {n: known[n] for n in names}
-    except SuiteError as e:
-        raise pytest.UsageError(str(e)) from None
+    return selected_features(suite.catalog, suite.platform.name, suite.flavour.name, config.getoption("--feature"),
+                             config.getoption("--against"), config.getoption("--config"), config.getoption("--criteria"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "feature" in metafunc.fixturenames:
-        names = list(_features(metafunc.config))
+        try:
+            names = list(_features(metafunc.config))
+        except SuiteError as e:
+            metafunc.parametrize("feature", [e], ids=["features-file"], scope="session")
+            return
         metafunc.parametrize("feature", names, ids=names, scope="session")
 
 
@@ -104,5 +95,7 @@ def judge(request: pytest.FixtureRequest, suite: Suite, judged: dict, name: str)
 
 
 @pytest.fixture(scope="session")
-def feature_result(request: pytest.FixtureRequest, suite: Suite, judged, feature: str) -> FeatureResult:
+def feature_result(request: pytest.FixtureRequest, suite: Suite, judged, feature: str | SuiteError) -> FeatureResult:
+    if isinstance(feature, SuiteError):
+        pytest.fail(str(feature), pytrace=False)
     return judge(request, suite, judged, feature)

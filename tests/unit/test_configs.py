@@ -136,6 +136,10 @@ def test_a_pattern_list_written_as_a_string_is_one_clear_line(tmp_path, flavour,
     (["--platform=sm_121"], "use them with --server-url"),
     (["--server-arg=gpu-memory-utilization=0.9"], "--server-arg 'gpu-memory-utilization=0.9': pass one vLLM option"),
     (["--server-url=http://127.0.0.1:9"], "--server-url http://127.0.0.1:9: cannot list models"),
+    # feature options are checked when the run starts (they once failed inside collection, under pluggy's stack)
+    (["-m", "feature", "--feature=nosuch"], "--feature: unknown feature(s) nosuch; known: "),
+    (["--config=cpu-bf16", "--against=nosuch"], "--against: unknown config 'nosuch'"),
+    (["--config=cpu-bf16", "--against=cpu-bf16-eager", "--criteria=tg32 >>= x"], "criterion 'tg32 >>= x' is not understood"),
 ])
 def test_bad_options_exit_nonzero_with_one_line_and_no_traceback(argv, expect):
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv, "tests/unit/test_configs.py"],

@@ -1,0 +1,112 @@
+"""Bad input to the scripts in scripts/: one line `<script>: ...` naming the fix and exit 2, never a traceback,
+and never a server boot first (a typo found after a 15-minute boot of the reference is a wasted boot)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import decode_window_gaps  # noqa: E402
+import measure_level2_tolerances  # noqa: E402
+import plugin_e2e  # noqa: E402
+import record_kernels  # noqa: E402
+
+from harness.session.suite import Suite  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_boot(monkeypatch):
+    """A script that gets as far as a boot fails the test instead of booting (unit tests run beside real servers)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the script booted a server before refusing its input")
+
+    monkeypatch.setattr(Suite, "boot", refuse)
+
+
+def refusal(capsys, main: Callable[[list[str]], int], argv: list[str], script: str) -> str:
+    """Run a script's entry on bad input: exit 2, one non-empty line `<script>: ...` and nothing else; that line.
+    plugin_e2e says its refusals on stdout, as it always has (test_plugin_e2e_resume reads them there); the others on
+    stderr."""
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    said, other = (out, err) if script == "plugin_e2e" else (err, out)
+    lines = [ln for ln in said.splitlines() if ln.strip()]
+    assert rc == 2, (rc, out, err)
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: ") and not other.strip(), (out, err)
+    assert "Traceback" not in out + err
+    return lines[0]
+
+
+@pytest.mark.parametrize("value", ["0.9", "=0.9", "gemv-bf16=", "gemv-bf16=lots", "gemv-bf16=1.5"])
+def test_plugin_e2e_memory_override_without_its_config_says_the_form(capsys, tmp_path, value):
+    line = refusal(capsys, plugin_e2e.main, ["--configs", "cpu-bf16", "--gpu-memory-utilization", value,
+                                            "--out", str(tmp_path / "out")], "plugin_e2e")
+    assert "--gpu-memory-utilization CONFIG=FRACTION" in line and repr(value) in line, line
+
+
+@pytest.mark.parametrize("text", ["{not json", "{}", "[]", '{"results": ["tg32"]}'])
+def test_plugin_e2e_resuming_an_out_whose_results_are_not_its_own_names_the_file_and_the_fix(capsys, tmp_path, text):
+    res_file = tmp_path / "e2e.json"
+    res_file.write_text(text)
+    line = refusal(capsys, plugin_e2e.main, ["--configs", "cpu-bf16", "--out", str(tmp_path)], "plugin_e2e")
+    assert str(res_file) in line and "delete it" in line and "another --out" in line, line
+
+
+def test_plugin_e2e_out_that_cannot_be_created_is_one_line(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "out"  # its parent is a file
+    line = refusal(capsys, plugin_e2e.main, ["--configs", "cpu-bf16", "--out", str(out)], "plugin_e2e")
+    assert f"--out {out}" in line and "writable directory" in line, line
+
+
+@pytest.mark.parametrize("configs", ["cpu-bf16,nonexistent", "nonexistent+SUITE_KERNELS_ROUTE=fused"])
+def test_plugin_e2e_unknown_config_names_its_option_configs(capsys, tmp_path, configs):
+    line = refusal(capsys, plugin_e2e.main, ["--configs", configs, "--out", str(tmp_path)], "plugin_e2e")
+    assert line.startswith("plugin_e2e: --configs: unknown config 'nonexistent'; valid configs: "), line
+
+
+@pytest.mark.parametrize("text", [None, "{not json", '{"vllm": "0.1"}', '{"summary": {"kernels": []}, "vllm": "0.1"}'])
+def test_record_kernels_unreadable_summaries_name_the_file(capsys, tmp_path, text):
+    saved = tmp_path / "recording"  # None: no such directory
+    if text is not None:
+        saved.mkdir()
+        (saved / "cpu-bf16.json").write_text(text)
+    line = refusal(capsys, record_kernels.main, ["--config", "cpu-bf16", "--from-summaries", str(saved),
+                                                "--run-dir", str(tmp_path / "run")], "record_kernels")
+    assert line.startswith("record_kernels: --from-summaries: ") and str(saved / "cpu-bf16.json") in line, line
+
+
+def test_record_kernels_unknown_sibling_names_sibling(capsys, tmp_path):
+    line = refusal(capsys, record_kernels.main, ["--config", "cpu-bf16", "--sibling", "nonexistent",
+                                                "--run-dir", str(tmp_path / "run")], "record_kernels")
+    assert line.startswith("record_kernels: --sibling: unknown config 'nonexistent'"), line
+
+
+def test_decode_window_gaps_unknown_config_is_one_line(capsys, tmp_path):
+    line = refusal(capsys, decode_window_gaps.main, ["--config", "nonexistent", "--out", str(tmp_path)],
+                   "decode_window_gaps")
+    assert line.startswith("decode_window_gaps: --config: unknown config 'nonexistent'"), line
+
+
+@pytest.mark.parametrize("configs", ["nonexistent", "cpu-bf16,nonexistent", ","])
+def test_measure_level2_tolerances_checks_every_config_before_the_reference_boots(capsys, tmp_path, configs):
+    line = refusal(capsys, measure_level2_tolerances.main, ["--configs", configs, "--out", str(tmp_path)],
+                   "measure_level2_tolerances")
+    assert line.startswith("measure_level2_tolerances: --configs"), line
+    assert "nonexistent" in configs or "names no config" in line, line
+
+
+@pytest.mark.parametrize("script, argv", [("decode_window_gaps", ["--config", "nonexistent"]),
+                                          ("measure_level2_tolerances", ["--configs", "nonexistent"])])
+def test_the_command_line_entry_prints_no_traceback(tmp_path, script, argv):
+    """The same refusal through `python scripts/<script>.py`: `raise SystemExit(main())` passes exit 2 on."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / f"{script}.py"), *argv, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{script}: "), r.stderr[-2000:]
+    assert "Traceback" not in r.stdout + r.stderr
