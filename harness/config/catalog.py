@@ -116,7 +116,8 @@ class Catalog:
         self.verified_dir = Path(verified_dir or env_dir or config_dir / "verified")
         self.axes = _load_axes(config_dir / "axes.yaml")
         raw = load_mapping(config_dir / "configs.yaml")
-        self.defaults: dict[str, str] = dict(raw.get("defaults") or {})
+        self.defaults = _str_map(raw.get("defaults") or {}, f"{config_dir / 'configs.yaml'}: defaults")
+        _selectors(list(self.defaults), f"{config_dir / 'configs.yaml'}: defaults")  # a typo would match no platform
         self.named: list[Config] = []
         for i, entry in enumerate(raw.get("configs") or []):
             where = f"{config_dir / 'configs.yaml'}: config #{i + 1}"
@@ -266,7 +267,7 @@ class Flavour:
         self.about = str(raw.get("about", ""))
         self.platforms = _selectors(raw.get("platforms") or [], f"{path}: platforms")
         self.env = _str_map(raw.get("env") or {}, f"{path}: env")
-        self.args = dict(raw.get("args") or {})
+        self.args = _mapping(raw.get("args") or {}, f"{path}: args")
         self.values: dict[str, dict[str, dict]] = {}
         self.unsupported = {str(k): str(v) for k, v in (raw.get("unsupported") or {}).items()}
         self.combos = list(raw.get("combos") or [])
@@ -494,6 +495,8 @@ def _load_axes(path: Path) -> dict[str, Axis]:
 
 
 def _selectors(items: list, where: str) -> list[str]:
+    if not isinstance(items, list):  # a bare string would be read letter by letter ("'c' is not a platform selector")
+        raise SuiteError(f"{where}: expected a list of platform selectors such as [cpu] or [sm_90, sm_12x], got {items!r}")
     out = [str(s) for s in items]
     for s in out:
         if not is_valid_selector(s):
@@ -514,7 +517,7 @@ def _rejects(raw: Any, catalog: "Catalog", where: str) -> list[dict]:
         for a, v in when.items():
             if a not in catalog.axes or v not in catalog.axes[a].tokens:
                 raise SuiteError(f"{at}.when: {a}={v} is not an axis value of configs/axes.yaml")
-        out.append({"when": when, "platforms": _selectors(list(rule["platforms"]), f"{at}.platforms"), "why": str(rule["why"])})
+        out.append({"when": when, "platforms": _selectors(rule["platforms"], f"{at}.platforms"), "why": str(rule["why"])})
     return out
 
 
@@ -529,6 +532,12 @@ def _categories(raw: Any, where: str) -> dict[str, list[str]]:
             raise SuiteError(f"{where}: unknown category '{name}'; valid categories: {', '.join(KERNEL_CATEGORIES)}")
         _str_list(patterns, f"{where}.{name}")
     return {str(k): list(v) for k, v in raw.items()}
+
+
+def _mapping(raw: Any, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise SuiteError(f"{where}: expected a mapping of NAME: value, got {type(raw).__name__} {str(raw)[:60]}")
+    return dict(raw)
 
 
 def _str_map(raw: Any, where: str) -> dict[str, str]:

@@ -21,6 +21,7 @@ import yaml
 
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
+from harness.core.yamlfile import load_mapping
 from harness.correctness.logprobs import Stream, compare_streams, token_id
 from harness.engine.client import Client
 from harness.engine.models import TOKENIZER_DIR
@@ -183,7 +184,7 @@ class ChatWorkload:
 
 def load_chat_workload(path: Path = CHAT_FILE) -> ChatWorkload:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_mapping(path, fix="restore it from git or fix the file")
         tools = raw.get("tools") or {}
         convs = [Conversation(name, list(c["messages"]), [tools[t] for t in c.get("tools") or []] or None, dict(c.get("expect") or {}))
                  for name, c in raw["conversations"].items()]

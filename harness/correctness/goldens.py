@@ -30,7 +30,8 @@ def load_golden(path: Path, regen_cmd: str) -> dict:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SuiteError(f"golden {path} is corrupt ({e}); restore it from git or regenerate: {regen_cmd}") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or "meta" not in data or "data" not in data:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("meta"), dict) \
+            or "data" not in data:
         raise SuiteError(f"golden {path} lacks schema {SCHEMA} / meta / data; restore it from git or regenerate: {regen_cmd}")
     return data
 

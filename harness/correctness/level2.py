@@ -20,6 +20,7 @@ import yaml
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 from harness.core.platform import best_selector, is_valid_selector
+from harness.core.yamlfile import load_mapping
 from harness.correctness.logprobs import (
     Scored,
     Stream,
@@ -92,7 +93,7 @@ def load_workload(path: Path = PROMPTS_FILE) -> Workload:
     """A level 2 style workload. `tolerances: {same_as: <workload file>}` takes another file's
     tolerances (level 6 judges with level 2's measured ones: one set of numbers)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_mapping(path, fix="restore it from git or fix the file")
         tol = raw.get("tolerances")
         if isinstance(tol, dict) and set(tol) == {"same_as"}:
             other = REPO / str(tol["same_as"])

@@ -21,6 +21,7 @@ import yaml
 from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
+from harness.core.yamlfile import load_mapping
 from harness.engine.client import Client
 from harness.engine.server_metrics import EngineRound, ScrapeFailed, scrape
 from harness.perf import metrics as perf
@@ -65,7 +66,7 @@ class Workload:
 def load_workloads(platform_name: str, max_model_len: int, path: Path = WORKLOADS_FILE) -> tuple[list[Workload], list[str]]:
     """The platform's workloads (cpu / gpu sections), minus those over the model's context (listed)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_mapping(path)  # a YAML error: one line with its line number
         sec = raw["cpu" if platform_name == "cpu" else "gpu"]
         runs, warmup = int(sec["runs"]), int(sec["warmup"])
         mx = max(runs, int(sec.get("max_runs") or runs))

@@ -29,10 +29,10 @@ import os
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-import yaml
 
 from harness.core import stats
 from harness.core.errors import SuiteError
@@ -40,6 +40,7 @@ from harness.core.paths import BASELINE_ROOT
 from harness.core.platform import broadest_first, is_valid_selector
 from harness.perf import metrics as perf
 from harness.core.store import identity_problem, regen_command
+from harness.core.yamlfile import load_mapping
 from harness.perf.baselines import is_finite_number, platform_key
 
 STATUSES = ("pass", "fail", "inconclusive", "improved")
@@ -142,13 +143,9 @@ def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thr
 
     Every section is checked whatever `platform` is (its selector, and its values over the defaults): CI runs
     on CPU, and a typo such as `sm121:` would otherwise silently drop the nightly's strict settings."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise SuiteError(f"no thresholds file at {path}; restore it from git (baselines/thresholds.yaml)") from None
-    except yaml.YAMLError as e:
-        raise SuiteError(f"thresholds file {path} is not valid YAML ({' '.join(str(e).split())[:120]})") from None
+    if not Path(path).is_file():
+        raise SuiteError(f"no thresholds file at {path}; restore it from git (baselines/thresholds.yaml)")
+    data = load_mapping(Path(path), fix="fix it or restore it from git (baselines/thresholds.yaml)", empty_ok=True)
     if not isinstance(data, Mapping) or not set(data) <= {"defaults", "platforms"}:
         raise SuiteError(f"thresholds file {path} must be a mapping with 'defaults' and optional 'platforms'")
     thresholds = _with(Thresholds(), data.get("defaults") or {}, f"{path}: defaults")

@@ -9,9 +9,26 @@ which always works.
 """
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
+
+
+def _positive(kind: type, env: str | None = None):
+    """An option's type: a number above zero (a zero or negative timeout or round count would wait for nothing).
+    `env`: the variable its default comes from, named in the error (the value may not be on the command line)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number above 0, got {text!r}"
+                                             + (f" (from the option, or from {env})" if env else ""))
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
@@ -47,12 +64,14 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                 help="criteria of an ad-hoc feature, ';'-separated (default: no regression beyond 3%, memory within 2 GB)")
     f.addoption("--strict-verdicts", action="store_true", default=False,
                 help="an INCONCLUSIVE criterion fails the feature (the nightly's mode)")
-    f.addoption("--feature-rounds", type=int, default=None,
+    f.addoption("--feature-rounds", type=_positive(int), default=None,
                 help="measured rounds per side (default: the platform's level 4 `runs`)")
     f.addoption("--review-dir", default=None,
                 help="where FEATURE_<name>.md reviews are written (default: docs/porting)")
-    f.addoption("--level-timeout", type=float, default=3600.0, help="seconds for a candidate's required levels")
-    g.addoption("--boot-timeout", type=float, default=float(os.environ.get("SUITE_BOOT_TIMEOUT", 900)), help="seconds to wait for /health")
+    f.addoption("--level-timeout", type=_positive(float), default=3600.0, help="seconds for a candidate's required levels")
+    # a string default goes through `type` too, so a bad SUITE_BOOT_TIMEOUT is argparse's one line, not a plugin crash
+    g.addoption("--boot-timeout", type=_positive(float, "SUITE_BOOT_TIMEOUT"), default=os.environ.get("SUITE_BOOT_TIMEOUT", "900"),
+                help="seconds to wait for /health (default: SUITE_BOOT_TIMEOUT, else 900)")
 
 
 # Options whose value may be a path outside the repository (pytest then takes it for its rootdir).

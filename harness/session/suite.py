@@ -169,6 +169,8 @@ class Suite:
             if not arg.startswith("--"):
                 raise SuiteError(f"--server-arg {arg!r}: pass one vLLM option per flag, as --server-arg=--name=value "
                                  "(e.g. --server-arg=--gpu-memory-utilization=0.93)")
+        if server_url and not server_url.startswith(("http://", "https://")):  # requests' InvalidSchema names no fix
+            raise SuiteError(f"--server-url {server_url}: write the scheme too, e.g. --server-url=http://{server_url}")
         if server_args and server_url:
             raise SuiteError("--server-arg changes servers the suite boots; a --server-url server was started elsewhere")
         if (platform_option or device_option) and not server_url:

@@ -264,7 +264,8 @@ def test_repo_thresholds_file():
 @pytest.mark.parametrize("text,needle", [
     ("defaults: {throughput_drop: 0.05, typo: 1}\n", "unknown threshold"),
     ("defaults: {alpha: 2}\n", "alpha"),
-    ("defaults: [1, 2\n", "not valid YAML"),
+    # the parser's problem and where, then the fix (its message was once cut off mid-phrase at 120 characters)
+    ("defaults: [1, 2\n", "line 2: malformed YAML \\(expected ',' or '\\]', but got '<stream end>'\\); fix it or restore it from git"),
     ("limits: {}\n", "mapping with 'defaults'"),
     ("defaults: {}\nplatforms:\n  sm121: {inconclusive_is_failure: true}\n", "'sm121' is not a platform selector"),
     ("defaults: {}\nplatforms:\n  sm_90: {boot_spread: {tg32@c2: 8%}}\n", "platforms.sm_90"),

@@ -89,6 +89,26 @@ def _copy_configs(tmp_path: Path) -> Path:
     return dst
 
 
+@pytest.mark.parametrize("file, old, new, expect", [
+    ("configs.yaml", "defaults:            #", "defaults: [cpu-bf16]\nunused:            #",
+     "configs.yaml: defaults: expected a mapping of NAME: value"),
+    ("configs.yaml", "  cpu: cpu-bf16", "  cpuu: cpu-bf16", "configs.yaml: defaults: 'cpuu' is not a platform selector"),
+    ("flavours/cpu.yaml", "platforms: [cpu]", "platforms: cpu",
+     "cpu.yaml: platforms: expected a list of platform selectors such as [cpu] or [sm_90, sm_12x], got 'cpu'"),
+    ("flavours/cpu.yaml", "args:  #", "args: [--dtype]\nunused:  #", "cpu.yaml: args: expected a mapping of NAME: value, got list"),
+], ids=["defaults-as-a-list", "a-mistyped-default-selector", "platforms-as-a-string", "args-as-a-list"])
+def test_a_config_file_of_the_wrong_shape_is_one_clear_line(tmp_path, file, old, new, expect):
+    """Once INTERNALERRORs (dict() of a list) or a silent miss (a mistyped selector matches no platform, so its
+    default is never used); each is now refused when the catalog loads, naming the file and the key."""
+    d = _copy_configs(tmp_path)
+    p = d / file
+    assert old in p.read_text()
+    p.write_text(p.read_text().replace(old, new, 1))
+    with pytest.raises(SuiteError) as e:
+        Catalog(d)
+    assert expect in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_malformed_yaml_is_one_clear_line(tmp_path):
     d = _copy_configs(tmp_path)
     (d / "configs.yaml").write_text("configs: [ {moe: gemm,\n")
@@ -136,6 +156,7 @@ def test_a_pattern_list_written_as_a_string_is_one_clear_line(tmp_path, flavour,
     (["--platform=sm_121"], "use them with --server-url"),
     (["--server-arg=gpu-memory-utilization=0.9"], "--server-arg 'gpu-memory-utilization=0.9': pass one vLLM option"),
     (["--server-url=http://127.0.0.1:9"], "--server-url http://127.0.0.1:9: cannot list models"),
+    (["--server-url=127.0.0.1:9"], "--server-url 127.0.0.1:9: write the scheme too, e.g. --server-url=http://127.0.0.1:9"),
     # feature options are checked when the run starts (they once failed inside collection, under pluggy's stack)
     (["-m", "feature", "--feature=nosuch"], "--feature: unknown feature(s) nosuch; known: "),
     (["--config=cpu-bf16", "--against=nosuch"], "--against: unknown config 'nosuch'"),
@@ -196,6 +217,23 @@ def test_a_server_url_that_is_not_a_vllm_server_or_lacks_its_config_is_one_line(
     out = r.stdout + r.stderr
     assert r.returncode == 4 and expect in out and "Traceback" not in out and "INTERNALERROR" not in out, out
     assert len([line for line in out.splitlines() if line.strip()]) <= 2, out
+
+
+@pytest.mark.parametrize("argv, env, expect", [
+    (["--boot-timeout=0"], {}, "argument --boot-timeout: expected a number above 0, got '0'"),
+    (["--level-timeout=-1"], {}, "argument --level-timeout: expected a number above 0, got '-1'"),
+    (["--feature-rounds=-3"], {}, "argument --feature-rounds: expected a whole number above 0, got '-3'"),
+    ([], {"SUITE_BOOT_TIMEOUT": "abc"}, "got 'abc' (from the option, or from SUITE_BOOT_TIMEOUT)"),
+], ids=["zero-boot-timeout", "negative-level-timeout", "negative-rounds", "bad-boot-timeout-variable"])
+def test_a_timeout_or_round_count_that_is_not_above_zero_is_pytests_usage_error(argv, env, expect):
+    """A zero or negative wait once went through and timed out at once (or never looped); SUITE_BOOT_TIMEOUT=abc
+    crashed the suite's plugin while pytest loaded it. Each is now argparse's error naming the option."""
+    import os
+
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv, "tests/unit/test_stats.py"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    out = r.stdout + r.stderr
+    assert r.returncode == 4 and expect in out and "Traceback" not in out, out
 
 
 def test_a_path_option_given_with_a_space_outside_the_repo_is_one_line(tmp_path):

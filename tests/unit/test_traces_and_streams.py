@@ -153,6 +153,11 @@ def test_golden_files_missing_or_corrupt_name_the_fix(tmp_path):
     old.write_text('{"schema": 1, "meta": {}, "data": {}}')
     with pytest.raises(SuiteError, match="lacks schema 2"):
         load_golden(old, "cmd")
+    # a hand-edited meta that is not a mapping once ended in an AttributeError where the identity is checked
+    meta_string = tmp_path / "meta-string.json"
+    meta_string.write_text('{"schema": 2, "meta": "x", "data": {}}')
+    with pytest.raises(SuiteError, match="lacks schema 2 / meta / data; restore it from git"):
+        load_golden(meta_string, "cmd")
 
 
 def test_engine_clock_metrics_replace_client_pp_and_tg():
@@ -188,6 +193,11 @@ def test_a_decode_only_workload_set_loads_and_a_set_without_decode_names_its_fil
     broken.write_text("gpu: {runs: 6, warmup: 3, prefill: {pp: [512], depths: [0]}}\n")
     with pytest.raises(SuiteError, match=r"w\.yaml: malformed workloads.*fix the file"):
         bench.load_workloads("sm_90", 131072, broken)
+    # a YAML syntax error: one line with where it is (pyyaml's own text spans 8 lines with a caret drawing)
+    broken.write_text("gpu: {runs: 6, warmup: 3\nprefill: [\n")
+    with pytest.raises(SuiteError, match=r"w\.yaml: line \d+: malformed YAML \(.*\); fix the file$") as e:
+        bench.load_workloads("sm_90", 131072, broken)
+    assert "\n" not in str(e.value)
 
 
 def test_prometheus_text_is_summed_over_label_sets():
