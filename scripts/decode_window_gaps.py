@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(a: argparse.Namespace) -> int:
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SuiteError(f"--out {out}: cannot create it ({e.strerror}); choose a writable directory") from None
     suite = Suite.create(a.config, a.model, None, None, str(out / "run"), 900.0)
     target = suite.targets()[0]
     report = {}

@@ -64,7 +64,10 @@ def _run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     for name in names:
         catalog.parse(name, "--configs")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SuiteError(f"--out {out}: cannot create it ({e.strerror}); choose a writable directory") from None
     suite = Suite.create(names[0], args.model, None, None, str(out), 900.0)
     wl = load_workload()
     tol = wl.tolerance(suite.platform.name)
@@ -77,7 +80,11 @@ def _run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         ap.error(f"unknown mutation(s) {', '.join(unknown)}; valid: {', '.join(candidates)}")
     runs = [(n, None) for n in names] + [(names[0], m) for m in mutations]
     if args.resume and (out / "reference.json").is_file():
-        ref = json.loads((out / "reference.json").read_text())
+        try:
+            ref = json.loads((out / "reference.json").read_text())
+        except ValueError as e:
+            raise SuiteError(f"--resume: {out / 'reference.json'} is corrupt ({e}); delete it to boot the reference "
+                             "again") from None
         rows.append({"run": f"{names[0]} (reference, from {out / 'reference.json'})"})
         runs = runs[1:]
     for i, (name, mutation) in enumerate(runs, start=len(rows)):

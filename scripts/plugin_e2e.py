@@ -45,6 +45,7 @@ from harness.config.catalog import Catalog  # noqa: E402
 from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
 from harness.core.platform import detect_platform  # noqa: E402
+from harness.plugin.options import positive_number  # noqa: E402
 from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_breakdowns, tokens_note  # noqa: E402
 from harness.perf.regression import HOST_BOUND_RATIO  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-dummy-weights", action="store_true", help="a shape model with vLLM's own dummy weights "
                     "(SUITE_HOOK_RANDOM_MXFP4=0) instead of the valid random ones the shape aliases get: routing then "
                     "collapses onto four experts per layer and flatters every MoE kernel")
-    ap.add_argument("--boot-timeout", type=float, default=900)
+    ap.add_argument("--boot-timeout", type=positive_number(float), default=900.0)
     ap.add_argument("--prefill-gpu-only", action="store_true",
                     help="measure pp2048_gpu only (GPU kernel time of a 2048-token prefill; no decode workloads)")
     ap.add_argument("--warm", action="store_true", help="first boot the first entry still to measure and run each "

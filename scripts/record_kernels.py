@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.plugin.options import positive_number  # noqa: E402
 
 
 def _profile(suite, config, tag: str) -> dict:
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accept", action="store_true", help="record the verification (after reviewing the report)")
     ap.add_argument("--verified-dir", default=None, help="where the verified data goes (default: configs/verified)")
     ap.add_argument("--run-dir", default=None, help="artifacts (default: runs/record-<config>-<time>)")
-    ap.add_argument("--boot-timeout", type=float, default=float(os.environ.get("SUITE_BOOT_TIMEOUT", 900)))
+    ap.add_argument("--boot-timeout", type=positive_number(float, "SUITE_BOOT_TIMEOUT"),
+                    default=os.environ.get("SUITE_BOOT_TIMEOUT", "900"))
     ap.add_argument("--from-summaries", default=None, metavar="DIR",
                     help="re-use an earlier recording's kernel summaries (no boot): the run dir of that recording")
     args = ap.parse_args(argv)

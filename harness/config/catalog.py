@@ -271,6 +271,9 @@ class Flavour:
         self.values: dict[str, dict[str, dict]] = {}
         self.unsupported = {str(k): str(v) for k, v in (raw.get("unsupported") or {}).items()}
         self.combos = list(raw.get("combos") or [])
+        for i, combo in enumerate(self.combos):  # checked here: Flavour.resolve runs inside pytest's collection
+            where = f"{path}: combos #{i + 1}"
+            _mapping(_mapping(combo, where).get("args") or {}, f"{where}.args")
         self.rejects = _rejects(raw.get("rejects") or [], catalog, f"{path}: rejects")
         self.common_seen = {str(k): _str_list(v, f"{path}: common_seen.{k}") for k, v in (raw.get("common_seen") or {}).items()}
         _selectors(list(self.common_seen), f"{path}: common_seen")
@@ -541,9 +544,7 @@ def _mapping(raw: Any, where: str) -> dict[str, Any]:
 
 
 def _str_map(raw: Any, where: str) -> dict[str, str]:
-    if not isinstance(raw, dict):
-        raise SuiteError(f"{where}: expected a mapping of NAME: value")
-    return {str(k): str(v) for k, v in raw.items()}
+    return {str(k): str(v) for k, v in _mapping(raw, where).items()}
 
 
 def _str_list(raw: Any, where: str) -> list[str]:
@@ -571,6 +572,7 @@ def _check_value_spec(spec: dict, where: str) -> None:
     if unknown:
         raise SuiteError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(_VALUE_KEYS))}")
     _str_list(spec.get("logs") or [], f"{where}.logs")
+    _mapping(spec.get("args") or {}, f"{where}.args")
     _selectors(_str_list(spec.get("platforms") or [], f"{where}.platforms"), f"{where}.platforms")
     _selectors(list(spec.get("rejected") or {}), f"{where}.rejected")
     for selector, exp in (spec.get("kernels") or {}).items():

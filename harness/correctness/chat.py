@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
@@ -192,7 +191,7 @@ def load_chat_workload(path: Path = CHAT_FILE) -> ChatWorkload:
         return ChatWorkload(convs, int(raw["max_tokens"]), int(raw["top_logprobs"]), files, int(raw["tasks"]["max_tokens"]), path)
     except OSError as e:
         raise SuiteError(f"{path}: cannot read the chat workload ({e.strerror}); restore it from git") from None
-    except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise SuiteError(f"{path}: malformed chat workload ({type(e).__name__}: {e}); fix the file") from None
 
 

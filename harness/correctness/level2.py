@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import yaml
 
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
@@ -109,7 +108,7 @@ def load_workload(path: Path = PROMPTS_FILE) -> Workload:
         )
     except OSError as e:
         raise SuiteError(f"{path}: cannot read the level 2 workload ({e.strerror}); restore it from git") from None
-    except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise SuiteError(f"{path}: malformed level 2 workload ({type(e).__name__}: {e}); fix the file") from None
 
 

@@ -75,8 +75,8 @@ class Client:
         try:
             return [m["id"] for m in listing["data"]]
         except (KeyError, TypeError):
-            raise SuiteError(f"/v1/models of {self.base_url} answered without a model list ({str(listing)[:80]}): it is "
-                             "not an OpenAI-compatible server; check --server-url") from None
+            raise SuiteError(f"/v1/models of {self.base_url} answered without a model list ({str(listing)[:80]}): not "
+                             "an OpenAI-compatible server at that address") from None
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids as the server's own tokenizer sees them (vLLM's /tokenize)."""
@@ -116,7 +116,7 @@ class Client:
             return r.json()
         except ValueError:
             raise SuiteError(f"{path} of {self.base_url} answered HTTP {r.status_code} with no JSON "
-                             f"({r.text[:80]!r}): it is not an OpenAI-compatible server; check --server-url") from None
+                             f"({r.text[:80]!r}): not an OpenAI-compatible server at that address") from None
 
     def _await_death(self, grace_s: float = 3.0) -> None:
         """A crashed engine answers 500 just before the API process exits: give it a moment, so the

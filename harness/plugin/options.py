@@ -15,7 +15,7 @@ import os
 import pytest
 
 
-def _positive(kind: type, env: str | None = None):
+def positive_number(kind: type, env: str | None = None):
     """An option's type: a number above zero (a zero or negative timeout or round count would wait for nothing).
     `env`: the variable its default comes from, named in the error (the value may not be on the command line)."""
     def parse(text: str):
@@ -23,7 +23,7 @@ def _positive(kind: type, env: str | None = None):
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or value <= 0:
+        if value is None or not value > 0:  # `not > 0`: nan compares false both ways
             raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number above 0, got {text!r}"
                                              + (f" (from the option, or from {env})" if env else ""))
         return value
@@ -64,14 +64,14 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                 help="criteria of an ad-hoc feature, ';'-separated (default: no regression beyond 3%, memory within 2 GB)")
     f.addoption("--strict-verdicts", action="store_true", default=False,
                 help="an INCONCLUSIVE criterion fails the feature (the nightly's mode)")
-    f.addoption("--feature-rounds", type=_positive(int), default=None,
+    f.addoption("--feature-rounds", type=positive_number(int), default=None,
                 help="measured rounds per side (default: the platform's level 4 `runs`)")
     f.addoption("--review-dir", default=None,
                 help="where FEATURE_<name>.md reviews are written (default: docs/porting)")
-    f.addoption("--level-timeout", type=_positive(float), default=3600.0, help="seconds for a candidate's required levels")
+    f.addoption("--level-timeout", type=positive_number(float), default=3600.0, help="seconds for a candidate's required levels")
     # a string default goes through `type` too, so a bad SUITE_BOOT_TIMEOUT is argparse's one line, not a plugin crash
-    g.addoption("--boot-timeout", type=_positive(float, "SUITE_BOOT_TIMEOUT"), default=os.environ.get("SUITE_BOOT_TIMEOUT", "900"),
-                help="seconds to wait for /health (default: SUITE_BOOT_TIMEOUT, else 900)")
+    g.addoption("--boot-timeout", type=positive_number(float, "SUITE_BOOT_TIMEOUT"),
+                default=os.environ.get("SUITE_BOOT_TIMEOUT", "900"), help="seconds to wait for /health (default: SUITE_BOOT_TIMEOUT, else 900)")
 
 
 # Options whose value may be a path outside the repository (pytest then takes it for its rootdir).

@@ -61,8 +61,9 @@ def external_model(url: str, model_option: str | None) -> Model:
     probe = Client(url.rstrip("/"), "", timeout_s=10)
     try:
         names = probe.models()
-    except SuiteError as e:
-        raise SuiteError(f"--server-url {url}: cannot list models ({e}); is the server up?") from None
+    except SuiteError as e:  # the answer of something else at that address names itself; silence asks for a server
+        hint = "check the address" if "OpenAI-compatible" in str(e) else "is the server up?"
+        raise SuiteError(f"--server-url {url}: cannot list models ({e}); {hint}") from None
     if not names:
         raise SuiteError(f"--server-url {url}: /v1/models lists no model")
     if model_option:

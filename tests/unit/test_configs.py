@@ -96,7 +96,10 @@ def _copy_configs(tmp_path: Path) -> Path:
     ("flavours/cpu.yaml", "platforms: [cpu]", "platforms: cpu",
      "cpu.yaml: platforms: expected a list of platform selectors such as [cpu] or [sm_90, sm_12x], got 'cpu'"),
     ("flavours/cpu.yaml", "args:  #", "args: [--dtype]\nunused:  #", "cpu.yaml: args: expected a mapping of NAME: value, got list"),
-], ids=["defaults-as-a-list", "a-mistyped-default-selector", "platforms-as-a-string", "args-as-a-list"])
+    ("flavours/cpu.yaml", '"off": {args: {--no-enable-chunked-prefill: null}}', '"off": {args: [--no-enable-chunked-prefill]}',
+     "args: expected a mapping of NAME: value, got list"),
+], ids=["defaults-as-a-list", "a-mistyped-default-selector", "platforms-as-a-string", "args-as-a-list",
+        "a-values-args-as-a-list"])
 def test_a_config_file_of_the_wrong_shape_is_one_clear_line(tmp_path, file, old, new, expect):
     """Once INTERNALERRORs (dict() of a list) or a silent miss (a mistyped selector matches no platform, so its
     default is never used); each is now refused when the catalog loads, naming the file and the key."""
@@ -200,9 +203,10 @@ def answering_server():
 
 @pytest.mark.parametrize("content_type, body, argv, expect", [
     ("text/html", b"<html>it works</html>", ["--config=cpu-bf16"],
-     "answered HTTP 200 with no JSON ('<html>it works</html>'): it is not an OpenAI-compatible server; check --server-url"),
+     "answered HTTP 200 with no JSON ('<html>it works</html>'): not an OpenAI-compatible server at that address); "
+     "check the address"),
     ("application/json", b'{"object": "list"}', ["--config=cpu-bf16"],
-     "answered without a model list ({'object': 'list'}): it is not an OpenAI-compatible server"),
+     "answered without a model list ({'object': 'list'}): not an OpenAI-compatible server at that address); check the"),
     ("application/json", b'{"object": "list", "data": [{"id": "model"}]}', [],
      "--server-url without --config: the server's platform is unknown, so no default config can be picked; pass --config"),
 ], ids=["html-page", "json-without-a-model-list", "a-server-but-no-config"])
@@ -222,9 +226,10 @@ def test_a_server_url_that_is_not_a_vllm_server_or_lacks_its_config_is_one_line(
 @pytest.mark.parametrize("argv, env, expect", [
     (["--boot-timeout=0"], {}, "argument --boot-timeout: expected a number above 0, got '0'"),
     (["--level-timeout=-1"], {}, "argument --level-timeout: expected a number above 0, got '-1'"),
+    (["--boot-timeout=nan"], {}, "argument --boot-timeout: expected a number above 0, got 'nan'"),
     (["--feature-rounds=-3"], {}, "argument --feature-rounds: expected a whole number above 0, got '-3'"),
     ([], {"SUITE_BOOT_TIMEOUT": "abc"}, "got 'abc' (from the option, or from SUITE_BOOT_TIMEOUT)"),
-], ids=["zero-boot-timeout", "negative-level-timeout", "negative-rounds", "bad-boot-timeout-variable"])
+], ids=["zero-boot-timeout", "negative-level-timeout", "nan-boot-timeout", "negative-rounds", "bad-boot-timeout-variable"])
 def test_a_timeout_or_round_count_that_is_not_above_zero_is_pytests_usage_error(argv, env, expect):
     """A zero or negative wait once went through and timed out at once (or never looped); SUITE_BOOT_TIMEOUT=abc
     crashed the suite's plugin while pytest loaded it. Each is now argparse's error naming the option."""

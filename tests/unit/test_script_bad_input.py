@@ -98,7 +98,7 @@ def test_measure_level2_tolerances_checks_every_config_before_the_reference_boot
     line = refusal(capsys, measure_level2_tolerances.main, ["--configs", configs, "--out", str(tmp_path)],
                    "measure_level2_tolerances")
     assert line.startswith("measure_level2_tolerances: --configs"), line
-    assert "nonexistent" in configs or "names no config" in line, line
+    assert ("'nonexistent'" in line) if "nonexistent" in configs else ("names no config" in line), line
 
 
 @pytest.mark.parametrize("script, argv", [("decode_window_gaps", ["--config", "nonexistent"]),
@@ -110,3 +110,15 @@ def test_the_command_line_entry_prints_no_traceback(tmp_path, script, argv):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{script}: "), r.stderr[-2000:]
     assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_a_corrupt_reference_under_resume_and_a_bad_boot_timeout_are_one_line(capsys, tmp_path, monkeypatch):
+    """--resume read OUT/reference.json with json.loads and no guard; a zero --boot-timeout (or a bad
+    SUITE_BOOT_TIMEOUT) went through to a boot that timed out at once."""
+    (tmp_path / "reference.json").write_text("{cut")
+    line = refusal(capsys, measure_level2_tolerances.main, ["--configs", "cpu-bf16", "--out", str(tmp_path), "--resume"],
+                   "measure_level2_tolerances")
+    assert "reference.json is corrupt" in line and "delete it to boot the reference again" in line, line
+    with pytest.raises(SystemExit) as e:
+        plugin_e2e.main(["--configs", "cpu-bf16", "--out", str(tmp_path / "e2e"), "--boot-timeout", "0"])
+    assert e.value.code == 2 and "argument --boot-timeout: expected a number above 0" in capsys.readouterr().err
