@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
 from harness.kernelpath.breakdown import breakdown  # noqa: E402
 from harness.kernelpath.check import profile_decode_window  # noqa: E402
 from harness.kernelpath.traces import profile, read_trace  # noqa: E402
@@ -52,11 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    out = Path(a.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SuiteError(f"--out {out}: cannot create it ({e.strerror}); choose a writable directory") from None
+    out = writable_dir(Path(a.out), "--out")
     suite = Suite.create(a.config, a.model, None, None, str(out / "run"), 900.0)
     target = suite.targets()[0]
     report = {}

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.config.catalog import Catalog  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
 from harness.correctness.level2 import Level2Result, judge, load_workload, run_level2  # noqa: E402
 from harness.correctness.logprobs import compare_scored, compare_streams  # noqa: E402
 from harness.engine.mutations import LEVEL2, mutated_copy, sinks_raised  # noqa: E402
@@ -63,11 +64,7 @@ def _run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     catalog = Catalog()
     for name in names:
         catalog.parse(name, "--configs")
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SuiteError(f"--out {out}: cannot create it ({e.strerror}); choose a writable directory") from None
+    out = writable_dir(Path(args.out), "--out")
     suite = Suite.create(names[0], args.model, None, None, str(out), 900.0)
     wl = load_workload()
     tol = wl.tolerance(suite.platform.name)

@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 from harness.config.catalog import Catalog  # noqa: E402
 from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
 from harness.core.platform import detect_platform  # noqa: E402
 from harness.plugin.options import positive_number  # noqa: E402
 from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_breakdowns, tokens_note  # noqa: E402
@@ -354,15 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", action="store_true", help="first boot the first entry still to measure and run each "
                     "workload once, discarded (a fresh machine's first boot compiles and disturbs the host)")
     a = ap.parse_args(argv)
-    out = Path(a.out)
     try:
         util = memory_overrides(a.gpu_memory_utilization)
-        out.mkdir(parents=True, exist_ok=True)
+        out = writable_dir(Path(a.out), "--out")
     except SuiteError as e:
         print(f"plugin_e2e: {e}")
-        return 2
-    except OSError as e:
-        print(f"plugin_e2e: --out {out}: cannot create it ({e.strerror}); choose a writable directory")
         return 2
     try:
         configs = a.configs or ",".join([flavour_baseline("upstream", detect_platform().name), *PLUGIN_CONFIGS])

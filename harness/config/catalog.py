@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.core.errors import SuiteError
 from harness.core.paths import CONFIG_DIR
-from harness.core.platform import UNKNOWN_PLATFORM, best_selector, is_valid_selector, platform_matches
+from harness.core.platform import best_selector, is_valid_selector, platform_matches
 from harness.core.yamlfile import load_mapping
 
 # Kernel expectations verified on real traces (scripts/record_kernels.py --accept), merged over the
@@ -207,9 +207,6 @@ class Catalog:
         selector = best_selector(self.defaults, platform_name)
         if selector is not None:
             return self.parse(self.defaults[selector])
-        if platform_name == UNKNOWN_PLATFORM:  # --server-url without --platform: nothing to pick a default by
-            raise SuiteError("--server-url without --config: the server's platform is unknown, so no default config can "
-                             "be picked; pass --config=NAME (the config the server was started with) or --platform=...")
         raise SuiteError(f"no default config for platform {platform_name}: add it under `defaults` in configs/configs.yaml")
 
     def select(self, option: str | None, platform_name: str) -> list[Config]:

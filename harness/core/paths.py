@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
+
+from harness.core.errors import SuiteError
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "configs"
@@ -24,3 +27,15 @@ def slug(text: str) -> str:
     text = re.sub(r"\((r|tm|c)\)", " ", text.lower())
     text = re.sub(r"[^a-z0-9._]+", "-", text).strip("-.")
     return text or "unknown"
+
+
+def writable_dir(path: Path, option: str) -> Path:
+    """`path` created and written to once (a unique file: parallel workers share the folder), resolved; one line
+    naming `option` when that fails."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise SuiteError(f"{option} {path}: cannot write there ({e.strerror}); pass a writable directory") from None
+    return path.resolve()

@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 from harness.core.yamlfile import load_mapping

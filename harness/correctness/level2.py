@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 from harness.core.platform import best_selector, is_valid_selector

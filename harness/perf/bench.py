@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-
 from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO

@@ -146,7 +146,7 @@ def load_thresholds(path: str | os.PathLike, platform: str | None = None) -> Thr
     if not Path(path).is_file():
         raise SuiteError(f"no thresholds file at {path}; restore it from git (baselines/thresholds.yaml)")
     data = load_mapping(Path(path), fix="fix it or restore it from git (baselines/thresholds.yaml)", empty_ok=True)
-    if not isinstance(data, Mapping) or not set(data) <= {"defaults", "platforms"}:
+    if not set(data) <= {"defaults", "platforms"}:  # load_mapping gave a mapping
         raise SuiteError(f"thresholds file {path} must be a mapping with 'defaults' and optional 'platforms'")
     thresholds = _with(Thresholds(), data.get("defaults") or {}, f"{path}: defaults")
     overrides = data.get("platforms") or {}

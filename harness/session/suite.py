@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ import pytest
 
 from harness.config.catalog import Catalog, Config, Flavour, ServerSpec
 from harness.core.errors import SuiteError
-from harness.core.paths import REPO, slug
+from harness.core.paths import REPO, slug, writable_dir
 from harness.core.platform import UNKNOWN_PLATFORM, Platform, detect_platform
 from harness.engine import hooks
 from harness.engine.client import Client
@@ -36,14 +35,7 @@ _BOOTS_LOCK = threading.Lock()
 
 
 def _run_dir(option: str | None) -> Path:
-    path = Path(option) if option else REPO / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):  # unique: xdist workers share the dir
-            pass
-    except OSError as e:
-        raise SuiteError(f"--run-dir {path}: cannot write there ({e.strerror}); pass a writable directory") from None
-    return path.resolve()
+    return writable_dir(Path(option) if option else REPO / "runs" / time.strftime("%Y%m%d-%H%M%S"), "--run-dir")
 
 
 def external_platform(name: str | None, device: str | None) -> Platform:
@@ -193,6 +185,9 @@ class Suite:
                 check_hub_model(model.path)  # not cached and no hub: one line now, not a dead server later
         suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s,
                     server_args=list(server_args or []))
+        if platform.name == UNKNOWN_PLATFORM and not config_option:  # no platform to pick a default config by
+            raise SuiteError("--server-url without --config: the server's platform is unknown, so no default config can "
+                             "be picked; pass --config=NAME (the config the server was started with) or --platform=...")
         suite.selected()  # validate --config now, at collection time
         return suite
 
