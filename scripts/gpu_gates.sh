@@ -28,8 +28,22 @@ MODEL=${MODEL:-gpt-oss-120b-shape}
 CONFIG=${CONFIG:-triton-bf16}
 WORKLOADS=${WORKLOADS:-tests/level4_perf/workloads-gpu-quick.yaml}
 STATE=${STATE:-/tmp/suite-art}
+# Run from a private copy of the tree. Our lab's device tool copies the working tree again at every call, and a
+# phase that spans calls read what the copy put back: on 2026-12-02 an A/A boot begun after `baseline` was judged
+# against the committed baseline, not the one recorded an hour before. The copy (.git included, so the suite's commit
+# and dirty state are still read) is made once per invocation; baselines recorded by earlier invocations come from
+# $STATE/baselines below.
+STATE=$(realpath -m "$STATE")
+case "$STATE/" in "$(pwd -P)/"*) echo "gpu_gates: STATE $STATE is inside the repository, which it copies; pass a folder outside it"; exit 2 ;; esac
+mkdir -p "$STATE" || { echo "gpu_gates: STATE $STATE cannot be created; pass a writable folder"; exit 2; }
+OUT=$(mkdir -p "${OUT:-/tmp/gates-out}" && cd "${OUT:-/tmp/gates-out}" && pwd -P) || { echo "gpu_gates: OUT cannot be created; pass a writable folder"; exit 2; }
+if [ "${GPU_GATES_TREE:-}" != "$(pwd -P)" ]; then
+  tree=$STATE/tree
+  rm -rf "$tree" && mkdir -p "$tree" || exit 2
+  tar -C . --exclude=./runs --exclude=./.device-bundle --exclude=./.venv -cf - . | tar -C "$tree" -xf - || exit 2
+  GPU_GATES_TREE=$tree STATE=$STATE OUT=$OUT exec bash "$tree/scripts/gpu_gates.sh" "$@"
+fi
 ART=$STATE/gates
-OUT=${OUT:-/tmp/gates-out}
 mkdir -p "$ART" "$OUT" runs
 export PYTHONUNBUFFERED=1 SUITE_BOOT_TIMEOUT=${SUITE_BOOT_TIMEOUT:-600}
 unset SUITE_HOOK_HOLD_GIB SUITE_HOOK_SLOWDOWN

@@ -64,7 +64,7 @@ def test_summary_writes_whole_archives_aside_without_the_excluded_files(tmp_path
     (run / "pip_freeze.txt").write_text("vllm==0.26.0\n")
     (run / "x.pt.trace.json.gz").write_bytes(b"trace")
     bin_dir, log = _tar_shim(tmp_path, fail=False)
-    r = _gates(tmp_path, "summary", path_first=bin_dir)
+    r = _gates(tmp_path, "summary", path_first=bin_dir, GPU_GATES_TREE=str(REPO))  # already in its copy: tar packs only
     assert r.returncode == 0, r.stdout + r.stderr
     targets = [line.split()[1] for line in log.read_text().splitlines()]
     assert len(targets) == 2 and all(t.endswith(".part") for t in targets), targets
@@ -83,8 +83,29 @@ def test_a_failed_tar_keeps_the_last_whole_archive(tmp_path):
     out.mkdir()
     (out / "gates-runs.tgz").write_bytes(b"the last whole archive")
     bin_dir, _ = _tar_shim(tmp_path, fail=True)
-    r = _gates(tmp_path, "summary", path_first=bin_dir)
+    r = _gates(tmp_path, "summary", path_first=bin_dir, GPU_GATES_TREE=str(REPO))
     assert r.returncode == 0, r.stdout + r.stderr
     assert (out / "gates-runs.tgz").read_bytes() == b"the last whole archive"
     assert not list(out.glob("*.part"))
     assert f"gpu_gates: {out}/gates-runs.tgz not updated (tar exit 2)" in r.stdout
+
+
+def test_the_job_runs_from_its_own_copy_of_the_tree_so_a_re_copied_tree_cannot_swap_its_baseline(tmp_path):
+    """Our lab's device tool copies the working tree again at every call; an A/A boot that spanned a call was judged
+    against the committed baseline instead of the one the job had recorded (2026-12-02). The job copies the tree once
+    into $STATE/tree and runs there: a file changed in the original afterwards is not what the job reads."""
+    r = _gates(tmp_path, "summary")
+    assert r.returncode == 0, r.stdout + r.stderr
+    tree = tmp_path / "state" / "tree"
+    assert (tree / "scripts" / "gpu_gates.sh").read_bytes() == SCRIPT.read_bytes()
+    committed = REPO / "baselines" / "nvidia-h200" / "gpt-oss-120b-shape" / "gemv-bf16.yaml"
+    assert (tree / committed.relative_to(REPO)).read_bytes() == committed.read_bytes()
+    assert not (tree / ".venv").exists() and not any((tree / "runs").iterdir())  # the original's runs stay out
+    assert (tmp_path / "out" / "gates-summary.md").is_file()
+
+
+def test_a_state_folder_inside_the_repository_is_refused_in_one_line(tmp_path):
+    r = subprocess.run(["bash", str(SCRIPT), "summary"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "STATE": str(REPO / "runs" / "state-in-repo"), "OUT": str(tmp_path / "out")})
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "inside the repository" in lines[0], r.stdout + r.stderr

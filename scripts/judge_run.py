@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Judge a finished level 4 run against a baseline file, with level 5's gate, without booting anything.
+
+    python3 scripts/judge_run.py RUN_DIR --baseline FILE [--out DIR]
+
+RUN_DIR is a suite run directory (`--run-dir`, or `runs/<stamp>`) whose `results/<model>__<config>.json` level 4
+wrote. Every verdict is `harness.perf.regression.compare_run`'s, the function level 5 calls, with the thresholds of
+`baselines/thresholds.yaml` for the results' platform. Prints the verdicts as level 5 does, writes them to
+`DIR/verdicts/` beside a copy of the results (so `scripts/gates_summary.py` reads DIR as one more phase), and exits
+1 when a strict gate fails, as level 5 does.
+
+Where it is for: a run that gated against the wrong file. On our lab's GPU machine the working tree is copied
+again at every call, and an A/A boot that spanned a call read the committed baseline instead of the one recorded an
+hour before (2026-12-02); its measurements stand, so they are judged again against the right file here. Also for a
+results file kept by a nightly, against a baseline recorded after it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
+from harness.perf.baselines import load_baseline  # noqa: E402
+from harness.perf.regression import Thresholds, Verdict, compare_run, gate_failures, load_thresholds  # noqa: E402
+
+THRESHOLDS = REPO / "baselines" / "thresholds.yaml"
+
+
+def results_of(run_dir: Path) -> list[Path]:
+    """The level 4 results of a run directory: `results/<model>__<config>.json` (other files there are summaries)."""
+    found = sorted(p for p in (run_dir / "results").glob("*.json") if "__" in p.name)
+    if not found:
+        raise SuiteError(f"{run_dir} has no results/<model>__<config>.json: pass the run directory of a level 4 run "
+                         "(its --run-dir, or runs/<stamp>)")
+    return found
+
+
+def read_results(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SuiteError(f"cannot read results {path} ({type(e).__name__}); rerun level 4 to write it again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise SuiteError(f"results {path} has no metrics mapping: not a level 4 results file")
+    return data
+
+
+def judge(results_file: Path, baseline_file: Path,
+          thresholds_file: Path = THRESHOLDS) -> tuple[list[Verdict], Thresholds, dict]:
+    """Level 5's verdicts of one results file against one baseline file, the thresholds used, the results."""
+    current = read_results(results_file)
+    baseline = load_baseline(baseline_file)
+    thresholds = load_thresholds(thresholds_file, current.get("platform"))
+    return compare_run(baseline, current, thresholds), thresholds, current
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--baseline", type=Path, required=True, help="the baseline YAML to judge against")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write verdicts/ and results/ here (default: print only)")
+    args = ap.parse_args(argv)
+    try:
+        files = results_of(args.run_dir)
+        if len(files) != 1:
+            raise SuiteError(f"{args.run_dir} holds results of {len(files)} configs ({', '.join(p.stem for p in files)}); "
+                             "a baseline is one config's: copy the one you mean into a run dir of its own")
+        verdicts, thresholds, current = judge(files[0], args.baseline)
+        out = writable_dir(args.out, "--out") if args.out is not None else None
+    except SuiteError as e:
+        print(f"judge_run: {e}", file=sys.stderr)
+        return 2
+    print(f"[{current.get('config')} on {current.get('platform')} ({files[0]}) vs {args.baseline}]")
+    for v in verdicts:
+        print(f"  {v.status:12s} {v.message}")
+    if out is not None:
+        for sub in ("verdicts", "results"):
+            (out / sub).mkdir(parents=True, exist_ok=True)
+        (out / "verdicts" / files[0].name).write_text(json.dumps([v.to_json() for v in verdicts], indent=1,
+                                                                      default=str))
+        shutil.copy(files[0], out / "results" / files[0].name)
+    failures = gate_failures(verdicts, thresholds)
+    if failures:
+        print(f"judge_run: {len(failures)} gate failure(s): " + "; ".join(v.message for v in failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""scripts/judge_run.py: a stored level 4 run judged against a baseline file by level 5's gate, both ways (an
+unchanged run passes, an injected kernel slowdown or memory growth fails with exit 1), and bad input refused in
+one line (exit 2). The baseline is the committed H200 one of gemv-bf16 on the 120b shape: real samples, real
+spreads."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import judge_run  # noqa: E402
+
+from harness.perf.baselines import load_baseline  # noqa: E402
+
+BASELINE = REPO / "baselines" / "nvidia-h200" / "gpt-oss-120b-shape" / "gemv-bf16.yaml"
+
+
+def run_dir(tmp_path: Path, results: dict, name: str = "gpt-oss-120b-shape__gemv-bf16.json") -> Path:
+    run = tmp_path / "run"
+    (run / "results").mkdir(parents=True, exist_ok=True)
+    (run / "results" / name).write_text(json.dumps(results))
+    return run
+
+
+def rerun(scale: float = 1.0, metric: str | None = None, **over) -> dict:
+    """The baseline's own measurements as a new run's results: every sample x 1.0005 (a run is never bit-equal),
+    `metric`'s samples x `scale`, top-level fields replaced by `over`."""
+    results = copy.deepcopy(load_baseline(BASELINE))
+    for name, entry in results["metrics"].items():
+        f = 1.0005 * (scale if name == metric else 1.0)
+        entry["samples"] = [s * f for s in entry["samples"]]
+    results["valid"] = True
+    results.update(over)
+    return results
+
+
+def test_an_unchanged_run_passes_and_its_verdicts_are_written_for_the_gates_summary(tmp_path, capsys):
+    run = run_dir(tmp_path, rerun())
+    rc = judge_run.main([str(run), "--baseline", str(BASELINE), "--out", str(tmp_path / "judged")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    verdicts = json.loads((tmp_path / "judged" / "verdicts" / "gpt-oss-120b-shape__gemv-bf16.json").read_text())
+    assert not [v for v in verdicts if v["status"] == "fail"], out
+    assert {v["name"] for v in verdicts} >= {"tg32_gpu", "pp2048_gpu", "memory_used_gib", "kv_capacity_tokens"}
+    assert (tmp_path / "judged" / "results" / "gpt-oss-120b-shape__gemv-bf16.json").is_file()
+
+
+@pytest.mark.parametrize("metric", ["tg32_gpu", "pp2048_gpu"])
+def test_a_kernel_time_slowdown_of_five_percent_fails_with_exit_1(tmp_path, capsys, metric):
+    rc = judge_run.main([str(run_dir(tmp_path, rerun(0.95, metric))), "--baseline", str(BASELINE)])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    failed = [ln for ln in out.splitlines() if ln.strip().startswith("fail ")]
+    assert len(failed) == 1 and f" {metric} " in failed[0], out
+
+
+def test_used_memory_grown_by_1_5_gib_fails(tmp_path, capsys):
+    base = load_baseline(BASELINE)
+    rc = judge_run.main([str(run_dir(tmp_path, rerun(memory_used_gib=base["memory_used_gib"] + 1.5))),
+                         "--baseline", str(BASELINE)])
+    out = capsys.readouterr().out
+    assert rc == 1 and "used memory" in out.split("gate failure")[-1], out
+
+
+def one_line(capsys, argv: list[str]) -> str:
+    rc = judge_run.main(argv)
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("judge_run: ") and "Traceback" not in out + err, (out, err)
+    return lines[0]
+
+
+def test_a_directory_without_results_names_what_to_pass(tmp_path, capsys):
+    line = one_line(capsys, [str(tmp_path), "--baseline", str(BASELINE)])
+    assert "results/<model>__<config>.json" in line and "--run-dir" in line, line
+
+
+def test_results_of_two_configs_are_refused(tmp_path, capsys):
+    run_dir(tmp_path, rerun())
+    run = run_dir(tmp_path, rerun(config="triton-bf16"), "gpt-oss-120b-shape__triton-bf16.json")
+    assert "2 configs" in one_line(capsys, [str(run), "--baseline", str(BASELINE)])
+
+
+def test_a_corrupt_baseline_names_the_file_and_the_fix(tmp_path, capsys):
+    bad = tmp_path / "gemv-bf16.yaml"
+    bad.write_text("metrics: [unclosed\n")
+    line = one_line(capsys, [str(run_dir(tmp_path, rerun())), "--baseline", str(bad)])
+    assert str(bad) in line and "--force-regen" in line, line
+
+
+def test_corrupt_results_name_the_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "results").mkdir(parents=True)
+    (run / "results" / "gpt-oss-120b-shape__gemv-bf16.json").write_text("{not json")
+    line = one_line(capsys, [str(run), "--baseline", str(BASELINE)])
+    assert "gpt-oss-120b-shape__gemv-bf16.json" in line and "rerun level 4" in line, line
+
+
+def test_results_of_another_gpu_are_refused_not_judged(tmp_path, capsys):
+    line = one_line(capsys, [str(run_dir(tmp_path, rerun(device="NVIDIA H100 80GB HBM3"))), "--baseline", str(BASELINE)])
+    assert "nvidia-h100" in line and "nvidia-h200" in line, line
