@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                              "a baseline is one config's: copy the one you mean into a run dir of its own")
         verdicts, thresholds, current = judge(files[0], args.baseline)
         out = writable_dir(args.out, "--out") if args.out is not None else None
+        if out is not None and out == args.run_dir.resolve():
+            raise SuiteError(f"--out {args.out} is the run directory itself, whose verdicts level 5 wrote; pass "
+                             "another folder")
     except SuiteError as e:
         print(f"judge_run: {e}", file=sys.stderr)
         return 2

@@ -104,3 +104,11 @@ def test_corrupt_results_name_the_file(tmp_path, capsys):
 def test_results_of_another_gpu_are_refused_not_judged(tmp_path, capsys):
     line = one_line(capsys, [str(run_dir(tmp_path, rerun(device="NVIDIA H100 80GB HBM3"))), "--baseline", str(BASELINE)])
     assert "nvidia-h100" in line and "nvidia-h200" in line, line
+
+
+def test_out_that_is_the_run_directory_itself_is_refused_and_its_verdicts_kept(tmp_path, capsys):
+    run = run_dir(tmp_path, rerun())
+    (run / "verdicts").mkdir()
+    (run / "verdicts" / "gpt-oss-120b-shape__gemv-bf16.json").write_text("[]")
+    assert "run directory itself" in one_line(capsys, [str(run), "--baseline", str(BASELINE), "--out", str(run)])
+    assert (run / "verdicts" / "gpt-oss-120b-shape__gemv-bf16.json").read_text() == "[]"
