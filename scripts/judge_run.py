@@ -3,9 +3,9 @@
 
     python3 scripts/judge_run.py RUN_DIR --baseline FILE [--out DIR]
 
-RUN_DIR is a suite run directory (`--run-dir`, or `runs/<stamp>`) whose `results/<model>__<config>.json` level 4
-wrote. Every verdict is `harness.perf.regression.compare_run`'s, the function level 5 calls, with the thresholds of
-`baselines/thresholds.yaml` for the results' platform. Prints the verdicts as level 5 does, writes them to
+RUN_DIR is a suite run directory (`--run-dir`, or `runs/<stamp>`); the baseline's config is judged, from the
+`results/<model>__<config>.json` level 4 wrote there. Every verdict is `harness.perf.regression.compare_run`'s, the
+function level 5 calls, with the thresholds of `baselines/thresholds.yaml` for the results' platform. Prints the verdicts as level 5 does, writes them to
 `DIR/verdicts/` beside a copy of the results (so `scripts/gates_summary.py` reads DIR as one more phase), and exits
 1 when a strict gate fails, as level 5 does.
 
@@ -28,18 +28,22 @@ sys.path.insert(0, str(REPO))
 from harness.core.errors import SuiteError  # noqa: E402
 from harness.core.paths import writable_dir  # noqa: E402
 from harness.perf.baselines import load_baseline  # noqa: E402
-from harness.perf.regression import Thresholds, Verdict, compare_run, gate_failures, load_thresholds  # noqa: E402
+from harness.perf.regression import (THRESHOLDS_FILE, Thresholds, Verdict, compare_run, gate_failures,  # noqa: E402
+                                     load_thresholds)
 
-THRESHOLDS = REPO / "baselines" / "thresholds.yaml"
-
-
-def results_of(run_dir: Path) -> list[Path]:
-    """The level 4 results of a run directory: `results/<model>__<config>.json` (other files there are summaries)."""
-    found = sorted(p for p in (run_dir / "results").glob("*.json") if "__" in p.name)
-    if not found:
-        raise SuiteError(f"{run_dir} has no results/<model>__<config>.json: pass the run directory of a level 4 run "
-                         "(its --run-dir, or runs/<stamp>)")
-    return found
+def results_of(run_dir: Path, config: str) -> Path:
+    """`config`'s level 4 results in a run directory: `results/<model>__<config>.json`. Servers booted beside the
+    shared one write `<model>__<config>__<tag>.json` (the n-gram speculator, the slowdown curve): other boots."""
+    found = sorted((run_dir / "results").glob("*.json"))
+    mine = [p for p in found if p.name.endswith(f"__{config}.json") and p.stem.count("__") == 1]
+    if len(mine) == 1:
+        return mine[0]
+    if not mine:
+        has = ", ".join(p.stem for p in found if p.stem.count("__") == 1) or "none"
+        raise SuiteError(f"{run_dir} has no results/<model>__{config}.json (results there: {has}): pass the run "
+                         f"directory of a level 4 run of {config} (its --run-dir, or runs/<stamp>)")
+    raise SuiteError(f"{run_dir} holds results of {config} for {len(mine)} models ({', '.join(p.stem for p in mine)}); "
+                     "a baseline is one model's: copy the one you mean into a run dir of its own")
 
 
 def read_results(path: Path) -> dict:
@@ -52,13 +56,15 @@ def read_results(path: Path) -> dict:
     return data
 
 
-def judge(results_file: Path, baseline_file: Path,
-          thresholds_file: Path = THRESHOLDS) -> tuple[list[Verdict], Thresholds, dict]:
-    """Level 5's verdicts of one results file against one baseline file, the thresholds used, the results."""
-    current = read_results(results_file)
+def judge(run_dir: Path, baseline_file: Path,
+          thresholds_file: Path = THRESHOLDS_FILE) -> tuple[list[Verdict], Thresholds, Path, dict]:
+    """Level 5's verdicts of the baseline's config in `run_dir` against the baseline; the thresholds used, the results
+    file and its contents."""
     baseline = load_baseline(baseline_file)
+    results_file = results_of(run_dir, str(baseline.get("config") or baseline_file.stem))
+    current = read_results(results_file)
     thresholds = load_thresholds(thresholds_file, current.get("platform"))
-    return compare_run(baseline, current, thresholds), thresholds, current
+    return compare_run(baseline, current, thresholds), thresholds, results_file, current
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,11 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="write verdicts/ and results/ here (default: print only)")
     args = ap.parse_args(argv)
     try:
-        files = results_of(args.run_dir)
-        if len(files) != 1:
-            raise SuiteError(f"{args.run_dir} holds results of {len(files)} configs ({', '.join(p.stem for p in files)}); "
-                             "a baseline is one config's: copy the one you mean into a run dir of its own")
-        verdicts, thresholds, current = judge(files[0], args.baseline)
+        verdicts, thresholds, results_file, current = judge(args.run_dir, args.baseline)
         out = writable_dir(args.out, "--out") if args.out is not None else None
         if out is not None and out == args.run_dir.resolve():
             raise SuiteError(f"--out {args.out} is the run directory itself, whose verdicts level 5 wrote; pass "
@@ -81,15 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     except SuiteError as e:
         print(f"judge_run: {e}", file=sys.stderr)
         return 2
-    print(f"[{current.get('config')} on {current.get('platform')} ({files[0]}) vs {args.baseline}]")
+    print(f"[{current.get('config')} on {current.get('platform')} ({results_file}) vs {args.baseline}]")
     for v in verdicts:
         print(f"  {v.status:12s} {v.message}")
     if out is not None:
         for sub in ("verdicts", "results"):
             (out / sub).mkdir(parents=True, exist_ok=True)
-        (out / "verdicts" / files[0].name).write_text(json.dumps([v.to_json() for v in verdicts], indent=1,
+        (out / "verdicts" / results_file.name).write_text(json.dumps([v.to_json() for v in verdicts], indent=1,
                                                                       default=str))
-        shutil.copy(files[0], out / "results" / files[0].name)
+        shutil.copy(results_file, out / "results" / results_file.name)
     failures = gate_failures(verdicts, thresholds)
     if failures:
         print(f"judge_run: {len(failures)} gate failure(s): " + "; ".join(v.message for v in failures))

@@ -77,13 +77,31 @@ def one_line(capsys, argv: list[str]) -> str:
 
 def test_a_directory_without_results_names_what_to_pass(tmp_path, capsys):
     line = one_line(capsys, [str(tmp_path), "--baseline", str(BASELINE)])
-    assert "results/<model>__<config>.json" in line and "--run-dir" in line, line
+    assert "results/<model>__gemv-bf16.json" in line and "--run-dir" in line, line
 
 
-def test_results_of_two_configs_are_refused(tmp_path, capsys):
-    run_dir(tmp_path, rerun())
+def test_a_run_of_other_configs_names_what_it_holds(tmp_path, capsys):
     run = run_dir(tmp_path, rerun(config="triton-bf16"), "gpt-oss-120b-shape__triton-bf16.json")
-    assert "2 configs" in one_line(capsys, [str(run), "--baseline", str(BASELINE)])
+    line = one_line(capsys, [str(run), "--baseline", str(BASELINE)])
+    assert "no results/<model>__gemv-bf16.json" in line and "gpt-oss-120b-shape__triton-bf16" in line, line
+
+
+def test_the_baselines_config_is_judged_not_another_config_nor_a_side_servers_boot(tmp_path, capsys):
+    """A run of several configs, with a server booted beside the shared one (level 4's n-gram speculator writes
+    <model>__<config>__ngram.json): the baseline's own config is judged; a slowed side boot or another config in the
+    same run dir changes nothing."""
+    run_dir(tmp_path, rerun(0.5, "tg32_gpu", config="triton-bf16"), "gpt-oss-120b-shape__triton-bf16.json")
+    run_dir(tmp_path, rerun(0.5, "tg32_gpu"), "gpt-oss-120b-shape__gemv-bf16__ngram.json")
+    run = run_dir(tmp_path, rerun())
+    assert judge_run.main([str(run), "--baseline", str(BASELINE)]) == 0, capsys.readouterr().out
+    run_dir(tmp_path, rerun(0.95, "tg32_gpu"))  # the config's own results slowed: now it fails
+    assert judge_run.main([str(run), "--baseline", str(BASELINE)]) == 1
+
+
+def test_results_of_one_config_for_two_models_are_refused(tmp_path, capsys):
+    run_dir(tmp_path, rerun())
+    run = run_dir(tmp_path, rerun(model="gpt-oss-20b-shape"), "gpt-oss-20b-shape__gemv-bf16.json")
+    assert "2 models" in one_line(capsys, [str(run), "--baseline", str(BASELINE)])
 
 
 def test_a_corrupt_baseline_names_the_file_and_the_fix(tmp_path, capsys):
