@@ -13,6 +13,14 @@ server the suite booted, by the GPU kernel time of one profiled prefill (`ppN_gp
 because the engine-clock prefill of the gpt-oss-120b shape moved up to 58% between H200 boots with nothing
 changed (host time) and is gated there only beyond its recorded boot spread. The plugin's spin is a GPU kernel, so
 it is inside the summed kernel time, and the delay is planned from that kernel time.
+
+Decode likewise: on the engine clock (`tgN`), unless the server's decode is host-bound, its kernels' rate (`tgN_gpu`,
+`bench.gpu_decode`) above the engine's by more than thresholds.yaml's host_bound_ratio at 0%, the test level 5
+applies to a baseline (`regression.host_bound_decode`). Level 5 then gates such a config's decode by `tgN_gpu` and
+its engine clock only beyond host_bound_spread, so the curve judges `tgN_gpu`, with the delay planned from the
+kernels' time per token. The engine clock's ratio is still measured and reported, not judged: with the GPU waiting
+for the host every step, a spin of f x the kernels' time can vanish into that wait, which is why level 5 does not
+rely on it there.
 """
 from __future__ import annotations
 
@@ -37,9 +45,9 @@ class CurveSpec:
     prefill: Workload  # kind "prefill": pp metric
     rounds: int  # rounds per side (0% and f%) per fraction
     calibration_rounds: int = 5
-    # profiled prefill rounds per side (ppN_gpu): its round-to-round CV was ~0.1% on an H200, and each
-    # profiled round costs ~3 s of trace writing, so fewer rounds than decode resolve it
-    gpu_prefill_rounds: int = 8
+    # profiled rounds per side (ppN_gpu, tgN_gpu): their round-to-round CV was ~0.1-0.3% on an H200, and each
+    # profiled round costs ~3 s of trace writing, so fewer rounds than the engine clock's resolve them
+    kernel_rounds: int = 8
 
 
 def spec_for(platform_name: str) -> CurveSpec:
@@ -50,7 +58,7 @@ def spec_for(platform_name: str) -> CurveSpec:
 
 
 def _name(w: Workload, gpu: bool = False) -> str:
-    return f"tg{w.tg}" if w.kind == "decode" else f"pp{w.pp}_gpu" if gpu else f"pp{w.pp}"
+    return bench.kernel_metric_name(w) if gpu else f"tg{w.tg}" if w.kind == "decode" else f"pp{w.pp}"
 
 
 def measure_once(client: Client, maker: PromptMaker, w: Workload, sampler=None) -> tuple[float, dict]:
@@ -98,6 +106,8 @@ class Point:
         return stats.median(self.slow[name]) / stats.median(self.base[name])
 
     def summary(self) -> dict[str, Any]:
+        # `status` holds the judged metrics only; a measured one without a status is an observation (the engine
+        # clock of a host-bound decode)
         return {"fraction": self.fraction, "delay": {"a_us": round(self.delay.a_us, 2),
                                                      "b_us_per_token": round(self.delay.b_us_per_token, 5)},
                 "expected_ratio": round(1 / (1 + self.fraction), 4),
@@ -113,54 +123,76 @@ class Curve:
         self.client, self.hook_dir, self.spec, self.sampler, self.alive = client, Path(hook_dir), spec, sampler, alive
         self.profile_one = profile_one  # given: prefill is ppN_gpu (GPU kernel time), else engine-clock ppN
         gpu = profile_one is not None
-        self.decode_name, self.prefill_name = _name(spec.decode), _name(spec.prefill, gpu)
-        self.prefill_rounds = min(spec.rounds, spec.gpu_prefill_rounds) if gpu else spec.rounds
+        self.engine_decode_name, self.prefill_name = _name(spec.decode), _name(spec.prefill, gpu)
+        self.decode_name = self.engine_decode_name  # tgN_gpu once calibrate() finds the decode host-bound
+        self.host_bound: str | None = None
+        self.kernel_rounds = min(spec.rounds, spec.kernel_rounds) if gpu else spec.rounds
+        self.prefill_rounds = self.kernel_rounds
         self.maker = PromptMaker(client, seed=7)
         self.acks: list[dict] = []
+
+    def _kernel_once(self, w: Workload) -> tuple[float, dict]:
+        entry = bench.gpu_rate(self.client, self.maker, replace(w, runs=1), self.profile_one, self.sampler)
+        rounds = entry.get("rounds") or entry.get("flagged") or [{}]
+        return entry["samples"][0], {**rounds[0], **({"unresolved": entry["unresolved"]} if "unresolved" in entry else {})}
 
     def measure_prefill(self) -> tuple[float, dict]:
         if self.profile_one is None:
             return measure_once(self.client, self.maker, self.spec.prefill, self.sampler)
-        entry = bench.gpu_prefill(self.client, self.maker, replace(self.spec.prefill, runs=1), self.profile_one,
-                                  self.sampler)
-        rounds = entry.get("rounds") or entry.get("flagged") or [{}]
-        return entry["samples"][0], {**rounds[0], **({"unresolved": entry["unresolved"]} if "unresolved" in entry else {})}
+        return self._kernel_once(self.spec.prefill)
+
+    def measure_decode(self, kernel: bool) -> tuple[float, dict]:
+        return self._kernel_once(self.spec.decode) if kernel else measure_once(self.client, self.maker,
+                                                                                 self.spec.decode, self.sampler)
 
     def set(self, delay: hooks.Delay) -> dict:
         ack = hooks.set_slowdown(self.hook_dir, delay, alive=self.alive)
         self.acks.append(ack["slowdown"])
         return ack
 
-    def calibrate(self) -> tuple[float, float]:
-        """(decode step seconds, prefill seconds for the spec's N tokens) at 0%, medians."""
+    def calibrate(self, host_bound_ratio: float | None = None) -> tuple[float, float]:
+        """(decode step seconds, prefill seconds for the spec's N tokens) at 0%, medians. With `host_bound_ratio`
+        on a GPU, decode's kernel rate is measured too, and a kernel rate above the engine's by more than that
+        makes the decode metric `tgN_gpu` and its step the kernels' time per token."""
         self.set(hooks.Delay(0.0, 0.0))
         for w in (self.spec.decode, self.spec.prefill):
             for _ in range(w.warmup):
                 self.client.complete(self.maker.make(w.pp), w.tg, ignore_eos=True)
-        tg = [measure_once(self.client, self.maker, self.spec.decode, self.sampler)[0] for _ in range(self.spec.calibration_rounds)]
+        tg = [self.measure_decode(False)[0] for _ in range(self.spec.calibration_rounds)]
         pp = [self.measure_prefill()[0] for _ in range(self.spec.calibration_rounds)]
         self.decode_step_s = 1.0 / stats.median(tg)
         self.prefill_s = self.spec.prefill.pp / stats.median(pp)
+        if self.profile_one is not None and host_bound_ratio is not None:
+            kernel = stats.median([self.measure_decode(True)[0] for _ in range(self.spec.calibration_rounds)])
+            ratio = kernel * self.decode_step_s
+            if ratio > host_bound_ratio:
+                self.decode_name = _name(self.spec.decode, True)
+                self.host_bound = (f"at 0% {self.decode_name} ran {ratio:.2f}x {self.engine_decode_name}, above "
+                                   f"host_bound_ratio {host_bound_ratio:g}: level 5 gates this decode by kernel time")
+                self.decode_step_s = 1.0 / kernel
         return self.decode_step_s, self.prefill_s
 
     def point(self, fraction: float, thresholds: Thresholds) -> Point:
         delay = hooks.plan_delay(fraction, self.decode_step_s, self.spec.prefill.pp, self.prefill_s)
         p = Point(fraction, delay)
         zero = hooks.Delay(0.0, 0.0)
-        decode, prefill = self.decode_name, self.prefill_name
-        for n in (decode, prefill):
+        engine, decode, prefill = self.engine_decode_name, self.decode_name, self.prefill_name
+        names = list(dict.fromkeys((engine, decode, prefill)))
+        for n in names:
             p.base[n], p.slow[n], p.clocks[n] = [], [], []
         for i in range(self.spec.rounds):
             for slow in ((False, True) if i % 2 == 0 else (True, False)):  # ABBA: drift cancels
                 p.acks.append(self.set(delay if slow else zero)["slowdown"])
-                measured = [(decode, measure_once(self.client, self.maker, self.spec.decode, self.sampler))]
+                measured = [(engine, self.measure_decode(False))]
+                if decode != engine and i < self.kernel_rounds:
+                    measured.append((decode, self.measure_decode(True)))
                 if i < self.prefill_rounds:
                     measured.append((prefill, self.measure_prefill()))
                 for n, (value, rc) in measured:
                     (p.slow if slow else p.base)[n].append(value)
                     p.clocks[n].append({**rc, "slowed": slow})
         self.set(zero)
-        for n in (decode, prefill):
+        for n in (decode, prefill):  # a host-bound decode's engine clock is measured, not judged
             v = compare_metric(n, p.base[n], p.slow[n], True, thresholds, unit="tok/s")
             # the baseline here is this server at 0%: "re-record a baseline" advice does not apply
             p.verdicts[n] = replace(v, fix=None)
@@ -169,12 +201,15 @@ class Curve:
 
 def run_curve(client: Client, hook_dir: Path, spec: CurveSpec, fractions: list[float], thresholds: Thresholds,
               sampler=None, alive=None, profile_one: Callable[[Callable[[], None]], float] | None = None) -> dict[str, Any]:
-    """`profile_one` (a GPU server the suite booted, `benchmark_run.kernel_time_probe`): prefill is ppN_gpu."""
+    """`profile_one` (a GPU server the suite booted, `benchmark_run.kernel_time_probe`): prefill is ppN_gpu, and
+    decode tgN_gpu where the server's decode is host-bound (module docstring)."""
     started = time.time()
     curve = Curve(client, hook_dir, spec, sampler, alive, profile_one)
-    t_d, t_p = curve.calibrate()
+    t_d, t_p = curve.calibrate(None if thresholds.advisory else thresholds.host_bound_ratio)
     points = [curve.point(f, thresholds) for f in fractions]
     return {"decode_step_ms": round(t_d * 1000, 4), "prefill_ms": round(t_p * 1000, 4),
+            "decode_metric": curve.decode_name, "decode_host_bound": curve.host_bound,
+            "decode_kernel_rounds_per_side": curve.kernel_rounds if curve.host_bound else None,
             "prefill_tokens": spec.prefill.pp, "rounds_per_side": spec.rounds,
             "prefill_metric": curve.prefill_name, "prefill_rounds_per_side": curve.prefill_rounds,
             "thresholds": {"throughput_drop": thresholds.throughput_drop, "max_cv": thresholds.max_cv,

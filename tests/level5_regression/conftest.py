@@ -7,26 +7,25 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.paths import BASELINE_ROOT
 from harness.engine import hooks
 from harness.core.store import Store
 from harness.perf.baselines import BaselineStore, baseline_path, platform_key
-from harness.perf.regression import load_thresholds
+from harness.perf.regression import THRESHOLDS_FILE, load_thresholds
 from harness.session.suite import RunningServer, StopAfterFolder, Suite
 
-REPO = Path(__file__).resolve().parents[2]
-BASELINES = REPO / "baselines"
 DEFAULT_HOLD_GIB = 1.5
 
 
 @pytest.fixture(scope="session")
 def thresholds(suite):
-    return load_thresholds(BASELINES / "thresholds.yaml", suite.platform.name)
+    return load_thresholds(THRESHOLDS_FILE, suite.platform.name)
 
 
 @pytest.fixture(scope="session")
 def baseline_file(suite, target):
     platform = suite.keyed_platform()
-    return baseline_path(BASELINES, platform_key(platform.name, platform.device), suite.model.alias, target.name)
+    return baseline_path(BASELINE_ROOT, platform_key(platform.name, platform.device), suite.model.alias, target.name)
 
 
 @pytest.fixture(scope="session")

@@ -366,43 +366,98 @@ def test_a_strict_nightly_fails_noise_but_not_a_metric_within_its_recorded_boot_
     assert wild.status != "pass" and not wild.within_boot_spread and regression.gate_failures([wild], strict)
 
 
-def test_the_gpu_curve_gates_prefill_by_kernel_time_with_the_delay_planned_from_it(monkeypatch, tmp_path):
-    """The sensitivity curve on a GPU: prefill is pp2048_gpu, the spin delay is planned from the kernel time
-    (51 ms, not the engine's 75 ms), and 2% / 5% of it pass / fail at the H200's measured 0.1% CV."""
-    from harness.engine import hooks
-    from harness.perf import sensitivity
-    state = {"delay": hooks.Delay(0.0, 0.0)}
-    rng = np.random.default_rng(5)
-    monkeypatch.setattr(hooks, "set_slowdown", lambda d, delay, alive=None: state.update(delay=delay) or {"slowdown": {}})
+class _CurveServer:
+    """A fake server for the curve's harness logic: decode steps of `kernel_ms` of kernels behind `host_ms` of
+    vLLM's host side (async scheduling: the step takes the longer of the two), a 2048-token prefill of 51.4 ms of
+    kernels, and the suite_testhooks spin (a + b x tokens of GPU time per forward pass) on the kernels' side."""
 
-    def decode_once(client, maker, w, sampler=None):  # engine-clock decode: 4.4 ms step + the spin
-        d = state["delay"]
-        return 1.0 / (4.4e-3 * (1 + 0.002 * rng.standard_normal()) + (d.a_us + d.b_us_per_token) / 1e6), {}
+    def __init__(self, monkeypatch, kernel_ms: float, host_ms: float, seed: int = 5) -> None:
+        from harness.engine import hooks
+        from harness.perf import sensitivity
+        self.kernel_ms, self.host_ms = kernel_ms, host_ms
+        self.delay = hooks.Delay(0.0, 0.0)
+        self.rng = np.random.default_rng(seed)
+        self.last_max_tokens = 0
+        self.profiled = {"decode": 0, "prefill": 0}
+        monkeypatch.setattr(hooks, "set_slowdown", lambda d, delay, alive=None: self._set(delay))
+        monkeypatch.setattr(sensitivity, "measure_once", self.engine_decode)
 
-    monkeypatch.setattr(sensitivity, "measure_once", decode_once)
+    def _set(self, delay):
+        self.delay = delay
+        return {"slowdown": {}}
 
-    def profile_one(request):  # the summed kernel time of one 2048-token prefill, the spin included
+    def _spin_ms(self, tokens: int) -> float:
+        return (self.delay.a_us + self.delay.b_us_per_token * tokens) / 1000
+
+    def engine_decode(self, client, maker, w, sampler=None):  # engine-clock tok/s of one decode round
+        step = max(self.host_ms, self.kernel_ms + self._spin_ms(1)) * (1 + 0.002 * self.rng.standard_normal())
+        return 1000.0 / step, {}
+
+    def profile_one(self, request) -> float:  # summed kernel us of one profiled request, the spin included
         request()
-        d = state["delay"]
-        return 51_400.0 * (1 + 0.001 * rng.standard_normal()) + d.a_us + d.b_us_per_token * 2048
+        noise = 1 + 0.001 * self.rng.standard_normal()
+        if self.last_max_tokens == 1:  # ppN_gpu: one 2048-token forward pass
+            self.profiled["prefill"] += 1
+            return (51_400.0 * noise + 1000 * self._spin_ms(2048))
+        self.profiled["decode"] += 1  # tgN_gpu: the 16-token prompt's step, then a step per further token
+        n = self.last_max_tokens
+        return 1000 * (self.kernel_ms * n * noise + self._spin_ms(17) + (n - 1) * self._spin_ms(1))
 
-    class Client:
-        def tokenize(self, text):
-            return list(range(100, 200))
+    def client(self):
+        server = self
 
-        def complete(self, prompt, max_tokens, **kw):
-            return {}
+        class Client:
+            def tokenize(self, text):
+                return list(range(100, 200))
 
+            def complete(self, prompt, max_tokens, **kw):
+                server.last_max_tokens = max_tokens
+                return {}
+
+        return Client()
+
+
+def _gpu_curve(server: _CurveServer, tmp_path):
+    from harness.perf import sensitivity
     spec = sensitivity.CurveSpec(sensitivity.Workload("decode", 16, 128, runs=1, warmup=0),
                                  sensitivity.Workload("prefill", 2048, 2, runs=1, warmup=0), 16)
-    res = sensitivity.run_curve(Client(), tmp_path, spec, [0.02, 0.05], T, profile_one=profile_one)
+    return sensitivity.run_curve(server.client(), tmp_path, spec, [0.02, 0.05], T, profile_one=server.profile_one)
+
+
+def test_the_gpu_curve_gates_prefill_by_kernel_time_with_the_delay_planned_from_it(monkeypatch, tmp_path):
+    """The sensitivity curve on a GPU: prefill is pp2048_gpu, the spin delay is planned from the kernel time
+    (51 ms, not the engine's 75 ms), and 2% / 5% of it pass / fail at the H200's measured 0.1% CV. Stock's decode is
+    kernel-bound (its kernels fill the step), so decode stays on the engine clock."""
+    server = _CurveServer(monkeypatch, kernel_ms=4.4, host_ms=2.0)
+    res = _gpu_curve(server, tmp_path)
     assert res["prefill_metric"] == "pp2048_gpu" and res["prefill_rounds_per_side"] == 8
+    assert res["decode_metric"] == "tg128" and res["decode_host_bound"] is None
     assert abs(res["prefill_ms"] - 51.4) < 0.5, "the prefill delay must be planned from the kernel time"
     small, large = res["points"]
     assert {n: v.status for n, v in small.verdicts.items()} == {"tg128": "pass", "pp2048_gpu": "pass"}
     assert {n: v.status for n, v in large.verdicts.items()} == {"tg128": "fail", "pp2048_gpu": "fail"}
     assert len(large.base["pp2048_gpu"]) == len(large.slow["pp2048_gpu"]) == 8 and len(large.base["tg128"]) == 16
     assert abs(large.ratio("pp2048_gpu") - 1 / 1.05) < 0.003
+    assert set(large.base) == {"tg128", "pp2048_gpu"}, "a kernel-bound decode needs no profiled decode rounds"
+
+
+def test_the_gpu_curve_gates_a_host_bound_decode_by_kernel_time(monkeypatch, tmp_path):
+    """A host-bound decode (the plugin's on an H200: ~1.5 ms of kernels per token behind ~2.5 ms of host): the spin
+    of 5% of the step vanishes into the GPU's wait for the host, so the engine clock cannot fail it, and level 5 gates
+    this decode by tgN_gpu. The curve must find that at 0%, judge tg128_gpu with the delay planned from the kernels'
+    time per token, and pass 2% / fail 5% there; the engine clock is measured and reported, not judged."""
+    server = _CurveServer(monkeypatch, kernel_ms=1.5, host_ms=2.5)
+    res = _gpu_curve(server, tmp_path)
+    assert res["decode_metric"] == "tg128_gpu" and "1.67x tg128" in res["decode_host_bound"]
+    assert abs(res["decode_step_ms"] - 1.5) < 0.01, "the decode delay must be planned from the kernels' time per token"
+    small, large = res["points"]
+    assert {n: v.status for n, v in small.verdicts.items()} == {"tg128_gpu": "pass", "pp2048_gpu": "pass"}
+    assert {n: v.status for n, v in large.verdicts.items()} == {"tg128_gpu": "fail", "pp2048_gpu": "fail"}
+    assert abs(large.ratio("tg128_gpu") - 1 / 1.05) < 0.004
+    assert len(large.base["tg128_gpu"]) == len(large.slow["tg128_gpu"]) == 8 and len(large.base["tg128"]) == 16
+    # the test of the test: the engine clock, which this curve judged before, did not move at 5%
+    assert abs(large.ratio("tg128") - 1) < 0.003 and "tg128" not in large.verdicts
+    assert "tg128" in large.summary()["measured_ratio"] and "tg128" not in large.summary()["status"]
 
 
 def test_sm_90_thresholds_cover_every_measured_a_a_boot():

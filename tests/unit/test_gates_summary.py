@@ -89,3 +89,33 @@ def test_an_a_a_that_failed_on_the_host_side_only_is_not_clean_and_is_named_apar
     assert gates_summary.main(tmp_path, out) == 0
     text = out.read_text()
     assert "recorded boot spreads: 0 of 1" in text and "1 failed on the host side only" in text
+
+
+def _curve(status_small: dict, status_large: dict, ratios: dict) -> dict:
+    point = lambda f, st: {"fraction": f, "expected_ratio": round(1 / (1 + f), 4), "measured_ratio": ratios,  # noqa: E731
+                           "status": st}
+    return {"decode_step_ms": 1.5, "decode_metric": "tg128_gpu", "prefill_metric": "pp2048_gpu", "prefill_ms": 51.4,
+            "prefill_tokens": 2048, "rounds_per_side": 16, "prefill_rounds_per_side": 8,
+            "thresholds": {"throughput_drop": 0.03}, "points": [point(0.02, status_small), point(0.05, status_large)]}
+
+
+def test_a_host_bound_curve_reports_its_engine_clock_unjudged_and_is_decided_by_its_gated_metrics(tmp_path):
+    """The curve of a host-bound decode judges tg128_gpu and only measures tg128 (no status): the summary and the run
+    report print that row as not judged, and the curve passes on its gated metrics alone; one of them not failing
+    at 5% makes it fail."""
+    from harness.report import run_report
+    ratios = {"tg128": 1.0, "tg128_gpu": 0.952, "pp2048_gpu": 0.952}
+    good = _curve({"tg128_gpu": "pass", "pp2048_gpu": "pass"}, {"tg128_gpu": "fail", "pp2048_gpu": "fail"}, ratios)
+    (tmp_path / "hooked" / "sensitivity").mkdir(parents=True)
+    (tmp_path / "hooked" / "sensitivity" / "m__c.json").write_text(json.dumps(good))
+    out = tmp_path / "summary.md"
+    assert gates_summary.main(tmp_path, out) == 0
+    text = out.read_text()
+    assert "| 5% | tg128 | 0.9524 | 1.0000 | measured, not judged" in text and "tg128_gpu step 1.5 ms" in text
+    assert "passes on decode and prefill: yes" in text
+    assert any("tg128 | 0.9524 | 1.0000 | measured, not judged" in line
+               for line in run_report.sensitivity_lines(tmp_path / "hooked"))
+    bad = _curve(good["points"][0]["status"], {"tg128_gpu": "inconclusive", "pp2048_gpu": "fail"}, ratios)
+    (tmp_path / "hooked" / "sensitivity" / "m__c.json").write_text(json.dumps(bad))
+    gates_summary.main(tmp_path, out)
+    assert "passes on decode and prefill: NO" in out.read_text()
