@@ -114,7 +114,7 @@ def main(root: Path, out: Path) -> int:
             lines.append("")
         for p in sens:
             s = json.loads(p.read_text())
-            lines += [f"Sensitivity curve: {s.get('decode_metric', 'decode')} step {s['decode_step_ms']} ms, "
+            lines += [f"Sensitivity curve: {s.get('decode_step_from', 'decode')} step {s['decode_step_ms']} ms, "
                       f"{s.get('prefill_metric', 'pp' + str(s['prefill_tokens']))} {s['prefill_ms']} ms, "
                       f"{s['rounds_per_side']} ABBA rounds per side "
                       f"({s.get('prefill_rounds_per_side', s['rounds_per_side'])} for prefill).", "",

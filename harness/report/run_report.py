@@ -357,7 +357,7 @@ def sensitivity_lines(run_dir: Path) -> list[str]:
         s = json.loads(p.read_text())
         lines += [f"## Sensitivity curve: {p.stem}", "",
                   f"Injected slowdowns on one server (suite_testhooks plugin), each interleaved ABBA with 0%, "
-                  f"{s['rounds_per_side']} rounds per side; {s.get('decode_metric', 'decode')} step "
+                  f"{s['rounds_per_side']} rounds per side; {s.get('decode_step_from', 'decode')} step "
                   f"{s['decode_step_ms']:.3f} ms, "
                   f"{s.get('prefill_metric', 'pp' + str(s['prefill_tokens']))} {s['prefill_ms']:.2f} ms; gate {s['thresholds']['throughput_drop']:.0%}.",
                   "", "| slower by | metric | expected ratio | measured ratio | verdict |", "|---|---|---|---|---|"]

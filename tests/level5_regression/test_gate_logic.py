@@ -10,7 +10,7 @@ import pytest
 from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.perf import metrics as perf
-from harness.perf import regression
+from harness.perf import regression, sensitivity
 from harness.perf.regression import Thresholds, compare_metric
 
 pytestmark = pytest.mark.level5
@@ -373,7 +373,6 @@ class _CurveServer:
 
     def __init__(self, monkeypatch, kernel_ms: float, host_ms: float, seed: int = 5) -> None:
         from harness.engine import hooks
-        from harness.perf import sensitivity
         self.kernel_ms, self.host_ms = kernel_ms, host_ms
         self.delay = hooks.Delay(0.0, 0.0)
         self.rng = np.random.default_rng(seed)
@@ -418,7 +417,6 @@ class _CurveServer:
 
 
 def _gpu_curve(server: _CurveServer, tmp_path):
-    from harness.perf import sensitivity
     spec = sensitivity.CurveSpec(sensitivity.Workload("decode", 16, 128, runs=1, warmup=0),
                                  sensitivity.Workload("prefill", 2048, 2, runs=1, warmup=0), 16)
     return sensitivity.run_curve(server.client(), tmp_path, spec, [0.02, 0.05], T, profile_one=server.profile_one)
@@ -431,14 +429,16 @@ def test_the_gpu_curve_gates_prefill_by_kernel_time_with_the_delay_planned_from_
     server = _CurveServer(monkeypatch, kernel_ms=4.4, host_ms=2.0)
     res = _gpu_curve(server, tmp_path)
     assert res["prefill_metric"] == "pp2048_gpu" and res["prefill_rounds_per_side"] == 8
-    assert res["decode_metric"] == "tg128" and res["decode_host_bound"] is None
+    assert res["decode_metrics"] == ["tg128", "tg128_gpu"] and res["decode_host_bound"] is None
+    assert res["decode_step_from"] == "tg128" and abs(res["decode_step_ms"] - 4.4) < 0.05
     assert abs(res["prefill_ms"] - 51.4) < 0.5, "the prefill delay must be planned from the kernel time"
     small, large = res["points"]
-    assert {n: v.status for n, v in small.verdicts.items()} == {"tg128": "pass", "pp2048_gpu": "pass"}
-    assert {n: v.status for n, v in large.verdicts.items()} == {"tg128": "fail", "pp2048_gpu": "fail"}
-    assert len(large.base["pp2048_gpu"]) == len(large.slow["pp2048_gpu"]) == 8 and len(large.base["tg128"]) == 16
+    both = ("tg128", "tg128_gpu", "pp2048_gpu")
+    assert {n: v.status for n, v in small.verdicts.items()} == dict.fromkeys(both, "pass")
+    assert {n: v.status for n, v in large.verdicts.items()} == dict.fromkeys(both, "fail")
+    assert len(large.base["pp2048_gpu"]) == len(large.base["tg128_gpu"]) == 8 and len(large.base["tg128"]) == 16
     assert abs(large.ratio("pp2048_gpu") - 1 / 1.05) < 0.003
-    assert set(large.base) == {"tg128", "pp2048_gpu"}, "a kernel-bound decode needs no profiled decode rounds"
+    assert sensitivity.curve_problems(res["points"], T) == ([], [])
 
 
 def test_the_gpu_curve_gates_a_host_bound_decode_by_kernel_time(monkeypatch, tmp_path):
@@ -448,7 +448,8 @@ def test_the_gpu_curve_gates_a_host_bound_decode_by_kernel_time(monkeypatch, tmp
     time per token, and pass 2% / fail 5% there; the engine clock is measured and reported, not judged."""
     server = _CurveServer(monkeypatch, kernel_ms=1.5, host_ms=2.5)
     res = _gpu_curve(server, tmp_path)
-    assert res["decode_metric"] == "tg128_gpu" and "1.67x tg128" in res["decode_host_bound"]
+    assert res["decode_metrics"] == ["tg128_gpu"] and "1.67x tg128" in res["decode_host_bound"]
+    assert res["decode_step_from"] == "tg128_gpu"
     assert abs(res["decode_step_ms"] - 1.5) < 0.01, "the decode delay must be planned from the kernels' time per token"
     small, large = res["points"]
     assert {n: v.status for n, v in small.verdicts.items()} == {"tg128_gpu": "pass", "pp2048_gpu": "pass"}
@@ -458,6 +459,34 @@ def test_the_gpu_curve_gates_a_host_bound_decode_by_kernel_time(monkeypatch, tmp
     # the test of the test: the engine clock, which this curve judged before, did not move at 5%
     assert abs(large.ratio("tg128") - 1) < 0.003 and "tg128" not in large.verdicts
     assert "tg128" in large.summary()["measured_ratio"] and "tg128" not in large.summary()["status"]
+    assert sensitivity.curve_problems(res["points"], T) == ([], [])
+
+
+def _verdict(name: str, status: str, reason=None):
+    return regression.Verdict(name, status, 0.0, 0.0, 1.0, 1.0, "tok/s", True, None, None, None, None,
+                              reason=reason, detail=f"{name} {status}")
+
+
+def test_the_curve_lets_a_noisy_engine_clock_rest_on_its_kernel_twin_and_nothing_else():
+    """curve_problems: an engine-clock decode inconclusive for noise (CV above max_cv) at either point does not fail
+    the curve when its tgN_gpu twin judged that point as required; without the twin, with the twin wrong, or
+    inconclusive for another reason (a CI too wide at 2%), it does. A kernel metric gets no allowance."""
+    R = regression.Reason
+
+    def pts(small: dict, large: dict):
+        mk = lambda f, d: sensitivity.Point(f, None, verdicts={n: _verdict(n, *v) for n, v in d.items()})  # noqa: E731
+        return [mk(0.02, small), mk(0.05, large)]
+
+    noisy = ("inconclusive", R.NOISY)
+    ok_small, ok_large = {"tg128_gpu": ("pass",), "pp2048_gpu": ("pass",)}, {"tg128_gpu": ("fail",), "pp2048_gpu": ("fail",)}
+    problems, notes = sensitivity.curve_problems(pts({**ok_small, "tg128": noisy}, {**ok_large, "tg128": noisy}), T)
+    assert problems == [] and len(notes) == 2 and all("tg128_gpu" in n for n in notes)
+    assert sensitivity.curve_problems(pts({"tg128": noisy}, {"tg128": noisy}), T)[0], "no twin: no allowance"
+    bad_twin = {**ok_large, "tg128_gpu": ("inconclusive", R.NOISY), "tg128": noisy}
+    assert len(sensitivity.curve_problems(pts(ok_small, bad_twin), T)[0]) == 2, "a noisy twin fails, and so does tg128"
+    wide = ("inconclusive", R.CI_TOO_WIDE)
+    assert sensitivity.curve_problems(pts({**ok_small, "tg128": wide}, {**ok_large, "tg128": ("fail",)}), T)[0]
+    assert sensitivity.curve_problems(pts(ok_small, {**ok_large, "tg128": ("pass",)}), T)[0], "a 5% pass is never excused"
 
 
 def test_sm_90_thresholds_cover_every_measured_a_a_boot():

@@ -94,7 +94,7 @@ def test_an_a_a_that_failed_on_the_host_side_only_is_not_clean_and_is_named_apar
 def _curve(status_small: dict, status_large: dict, ratios: dict) -> dict:
     point = lambda f, st: {"fraction": f, "expected_ratio": round(1 / (1 + f), 4), "measured_ratio": ratios,  # noqa: E731
                            "status": st}
-    return {"decode_step_ms": 1.5, "decode_metric": "tg128_gpu", "prefill_metric": "pp2048_gpu", "prefill_ms": 51.4,
+    return {"decode_step_ms": 1.5, "decode_step_from": "tg128_gpu", "prefill_metric": "pp2048_gpu", "prefill_ms": 51.4,
             "prefill_tokens": 2048, "rounds_per_side": 16, "prefill_rounds_per_side": 8,
             "thresholds": {"throughput_drop": 0.03}, "points": [point(0.02, status_small), point(0.05, status_large)]}
 
