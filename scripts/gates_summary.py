@@ -13,6 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.perf.results import results_files  # noqa: E402
+
 
 def _verdicts(run: Path) -> list[dict]:
     out = []
@@ -22,7 +26,7 @@ def _verdicts(run: Path) -> list[dict]:
 
 
 def _results(run: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((run / "results").glob("*.json")) if "__" in p.name]
+    return [json.loads(p.read_text()) for p in results_files(run)]
 
 
 def _clock_range(results: list[dict]) -> str:

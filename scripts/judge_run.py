@@ -30,16 +30,17 @@ from harness.core.paths import writable_dir  # noqa: E402
 from harness.perf.baselines import load_baseline  # noqa: E402
 from harness.perf.regression import (THRESHOLDS_FILE, Thresholds, Verdict, compare_run, gate_failures,  # noqa: E402
                                      load_thresholds)
+from harness.perf.results import results_files  # noqa: E402
 
 def results_of(run_dir: Path, config: str) -> Path:
     """`config`'s level 4 results in a run directory: `results/<model>__<config>.json`. Servers booted beside the
     shared one write `<model>__<config>__<tag>.json` (the n-gram speculator, the slowdown curve): other boots."""
-    found = sorted((run_dir / "results").glob("*.json"))
-    mine = [p for p in found if p.name.endswith(f"__{config}.json") and p.stem.count("__") == 1]
+    found = results_files(run_dir)
+    mine = [p for p in found if p.name.endswith(f"__{config}.json")]
     if len(mine) == 1:
         return mine[0]
     if not mine:
-        has = ", ".join(p.stem for p in found if p.stem.count("__") == 1) or "none"
+        has = ", ".join(p.stem for p in found) or "none"
         raise SuiteError(f"{run_dir} has no results/<model>__{config}.json (results there: {has}): pass the run "
                          f"directory of a level 4 run of {config} (its --run-dir, or runs/<stamp>)")
     raise SuiteError(f"{run_dir} holds results of {config} for {len(mine)} models ({', '.join(p.stem for p in mine)}); "

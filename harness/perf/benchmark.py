@@ -12,6 +12,7 @@ from harness.kernelpath.traces import profile
 from harness.perf import bench, memory, metadata
 from harness.perf.clocks import ClockSampler
 from harness.perf.regression import THRESHOLDS_FILE, load_thresholds
+from harness.perf.results import RESULTS_DIR, results_name
 from harness.session.suite import RunningServer, Suite
 
 
@@ -110,7 +111,7 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
         "metadata": metadata.collect(suite.platform, suite.run_dir, spec.env if spec else {}, spec.args if spec else [],
                                      client.version()),
     }
-    out = suite.artifact("results", f"{suite.model.alias}__{server.target.name}{tag}.json")
+    out = suite.artifact(RESULTS_DIR, results_name(suite.model.alias, server.target.name, tag))
     out.write_text(json.dumps(results, indent=1))
     results["results_file"] = str(out)
     return results

@@ -40,6 +40,7 @@ from harness.core.errors import SuiteError
 from harness.perf import metrics as perf
 from harness.perf.baselines import check_metrics
 from harness.perf.regression import DETAIL_WITHOUT_CI, Verdict
+from harness.perf.results import results_files
 
 MARKS = {"pass": "✅", "fail": "❌ FAIL", "inconclusive": "⚠️ inconclusive", "improved": "🚀 improved"}
 ADVISORY_MARKS = {"fail": "⚠️ advisory fail", "inconclusive": "⚠️ advisory inconclusive"}
@@ -328,8 +329,7 @@ def write_run_report(run_dir: str | os.PathLike) -> list[Path]:
 
 
     run_dir = Path(run_dir)
-    results = [json.loads(p.read_text()) for p in sorted((run_dir / "results").glob("*.json"))
-               if "__slowdown" not in p.name]
+    results = [json.loads(p.read_text()) for p in results_files(run_dir, side_servers=True)]
     if not results:
         curves = sensitivity_lines(run_dir)
         if not curves:

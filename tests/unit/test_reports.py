@@ -128,3 +128,20 @@ def test_plots_without_throughput_metrics_still_render(tmp_path, plot):
     only_latency = {"config": "x", "platform": "cpu", "device": "AMD EPYC",
                     "metrics": {"ttft_ms": metric(5.0, "ms", False)}, "memory_peak_gb": None}
     assert plot([only_latency], tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_the_shared_servers_results_are_told_from_side_servers_by_one_rule(tmp_path):
+    """Level 4 names a shared server's results <model>__<config>.json and a side server's (booted beside it, the
+    n-gram speculator) <model>__<config>__<tag>.json: the gate readers take the first only, the run report both,
+    and a file level 4 did not name (no '__') neither."""
+    from harness.perf.results import results_files, results_name
+    d = tmp_path / "results"
+    d.mkdir()
+    names = [results_name("m", "gemv-bf16"), results_name("m", "gemv-bf16", "__ngram"), "notes.json",
+             results_name("m", "triton-bf16")]
+    for n in names:
+        (d / n).write_text("{}")
+    assert [p.name for p in results_files(tmp_path)] == ["m__gemv-bf16.json", "m__triton-bf16.json"]
+    assert [p.name for p in results_files(tmp_path, side_servers=True)] == [
+        "m__gemv-bf16.json", "m__gemv-bf16__ngram.json", "m__triton-bf16.json"]
+    assert results_files(tmp_path / "absent") == []

@@ -1,0 +1,27 @@
+"""Where level 4 writes a run's results, and which of them are the shared servers'.
+
+The shared server of a configuration writes `results/<model>__<config>.json`; a server booted beside it for one
+test (the n-gram speculator) writes `results/<model>__<config>__<tag>.json`. Readers that judge or summarise the
+configurations (`scripts/judge_run.py`, `scripts/gates_summary.py`) take the shared servers' files only; the run
+report shows the side servers too.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+RESULTS_DIR = "results"
+
+
+def results_name(model: str, config: str, tag: str = "") -> str:
+    """`tag` is "" for the shared server, "__<name>" for a server booted beside it."""
+    return f"{model}__{config}{tag}.json"
+
+
+def is_shared(path: Path) -> bool:
+    return path.suffix == ".json" and path.stem.count("__") == 1
+
+
+def results_files(run_dir: Path, side_servers: bool = False) -> list[Path]:
+    """A run directory's level 4 results files, sorted: the shared servers', and with `side_servers` the others."""
+    found = sorted(Path(run_dir, RESULTS_DIR).glob("*.json"))
+    return [p for p in found if "__" in p.stem and (side_servers or is_shared(p))]
