@@ -34,7 +34,7 @@ from harness.perf.results import results_files  # noqa: E402
 
 def results_of(run_dir: Path, config: str) -> Path:
     """`config`'s level 4 results in a run directory: `results/<model>__<config>.json`. Servers booted beside the
-    shared one write `<model>__<config>__<tag>.json` (the n-gram speculator, the slowdown curve): other boots."""
+    shared one write `<model>__<config>__<tag>.json` (the n-gram speculator): other boots."""
     found = results_files(run_dir)
     mine = [p for p in found if p.name.endswith(f"__{config}.json")]
     if len(mine) == 1:

@@ -114,6 +114,7 @@ class Point:
                 "expected_ratio": round(1 / (1 + self.fraction), 4),
                 "measured_ratio": {n: round(self.ratio(n), 4) for n in self.base},
                 "status": {n: v.status for n, v in self.verdicts.items()},
+                "reasons": {n: v.reason.value for n, v in self.verdicts.items() if v.reason is not None},
                 "messages": {n: v.message for n, v in self.verdicts.items()},
                 "samples": {"base": self.base, "slow": self.slow}, "clocks": self.clocks}
 
@@ -204,7 +205,10 @@ class Curve:
                     p.clocks[n].append({**rc, "slowed": slow})
         self.set(zero)
         for n in self.judged:  # a host-bound decode's engine clock is measured, not judged
-            v = compare_metric(n, p.base[n], p.slow[n], True, thresholds, unit="tok/s")
+            # a profiled round that ran below the loaded clock makes its metric unresolved, as in level 5
+            low = sorted({c["unresolved"] for c in p.clocks[n] if c.get("unresolved")})
+            v = compare_metric(n, p.base[n], p.slow[n], True, thresholds, unit="tok/s",
+                               unresolved="; ".join(low) or None)
             # the baseline here is this server at 0%: "re-record a baseline" advice does not apply
             p.verdicts[n] = replace(v, fix=None)
         return p
@@ -212,13 +216,16 @@ class Curve:
 
 def run_curve(client: Client, hook_dir: Path, spec: CurveSpec, fractions: list[float], thresholds: Thresholds,
               sampler=None, alive=None, profile_one: Callable[[Callable[[], None]], float] | None = None) -> dict[str, Any]:
-    """`profile_one` (a GPU server the suite booted, `benchmark_run.kernel_time_probe`): prefill is ppN_gpu, and
-    decode tgN_gpu where the server's decode is host-bound (module docstring)."""
+    """`profile_one` (a GPU server the suite booted, `benchmark_run.kernel_time_probe`): prefill is ppN_gpu, decode
+    tgN_gpu and, unless the decode is host-bound, tgN (module docstring). `problems` and `notes` are
+    `curve_problems`'."""
     started = time.time()
     curve = Curve(client, hook_dir, spec, sampler, alive, profile_one)
     t_d, t_p = curve.calibrate(None if thresholds.advisory else thresholds.host_bound_ratio)
     points = [curve.point(f, thresholds) for f in fractions]
-    return {"decode_step_ms": round(t_d * 1000, 4), "prefill_ms": round(t_p * 1000, 4),
+    problems, notes = curve_problems(points, thresholds, curve.judged, curve.host_bound)
+    return {"problems": problems, "notes": notes,
+            "decode_step_ms": round(t_d * 1000, 4), "prefill_ms": round(t_p * 1000, 4),
             "decode_metrics": [n for n in curve.judged if n != curve.prefill_name],
             "decode_step_from": curve.kernel_decode_name if curve.host_bound else curve.engine_decode_name,
             "decode_host_bound": curve.host_bound, "calibration": curve.calibration,
@@ -230,27 +237,53 @@ def run_curve(client: Client, hook_dir: Path, spec: CurveSpec, fractions: list[f
             "points": points, "seconds": round(time.time() - started, 1)}
 
 
-def curve_problems(points: list[Point], thresholds: Thresholds) -> tuple[list[str], list[str]]:
-    """(problems, notes) of a two-point curve: every judged metric must FAIL the larger slowdown and PASS the
-    smaller (on an advisory platform the smaller may be inconclusive).
+def curve_problems(points: list[Point], thresholds: Thresholds, judged: list[str],
+                   host_bound: str | None = None) -> tuple[list[str], list[str]]:
+    """(problems, notes) of a two-point curve: every `judged` metric must FAIL the larger slowdown and PASS the
+    smaller (on an advisory platform the smaller may be inconclusive); a judged metric without a verdict is a problem.
 
     One allowance, on a GPU: an engine-clock decode too noisy to resolve the gate (inconclusive because a side's CV
-    exceeds max_cv) while its kernel-time twin (`tgN_gpu`) judged that point as required. Level 5 gates both clocks,
-    so the regression is still caught by the twin; the engine clock's noise is the host's (the plugin's 20b decode
-    on an H200 ran 318-500 tok/s at 0% in one boot, CV 16%, with its kernels steady), and it is reported as a note.
-    The A/A boots show whether that noise also makes the nightly red."""
+    exceeds max_cv; at the larger slowdown its median must still be slower) while its kernel-time twin (`tgN_gpu`)
+    judged that point as required. Level 5 gates both clocks, so the regression is still caught by the twin; the
+    engine clock's noise is the host's (the plugin's 20b decode on an H200 ran 318-500 tok/s at 0% in one boot,
+    CV 16%, with its kernels steady), and it is reported as a note. The A/A boots show whether that noise also makes
+    the nightly red.
+
+    `host_bound` (the calibration's reason for leaving the engine clock unjudged) is checked against the curve's own
+    0% rounds: 5 calibration rounds can fall in a fast or slow spell of the host, and an engine clock level 5 would
+    gate must not go unjudged on their word."""
     small, large = points
     problems, notes = [], []
     for p, want in ((large, "fail"), (small, "pass")):
-        for name, v in p.verdicts.items():
+        for name in judged:
+            v = p.verdicts.get(name)
+            if v is None:
+                problems.append(f"{p.fraction:.0%} slower: {name} has no verdict (not measured)")
+                continue
             if v.status == want or (want == "pass" and thresholds.advisory and v.status == "inconclusive"):
                 continue
             twin = p.verdicts.get(f"{name}_gpu") if re.fullmatch(r"tg\d+", name) else None
-            if v.reason is Reason.NOISY and twin is not None and twin.status == want:
+            if (v.reason is Reason.NOISY and twin is not None and twin.status == want
+                    and (want == "pass" or p.ratio(name) < 1)):
                 notes.append(f"{p.fraction:.0%} slower: {name} could not resolve the gate for noise ({v.message}); its "
                              f"kernel-time twin {twin.name} did ({twin.status})")
                 continue
             problems.append(f"{p.fraction:.0%} slower was {v.status} on {name} (must {want}"
                             f"{' or, on this noisy platform, be inconclusive' if want == 'pass' and thresholds.advisory else ''}"
                             f"): {v.message}")
+    if host_bound:
+        engine = next((n for n in small.base if re.fullmatch(r"tg\d+", n)), None)
+        kernel = f"{engine}_gpu"
+        if engine is None or kernel not in small.base:
+            problems.append(f"the decode was found host-bound ({host_bound}) but the curve measured no tgN / tgN_gpu pair")
+        else:
+            ratio = (stats.median(small.base[kernel] + large.base[kernel])
+                     / stats.median(small.base[engine] + large.base[engine]))
+            if not ratio > thresholds.host_bound_ratio:
+                problems.append(f"calibration found the decode host-bound ({host_bound}), but over the curve's 0% rounds "
+                                f"{kernel} ran {ratio:.2f}x {engine}, within host_bound_ratio "
+                                f"{thresholds.host_bound_ratio:g}: {engine}, which level 5 would gate here, went "
+                                f"unjudged; run the curve again")
+            else:
+                notes.append(f"host-bound confirmed over the curve's 0% rounds: {kernel} ran {ratio:.2f}x {engine}")
     return problems, notes

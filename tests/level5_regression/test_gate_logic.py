@@ -377,7 +377,6 @@ class _CurveServer:
         self.delay = hooks.Delay(0.0, 0.0)
         self.rng = np.random.default_rng(seed)
         self.last_max_tokens = 0
-        self.profiled = {"decode": 0, "prefill": 0}
         monkeypatch.setattr(hooks, "set_slowdown", lambda d, delay, alive=None: self._set(delay))
         monkeypatch.setattr(sensitivity, "measure_once", self.engine_decode)
 
@@ -396,9 +395,8 @@ class _CurveServer:
         request()
         noise = 1 + 0.001 * self.rng.standard_normal()
         if self.last_max_tokens == 1:  # ppN_gpu: one 2048-token forward pass
-            self.profiled["prefill"] += 1
             return (51_400.0 * noise + 1000 * self._spin_ms(2048))
-        self.profiled["decode"] += 1  # tgN_gpu: the 16-token prompt's step, then a step per further token
+        # tgN_gpu: the 16-token prompt's step, then a step per further token
         n = self.last_max_tokens
         return 1000 * (self.kernel_ms * n * noise + self._spin_ms(17) + (n - 1) * self._spin_ms(1))
 
@@ -438,7 +436,7 @@ def test_the_gpu_curve_gates_prefill_by_kernel_time_with_the_delay_planned_from_
     assert {n: v.status for n, v in large.verdicts.items()} == dict.fromkeys(both, "fail")
     assert len(large.base["pp2048_gpu"]) == len(large.base["tg128_gpu"]) == 8 and len(large.base["tg128"]) == 16
     assert abs(large.ratio("pp2048_gpu") - 1 / 1.05) < 0.003
-    assert sensitivity.curve_problems(res["points"], T) == ([], [])
+    assert res["problems"] == [], res["problems"]
 
 
 def test_the_gpu_curve_gates_a_host_bound_decode_by_kernel_time(monkeypatch, tmp_path):
@@ -459,7 +457,7 @@ def test_the_gpu_curve_gates_a_host_bound_decode_by_kernel_time(monkeypatch, tmp
     # the test of the test: the engine clock, which this curve judged before, did not move at 5%
     assert abs(large.ratio("tg128") - 1) < 0.003 and "tg128" not in large.verdicts
     assert "tg128" in large.summary()["measured_ratio"] and "tg128" not in large.summary()["status"]
-    assert sensitivity.curve_problems(res["points"], T) == ([], [])
+    assert res["problems"] == [], res["problems"]
 
 
 def _verdict(name: str, status: str, reason=None):
@@ -469,24 +467,75 @@ def _verdict(name: str, status: str, reason=None):
 
 def test_the_curve_lets_a_noisy_engine_clock_rest_on_its_kernel_twin_and_nothing_else():
     """curve_problems: an engine-clock decode inconclusive for noise (CV above max_cv) at either point does not fail
-    the curve when its tgN_gpu twin judged that point as required; without the twin, with the twin wrong, or
-    inconclusive for another reason (a CI too wide at 2%), it does. A kernel metric gets no allowance."""
+    the curve when its tgN_gpu twin judged that point as required (and, at 5%, its median is slower); without the
+    twin, with the twin wrong, with a faster median at 5%, or inconclusive for another reason (a CI too wide at 2%),
+    it does. A kernel metric gets no allowance, and a judged metric without a verdict is a problem."""
     R = regression.Reason
+    judged = ["tg128", "tg128_gpu", "pp2048_gpu"]
 
-    def pts(small: dict, large: dict):
-        mk = lambda f, d: sensitivity.Point(f, None, verdicts={n: _verdict(n, *v) for n, v in d.items()})  # noqa: E731
+    def pts(small: dict, large: dict, engine_ratio: float = 0.95):
+        def mk(f, d):
+            p = sensitivity.Point(f, None, verdicts={n: _verdict(n, *v) for n, v in d.items()})
+            p.base["tg128"], p.slow["tg128"] = [100.0], [100.0 * (engine_ratio if f == 0.05 else 1.0)]
+            return p
         return [mk(0.02, small), mk(0.05, large)]
 
     noisy = ("inconclusive", R.NOISY)
     ok_small, ok_large = {"tg128_gpu": ("pass",), "pp2048_gpu": ("pass",)}, {"tg128_gpu": ("fail",), "pp2048_gpu": ("fail",)}
-    problems, notes = sensitivity.curve_problems(pts({**ok_small, "tg128": noisy}, {**ok_large, "tg128": noisy}), T)
+    problems, notes = sensitivity.curve_problems(pts({**ok_small, "tg128": noisy}, {**ok_large, "tg128": noisy}), T, judged)
     assert problems == [] and len(notes) == 2 and all("tg128_gpu" in n for n in notes)
-    assert sensitivity.curve_problems(pts({"tg128": noisy}, {"tg128": noisy}), T)[0], "no twin: no allowance"
+    faster = pts({**ok_small, "tg128": noisy}, {**ok_large, "tg128": noisy}, engine_ratio=1.02)
+    assert len(sensitivity.curve_problems(faster, T, judged)[0]) == 1, "a faster median at 5% is never excused"
+    no_twin = pts({"tg128": noisy, "pp2048_gpu": ("pass",)}, {"tg128": noisy, "pp2048_gpu": ("fail",)})
+    assert len(sensitivity.curve_problems(no_twin, T, ["tg128", "pp2048_gpu"])[0]) == 2, "no twin: no allowance"
     bad_twin = {**ok_large, "tg128_gpu": ("inconclusive", R.NOISY), "tg128": noisy}
-    assert len(sensitivity.curve_problems(pts(ok_small, bad_twin), T)[0]) == 2, "a noisy twin fails, and so does tg128"
+    all_small = {**ok_small, "tg128": ("pass",)}
+    assert len(sensitivity.curve_problems(pts(all_small, bad_twin), T, judged)[0]) == 2, "a noisy twin fails, so does tg128"
     wide = ("inconclusive", R.CI_TOO_WIDE)
-    assert sensitivity.curve_problems(pts({**ok_small, "tg128": wide}, {**ok_large, "tg128": ("fail",)}), T)[0]
-    assert sensitivity.curve_problems(pts(ok_small, {**ok_large, "tg128": ("pass",)}), T)[0], "a 5% pass is never excused"
+    assert sensitivity.curve_problems(pts({**ok_small, "tg128": wide}, {**ok_large, "tg128": ("fail",)}), T, judged)[0]
+    assert len(sensitivity.curve_problems(pts(all_small, {**ok_large, "tg128": ("pass",)}), T, judged)[0]) == 1, \
+        "a 5% pass is never excused"
+    missing = sensitivity.curve_problems(pts(ok_small, {**ok_large, "tg128": ("fail",)}), T, judged)[0]
+    assert missing == ["2% slower: tg128 has no verdict (not measured)"]
+
+
+def test_kernel_rounds_below_the_loaded_clock_leave_their_metrics_unjudged(monkeypatch, tmp_path):
+    """A profiled round that ran below the GPU's loaded clock is set aside by level 4 and makes a level 5 verdict
+    inconclusive; the curve's kernel-time verdicts must not pass or fail on such rounds either."""
+    from contextlib import contextmanager
+    from harness.perf.clocks import RoundClocks
+
+    class LowClocks:
+        available, floor = True, 0.9
+
+        @contextmanager
+        def round(self):
+            yield RoundClocks(sm_mhz=900.0, n=3, flagged=True, why="below the loaded clock")
+
+    server = _CurveServer(monkeypatch, kernel_ms=4.4, host_ms=2.0)
+    spec = sensitivity.CurveSpec(sensitivity.Workload("decode", 16, 128, runs=1, warmup=0),
+                                 sensitivity.Workload("prefill", 2048, 2, runs=1, warmup=0), 16)
+    res = sensitivity.run_curve(server.client(), tmp_path, spec, [0.02, 0.05], T, sampler=LowClocks(),
+                                profile_one=server.profile_one)
+    small, large = res["points"]
+    for p in (small, large):
+        for name in ("tg128_gpu", "pp2048_gpu"):
+            assert p.verdicts[name].status == "inconclusive" and p.verdicts[name].reason is regression.Reason.UNRESOLVED_CLOCKS
+    assert any("5% slower was inconclusive on tg128_gpu" in x for x in res["problems"])
+
+
+def test_the_curve_checks_the_calibrations_host_bound_call_against_its_own_0_percent_rounds(monkeypatch, tmp_path):
+    """5 calibration rounds can fall in a spell of the host: a curve that left the engine clock unjudged on their
+    word must find its own 0% rounds host-bound too, or say the engine clock went unjudged (a problem)."""
+    server = _CurveServer(monkeypatch, kernel_ms=1.5, host_ms=2.5)
+    res = _gpu_curve(server, tmp_path)
+    assert res["problems"] == [] and any("host-bound confirmed" in n for n in res["notes"])
+    small, large = res["points"]
+    for p in (small, large):  # the host sped up after calibration: the 0% engine rounds ran at the kernels' pace
+        p.base["tg128"] = [v * 1.0 / 1.5 * 2.5 for v in p.base["tg128"]]
+    problems, _ = sensitivity.curve_problems(res["points"], T, res["decode_metrics"] + [res["prefill_metric"]],
+                                             res["decode_host_bound"])
+    assert len(problems) == 1 and "went unjudged" in problems[0]
 
 
 def test_sm_90_thresholds_cover_every_measured_a_a_boot():

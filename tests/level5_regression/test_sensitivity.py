@@ -118,7 +118,6 @@ def test_sensitivity_curve(hooked, thresholds, suite):
             print(f"  {p.fraction:6.1%} slower  {name:10s} measured ratio {p.ratio(name):.4f} (nominal "
                   f"{1 / (1 + p.fraction):.4f})  " + (f"{v.status:12s} {v.message}" if v else "measured, not judged "
                                                      "(the engine clock of a host-bound decode)"))
-    problems, notes = sensitivity.curve_problems(points, thresholds)
-    for note in notes:
+    for note in res["notes"]:
         print(f"  note: {note}")
-    assert not problems, "\n".join(problems)
+    assert not res["problems"], "\n".join(res["problems"])

@@ -119,3 +119,22 @@ def test_a_host_bound_curve_reports_its_engine_clock_unjudged_and_is_decided_by_
     (tmp_path / "hooked" / "sensitivity" / "m__c.json").write_text(json.dumps(bad))
     gates_summary.main(tmp_path, out)
     assert "passes on decode and prefill: NO" in out.read_text()
+
+
+def test_a_curve_that_recorded_its_judgement_is_summarised_by_it(tmp_path):
+    """A curve JSON carries the test's own problems and notes (curve_problems): a noisy engine clock excused by its
+    kernel twin reads as passing with its note, and a recorded problem reads as failing, whatever the statuses."""
+    ratios = {"tg128": 0.94, "tg128_gpu": 0.952, "pp2048_gpu": 0.952}
+    excused = {**_curve({"tg128": "inconclusive", "tg128_gpu": "pass", "pp2048_gpu": "pass"},
+                        {"tg128": "inconclusive", "tg128_gpu": "fail", "pp2048_gpu": "fail"}, ratios),
+               "problems": [], "notes": ["5% slower: tg128 could not resolve the gate for noise; its twin did"]}
+    (tmp_path / "hooked" / "sensitivity").mkdir(parents=True)
+    f = tmp_path / "hooked" / "sensitivity" / "m__c.json"
+    f.write_text(json.dumps(excused))
+    out = tmp_path / "summary.md"
+    gates_summary.main(tmp_path, out)
+    text = out.read_text()
+    assert "passes on decode and prefill: yes" in text and "- note: 5% slower: tg128 could not resolve" in text
+    f.write_text(json.dumps({**excused, "problems": ["2% slower was inconclusive on tg128"]}))
+    gates_summary.main(tmp_path, out)
+    assert "passes on decode and prefill: NO" in out.read_text() and "- problem: 2% slower" in out.read_text()
