@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.perf.results import results_files  # noqa: E402
+from harness.perf.results import UNJUDGED, results_files  # noqa: E402
 
 
 def _verdicts(run: Path) -> list[dict]:
@@ -132,7 +132,7 @@ def main(root: Path, out: Path) -> int:
             for pt in s["points"]:
                 for n, ratio in pt["measured_ratio"].items():
                     lines.append(f"| {pt['fraction']:.0%} | {n} | {pt['expected_ratio']:.4f} | {ratio:.4f} | "
-                                 f"{pt['status'].get(n, 'measured, not judged (host-bound engine clock)')} |")
+                                 f"{pt['status'].get(n, UNJUDGED)} |")
             lines += [""] + [f"- problem: {x}" for x in s.get("problems", [])] + [f"- note: {x}" for x in s.get("notes", [])]
             lines.append("")
         for p in sorted((run / "memory_gate").glob("*.json")):

@@ -10,6 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 RESULTS_DIR = "results"
+# How a sensitivity curve's measured metric without a verdict (the engine clock of a host-bound decode) reads in
+# reports (harness.perf.sensitivity writes such rows; scripts/gates_summary.py and the run report read them)
+UNJUDGED = "measured, not judged (host-bound engine clock)"
 
 
 def results_name(model: str, config: str, tag: str = "") -> str:

@@ -40,7 +40,7 @@ from harness.core.errors import SuiteError
 from harness.perf import metrics as perf
 from harness.perf.baselines import check_metrics
 from harness.perf.regression import DETAIL_WITHOUT_CI, Verdict
-from harness.perf.results import results_files
+from harness.perf.results import UNJUDGED, results_files
 
 MARKS = {"pass": "✅", "fail": "❌ FAIL", "inconclusive": "⚠️ inconclusive", "improved": "🚀 improved"}
 ADVISORY_MARKS = {"fail": "⚠️ advisory fail", "inconclusive": "⚠️ advisory inconclusive"}
@@ -363,7 +363,7 @@ def sensitivity_lines(run_dir: Path) -> list[str]:
                   "", "| slower by | metric | expected ratio | measured ratio | verdict |", "|---|---|---|---|---|"]
         for pt in s["points"]:
             for name, ratio in pt["measured_ratio"].items():
-                status = pt["status"].get(name, "measured, not judged (host-bound engine clock)")
+                status = pt["status"].get(name, UNJUDGED)
                 lines.append(f"| {pt['fraction']:.0%} | {name} | {pt['expected_ratio']:.4f} | {ratio:.4f} | "
                              f"{MARKS.get(status, status)} |")
         lines.append("")

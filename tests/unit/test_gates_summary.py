@@ -99,6 +99,15 @@ def _curve(status_small: dict, status_large: dict, ratios: dict) -> dict:
             "thresholds": {"throughput_drop": 0.03}, "points": [point(0.02, status_small), point(0.05, status_large)]}
 
 
+def _summarise(tmp_path, curve: dict) -> str:
+    """The summary of a run dir whose one phase, `hooked`, recorded `curve`."""
+    (tmp_path / "hooked" / "sensitivity").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "hooked" / "sensitivity" / "m__c.json").write_text(json.dumps(curve))
+    out = tmp_path / "summary.md"
+    assert gates_summary.main(tmp_path, out) == 0
+    return out.read_text()
+
+
 def test_a_host_bound_curve_reports_its_engine_clock_unjudged_and_is_decided_by_its_gated_metrics(tmp_path):
     """The curve of a host-bound decode judges tg128_gpu and only measures tg128 (no status): the summary and the run
     report print that row as not judged, and the curve passes on its gated metrics alone; one of them not failing
@@ -106,19 +115,13 @@ def test_a_host_bound_curve_reports_its_engine_clock_unjudged_and_is_decided_by_
     from harness.report import run_report
     ratios = {"tg128": 1.0, "tg128_gpu": 0.952, "pp2048_gpu": 0.952}
     good = _curve({"tg128_gpu": "pass", "pp2048_gpu": "pass"}, {"tg128_gpu": "fail", "pp2048_gpu": "fail"}, ratios)
-    (tmp_path / "hooked" / "sensitivity").mkdir(parents=True)
-    (tmp_path / "hooked" / "sensitivity" / "m__c.json").write_text(json.dumps(good))
-    out = tmp_path / "summary.md"
-    assert gates_summary.main(tmp_path, out) == 0
-    text = out.read_text()
+    text = _summarise(tmp_path, good)
     assert "| 5% | tg128 | 0.9524 | 1.0000 | measured, not judged" in text and "tg128_gpu step 1.5 ms" in text
     assert "passes on decode and prefill: yes" in text
     assert any("tg128 | 0.9524 | 1.0000 | measured, not judged" in line
                for line in run_report.sensitivity_lines(tmp_path / "hooked"))
     bad = _curve(good["points"][0]["status"], {"tg128_gpu": "inconclusive", "pp2048_gpu": "fail"}, ratios)
-    (tmp_path / "hooked" / "sensitivity" / "m__c.json").write_text(json.dumps(bad))
-    gates_summary.main(tmp_path, out)
-    assert "passes on decode and prefill: NO" in out.read_text()
+    assert "passes on decode and prefill: NO" in _summarise(tmp_path, bad)
 
 
 def test_a_curve_that_recorded_its_judgement_is_summarised_by_it(tmp_path):
@@ -128,13 +131,7 @@ def test_a_curve_that_recorded_its_judgement_is_summarised_by_it(tmp_path):
     excused = {**_curve({"tg128": "inconclusive", "tg128_gpu": "pass", "pp2048_gpu": "pass"},
                         {"tg128": "inconclusive", "tg128_gpu": "fail", "pp2048_gpu": "fail"}, ratios),
                "problems": [], "notes": ["5% slower: tg128 could not resolve the gate for noise; its twin did"]}
-    (tmp_path / "hooked" / "sensitivity").mkdir(parents=True)
-    f = tmp_path / "hooked" / "sensitivity" / "m__c.json"
-    f.write_text(json.dumps(excused))
-    out = tmp_path / "summary.md"
-    gates_summary.main(tmp_path, out)
-    text = out.read_text()
+    text = _summarise(tmp_path, excused)
     assert "passes on decode and prefill: yes" in text and "- note: 5% slower: tg128 could not resolve" in text
-    f.write_text(json.dumps({**excused, "problems": ["2% slower was inconclusive on tg128"]}))
-    gates_summary.main(tmp_path, out)
-    assert "passes on decode and prefill: NO" in out.read_text() and "- problem: 2% slower" in out.read_text()
+    text = _summarise(tmp_path, {**excused, "problems": ["2% slower was inconclusive on tg128"]})
+    assert "passes on decode and prefill: NO" in text and "- problem: 2% slower" in text
