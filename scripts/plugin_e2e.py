@@ -15,9 +15,12 @@ The kernel-time breakdown (MoE / dense / attention / other, GPU idle, launches p
 decode steps is the feature verdicts' (`decode_breakdown`: the profiler starts after the stream's first token, so no
 prefill is inside), its categories the flavour files' data.
 
-A config entry may carry extra server environment, `CONFIG+VAR=VALUE[+VAR=VALUE...]`, to compare a plugin option
-against the same config without it in one run
-(e.g. `gemv-bf16-mxfp4-all,gemv-bf16-mxfp4-all+SUITE_KERNELS_ROUTE=fused`).
+A config entry may carry extra server environment or vLLM server arguments,
+`CONFIG+VAR=VALUE[+--flag=value...]`, to compare a plugin option or a serving setting against the same config without
+it in one run (e.g. `gemv-bf16-mxfp4-all,gemv-bf16-mxfp4-all+SUITE_KERNELS_ROUTE=fused`, or
+`triton-bf16,triton-bf16+--stream-interval=8`).
+`--decode-only` measures batch-1 decode alone, with more rounds (tg32 x24, tg128 x8) and the decode breakdown: the
+spread of a host-bound decode needs rounds, and a boot spends no time on the other workloads.
 `--warm` first boots the first entry and runs each workload once, discarded. On a fresh H200 (2026-11-30) the first
 boot compiled, and it ran engine-clock pp2048 26% slower than the next boot, whose prefill ran the same kernels
 (`pp2048_gpu` within 0.2%): whichever config comes first would be judged on the host.
@@ -65,23 +68,36 @@ WORKLOADS = (
     bench.Workload("concurrent", 16, 32, concurrency=32, runs=4, warmup=2),
     bench.Workload("prefill", 2048, 2, runs=6, warmup=2),
 )
+# batch-1 decode alone (--decode-only): a host-bound decode moves in runs of several rounds at one speed (the 20b shape on
+# an H200, 2026-12-02: 640, 634, then 452, 452, then 641 tok/s), so its spread needs more rounds than the full set gives
+DECODE_ONLY = (
+    bench.Workload("decode", 16, 32, runs=24, warmup=3),
+    bench.Workload("decode", 16, 128, runs=8, warmup=2),
+)
 PREFILL_GPU = bench.Workload("prefill", 2048, 1, runs=3, warmup=0)  # pp2048_gpu: GPU kernel time of one prefill
 SHOWN = ("tg32", "tg128", "tg32@c4", "tg32@c32", "pp2048", "pp2048_gpu")
 PLUGIN_CONFIGS = ("gemv-bf16", "gemv-bf16-mxfp4-all")  # measured after the platform's stock by default
 PLOT_NAME = "breakdown.png"  # one stacked bar per config, the first config first
 
 
-def parse_entry(entry: str) -> tuple[str, dict[str, str]]:
-    """`CONFIG` or `CONFIG+VAR=VALUE[+VAR=VALUE...]` -> (config, extra server environment)."""
+def parse_entry(entry: str) -> tuple[str, dict[str, str], list[str]]:
+    """`CONFIG` or `CONFIG+VAR=VALUE[+--flag=value...]` -> (config, extra server environment, extra server arguments)."""
     config, *pairs = entry.split("+")
-    env = {}
+    env, args = {}, []
     for pair in pairs:
+        if pair.startswith("--"):
+            flag, sep, value = pair.partition("=")
+            if len(flag) < 3 or not flag[2:].replace("-", "").isalnum() or (sep and not value):
+                raise SuiteError(f"--configs entry {entry!r}: {pair!r} is not a server argument --flag or --flag=value "
+                                 f"(e.g. {config}+--stream-interval=8; a value without + or ,)")
+            args.append(pair)
+            continue
         var, sep, value = pair.partition("=")
         if not sep or not var.isidentifier() or not var.isupper() or not value:
-            raise SuiteError(f"--configs entry {entry!r}: {pair!r} is not VAR=VALUE (e.g. "
+            raise SuiteError(f"--configs entry {entry!r}: {pair!r} is not VAR=VALUE or --flag=value (e.g. "
                              f"{config}+SUITE_KERNELS_ROUTE=fused; an upper-case variable, a value without + or ,)")
         env[var] = value
-    return config, env
+    return config, env, args
 
 
 def memory_overrides(pairs: list[str]) -> dict[str, str]:
@@ -123,40 +139,48 @@ def _summary(entry: dict) -> dict:
             "samples": [round(v, 2) for v in entry["samples"]], "rounds": entry.get("rounds")}
 
 
-def _tag(env_extra: dict[str, str] | None, warm: bool = False) -> str:
+def _tag(env_extra: dict[str, str] | None, warm: bool = False, args: list[str] | None = None) -> str:
     """The boot's tag: its server log and hook directory apart from every other entry's."""
     suffix = "".join(f"_{k.lower()}-{v}" for k, v in sorted((env_extra or {}).items()))
+    suffix += "".join(f"_{a.lstrip('-')}" for a in args or [])
     return "__e2e" + ("_warm" if warm else "") + "".join(c if c.isalnum() or c in "-_." else "_" for c in suffix)
 
 
+ALL, PREFILL_GPU_ONLY, DECODE_ONLY_MODE = "all", "pp2048_gpu only", "batch-1 decode only"  # what a boot measures
+
+
+def _workloads(mode: str) -> tuple[bench.Workload, ...]:
+    return {ALL: WORKLOADS, PREFILL_GPU_ONLY: (), DECODE_ONLY_MODE: DECODE_ONLY}[mode]
+
+
 def warm_up(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str, str] | None,
-            prefill_gpu_only: bool) -> None:
+            mode: str) -> None:
     """One boot and one round of each workload, discarded (see --warm)."""
     target = next(t for t in suite.targets() if t.name == name)
     if not target.runnable:
         return
-    with suite.boot(target, tag=_tag(env_extra, warm=True), args_extra=args_extra, env_extra=env_extra) as running:
+    with suite.boot(target, tag=_tag(env_extra, True, args_extra), args_extra=args_extra, env_extra=env_extra) as running:
         client = running.client(timeout_s=600)
         maker = bench.PromptMaker(client, seed=7)
-        for w in (PREFILL_GPU,) if prefill_gpu_only else WORKLOADS:
+        for w in _workloads(mode) or (PREFILL_GPU,):
             bench.run_workload(client, maker, dataclasses.replace(w, runs=1, warmup=0))
 
 
 def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str, str] | None = None,
-            prefill_gpu_only: bool = False) -> dict:
+            mode: str = ALL) -> dict:
     target = next(t for t in suite.targets() if t.name == name)
     if not target.runnable:
         return {"skipped": target.reason}
     t0 = time.monotonic()
-    with suite.boot(target, tag=_tag(env_extra), args_extra=args_extra, env_extra=env_extra) as running:
+    with suite.boot(target, tag=_tag(env_extra, args=args_extra), args_extra=args_extra, env_extra=env_extra) as running:
         client = running.client(timeout_s=600)
         maker = bench.PromptMaker(client, seed=7)
         metrics: dict[str, dict] = {}
-        for w in () if prefill_gpu_only else WORKLOADS:
+        for w in _workloads(mode):
             m = bench.run_workload(client, maker, w)
             for metric, entry in bench.metrics_for(w, m).items():
                 metrics[metric] = _summary(entry)
-        if running.trace_dir is not None:
+        if running.trace_dir is not None and mode != DECODE_ONLY_MODE:
             # the engine-clock pp2048 holds host time (scheduling, launches) that moved stock's median by 24% between
             # boots; the kernels' own time is what a prefill kernel changes (the gate's ppN_gpu)
             try:
@@ -166,7 +190,7 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
             except SuiteError as e:  # the decode metrics above stay measured
                 metrics["pp2048_gpu"] = {"error": str(e).splitlines()[0][:300]}
         kernels, notes = None, []
-        if not prefill_gpu_only:
+        if mode != PREFILL_GPU_ONLY:
             # decode steps only: a profiled request would hold its prompt's prefill and its warm-up request's, which
             # at 16 tokens read ~50 of 128 experts per layer (the plugin on the 120b shape, H200: 342 us per token of GPU
             # busy time that decode does not spend, 13% of it; 288 us of MoE, 8 us per layer)
@@ -350,11 +374,15 @@ def main(argv: list[str] | None = None) -> int:
                     "(SUITE_HOOK_RANDOM_MXFP4=0) instead of the valid random ones the shape aliases get: routing then "
                     "collapses onto four experts per layer and flatters every MoE kernel")
     ap.add_argument("--boot-timeout", type=positive_number(float), default=900.0)
-    ap.add_argument("--prefill-gpu-only", action="store_true",
-                    help="measure pp2048_gpu only (GPU kernel time of a 2048-token prefill; no decode workloads)")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--prefill-gpu-only", action="store_true",
+                      help="measure pp2048_gpu only (GPU kernel time of a 2048-token prefill; no decode workloads)")
+    only.add_argument("--decode-only", action="store_true",
+                      help="measure batch-1 decode only (tg32 x24, tg128 x8 rounds) and its kernel breakdown")
     ap.add_argument("--warm", action="store_true", help="first boot the first entry still to measure and run each "
                     "workload once, discarded (a fresh machine's first boot compiles and disturbs the host)")
     a = ap.parse_args(argv)
+    mode = PREFILL_GPU_ONLY if a.prefill_gpu_only else DECODE_ONLY_MODE if a.decode_only else ALL
     try:
         util = memory_overrides(a.gpu_memory_utilization)
         out = writable_dir(Path(a.out), "--out")
@@ -371,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = load_results(res_file)
         entries = {e: parse_entry(e) for e in order}
-        bases = list(dict.fromkeys(config for config, _ in entries.values()))
+        bases = list(dict.fromkeys(config for config, _, _ in entries.values()))
         catalog = Catalog()
         for config in bases:  # Suite.create names its own option, --config, in an unknown name's error
             catalog.parse(config, "--configs")
@@ -383,9 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     # (e.g. KERNELS_PACKED_MM_* from kernels.tools.bench_prefill --env-out) in one table
     setting = {"weights": "vllm dummy" if a.vllm_dummy_weights else f"model default ({suite.model.fingerprint})",
                "kernel_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KERNELS_")},
-               "workloads": "pp2048_gpu only" if a.prefill_gpu_only else "all",
+               "workloads": mode,
                # before the decode window, a profiled request with two prefills inside (+12.7% busy, 120b shape)
-               "breakdown": None if a.prefill_gpu_only else "decode window",
+               "breakdown": None if mode == PREFILL_GPU_ONLY else "decode window",
                # logprobs=1 streams before it: the engine's log-softmax and top-k every step (README)
                "stream": perf.STREAM_REQUEST}
     mixed = mixed_setting(results, setting)
@@ -394,23 +422,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def server(name: str) -> tuple[str, list[str], dict[str, str] | None]:
-        config, env = entries[name]
+        config, env, args = entries[name]
         frac = util.get(name, util.get(config))
         env = {**({RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else {}), **env}
-        return config, ["--gpu-memory-utilization", frac] if frac else [], env or None
+        return config, (["--gpu-memory-utilization", frac] if frac else []) + args, env or None
 
     pending = [n for n in order if "metrics" not in results.get(n, {})]
     if a.warm and pending:
         print(f"plugin_e2e: warm-up boot of {pending[0]} (discarded)", flush=True)
         try:
-            warm_up(suite, *server(pending[0]), a.prefill_gpu_only)
+            warm_up(suite, *server(pending[0]), mode)
         except SuiteError as e:
             print(f"plugin_e2e: the warm-up boot failed ({str(e).splitlines()[0][:200]}); measuring anyway", flush=True)
     for name in pending:
         config, extra, env = server(name)
         print(f"plugin_e2e: {name} {' '.join(extra)}", flush=True)
         try:
-            results[name] = {**measure(suite, config, extra, env, a.prefill_gpu_only), **setting}
+            results[name] = {**measure(suite, config, extra, env, mode), **setting}
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
         res_file.write_text(json.dumps({"model": a.model, "platform": suite.platform.name,

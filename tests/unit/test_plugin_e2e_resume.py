@@ -111,15 +111,20 @@ def test_decode_is_called_host_bound_when_its_step_outlasts_its_kernels():
 
 
 def test_an_entry_with_server_environment_is_its_config_plus_that_environment_and_a_bad_one_says_the_form():
-    """`CONFIG+VAR=VALUE`: an option of the plugin judged against the same config without it, in one run. Each entry
-    boots under its own tag (its server log apart); a malformed pair is one line naming the form, not a boot."""
-    assert plugin_e2e.parse_entry("gemv-bf16") == ("gemv-bf16", {})
-    config, env = plugin_e2e.parse_entry("gemv-bf16-mxfp4-all+SUITE_KERNELS_ROUTE=fused+KERNELS_X=1")
-    assert (config, env) == ("gemv-bf16-mxfp4-all", {"SUITE_KERNELS_ROUTE": "fused", "KERNELS_X": "1"})
+    """`CONFIG+VAR=VALUE` or `CONFIG+--flag=value`: an option of the plugin, or a serving setting, judged against the
+    same config without it, in one run. Each entry boots under its own tag (its server log apart); a malformed pair is
+    one line naming the form, not a boot."""
+    assert plugin_e2e.parse_entry("gemv-bf16") == ("gemv-bf16", {}, [])
+    config, env, args = plugin_e2e.parse_entry("gemv-bf16-mxfp4-all+SUITE_KERNELS_ROUTE=fused+KERNELS_X=1")
+    assert (config, env, args) == ("gemv-bf16-mxfp4-all", {"SUITE_KERNELS_ROUTE": "fused", "KERNELS_X": "1"}, [])
     assert plugin_e2e._tag(None) == "__e2e" != plugin_e2e._tag(env) != plugin_e2e._tag(env, warm=True)
     assert plugin_e2e._tag({"A": "x/y"}) == "__e2e_a-x_y"
-    for bad in ("gemv-bf16+route", "gemv-bf16+route=fused", "gemv-bf16+SUITE_KERNELS_ROUTE=", "gemv-bf16+=1"):
-        with pytest.raises(plugin_e2e.SuiteError, match="is not VAR=VALUE") as e:
+    config, env, args = plugin_e2e.parse_entry("triton-bf16+--stream-interval=8+--enforce-eager")
+    assert (config, env, args) == ("triton-bf16", {}, ["--stream-interval=8", "--enforce-eager"])
+    assert plugin_e2e._tag(None, args=args) == "__e2e_stream-interval_8_enforce-eager" != plugin_e2e._tag(None)
+    for bad in ("gemv-bf16+route", "gemv-bf16+route=fused", "gemv-bf16+SUITE_KERNELS_ROUTE=", "gemv-bf16+=1",
+                "gemv-bf16+--", "gemv-bf16+--stream-interval=", "gemv-bf16+--a;b=1"):
+        with pytest.raises(plugin_e2e.SuiteError, match="is not .*--flag") as e:
             plugin_e2e.parse_entry(bad)
         assert "\n" not in str(e.value)
 
@@ -143,19 +148,21 @@ def test_warm_boots_the_first_entry_still_to_measure_once_and_each_entry_boots_w
     monkeypatch.setattr(plugin_e2e, "warm_up", lambda suite, *server: calls.append(("warm", *server)))
     monkeypatch.setattr(plugin_e2e, "measure", lambda suite, *server: calls.append(("measure", *server))
                         or {"boot_s": 1.0, "metrics": {"tg32": {"median": 100.0 + len(calls)}}})
-    argv = ["plugin_e2e.py", "--warm", "--configs", "gemv-bf16,gemv-bf16+SUITE_KERNELS_ROUTE=fused",
+    argv = ["plugin_e2e.py", "--warm", "--configs",
+            "gemv-bf16,gemv-bf16+SUITE_KERNELS_ROUTE=fused,gemv-bf16+--stream-interval=8",
             "--gpu-memory-utilization", "gemv-bf16=0.9", "--out", str(tmp_path)]
     monkeypatch.setattr(sys, "argv", argv)
     assert plugin_e2e.main() == 0
     util = ["--gpu-memory-utilization", "0.9"]
     assert made == ["gemv-bf16"]
-    assert calls == [("warm", "gemv-bf16", util, None, False),
-                     ("measure", "gemv-bf16", util, None, False),
-                     ("measure", "gemv-bf16", util, {"SUITE_KERNELS_ROUTE": "fused"}, False)], calls
+    assert calls == [("warm", "gemv-bf16", util, None, "all"),
+                     ("measure", "gemv-bf16", util, None, "all"),
+                     ("measure", "gemv-bf16", util, {"SUITE_KERNELS_ROUTE": "fused"}, "all"),
+                     ("measure", "gemv-bf16", util + ["--stream-interval=8"], None, "all")], calls
     import json
 
     results = json.loads((tmp_path / "e2e.json").read_text())["results"]
-    assert list(results) == ["gemv-bf16", "gemv-bf16+SUITE_KERNELS_ROUTE=fused"]
+    assert list(results) == ["gemv-bf16", "gemv-bf16+SUITE_KERNELS_ROUTE=fused", "gemv-bf16+--stream-interval=8"]
     assert "| gemv-bf16+SUITE_KERNELS_ROUTE=fused | 1.0 |" in (tmp_path / "e2e.md").read_text()
     calls.clear()
     assert plugin_e2e.main() == 0 and calls == [], "a resumed --out boots again"
@@ -192,8 +199,13 @@ def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkey
     assert windows == [running] and r["kernel_breakdown"] == {"tokens": 64}
     assert r["breakdown_notes"] == ["profiled 64 decode steps"]
     windows.clear()
-    r = plugin_e2e.measure(suite, "gemv-bf16", [], None, True)
+    r = plugin_e2e.measure(suite, "gemv-bf16", [], None, plugin_e2e.PREFILL_GPU_ONLY)
     assert windows == [] and r["kernel_breakdown"] is None and "pp2048_gpu" in r["metrics"]
+    ran = []
+    monkeypatch.setattr(plugin_e2e.bench, "run_workload", lambda client, maker, w: ran.append(w))
+    r = plugin_e2e.measure(suite, "gemv-bf16", [], None, plugin_e2e.DECODE_ONLY_MODE)
+    assert windows == [running] and "pp2048_gpu" not in r["metrics"]
+    assert [(w.kind, w.concurrency, w.runs) for w in ran] == [("decode", 1, 24), ("decode", 1, 8)], ran
 
 
 @pytest.mark.parametrize("platform, stock", [("sm_90", "triton-bf16"), ("sm_121", "marlin-bf16"), ("cpu", None)])
