@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Where a host-bound decode's slow rounds spend the host: batch-1 tg32 rounds on one boot, each with the engine clock
+and what Linux says the server's processes did meanwhile.
+
+    python3 scripts/host_spells.py [--config gemv-bf16-mxfp4-all] [--model ALIAS] [--rounds 40] [--server-arg=--flag=v]
+
+Per round: engine-clock tok/s, and for the engine core and the API server the CPU time they ran, the time they waited
+on a run queue for a CPU (/proc/PID/task/*/schedstat, all threads), their context switches and the CPU they last ran on.
+Then the slow rounds (below 97% of the fastest quarter's median) against the fast ones, per generated token:
+- slow rounds that *ran* longer per token with the same work point at a slower CPU (frequency, a busy SMT sibling, a
+  migration across sockets);
+- slow rounds that *waited* longer on a run queue point at contention for the host's CPUs;
+- neither: the engine slept (waited on the GPU, a lock or I/O), which the profiler's host ranges must then show.
+
+Why: the plugin's 20b decode on an H200 ran in spells of ~1.56 and ~2.5 ms per step with stock steady, and vLLM's
+--stream-interval=8 did not change it (docs/evidence/sm_90-2026-12-02-h200-curve-stream-interval/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import psutil  # noqa: E402
+
+from harness.core.errors import SuiteError  # noqa: E402
+from harness.engine.server_metrics import EngineRound, scrape  # noqa: E402
+from harness.perf import bench  # noqa: E402
+from harness.session.suite import Suite  # noqa: E402
+
+TOKENS = 32
+SLOW = 0.97  # a round below this share of the fast quarter's median is slow: the 20b plugin's spells were 30% apart
+ROLES = ("engine", "api")
+
+
+def schedstat(pid: int, proc_root: Path = Path("/proc")) -> tuple[int, int, int]:
+    """(ns on a CPU, ns waiting on a run queue, timeslices) summed over the process's threads; zeros where the kernel
+    keeps no schedstat (a thread gone between listing and reading counts for nothing)."""
+    run = wait = slices = 0
+    for f in (proc_root / str(pid) / "task").glob("*/schedstat"):
+        try:
+            a, b, c = (int(x) for x in f.read_text().split()[:3])
+        except (OSError, ValueError):
+            continue
+        run, wait, slices = run + a, wait + b, slices + c
+    return run, wait, slices
+
+
+def roles(pids: list[int]) -> dict[str, int]:
+    """The engine core and the API server among the server's processes (vLLM names the engine's process title
+    `VLLM::EngineCore`; the API server is the group's leader, the first pid)."""
+    found = {}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            title = " ".join(p.cmdline()) + " " + p.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "EngineCor" in title and "engine" not in found:
+            found["engine"] = pid
+    if pids:
+        found.setdefault("api", min(pids))
+    return found
+
+
+def sample(pids: dict[str, int]) -> dict[str, dict]:
+    out = {}
+    for role, pid in pids.items():
+        try:
+            p = psutil.Process(pid)
+            ctx, cpu = p.num_ctx_switches(), p.cpu_num()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+            ctx, cpu = None, None
+        run, wait, slices = schedstat(pid)
+        out[role] = {"run_ns": run, "wait_ns": wait, "slices": slices, "cpu": cpu,
+                     "vol": ctx.voluntary if ctx else None, "invol": ctx.involuntary if ctx else None}
+    return out
+
+
+def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
+    d = {}
+    for role, a in after.items():
+        b = before.get(role, {})
+        d[role] = {k: (a[k] - b[k] if isinstance(a.get(k), int) and isinstance(b.get(k), int) else None)
+                   for k in ("run_ns", "wait_ns", "slices", "vol", "invol")}
+        d[role]["cpu"] = a.get("cpu")
+    return d
+
+
+def compare(rounds: list[dict]) -> list[str]:
+    """Slow rounds against fast ones, per generated token (us), for each role: the lines the script prints."""
+    speeds = sorted(r["tok_s"] for r in rounds)
+    top = speeds[-max(1, len(speeds) // 4):]
+    line = SLOW * statistics.median(top)
+    slow = [r for r in rounds if r["tok_s"] < line]
+    fast = [r for r in rounds if r["tok_s"] >= line]
+    lines = [f"{len(slow)} slow rounds (< {line:.1f} tok/s, {SLOW:.0%} of the fastest quarter's median) and "
+             f"{len(fast)} fast"]
+    if not slow or not fast:
+        return lines + ["no split: every round is at one speed"]
+
+    def per_token(group: list[dict], role: str, key: str) -> float | None:
+        v = [r["host"][role][key] for r in group if r["host"].get(role, {}).get(key) is not None]
+        return statistics.median(v) / 1000 / (TOKENS - 1) if v else None
+
+    step = {name: statistics.median(1e6 / r["tok_s"] for r in g) for name, g in (("slow", slow), ("fast", fast))}
+    lines.append(f"step: slow {step['slow']:.0f} us per token, fast {step['fast']:.0f} (+{step['slow'] - step['fast']:.0f})")
+    for role in ROLES:
+        cells = []
+        for key, what in (("run_ns", "on a CPU"), ("wait_ns", "waiting for a CPU")):
+            s, f = per_token(slow, role, key), per_token(fast, role, key)
+            if s is not None and f is not None:
+                cells.append(f"{what} {s:.0f} against {f:.0f} us ({s - f:+.0f})")
+        cpus = sorted({r["host"].get(role, {}).get("cpu") for r in slow} - {None})
+        cpus_fast = sorted({r["host"].get(role, {}).get("cpu") for r in fast} - {None})
+        if cells:
+            lines.append(f"{role}: slow against fast per token: " + "; ".join(cells)
+                         + f"; last CPUs slow {cpus}, fast {cpus_fast}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=None, help="default: this platform's default config")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--server-arg", action="append", default=[], help="a vLLM server argument, e.g. --server-arg=--stream-interval=8")
+    ap.add_argument("--out", default=str(REPO / "runs" / "host-spells"))
+    a = ap.parse_args()
+    if a.rounds < 4:
+        print("host_spells: --rounds must be at least 4 (a fastest quarter of one round or more)")
+        return 2
+    try:
+        suite = Suite.create(a.config, a.model, None, None, a.out, 900)
+        target = suite.targets()[0]
+        if not target.runnable:
+            raise SuiteError(f"{target.name} cannot run here: {target.reason}")
+        rounds: list[dict] = []
+        with suite.boot(target, tag="__host_spells", args_extra=a.server_arg) as running:
+            client = running.client(timeout_s=600)
+            maker = bench.PromptMaker(client, seed=7)
+            pids = roles(running.process.pids() if running.process else [])
+            if "engine" not in pids:
+                raise SuiteError(f"no VLLM::EngineCore among the server's processes {pids}: is this vLLM's V1 engine?")
+            for i in range(a.rounds + 3):
+                client.complete(maker.make(16), 2, ignore_eos=True)  # warm, as the bench's rounds are
+                before, host0 = scrape(client), sample(pids)
+                r = client.stream(maker.make(16), TOKENS, ignore_eos=True, per_chunk_usage=True)
+                host1, after = sample(pids), scrape(client)
+                if before is None or after is None:
+                    raise SuiteError("the server has no engine timings on /metrics; run this on vLLM")
+                e = EngineRound.between(before, after)
+                if e.requests != 1 or r.usage.get("completion_tokens") != TOKENS:
+                    raise SuiteError(f"a round finished {e.requests} requests, {r.usage} tokens: is another client on it?")
+                if i >= 3:  # the first three warm up
+                    rounds.append({"tok_s": (TOKENS - 1) / e.decode_s, "host": delta(host0, host1)})
+    except SuiteError as e:
+        print(f"host_spells: {e}")
+        return 2
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = compare(rounds)
+    (out / "host-spells.json").write_text(json.dumps({"config": target.name, "server_args": a.server_arg,
+                                                      "rounds": rounds, "summary": lines}, indent=1))
+    print(f"tok/s per round: {[round(r['tok_s'], 1) for r in rounds]}")
+    print("\n".join(lines))
+    print(f"rounds: {out / 'host-spells.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""scripts/host_spells.py: its reading of Linux's scheduler counters and its split of slow rounds from fast ones. The
+GPU run it is for needs a host-bound decode; these check the arithmetic on made-up rounds whose answer is known."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import host_spells  # noqa: E402
+
+
+def test_schedstat_sums_the_threads_and_skips_a_thread_it_cannot_read(tmp_path):
+    for tid, text in (("10", "1000 200 3\n"), ("11", "500 50 1\n"), ("12", "garbage\n")):
+        (tmp_path / "10" / "task" / tid).mkdir(parents=True)
+        (tmp_path / "10" / "task" / tid / "schedstat").write_text(text)
+    assert host_spells.schedstat(10, tmp_path) == (1500, 250, 4)
+    assert host_spells.schedstat(99, tmp_path) == (0, 0, 0)  # a process gone: nothing, not an error
+
+
+def _round(tok_s: float, run_us: float, wait_us: float, cpu: int) -> dict:
+    per_round = host_spells.TOKENS - 1
+    host = {"run_ns": int(run_us * per_round * 1000), "wait_ns": int(wait_us * per_round * 1000), "cpu": cpu}
+    return {"tok_s": tok_s, "host": {"engine": host, "api": {**host, "run_ns": 0, "wait_ns": 0}}}
+
+
+def test_slow_rounds_that_waited_for_a_cpu_are_told_from_ones_that_ran_longer():
+    """Spells like the plugin's (640 and 450 tok/s): in one made-up run the slow rounds waited 600 us per token on a
+    run queue, in the other they ran 600 us longer on a CPU. The lines must name which, in us per token."""
+    waited = [_round(640, 1500, 10, 3)] * 6 + [_round(450, 1500, 610, 7)] * 3
+    lines = host_spells.compare(waited)
+    assert lines[0].startswith("3 slow rounds") and "6 fast" in lines[0], lines
+    engine = next(ln for ln in lines if ln.startswith("engine:"))
+    assert "on a CPU 1500 against 1500 us (+0)" in engine and "waiting for a CPU 610 against 10 us (+600)" in engine
+    assert "last CPUs slow [7], fast [3]" in engine, engine
+    ran = [_round(640, 1500, 10, 3)] * 6 + [_round(450, 2100, 10, 3)] * 3
+    engine = next(ln for ln in host_spells.compare(ran) if ln.startswith("engine:"))
+    assert "on a CPU 2100 against 1500 us (+600)" in engine and "(+0)" in engine, engine
+
+
+def test_rounds_at_one_speed_are_not_split():
+    """A/A: a steady decode (stock's 0.2% CV) has no slow rounds to explain."""
+    steady = [_round(342 + 0.1 * i, 1500, 10, 3) for i in range(12)]
+    lines = host_spells.compare(steady)
+    assert lines == [lines[0], "no split: every round is at one speed"] and lines[0].startswith("0 slow rounds")
