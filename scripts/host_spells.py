@@ -51,9 +51,9 @@ def schedstat(pid: int, proc_root: Path = Path("/proc")) -> tuple[int, int, int]
     return run, wait, slices
 
 
-def roles(pids: list[int]) -> dict[str, int]:
+def roles(pids: list[int], leader: int) -> dict[str, int]:
     """The engine core and the API server among the server's processes (vLLM names the engine's process title
-    `VLLM::EngineCore`; the API server is the group's leader, the first pid)."""
+    `VLLM::EngineCore`; the API server is the process group's leader, the process the suite started)."""
     found = {}
     for pid in pids:
         try:
@@ -63,8 +63,8 @@ def roles(pids: list[int]) -> dict[str, int]:
             continue
         if "EngineCor" in title and "engine" not in found:
             found["engine"] = pid
-    if pids:
-        found.setdefault("api", min(pids))
+    if leader in pids:
+        found["api"] = leader
     return found
 
 
@@ -144,7 +144,9 @@ def main() -> int:
         with suite.boot(target, tag="__host_spells", args_extra=a.server_arg) as running:
             client = running.client(timeout_s=600)
             maker = bench.PromptMaker(client, seed=7)
-            pids = roles(running.process.pids() if running.process else [])
+            if running.process is None or running.process.proc is None:
+                raise SuiteError("the server has no process of this script's to read; boot it here")
+            pids = roles(running.process.pids(), running.process.proc.pid)
             if "engine" not in pids:
                 raise SuiteError(f"no VLLM::EngineCore among the server's processes {pids}: is this vLLM's V1 engine?")
             for i in range(a.rounds + 3):

@@ -42,3 +42,24 @@ def test_rounds_at_one_speed_are_not_split():
     steady = [_round(342 + 0.1 * i, 1500, 10, 3) for i in range(12)]
     lines = host_spells.compare(steady)
     assert lines == [lines[0], "no split: every round is at one speed"] and lines[0].startswith("0 slow rounds")
+
+
+def test_the_engine_core_is_found_by_its_process_title_and_the_api_server_is_the_leader():
+    """vLLM titles its engine process `VLLM::EngineCore`; a process of that title among the group is the engine, the
+    process the suite started is the API server, and a group without an engine says so by its absence."""
+    import os
+    import subprocess
+
+    engine = subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore sleep 30"])
+    try:
+        import time
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "EngineCore" not in open(f"/proc/{engine.pid}/cmdline").read():
+            time.sleep(0.05)
+        me = os.getpid()
+        assert host_spells.roles([me, engine.pid], me) == {"engine": engine.pid, "api": me}
+        assert host_spells.roles([me], me) == {"api": me}
+    finally:
+        engine.kill()
+        engine.wait(timeout=10)
