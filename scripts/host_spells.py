@@ -11,6 +11,10 @@ Then the slow rounds (below 97% of the fastest quarter's median) against the fas
   migration across sockets);
 - slow rounds that *waited* longer on a run queue point at contention for the host's CPUs;
 - neither: the engine slept (waited on the GPU, a lock or I/O), which the profiler's host ranges must then show.
+Beside them, per round, the GPU's SM clock (NVML, `harness.perf.clocks`: a GPU that clocks down between a host-bound
+decode's short kernels makes the slow rounds GPU-bound, not host-bound) and how many of the host's CPUs were busy.
+On a GPU, CUDA's default wait for the device spins before it yields, so an engine core waiting on slower kernels can
+read as running longer: read the SM clock line beside the run line.
 
 Why: the plugin's 20b decode on an H200 ran in spells of ~1.56 and ~2.5 ms per step with stock steady, and vLLM's
 --stream-interval=8 did not change it (docs/evidence/sm_90-2026-12-02-h200-curve-stream-interval/).
@@ -21,6 +25,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,11 +36,13 @@ import psutil  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
 from harness.engine.server_metrics import EngineRound, scrape  # noqa: E402
 from harness.perf import bench  # noqa: E402
+from harness.perf.clocks import ClockSampler  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
 
 TOKENS = 32
 SLOW = 0.97  # a round below this share of the fast quarter's median is slow: the 20b plugin's spells were 30% apart
 ROLES = ("engine", "api")
+CLOCK_DIP = 0.95  # an SM clock 5% below the fast rounds' is a clock change, not sampling jitter (NVML steps are ~15 MHz)
 
 
 def schedstat(pid: int, proc_root: Path = Path("/proc")) -> tuple[int, int, int]:
@@ -82,6 +89,18 @@ def sample(pids: dict[str, int]) -> dict[str, dict]:
     return out
 
 
+def busy_cpus(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """CPUs busy on average between two (busy seconds over all CPUs, wall seconds) readings."""
+    wall = after[1] - before[1]
+    return (after[0] - before[0]) / wall if wall > 0 else None
+
+
+def host_busy() -> tuple[float, float]:
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0), \
+        time.monotonic()
+
+
 def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
     d = {}
     for role, a in after.items():
@@ -109,7 +128,10 @@ def compare(rounds: list[dict]) -> list[str]:
         return statistics.median(v) / 1000 / (TOKENS - 1) if v else None
 
     step = {name: statistics.median(1e6 / r["tok_s"] for r in g) for name, g in (("slow", slow), ("fast", fast))}
-    lines.append(f"step: slow {step['slow']:.0f} us per token, fast {step['fast']:.0f} (+{step['slow'] - step['fast']:.0f})")
+    extra = step["slow"] - step["fast"]
+    lines.append(f"step: slow {step['slow']:.0f} us per token, fast {step['fast']:.0f} (+{extra:.0f})")
+    extra_engine = {key: (per_token(slow, "engine", key) or 0.0) - (per_token(fast, "engine", key) or 0.0)
+                    for key in ("run_ns", "wait_ns")}
     for role in ROLES:
         cells = []
         for key, what in (("run_ns", "on a CPU"), ("wait_ns", "waiting for a CPU")):
@@ -121,6 +143,29 @@ def compare(rounds: list[dict]) -> list[str]:
         if cells:
             lines.append(f"{role}: slow against fast per token: " + "; ".join(cells)
                          + f"; last CPUs slow {cpus}, fast {cpus_fast}")
+
+    def median_of(group: list[dict], key: str) -> float | None:
+        v = [r[key] for r in group if r.get(key) is not None]
+        return statistics.median(v) if v else None
+
+    sm_s, sm_f = median_of(slow, "sm_mhz"), median_of(fast, "sm_mhz")
+    if sm_s is not None and sm_f is not None:
+        low_s, low_f = median_of(slow, "sm_min_mhz"), median_of(fast, "sm_min_mhz")
+        lines.append(f"GPU SM clock (median of the round's samples): slow {sm_s:.0f} MHz against fast {sm_f:.0f} "
+                     f"({sm_s - sm_f:+.0f}); lowest sample slow {low_s:.0f}, fast {low_f:.0f}")
+    b_s, b_f = median_of(slow, "busy_cpus"), median_of(fast, "busy_cpus")
+    if b_s is not None and b_f is not None:
+        lines.append(f"host CPUs busy (all processes): slow {b_s:.2f} against fast {b_f:.2f} ({b_s - b_f:+.2f})")
+    # which account holds at least half of the slow rounds' extra time per token
+    if extra_engine["run_ns"] >= extra / 2:
+        why = "the engine core ran longer on a CPU (same work, slower CPU: frequency, an SMT sibling, a migration)"
+    elif extra_engine["wait_ns"] >= extra / 2:
+        why = "the engine core waited on a run queue (contention for the host's CPUs)"
+    elif sm_s is not None and sm_f is not None and sm_s < CLOCK_DIP * sm_f:
+        why = "the GPU ran at a lower SM clock (its kernels took longer; the host waited for them)"
+    else:
+        why = "neither ran nor waited: the engine core slept (on the GPU, a lock or I/O); read the profiler's host ranges"
+    lines.append(f"reading: {why}")
     return lines
 
 
@@ -141,6 +186,7 @@ def main() -> int:
         if not target.runnable:
             raise SuiteError(f"{target.name} cannot run here: {target.reason}")
         rounds: list[dict] = []
+        clocks = ClockSampler(interval_s=0.005, floor=None)
         with suite.boot(target, tag="__host_spells", args_extra=a.server_arg) as running:
             client = running.client(timeout_s=600)
             maker = bench.PromptMaker(client, seed=7)
@@ -151,16 +197,19 @@ def main() -> int:
                 raise SuiteError(f"no VLLM::EngineCore among the server's processes {pids}: is this vLLM's V1 engine?")
             for i in range(a.rounds + 3):
                 client.complete(maker.make(16), 2, ignore_eos=True)  # warm, as the bench's rounds are
-                before, host0 = scrape(client), sample(pids)
-                r = client.stream(maker.make(16), TOKENS, ignore_eos=True, per_chunk_usage=True)
-                host1, after = sample(pids), scrape(client)
+                before, host0, cpu0 = scrape(client), sample(pids), host_busy()
+                with clocks.round() as rc:
+                    r = client.stream(maker.make(16), TOKENS, ignore_eos=True, per_chunk_usage=True)
+                host1, cpu1, after = sample(pids), host_busy(), scrape(client)
                 if before is None or after is None:
                     raise SuiteError("the server has no engine timings on /metrics; run this on vLLM")
                 e = EngineRound.between(before, after)
                 if e.requests != 1 or r.usage.get("completion_tokens") != TOKENS:
                     raise SuiteError(f"a round finished {e.requests} requests, {r.usage} tokens: is another client on it?")
                 if i >= 3:  # the first three warm up
-                    rounds.append({"tok_s": (TOKENS - 1) / e.decode_s, "host": delta(host0, host1)})
+                    rounds.append({"tok_s": (TOKENS - 1) / e.decode_s, "host": delta(host0, host1),
+                                   "busy_cpus": busy_cpus(cpu0, cpu1), "sm_mhz": rc.sm_mhz,
+                                   "sm_min_mhz": rc.sm_min_mhz, "clock_reasons": rc.reasons})
     except SuiteError as e:
         print(f"host_spells: {e}")
         return 2
@@ -168,7 +217,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     lines = compare(rounds)
     (out / "host-spells.json").write_text(json.dumps({"config": target.name, "server_args": a.server_arg,
-                                                      "rounds": rounds, "summary": lines}, indent=1))
+                                                      "clocks": clocks.describe(), "rounds": rounds,
+                                                      "summary": lines}, indent=1))
+    clocks.close()
     print(f"tok/s per round: {[round(r['tok_s'], 1) for r in rounds]}")
     print("\n".join(lines))
     print(f"rounds: {out / 'host-spells.json'}")

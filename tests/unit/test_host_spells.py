@@ -63,3 +63,27 @@ def test_the_engine_core_is_found_by_its_process_title_and_the_api_server_is_the
     finally:
         engine.kill()
         engine.wait(timeout=10)
+
+
+def test_the_reading_names_the_account_that_holds_the_slow_rounds_extra_time():
+    """Each made-up run has one cause of its 690 us extra per token (640 against 450 tok/s); the reading must name it,
+    and must not blame the CPU when the GPU clocked down with the host's counters unchanged."""
+    def with_clock(r: dict, mhz: float) -> dict:
+        return {**r, "sm_mhz": mhz, "sm_min_mhz": mhz - 30, "busy_cpus": 2.0}
+
+    ran = [_round(640, 1500, 10, 3)] * 6 + [_round(450, 2200, 10, 3)] * 3
+    waited = [_round(640, 1500, 10, 3)] * 6 + [_round(450, 1500, 700, 3)] * 3
+    clocked = [with_clock(_round(640, 1500, 10, 3), 1980)] * 6 + [with_clock(_round(450, 1500, 10, 3), 1410)] * 3
+    slept = [with_clock(_round(640, 1500, 10, 3), 1980)] * 6 + [with_clock(_round(450, 1500, 10, 3), 1980)] * 3
+    assert "ran longer on a CPU" in host_spells.compare(ran)[-1]
+    assert "waited on a run queue" in host_spells.compare(waited)[-1]
+    lines = host_spells.compare(clocked)
+    assert "lower SM clock" in lines[-1], lines
+    assert "GPU SM clock (median of the round's samples): slow 1410 MHz against fast 1980 (-570)" in lines[-3], lines
+    assert "host CPUs busy (all processes): slow 2.00 against fast 2.00 (+0.00)" in lines[-2], lines
+    assert "slept" in host_spells.compare(slept)[-1]
+
+
+def test_busy_cpus_is_busy_time_over_wall_time():
+    assert host_spells.busy_cpus((10.0, 100.0), (13.0, 101.5)) == 2.0
+    assert host_spells.busy_cpus((10.0, 100.0), (10.0, 100.0)) is None  # no time passed: nothing to divide
