@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -42,6 +43,7 @@ from harness.session.suite import Suite  # noqa: E402
 TOKENS = 32
 SLOW = 0.97  # a round below this share of the fast quarter's median is slow: the 20b plugin's spells were 30% apart
 ROLES = ("engine", "api")
+PROBE_SLOWER = 1.10  # the probe's best-of-three varies ~2-3% between rounds on an idle CPU; 10% is a slower CPU
 CLOCK_DIP = 0.95  # an SM clock 5% below the fast rounds' is a clock change, not sampling jitter (NVML steps are ~15 MHz)
 
 
@@ -85,20 +87,65 @@ def sample(pids: dict[str, int]) -> dict[str, dict]:
             ctx, cpu = None, None
         run, wait, slices = schedstat(pid)
         out[role] = {"run_ns": run, "wait_ns": wait, "slices": slices, "cpu": cpu,
-                     "vol": ctx.voluntary if ctx else None, "invol": ctx.involuntary if ctx else None}
+                     "vol": ctx.voluntary if ctx else None, "invol": ctx.involuntary if ctx else None,
+                     "threads": thread_run(pid)}
     return out
 
 
-def busy_cpus(before: tuple[float, float], after: tuple[float, float]) -> float | None:
-    """CPUs busy on average between two (busy seconds over all CPUs, wall seconds) readings."""
-    wall = after[1] - before[1]
-    return (after[0] - before[0]) / wall if wall > 0 else None
+def busy_cpus(before: tuple[float, float, float], after: tuple[float, float, float]) -> tuple[float | None, float | None]:
+    """(CPUs busy, CPUs stolen) on average between two host_busy() readings. Steal is the time a virtual machine's CPUs
+    were ready and the hypervisor ran something else: a neighbour on a shared host."""
+    wall = after[2] - before[2]
+    if wall <= 0:
+        return None, None
+    return (after[0] - before[0]) / wall, (after[1] - before[1]) / wall
 
 
-def host_busy() -> tuple[float, float]:
+def host_busy() -> tuple[float, float, float]:
     t = psutil.cpu_times()
-    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0), \
-        time.monotonic()
+    busy = t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+    return busy, getattr(t, "steal", 0.0), time.monotonic()
+
+
+def thread_run(pid: int, proc_root: Path = Path("/proc")) -> dict[str, int]:
+    """ns on a CPU per thread name (threads of one name summed): which of the engine's threads the time went to."""
+    out: dict[str, int] = {}
+    for task in (proc_root / str(pid) / "task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            run = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        out[name] = out.get(name, 0) + run
+    return out
+
+
+PROBE_LOOPS = 20000  # ~1-2 ms of pure Python on a server CPU: long enough to time, short beside a round
+
+
+def cpu_probe_us(cpu: int | None) -> float | None:
+    """The best of three timings of a fixed pure-Python loop on `cpu` (the engine core's last CPU), in us. Run between
+    rounds, while the engine idles: a slow spell that a probe of the same work on the same CPU shares is the CPU's
+    (its clock, an SMT sibling, a neighbour), not the engine's."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    saved = os.sched_getaffinity(0)
+    try:
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        best = None
+        for _ in range(3):
+            t0 = time.perf_counter()
+            x = 0
+            for i in range(PROBE_LOOPS):
+                x += i * i % 7
+            dt = (time.perf_counter() - t0) * 1e6
+            best = dt if best is None else min(best, dt)
+        return best
+    except OSError:
+        return None
+    finally:
+        os.sched_setaffinity(0, saved)
 
 
 def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
@@ -108,6 +155,7 @@ def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
         d[role] = {k: (a[k] - b[k] if isinstance(a.get(k), int) and isinstance(b.get(k), int) else None)
                    for k in ("run_ns", "wait_ns", "slices", "vol", "invol")}
         d[role]["cpu"] = a.get("cpu")
+        d[role]["threads"] = {n: v - b.get("threads", {}).get(n, 0) for n, v in a.get("threads", {}).items()}
     return d
 
 
@@ -156,9 +204,41 @@ def compare(rounds: list[dict]) -> list[str]:
     b_s, b_f = median_of(slow, "busy_cpus"), median_of(fast, "busy_cpus")
     if b_s is not None and b_f is not None:
         lines.append(f"host CPUs busy (all processes): slow {b_s:.2f} against fast {b_f:.2f} ({b_s - b_f:+.2f})")
+    st_s, st_f = median_of(slow, "steal_cpus"), median_of(fast, "steal_cpus")
+    if st_s is not None and st_f is not None:
+        lines.append(f"CPUs stolen by the hypervisor: slow {st_s:.3f} against fast {st_f:.3f} ({st_s - st_f:+.3f})")
+    threads = {}
+    for r in slow + fast:
+        for name in r["host"].get("engine", {}).get("threads", {}):
+            threads[name] = None
+
+    def thread_per_token(group: list[dict], name: str) -> float:
+        return statistics.median(r["host"]["engine"].get("threads", {}).get(name, 0) for r in group) / 1000 / (TOKENS - 1)
+
+    moved = []
+    for name in threads:
+        s_, f_ = thread_per_token(slow, name), thread_per_token(fast, name)
+        moved.append((s_ - f_, s_, f_, name))
+    if moved:
+        top = sorted(moved, reverse=True)[:3]
+        lines.append("engine threads, slow against fast per token: "
+                     + "; ".join(f"{n} {s_:.0f} against {f_:.0f} us ({d:+.0f})" for d, s_, f_, n in top))
+    p_s, p_f = median_of(slow, "probe_us"), median_of(fast, "probe_us")
+    slower_cpu = None
+    if p_s is not None and p_f is not None and p_f > 0:
+        slower_cpu = p_s / p_f
+        lines.append(f"fixed loop on the engine's CPU after each round: slow {p_s:.0f} us against fast {p_f:.0f} "
+                     f"({slower_cpu - 1:+.1%})")
     # which account holds at least half of the slow rounds' extra time per token
     if extra_engine["run_ns"] >= extra / 2:
-        why = "the engine core ran longer on a CPU (same work, slower CPU: frequency, an SMT sibling, a migration)"
+        if slower_cpu is not None and slower_cpu >= PROBE_SLOWER:
+            why = (f"the engine core ran longer on a CPU, and the CPU itself was slower (the same loop took "
+                   f"{slower_cpu - 1:+.0%}): the host's CPU speed (its clock, an SMT sibling, a neighbour), not vLLM or the kernels")
+        elif slower_cpu is not None:
+            why = ("the engine core ran longer on a CPU at the CPU's usual speed (the same loop took "
+                   f"{slower_cpu - 1:+.0%}): more work per step; the threads line says whose")
+        else:
+            why = "the engine core ran longer on a CPU (same work, slower CPU: frequency, an SMT sibling, a migration)"
     elif extra_engine["wait_ns"] >= extra / 2:
         why = "the engine core waited on a run queue (contention for the host's CPUs)"
     elif sm_s is not None and sm_f is not None and sm_s < CLOCK_DIP * sm_f:
@@ -207,8 +287,10 @@ def main() -> int:
                 if e.requests != 1 or r.usage.get("completion_tokens") != TOKENS:
                     raise SuiteError(f"a round finished {e.requests} requests, {r.usage} tokens: is another client on it?")
                 if i >= 3:  # the first three warm up
+                    busy, steal = busy_cpus(cpu0, cpu1)
                     rounds.append({"tok_s": (TOKENS - 1) / e.decode_s, "host": delta(host0, host1),
-                                   "busy_cpus": busy_cpus(cpu0, cpu1), "sm_mhz": rc.sm_mhz,
+                                   "busy_cpus": busy, "steal_cpus": steal,
+                                   "probe_us": cpu_probe_us(host1.get("engine", {}).get("cpu")), "sm_mhz": rc.sm_mhz,
                                    "sm_min_mhz": rc.sm_min_mhz, "clock_reasons": rc.reasons})
     except SuiteError as e:
         print(f"host_spells: {e}")

@@ -84,6 +84,48 @@ def test_the_reading_names_the_account_that_holds_the_slow_rounds_extra_time():
     assert "slept" in host_spells.compare(slept)[-1]
 
 
-def test_busy_cpus_is_busy_time_over_wall_time():
-    assert host_spells.busy_cpus((10.0, 100.0), (13.0, 101.5)) == 2.0
-    assert host_spells.busy_cpus((10.0, 100.0), (10.0, 100.0)) is None  # no time passed: nothing to divide
+def test_busy_and_stolen_cpus_are_their_time_over_wall_time():
+    import pytest
+
+    assert host_spells.busy_cpus((10.0, 1.0, 100.0), (13.0, 1.3, 101.5)) == pytest.approx((2.0, 0.2))
+    assert host_spells.busy_cpus((10.0, 0.0, 100.0), (10.0, 0.0, 100.0)) == (None, None)  # no time passed
+
+
+def _with_probe(r: dict, probe_us: float, threads: dict[str, float]) -> dict:
+    per_round = host_spells.TOKENS - 1
+    engine = {**r["host"]["engine"], "threads": {n: int(us * per_round * 1000) for n, us in threads.items()}}
+    return {**r, "probe_us": probe_us, "host": {**r["host"], "engine": engine}}
+
+
+def test_a_probe_on_the_engines_cpu_tells_a_slower_cpu_from_more_work():
+    """Both made-up runs have slow rounds that ran 700 us per token longer on a CPU. In one, a fixed loop on the same
+    CPU also took 40% longer: the host's CPU was slower. In the other the loop kept its time and one thread did the
+    extra work: the reading must say more work, and the threads line must name that thread first."""
+    fast = _with_probe(_round(640, 1500, 10, 3), 1000, {"VLLM::EngineCor": 1400, "loop": 100})
+    slower_cpu = [fast] * 6 + [_with_probe(_round(450, 2200, 10, 3), 1400, {"VLLM::EngineCor": 2000, "loop": 200})] * 3
+    lines = host_spells.compare(slower_cpu)
+    assert "fixed loop on the engine's CPU after each round: slow 1400 us against fast 1000 (+40.0%)" in lines, lines
+    assert "the CPU itself was slower" in lines[-1], lines
+    more_work = [fast] * 6 + [_with_probe(_round(450, 2200, 10, 3), 1010, {"VLLM::EngineCor": 1400, "loop": 800})] * 3
+    lines = host_spells.compare(more_work)
+    assert "at the CPU's usual speed" in lines[-1], lines
+    threads = next(ln for ln in lines if ln.startswith("engine threads"))
+    assert threads.startswith("engine threads, slow against fast per token: loop 800 against 100 us (+700)"), threads
+
+
+def test_thread_run_sums_threads_by_name(tmp_path):
+    for tid, name, run in (("1", "VLLM::EngineCor", 500), ("2", "pt_worker", 100), ("3", "pt_worker", 50)):
+        (tmp_path / "7" / "task" / tid).mkdir(parents=True)
+        (tmp_path / "7" / "task" / tid / "comm").write_text(name + "\n")
+        (tmp_path / "7" / "task" / tid / "schedstat").write_text(f"{run} 0 1\n")
+    assert host_spells.thread_run(7, tmp_path) == {"VLLM::EngineCor": 500, "pt_worker": 150}
+
+
+def test_the_probe_times_a_loop_and_gives_the_cpus_back():
+    import os
+
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    us = host_spells.cpu_probe_us(cpu)
+    assert us is not None and us > 0
+    assert os.sched_getaffinity(0) == before
