@@ -131,8 +131,10 @@ def main(root: Path, out: Path) -> int:
                         and all(v == "pass" for v in small["status"].values()))
             for pt in s["points"]:
                 for n, ratio in pt["measured_ratio"].items():
+                    extra = pt.get("extra_rounds", {}).get(n)
+                    more = f" ({pt['rounds_per_side'][n]} rounds per side, {extra} added for its CV)" if extra else ""
                     lines.append(f"| {pt['fraction']:.0%} | {n} | {pt['expected_ratio']:.4f} | {ratio:.4f} | "
-                                 f"{pt['status'].get(n, UNJUDGED)} |")
+                                 f"{pt['status'].get(n, UNJUDGED)}{more} |")
             lines += [""] + [f"- problem: {x}" for x in s.get("problems", [])] + [f"- note: {x}" for x in s.get("notes", [])]
             lines.append("")
         for p in sorted((run / "memory_gate").glob("*.json")):

@@ -117,7 +117,8 @@ def test_sensitivity_curve(hooked, thresholds, suite):
         for name in p.base:
             v = p.verdicts.get(name)
             print(f"  {p.fraction:6.1%} slower  {name:10s} measured ratio {p.ratio(name):.4f} (nominal "
-                  f"{1 / (1 + p.fraction):.4f})  " + (f"{v.status:12s} {v.message}" if v else UNJUDGED))
+                  f"{1 / (1 + p.fraction):.4f})  " + (f"{v.status:12s} {v.message}" if v else UNJUDGED)
+                  + (f"  [{p.extra_rounds[name]} rounds per side added for its CV]" if p.extra_rounds.get(name) else ""))
     for note in res["notes"]:
         print(f"  note: {note}")
     assert not res["problems"], "\n".join(res["problems"])

@@ -135,3 +135,15 @@ def test_a_curve_that_recorded_its_judgement_is_summarised_by_it(tmp_path):
     assert "passes on decode and prefill: yes" in text and "- note: 5% slower: tg128 could not resolve" in text
     text = _summarise(tmp_path, {**excused, "problems": ["2% slower was inconclusive on tg128"]})
     assert "passes on decode and prefill: NO" in text and "- problem: 2% slower" in text
+
+
+def test_a_curve_point_that_added_rounds_for_its_cv_says_how_many(tmp_path):
+    """The curve adds ABBA rounds to a noisy metric (CurveSpec.max_rounds): its row says how many it ran and added,
+    and a metric at its planned rounds, or a curve recorded before, reads as before."""
+    ratios = {"tg128": 0.981, "tg128_gpu": 0.980, "pp2048_gpu": 0.980}
+    curve = _curve({"tg128": "pass", "tg128_gpu": "pass", "pp2048_gpu": "pass"},
+                   {"tg128": "fail", "tg128_gpu": "fail", "pp2048_gpu": "fail"}, ratios)
+    curve["points"][0].update(rounds_per_side={"tg128": 41, "tg128_gpu": 8, "pp2048_gpu": 8}, extra_rounds={"tg128": 25})
+    text = _summarise(tmp_path, curve)
+    assert "| 2% | tg128 | 0.9804 | 0.9810 | pass (41 rounds per side, 25 added for its CV) |" in text, text
+    assert "| 2% | tg128_gpu | 0.9804 | 0.9800 | pass |" in text and "| 5% | tg128 | 0.9524 | 0.9810 | fail |" in text
