@@ -599,7 +599,8 @@ def _host_side(v: Verdict, baseline: Mapping, current: Mapping, thresholds: Thre
         return None
     detail = (f"{v.detail}; the kernels did not slow down ({', '.join(held)}), and this run's decode step grew against "
               f"them ({'; '.join(waited)}): the host side slowed, from per-step host work the change added or from "
-              f"another load on this host (rerun on an idle host to tell them apart)")
+              f"another load on this host (rerun on an idle host to tell them apart; scripts/host_spells.py --config "
+              f"<config> --model <model> splits the engine core's CPU time per token into more work and a slower CPU)")
     return replace(v, reason=Reason.HOST_SIDE, detail=detail)
 
 
