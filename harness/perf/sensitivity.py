@@ -24,6 +24,7 @@ decode is the engine clock alone.
 """
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -63,8 +64,9 @@ def spec_for(platform_name: str) -> CurveSpec:
     if platform_name == "cpu":
         return CurveSpec(Workload("decode", 16, 64, runs=1, warmup=1), Workload("prefill", 512, 2, runs=1, warmup=1), 12)
     # GPU: up to 3x the planned engine-clock rounds (~40 s more per point on the 120b shape; resampled from that
-    # curve's 2% rounds, 32 per side resolved 24 of 40 draws and 48 resolved 32) and 2x the profiled ones (~50 s); CPU keeps its fixed rounds: its CVs of a few % would ask for the cap on every point and double
-    # the CI's level 5 time, and its smaller slowdown may be inconclusive there (thresholds.advisory)
+    # curve's 2% rounds, 32 per side resolved 24 of 40 draws and 48 resolved 32) and 2x the profiled ones (~50 s).
+    # CPU keeps its fixed rounds: its CVs of a few % would ask for the cap on every point and double the CI's level 5
+    # time, and its smaller slowdown may be inconclusive there (thresholds.advisory)
     return CurveSpec(Workload("decode", 16, 128, runs=1, warmup=2), Workload("prefill", 2048, 2, runs=1, warmup=2), 16,
                      max_rounds=48, max_kernel_rounds=16)
 
@@ -206,8 +208,9 @@ class Curve:
             have = len(p.base[n])
             if cap is None or cap <= have or have < 2:
                 continue
-            cvs = [stats.cv(side[n]) for side in (p.base, p.slow)]
-            want[n] = rounds_needed(max(cvs), thresholds.throughput_drop / 3, have, cap)
+            # a side whose CV is undefined (NaN) does not count; max() with a NaN first would return the NaN
+            worst = max((c for c in (stats.cv(p.base[n]), stats.cv(p.slow[n])) if math.isfinite(c)), default=math.nan)
+            want[n] = rounds_needed(worst, thresholds.throughput_drop / 3, have, cap)
         return want
 
     def point(self, fraction: float, thresholds: Thresholds) -> Point:

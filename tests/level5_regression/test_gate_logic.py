@@ -512,6 +512,8 @@ def test_the_curve_asks_rounds_from_the_cv_not_from_the_verdict():
     assert 16 < between < 32, between
     p.slow["tg128"] = list(98 * (1 + 0.05 * rng.standard_normal(16)))  # one noisy side is enough: its worse side
     assert curve.rounds_wanted(p, T)["tg128"] == 32
+    p.base["tg128"], p.slow["tg128"] = p.slow["tg128"], [1.0, -1.0] * 8  # an undefined CV (NaN) on one side is skipped
+    assert curve.rounds_wanted(p, T)["tg128"] == 32
 
 
 def _verdict(name: str, status: str, reason=None):
