@@ -14,7 +14,7 @@ Then the slow rounds (below 97% of the fastest quarter's median) against the fas
 Beside them, per round, the GPU's SM clock (NVML, `harness.perf.clocks`: a GPU that clocks down between a host-bound
 decode's short kernels makes the slow rounds GPU-bound, not host-bound) and how many of the host's CPUs were busy.
 On a GPU, CUDA's default wait for the device spins before it yields, so an engine core waiting on slower kernels can
-read as running longer: read the SM clock line beside the run line.
+read as running longer: the reading names a lower SM clock first.
 
 Why: the plugin's 20b decode on an H200 ran in spells of ~1.56 and ~2.5 ms per step with stock steady, and vLLM's
 --stream-interval=8 did not change it (docs/evidence/sm_90-2026-12-02-h200-curve-stream-interval/).
@@ -120,7 +120,7 @@ def thread_run(pid: int, proc_root: Path = Path("/proc")) -> dict[str, int]:
     return out
 
 
-PROBE_LOOPS = 20000  # ~1-2 ms of pure Python on a server CPU: long enough to time, short beside a round
+PROBE_LOOPS = 20000  # ~0.5-2 ms of pure Python (0.76 ms on a 2-core EPYC VM): long enough to time, short beside a round
 
 
 def cpu_probe_us(cpu: int | None) -> float | None:
@@ -229,8 +229,11 @@ def compare(rounds: list[dict]) -> list[str]:
         slower_cpu = p_s / p_f
         lines.append(f"fixed loop on the engine's CPU after each round: slow {p_s:.0f} us against fast {p_f:.0f} "
                      f"({slower_cpu - 1:+.1%})")
-    # which account holds at least half of the slow rounds' extra time per token
-    if extra_engine["run_ns"] >= extra / 2:
+    # a lower SM clock first: CUDA's spin while it waits for slower kernels reads as the engine running longer.
+    # Otherwise the account that holds at least half of the slow rounds' extra time per token.
+    if sm_s is not None and sm_f is not None and sm_s < CLOCK_DIP * sm_f:
+        why = "the GPU ran at a lower SM clock (its kernels took longer; the host waited for them)"
+    elif extra_engine["run_ns"] >= extra / 2:
         if slower_cpu is not None and slower_cpu >= PROBE_SLOWER:
             why = (f"the engine core ran longer on a CPU, and the CPU itself was slower (the same loop took "
                    f"{slower_cpu - 1:+.0%}): the host's CPU speed (its clock, an SMT sibling, a neighbour), not vLLM or the kernels")
@@ -241,8 +244,6 @@ def compare(rounds: list[dict]) -> list[str]:
             why = "the engine core ran longer on a CPU (same work, slower CPU: frequency, an SMT sibling, a migration)"
     elif extra_engine["wait_ns"] >= extra / 2:
         why = "the engine core waited on a run queue (contention for the host's CPUs)"
-    elif sm_s is not None and sm_f is not None and sm_s < CLOCK_DIP * sm_f:
-        why = "the GPU ran at a lower SM clock (its kernels took longer; the host waited for them)"
     else:
         why = "neither ran nor waited: the engine core slept (on the GPU, a lock or I/O); read the profiler's host ranges"
     lines.append(f"reading: {why}")

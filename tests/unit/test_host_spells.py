@@ -82,6 +82,9 @@ def test_the_reading_names_the_account_that_holds_the_slow_rounds_extra_time():
     assert "GPU SM clock (median of the round's samples): slow 1410 MHz against fast 1980 (-570)" in lines[-3], lines
     assert "host CPUs busy (all processes): slow 2.00 against fast 2.00 (+0.00)" in lines[-2], lines
     assert "slept" in host_spells.compare(slept)[-1]
+    # a clock dip under spinning: the engine also ran longer, and the clock is still what the reading names
+    spun = [with_clock(_round(640, 1500, 10, 3), 1980)] * 6 + [with_clock(_round(450, 2200, 10, 3), 1410)] * 3
+    assert "lower SM clock" in host_spells.compare(spun)[-1]
 
 
 def test_busy_and_stolen_cpus_are_their_time_over_wall_time():
