@@ -6,7 +6,7 @@ so results can go straight into YAML / JSON.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 from scipy import stats as _scipy_stats
@@ -50,6 +50,13 @@ def cv(samples: Samples) -> float:
     if mean == 0.0:
         return 0.0 if std == 0.0 else math.nan
     return std / abs(mean)
+
+
+def worst_cv(sample_sets: Iterable[Samples]) -> float:
+    """The largest CV among the sets whose CV is defined (two or more samples, mean not 0); NaN when none is.
+    Filtered first because max() with a NaN first returns the NaN."""
+    cvs = (cv(s) for s in sample_sets if len(s) > 1)
+    return max((c for c in cvs if math.isfinite(c)), default=math.nan)
 
 
 def mann_whitney_u(a: Samples, b: Samples) -> float:

@@ -246,8 +246,7 @@ def run_workload(client: Client, maker: PromptMaker, w: Workload, sampler=None,
             if n_clean >= w.runs:
                 probe = Measured(clean.requests, clean.engine if use_engine else None, clean.clocks,
                                  clean.round_of_request)
-                cvs = [stats.cv(e["samples"]) for e in metrics_for(w, probe).values() if len(e["samples"]) > 1]
-                worst = max((c for c in cvs if math.isfinite(c)), default=float("nan"))
+                worst = stats.worst_cv(e["samples"] for e in metrics_for(w, probe).values())
                 if n_clean >= rounds_needed(worst, policy.half_width, w.runs, max_runs):
                     break
     if not use_engine:

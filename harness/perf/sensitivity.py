@@ -24,7 +24,6 @@ decode is the engine clock alone.
 """
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import dataclass, field, replace
@@ -208,9 +207,7 @@ class Curve:
             have = len(p.base[n])
             if cap is None or cap <= have or have < 2:
                 continue
-            # a side whose CV is undefined (NaN) does not count; max() with a NaN first would return the NaN
-            worst = max((c for c in (stats.cv(p.base[n]), stats.cv(p.slow[n])) if math.isfinite(c)), default=math.nan)
-            want[n] = rounds_needed(worst, thresholds.throughput_drop / 3, have, cap)
+            want[n] = rounds_needed(stats.worst_cv((p.base[n], p.slow[n])), thresholds.throughput_drop / 3, have, cap)
         return want
 
     def point(self, fraction: float, thresholds: Thresholds) -> Point:

@@ -35,6 +35,13 @@ def test_cv():
     assert math.isnan(stats.cv([5.0]))
 
 
+def test_worst_cv_skips_undefined_cvs_wherever_they_stand():
+    noisy = [9, 11]
+    assert stats.worst_cv([[1.0, -1.0], noisy]) == stats.worst_cv([noisy, [1.0, -1.0]]) == stats.cv(noisy)
+    assert stats.worst_cv([[5.0], [], [10, 10]]) == 0.0  # one sample or none: no CV, not an error
+    assert math.isnan(stats.worst_cv([[5.0], [1.0, -1.0]]))
+
+
 def test_mann_whitney_identical_and_separated():
     assert stats.mann_whitney_u([5, 5, 5], [5, 5, 5]) == 1.0
     # complete separation of 5 vs 5: exact two-sided p = 2 / C(10, 5)
