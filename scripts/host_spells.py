@@ -36,14 +36,13 @@ import psutil  # noqa: E402
 
 from harness.core.errors import SuiteError  # noqa: E402
 from harness.engine.server_metrics import EngineRound, scrape  # noqa: E402
-from harness.perf import bench  # noqa: E402
+from harness.perf import bench, host_cpu  # noqa: E402
 from harness.perf.clocks import ClockSampler  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
 
 TOKENS = 32
 SLOW = 0.97  # a round below this share of the fast quarter's median is slow: the 20b plugin's spells were 30% apart
 ROLES = ("engine", "api")
-PROBE_SLOWER = 1.10  # the probe's best-of-three varies ~2-3% between rounds on an idle CPU; 10% is a slower CPU
 CLOCK_DIP = 0.95  # an SM clock 5% below the fast rounds' is a clock change, not sampling jitter (NVML steps are ~15 MHz)
 
 
@@ -61,17 +60,12 @@ def schedstat(pid: int, proc_root: Path = Path("/proc")) -> tuple[int, int, int]
 
 
 def roles(pids: list[int], leader: int) -> dict[str, int]:
-    """The engine core and the API server among the server's processes (vLLM names the engine's process title
-    `VLLM::EngineCore`; the API server is the process group's leader, the process the suite started)."""
+    """The engine core and the API server among the server's processes (the API server is the process group's leader,
+    the process the suite started)."""
     found = {}
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            title = " ".join(p.cmdline()) + " " + p.name()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if "EngineCor" in title and "engine" not in found:
-            found["engine"] = pid
+    engine = host_cpu.engine_core(pids)
+    if engine is not None:
+        found["engine"] = engine
     if leader in pids:
         found["api"] = leader
     return found
@@ -118,34 +112,6 @@ def thread_run(pid: int, proc_root: Path = Path("/proc")) -> dict[str, int]:
             continue
         out[name] = out.get(name, 0) + run
     return out
-
-
-PROBE_LOOPS = 20000  # ~0.5-2 ms of pure Python (0.76 ms on a 2-core EPYC VM): long enough to time, short beside a round
-
-
-def cpu_probe_us(cpu: int | None) -> float | None:
-    """The best of three timings of a fixed pure-Python loop on `cpu` (the engine core's last CPU), in us. Run between
-    rounds, while the engine idles: a slow spell that a probe of the same work on the same CPU shares is the CPU's
-    (its clock, an SMT sibling, a neighbour), not the engine's."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    saved = os.sched_getaffinity(0)
-    try:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-        best = None
-        for _ in range(3):
-            t0 = time.perf_counter()
-            x = 0
-            for i in range(PROBE_LOOPS):
-                x += i * i % 7
-            dt = (time.perf_counter() - t0) * 1e6
-            best = dt if best is None else min(best, dt)
-        return best
-    except OSError:
-        return None
-    finally:
-        os.sched_setaffinity(0, saved)
 
 
 def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
@@ -234,7 +200,7 @@ def compare(rounds: list[dict]) -> list[str]:
     if sm_s is not None and sm_f is not None and sm_s < CLOCK_DIP * sm_f:
         why = "the GPU ran at a lower SM clock (its kernels took longer; the host waited for them)"
     elif extra_engine["run_ns"] >= extra / 2:
-        if slower_cpu is not None and slower_cpu >= PROBE_SLOWER:
+        if slower_cpu is not None and slower_cpu >= host_cpu.SLOWER:
             why = (f"the engine core ran longer on a CPU, and the CPU itself was slower (the same loop took "
                    f"{slower_cpu - 1:+.0%}): the host's CPU speed (its clock, an SMT sibling, a neighbour), not vLLM or the kernels")
         elif slower_cpu is not None:
@@ -291,7 +257,7 @@ def main() -> int:
                     busy, steal = busy_cpus(cpu0, cpu1)
                     rounds.append({"tok_s": (TOKENS - 1) / e.decode_s, "host": delta(host0, host1),
                                    "busy_cpus": busy, "steal_cpus": steal,
-                                   "probe_us": cpu_probe_us(host1.get("engine", {}).get("cpu")), "sm_mhz": rc.sm_mhz,
+                                   "probe_us": host_cpu.loop_us(host1.get("engine", {}).get("cpu")), "sm_mhz": rc.sm_mhz,
                                    "sm_min_mhz": rc.sm_min_mhz, "clock_reasons": rc.reasons})
     except SuiteError as e:
         print(f"host_spells: {e}")

@@ -159,7 +159,7 @@ def check_baseline(data: object, where: str) -> None:
                 raise SuiteError(f"{where}: missing '{key}' (schema {version}; null if not measurable)")
             if data[key] is not None and not ok(data[key]):
                 raise SuiteError(f"{where}: '{key}' must be a positive number or null (got {_one_line(data[key])[:40]})")
-    for key in ("metadata", "workload", "memory", "clocks"):
+    for key in ("metadata", "workload", "memory", "clocks", "host_cpu"):
         if key in data and data[key] is not None and not isinstance(data[key], Mapping):
             raise SuiteError(f"{where}: '{key}' must be a mapping")
     for key in ("platform", "device", "config", "model"):  # they name the baseline's folder and its comparisons
@@ -234,6 +234,7 @@ def baseline_text(results: Mapping, stem: str) -> str:
         "memory": results.get("memory") or {},
         "memory_peak_gb": results.get("memory_peak_gb"),
         "clocks": results.get("clocks") or {},
+        "host_cpu": results.get("host_cpu") or {},
     })
     check_baseline(doc, f"results for {config}")  # never write a file that load_baseline would reject
     try:

@@ -184,9 +184,10 @@ def _warm(client: Client, maker: PromptMaker, w: Workload, pool: ThreadPoolExecu
 
 
 def run_workload(client: Client, maker: PromptMaker, w: Workload, sampler=None,
-                 policy: RoundPolicy | None = None) -> Measured:
+                 policy: RoundPolicy | None = None, host_probe=None) -> Measured:
     """Warm-up rounds, then measured rounds of `concurrency` simultaneous requests, each right after its
-    own warm-up request; clocks sampled per round; more rounds where the noise needs them (policy)."""
+    own warm-up request; clocks sampled per round; more rounds where the noise needs them (policy). `host_probe`
+    (harness.perf.host_cpu.HostCpuProbe) times the host's CPU after each measured round, outside the round."""
     sampler = sampler or _NoClocks()
     policy = policy or RoundPolicy()
     max_runs = max(w.runs, policy.max_runs or w.max_runs or w.runs)
@@ -228,6 +229,8 @@ def run_workload(client: Client, maker: PromptMaker, w: Workload, sampler=None,
             with sampler.round() as rc:
                 reqs = round_(ready)
             after = engine_totals() if before is not None else None  # None only when not on the engine clock
+            if host_probe is not None:
+                host_probe.after_round()
             rnd = None
             if before is not None and after is not None:
                 rnd = EngineRound.between(before, after)

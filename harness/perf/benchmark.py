@@ -11,6 +11,7 @@ from harness.engine.server_metrics import scrape, spec_decode_between
 from harness.kernelpath.traces import profile
 from harness.perf import bench, memory, metadata
 from harness.perf.clocks import ClockSampler
+from harness.perf.host_cpu import HostCpuProbe
 from harness.perf.regression import THRESHOLDS_FILE, load_thresholds
 from harness.perf.results import RESULTS_DIR, results_name
 from harness.session.suite import RunningServer, Suite
@@ -54,13 +55,14 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
     policy, floor = round_policy(suite.platform.name)
     sampler = ClockSampler(floor=floor) if on_gpu else None
     pids = server.process.pids if server.process else (lambda: [])
+    host_probe = HostCpuProbe(pids)
     speculative = server.target.config.values.get("spec", "off") != "off"
     spec_decode: dict[str, dict] = {}
     try:
         with MemorySampler(pids) as mem:
             for w in workloads:
                 before = scrape(client) if speculative else None
-                measured = bench.run_workload(client, maker, w, sampler, policy)
+                measured = bench.run_workload(client, maker, w, sampler, policy, host_probe)
                 clocks.add("engine" if measured.engine else "client")
                 metrics.update(bench.metrics_for(w, measured))
                 counters = spec_decode_between(before, scrape(client)) if speculative else None
@@ -100,6 +102,8 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
         "memory_peak_gb": round(mem.peak_gb, 3) if server.process else None,
         "memory_kind": ("gpu" if mem.peak_gpu is not None else "cpu_rss") if server.process else None,
         "clocks": clock_info,
+        # informational: how fast this host's CPU ran (a host-side decode verdict compares it with the baseline's)
+        "host_cpu": host_probe.describe(),
         "workload": {**bench.workload_record(workloads, dropped), "runs": workloads[0].runs if workloads else 0,
                      "max_runs": workloads[0].max_runs if workloads else 0,
                      "warmup": workloads[0].warmup if workloads else 0, "max_model_len": max_len,

@@ -38,6 +38,7 @@ from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.core.paths import BASELINE_ROOT
 from harness.core.platform import broadest_first, is_valid_selector
+from harness.perf import host_cpu
 from harness.perf import metrics as perf
 from harness.core.store import identity_problem, regen_command
 from harness.core.yamlfile import load_mapping
@@ -597,10 +598,14 @@ def _host_side(v: Verdict, baseline: Mapping, current: Mapping, thresholds: Thre
             waited.append(f"{twin} {c_k / c_e:.2f}x its {engine}, baseline {b_k / b_e:.2f}x")
     if not waited:
         return None
+    cpu = host_cpu.compare(baseline, current)
+    why = (f"; {cpu}" if cpu else
+           " (this run or its baseline did not time the host's CPU: rerun on an idle host to tell them apart, or run "
+           "scripts/host_spells.py --config <config> --model <model>, which splits the engine core's CPU time per "
+           "token into more work and a slower CPU)")
     detail = (f"{v.detail}; the kernels did not slow down ({', '.join(held)}), and this run's decode step grew against "
               f"them ({'; '.join(waited)}): the host side slowed, from per-step host work the change added or from "
-              f"another load on this host (rerun on an idle host to tell them apart; scripts/host_spells.py --config "
-              f"<config> --model <model> splits the engine core's CPU time per token into more work and a slower CPU)")
+              f"a slower or busier host{why}")
     return replace(v, reason=Reason.HOST_SIDE, detail=detail)
 
 

@@ -78,3 +78,15 @@ def test_gpu_rounds_carry_their_clocks(perf_results):
         assert rounds and len(rounds) == len(entry["samples"]), f"{name}: samples without clocks"
         assert all(r.get("sm_mhz") for r in rounds), f"{name}: a round without an SM clock reading"
         assert not any(r.get("flagged") for r in rounds), f"{name}: a flagged round was counted"
+
+
+def test_the_hosts_cpu_speed_was_timed_after_every_measured_round(perf_results, booted):
+    """A fixed loop on the engine core's CPU after each round: a decode that fails on the host side says from it
+    whether this host's CPU ran slower than at the baseline (an H200 host's CPU ran ~40% slower in spells)."""
+    section = perf_results["host_cpu"]
+    assert section["available"], f"host CPU not timed: {section.get('reason')}"
+    work = perf_results["workload"]
+    least = len(work["items"]) * work["runs"]  # every workload measures at least `runs` rounds
+    samples = section["loop_us"]
+    assert len(samples) >= least, f"{len(samples)} loop timings for at least {least} measured rounds"
+    assert all(math.isfinite(x) and x > 0 for x in samples) and section["cpus"], section

@@ -10,7 +10,7 @@ import pytest
 from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.perf import metrics as perf
-from harness.perf import regression, sensitivity
+from harness.perf import host_cpu, regression, sensitivity
 from harness.perf.regression import Thresholds, compare_metric
 
 pytestmark = pytest.mark.level5
@@ -951,6 +951,31 @@ def test_the_recorded_h200_a_a_on_a_shared_host_fails_on_decode_and_says_the_hos
     slower = _scaled(a_a, 1 / 1.05, "tg32_gpu", "tg128_gpu")
     failed = {v.name: v for v in regression.gate_failures(regression.compare_run(base, slower, t), t)}
     assert {"tg32_gpu", "tg128_gpu", "tg128"} <= set(failed) and failed["tg128"].reason is regression.Reason.REGRESSION
+
+
+def test_a_host_side_failure_says_whether_this_hosts_cpu_ran_slower_than_at_the_baseline():
+    """The same recorded shared-host A/A, with the host's CPU timed as level 4 times it (a fixed loop on the engine
+    core's CPU after each round). A loop 69% slower than the baseline's, the H200 spell of 2026-12-03, is named a slower
+    CPU, not the change. A loop at the baseline's speed leaves more host work per step as the cause. Results without
+    the loop say how to tell them apart. The verdict fails in all three: the gate does not excuse a slow host."""
+    t = _sm90()
+    base, a_a = _recorded("baseline-results.json", H200_SHARED), _recorded("aa1-results.json", H200_SHARED)
+
+    def timed(run: dict, median: float) -> dict:
+        return {**run, "host_cpu": {"available": True, "median_us": median, "loops": host_cpu.LOOPS}}
+
+    def host_side(b: dict, c: dict) -> regression.Verdict:
+        (fail,) = regression.gate_failures(regression.compare_run(b, c, t), t)
+        assert (fail.name, fail.status, fail.reason) == ("tg128", "fail", regression.Reason.HOST_SIDE)
+        return fail
+
+    slower = host_side(timed(base, 1012), timed(a_a, 1708)).message
+    assert "1708 us against the baseline's 1012 (+69%): this host's CPU ran slower" in slower, slower
+    same = host_side(timed(base, 1012), timed(a_a, 1030)).message
+    assert "the CPU ran at the baseline's speed, so the host work per step grew" in same, same
+    assert "ran slower" not in same
+    untimed = host_side(base, a_a).message
+    assert "did not time the host's CPU" in untimed and "scripts/host_spells.py" in untimed
 
 
 def test_host_side_attribution_needs_every_kernel_twin_of_its_own_depth_to_hold_and_an_engine_clock():

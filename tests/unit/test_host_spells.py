@@ -122,13 +122,3 @@ def test_thread_run_sums_threads_by_name(tmp_path):
         (tmp_path / "7" / "task" / tid / "comm").write_text(name + "\n")
         (tmp_path / "7" / "task" / tid / "schedstat").write_text(f"{run} 0 1\n")
     assert host_spells.thread_run(7, tmp_path) == {"VLLM::EngineCor": 500, "pt_worker": 150}
-
-
-def test_the_probe_times_a_loop_and_gives_the_cpus_back():
-    import os
-
-    before = os.sched_getaffinity(0)
-    cpu = min(before)
-    us = host_spells.cpu_probe_us(cpu)
-    assert us is not None and us > 0
-    assert os.sched_getaffinity(0) == before

@@ -107,6 +107,17 @@ def test_per_round_clocks_sit_next_to_the_numbers(tmp_path, runs):
     assert "set aside (below the loaded clock): 2300 @ SM 1500 (min 345) MHz" in section
 
 
+def test_the_hosts_cpu_speed_is_shown_where_it_was_timed(tmp_path, runs):
+    _, results = runs
+    results[0]["host_cpu"] = {"available": True, "loop_us": [1012.0, 1708.0, 1650.0], "median_us": 1650.0,
+                              "cv": 0.255, "cpus": [1, 15], "loops": 20000}
+    results[1]["host_cpu"] = {"available": False, "reason": "no engine core process found"}
+    text = reports.write_markdown_summary(results[:2], {}, tmp_path / "s.md").read_text(encoding="utf-8")
+    assert ("a fixed loop on the engine core's CPU (CPUs 1, 15) took 1650 us median over 3 rounds, CV 25.5%"
+            in text), text
+    assert text.count("Host CPU of") == 1
+
+
 def test_summary_refuses_results_without_platform(tmp_path, runs):
     _, results = runs
     del results[1]["platform"]
