@@ -45,6 +45,15 @@ def _clock_range(results: list[dict]) -> str:
             f"{flagged} round(s) set aside below the loaded clock")
 
 
+def _host_cpu(r: dict) -> str:
+    """The host CPU's speed as level 4 timed it: a host-side decode failure is read beside it."""
+    cpu = r.get("host_cpu") or {}
+    if not cpu.get("available"):
+        return "host CPU not timed"
+    cv = f", CV {cpu['cv'] * 100:.1f}%" if isinstance(cpu.get("cv"), (int, float)) else ""
+    return f"host CPU loop {cpu['median_us']:.0f} us median{cv} on CPUs {cpu.get('cpus')}"
+
+
 def _failures(verdicts: list[dict]) -> list[dict]:
     return [v for v in verdicts if v["status"] == "fail" and not v.get("advisory")]
 
@@ -90,7 +99,7 @@ def main(root: Path, out: Path) -> int:
             r = res[0]
             lines.append(f"{r.get('config')} on {r.get('platform')} ({r.get('device')}); used memory "
                          f"{r.get('memory_used_gib')} GiB ({(r.get('memory') or {}).get('used_source')}); KV capacity "
-                         f"{r.get('kv_capacity_tokens')} tokens; clocks: {_clock_range(res)}")
+                         f"{r.get('kv_capacity_tokens')} tokens; clocks: {_clock_range(res)}; {_host_cpu(r)}")
             cc = (r.get("memory") or {}).get("cross_check") or {}
             lines += [f"memory cross-check: {cc.get('message')}", ""]
         if vs:

@@ -147,3 +147,10 @@ def test_a_curve_point_that_added_rounds_for_its_cv_says_how_many(tmp_path):
     text = _summarise(tmp_path, curve)
     assert "| 2% | tg128 | 0.9804 | 0.9810 | pass (41 rounds per side, 25 added for its CV) |" in text, text
     assert "| 2% | tg128_gpu | 0.9804 | 0.9800 | pass |" in text and "| 5% | tg128 | 0.9524 | 0.9810 | fail |" in text
+
+
+def test_each_boot_line_says_how_fast_the_hosts_cpu_ran():
+    assert gates_summary._host_cpu({}) == "host CPU not timed"
+    assert gates_summary._host_cpu({"host_cpu": {"available": False, "reason": "x"}}) == "host CPU not timed"
+    line = gates_summary._host_cpu({"host_cpu": {"available": True, "median_us": 1708.2, "cv": 0.21, "cpus": [1]}})
+    assert line == "host CPU loop 1708 us median, CV 21.0% on CPUs [1]"
