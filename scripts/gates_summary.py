@@ -51,7 +51,7 @@ def _host_cpu(r: dict) -> str:
     if not cpu.get("available"):
         return "host CPU not timed"
     cv = f", CV {cpu['cv'] * 100:.1f}%" if isinstance(cpu.get("cv"), (int, float)) else ""
-    return f"host CPU loop {cpu['median_us']:.0f} us median{cv} on CPUs {cpu.get('cpus')}"
+    return f"host CPU loop {cpu['median_us']:.0f} us median{cv} on CPUs {', '.join(map(str, cpu.get('cpus') or []))}"
 
 
 def _failures(verdicts: list[dict]) -> list[dict]:

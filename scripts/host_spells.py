@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -200,7 +199,7 @@ def compare(rounds: list[dict]) -> list[str]:
     if sm_s is not None and sm_f is not None and sm_s < CLOCK_DIP * sm_f:
         why = "the GPU ran at a lower SM clock (its kernels took longer; the host waited for them)"
     elif extra_engine["run_ns"] >= extra / 2:
-        if slower_cpu is not None and slower_cpu >= host_cpu.SLOWER:
+        if slower_cpu is not None and slower_cpu > host_cpu.SLOWER:
             why = (f"the engine core ran longer on a CPU, and the CPU itself was slower (the same loop took "
                    f"{slower_cpu - 1:+.0%}): the host's CPU speed (its clock, an SMT sibling, a neighbour), not vLLM or the kernels")
         elif slower_cpu is not None:

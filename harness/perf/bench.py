@@ -24,6 +24,7 @@ from harness.engine.client import Client
 from harness.engine.server_metrics import EngineRound, ScrapeFailed, scrape
 from harness.perf import metrics as perf
 from harness.perf.clocks import RoundClocks
+from harness.perf.host_cpu import HostCpuProbe
 
 WORKLOADS_FILE = REPO / "tests" / "level4_perf" / "workloads.yaml"
 # Any text the tokenizer splits into many distinct ids: the ids random prompts are drawn from.
@@ -184,7 +185,7 @@ def _warm(client: Client, maker: PromptMaker, w: Workload, pool: ThreadPoolExecu
 
 
 def run_workload(client: Client, maker: PromptMaker, w: Workload, sampler=None,
-                 policy: RoundPolicy | None = None, host_probe=None) -> Measured:
+                 policy: RoundPolicy | None = None, host_probe: HostCpuProbe | None = None) -> Measured:
     """Warm-up rounds, then measured rounds of `concurrency` simultaneous requests, each right after its
     own warm-up request; clocks sampled per round; more rounds where the noise needs them (policy). `host_probe`
     (harness.perf.host_cpu.HostCpuProbe) times the host's CPU after each measured round, outside the round."""

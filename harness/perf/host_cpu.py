@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,7 +18,9 @@ from typing import Any
 import psutil
 
 from harness.core import stats
+from harness.core.platform import cpu_model_name
 
+LOOP = "sum(i * i % 7 for i < LOOPS), best of 3"  # changing the loop's body makes older timings incomparable
 LOOPS = 20000  # ~0.5-2 ms of pure Python (0.76 ms on a 2-core EPYC VM): long enough to time, short beside a round
 # The loop's best of three varies ~2-3% between rounds on an idle CPU, so 10% is a slower CPU. The spells seen on an
 # H200 host were ~40-70%.
@@ -72,6 +75,12 @@ class HostCpuProbe:
         self.reason: str | None = None
 
     def after_round(self) -> None:
+        try:  # informational: nothing here may stop a level 4 run
+            self._time_engine_cpu()
+        except Exception as e:  # noqa: BLE001
+            self.reason = f"the loop could not be timed ({type(e).__name__}: {e})"
+
+    def _time_engine_cpu(self) -> None:
         pid = engine_core(self._pids())
         if pid is None:
             self.reason = "no engine core process found (an external server, or a vLLM without one)"
@@ -93,27 +102,45 @@ class HostCpuProbe:
             return {"available": False, "reason": self.reason or "no measured round"}
         return {"available": True, "loop_us": self.samples, "median_us": round(stats.median(self.samples), 1),
                 "cv": round(stats.cv(self.samples), 4) if len(self.samples) > 1 else None,
-                "cpus": sorted(self.cpus), "loops": LOOPS,
+                "cpus": sorted(self.cpus), "loops": LOOPS, "loop": LOOP, "python": _python(), "cpu_model": cpu_model_name(),
                 "what": "best of three timings of a fixed Python loop on the engine core's CPU after each round"}
 
 
+def _python() -> str:
+    return ".".join(map(str, sys.version_info[:2]))  # a pure-Python loop's speed changes between interpreter versions
+
+
 def _median(section: object) -> float | None:
-    if not isinstance(section, Mapping) or section.get("loops") != LOOPS:
+    if not isinstance(section, Mapping) or section.get("loops") != LOOPS or section.get("loop") != LOOP:
         return None  # absent, unavailable, or another loop: not comparable
     value = section.get("median_us")
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else None
 
 
-def compare(baseline: Mapping, current: Mapping) -> str | None:
-    """One sentence on this run's host CPU speed against the baseline's, for a decode that slowed on the host side;
-    None when either side did not record it."""
-    b, c = _median(baseline.get("host_cpu")), _median(current.get("host_cpu"))
+_IDLE_HOST = "rerun on an idle host, or run scripts/host_spells.py --config <config> --model <model>, to tell them apart"
+
+
+def compare(baseline: Mapping, current: Mapping, step_growth: float) -> str | None:
+    """What the host CPU's speed says about a decode step that grew by `step_growth` (current step over the
+    baseline's, > 1) while its kernels held; None when either side did not time the loop. A CPU slower by at least
+    the step's growth explains it: the step is host work plus GPU time, and only the host part can grow with the CPU.
+    The loop cannot see another process taking the CPU between its ~1 ms timings, nor a neighbour on the cache or
+    memory bus, so a CPU at its baseline speed does not clear the host."""
+    b_sec, c_sec = baseline.get("host_cpu"), current.get("host_cpu")
+    b, c = _median(b_sec), _median(c_sec)
     if b is None or c is None:
         return None
+    for key, what in (("python", "Python"), ("cpu_model", "CPU model")):
+        if b_sec.get(key) != c_sec.get(key):
+            return (f"the host CPU timings cannot be compared ({what} {b_sec.get(key)} at the baseline, "
+                    f"{c_sec.get(key)} now); {_IDLE_HOST}")
     ratio = c / b
-    said = f"the fixed loop on the engine core's CPU took {c:.0f} us against the baseline's {b:.0f} ({ratio - 1:+.0%})"
+    said = f"the fixed loop on the engine core's CPU took {c:.0f} us against the baseline's {b:.0f} us ({ratio - 1:+.0%})"
+    if ratio > SLOWER and ratio >= step_growth:
+        return f"{said}, so this host's CPU ran slower, enough to explain the step's x{step_growth:.2f}"
     if ratio > SLOWER:
-        return f"{said}: this host's CPU ran slower, not the change's host work"
-    if ratio < 1 / SLOWER:
-        return f"{said}: this host's CPU ran faster, so the host work per step grew (the change, or vLLM)"
-    return f"{said}: the CPU ran at the baseline's speed, so the host work per step grew (the change, or vLLM)"
+        return (f"{said}, so this host's CPU ran slower, which explains part of the step's x{step_growth:.2f}; the rest "
+                f"is host work the change added or another load ({_IDLE_HOST})")
+    speed = "faster than" if ratio < 1 / SLOWER else "at"
+    return (f"{said}, so the CPU itself ran {speed} the baseline's speed: the host work per step grew, or another load "
+            f"competed for the host ({_IDLE_HOST})")

@@ -580,7 +580,7 @@ def _host_side(v: Verdict, baseline: Mapping, current: Mapping, thresholds: Thre
     if not decode or decode.group(3):
         return None
     depth = decode.group(2) or ""
-    held, waited = [], []
+    held, waited, growth = [], [], 1.0
     for twin in sorted(current.get("metrics") or {}):
         m = re.fullmatch(rf"(tg\d+)_gpu{re.escape(depth)}", twin)
         if not m:
@@ -596,10 +596,11 @@ def _host_side(v: Verdict, baseline: Mapping, current: Mapping, thresholds: Thre
         b_e, c_e = _clocked_median(baseline, engine, "engine"), _clocked_median(current, engine, "engine")
         if b_e is not None and c_e is not None and (c_k / c_e) / (b_k / b_e) > thresholds.host_bound_ratio:
             waited.append(f"{twin} {c_k / c_e:.2f}x its {engine}, baseline {b_k / b_e:.2f}x")
+            growth = max(growth, b_e / c_e)  # the engine's step per token, this run over the baseline's
     if not waited:
         return None
-    cpu = host_cpu.compare(baseline, current)
-    why = (f"; {cpu}" if cpu else
+    cpu = host_cpu.compare(baseline, current, growth)
+    why = (f". Host CPU: {cpu}" if cpu else
            " (this run or its baseline did not time the host's CPU: rerun on an idle host to tell them apart, or run "
            "scripts/host_spells.py --config <config> --model <model>, which splits the engine core's CPU time per "
            "token into more work and a slower CPU)")
