@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.perf import host_cpu  # noqa: E402
 from harness.perf.results import UNJUDGED, results_files  # noqa: E402
 
 
@@ -47,11 +48,8 @@ def _clock_range(results: list[dict]) -> str:
 
 def _host_cpu(r: dict) -> str:
     """The host CPU's speed as level 4 timed it: a host-side decode failure is read beside it."""
-    cpu = r.get("host_cpu") or {}
-    if not cpu.get("available"):
-        return "host CPU not timed"
-    cv = f", CV {cpu['cv'] * 100:.1f}%" if isinstance(cpu.get("cv"), (int, float)) else ""
-    return f"host CPU loop {cpu['median_us']:.0f} us median{cv} on CPUs {', '.join(map(str, cpu.get('cpus') or []))}"
+    cpu = host_cpu.summary(r.get("host_cpu"))
+    return f"host CPU loop {cpu}" if cpu else "host CPU not timed"
 
 
 def _failures(verdicts: list[dict]) -> list[dict]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 import psutil
 
 from harness.core import stats
-from harness.core.platform import cpu_model_name
 
 LOOP = "sum(i * i % 7 for i < LOOPS), best of 3"  # changing the loop's body makes older timings incomparable
 LOOPS = 20000  # ~0.5-2 ms of pure Python (0.76 ms on a 2-core EPYC VM): long enough to time, short beside a round
@@ -102,12 +100,25 @@ class HostCpuProbe:
             return {"available": False, "reason": self.reason or "no measured round"}
         return {"available": True, "loop_us": self.samples, "median_us": round(stats.median(self.samples), 1),
                 "cv": round(stats.cv(self.samples), 4) if len(self.samples) > 1 else None,
-                "cpus": sorted(self.cpus), "loops": LOOPS, "loop": LOOP, "python": _python(), "cpu_model": cpu_model_name(),
+                "cpus": sorted(self.cpus), "loops": LOOPS, "loop": LOOP,
                 "what": "best of three timings of a fixed Python loop on the engine core's CPU after each round"}
 
 
-def _python() -> str:
-    return ".".join(map(str, sys.version_info[:2]))  # a pure-Python loop's speed changes between interpreter versions
+def summary(section: object) -> str | None:
+    """`section` (a results' `host_cpu`) in words for the run report and the gates summary; None where not timed."""
+    if not isinstance(section, Mapping) or not section.get("available"):
+        return None
+    cv = f", CV {section['cv'] * 100:.1f}%" if isinstance(section.get("cv"), (int, float)) else ""
+    return (f"{section['median_us']:.0f} us median over {len(section.get('loop_us') or [])} rounds{cv}, on CPUs "
+            f"{', '.join(map(str, section.get('cpus') or []))}")
+
+
+def _what_ran_it(run: Mapping) -> dict[str, str | None]:
+    """The interpreter (major.minor: a pure-Python loop's speed changes between versions) and CPU model that timed the
+    loop, from the results' own metadata (harness.perf.metadata, written by the same process)."""
+    meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
+    python = meta.get("python")
+    return {"Python": ".".join(str(python).split(".")[:2]) if python else None, "CPU model": meta.get("cpu")}
 
 
 def _median(section: object) -> float | None:
@@ -126,14 +137,14 @@ def compare(baseline: Mapping, current: Mapping, step_growth: float) -> str | No
     the step's growth explains it: the step is host work plus GPU time, and only the host part can grow with the CPU.
     The loop cannot see another process taking the CPU between its ~1 ms timings, nor a neighbour on the cache or
     memory bus, so a CPU at its baseline speed does not clear the host."""
-    b_sec, c_sec = baseline.get("host_cpu"), current.get("host_cpu")
-    b, c = _median(b_sec), _median(c_sec)
+    b, c = _median(baseline.get("host_cpu")), _median(current.get("host_cpu"))
     if b is None or c is None:
         return None
-    for key, what in (("python", "Python"), ("cpu_model", "CPU model")):
-        if b_sec.get(key) != c_sec.get(key):
-            return (f"the host CPU timings cannot be compared ({what} {b_sec.get(key)} at the baseline, "
-                    f"{c_sec.get(key)} now); {_IDLE_HOST}")
+    b_ran, c_ran = _what_ran_it(baseline), _what_ran_it(current)
+    for what, ran in b_ran.items():
+        if ran is None or ran != c_ran[what]:
+            return (f"the host CPU timings cannot be compared ({what} {ran} at the baseline, {c_ran[what]} now); "
+                    f"{_IDLE_HOST}")
     ratio = c / b
     said = f"the fixed loop on the engine core's CPU took {c:.0f} us against the baseline's {b:.0f} us ({ratio - 1:+.0%})"
     if ratio > SLOWER and ratio >= step_growth:

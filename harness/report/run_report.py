@@ -37,6 +37,7 @@ from matplotlib.figure import Figure
 
 from harness.core import stats
 from harness.core.errors import SuiteError
+from harness.perf import host_cpu
 from harness.perf import metrics as perf
 from harness.perf.baselines import check_metrics
 from harness.perf.regression import DETAIL_WITHOUT_CI, Verdict
@@ -230,13 +231,10 @@ def write_markdown_summary(results: Sequence[Mapping], verdicts: Mapping, path: 
         if mem.get("used_source") or mem.get("cross_check"):
             lines += ["", f"Memory of {_label(r)}: {mem.get('used_source') or 'n/a'}; "
                           f"cross-check: {(mem.get('cross_check') or {}).get('message', 'n/a')}"]
-        cpu = r.get("host_cpu") or {}
-        if cpu.get("available"):
-            spread = f", CV {cpu['cv'] * 100:.1f}%" if isinstance(cpu.get("cv"), (int, float)) else ""
-            lines += ["", f"Host CPU of {_label(r)}: a fixed loop on the engine core's CPU (CPUs "
-                          f"{', '.join(map(str, cpu.get('cpus') or []))}) took {cpu['median_us']:.0f} us median over "
-                          f"{len(cpu.get('loop_us') or [])} rounds{spread}; a host-side decode verdict compares it with "
-                          "the baseline's"]
+        cpu = host_cpu.summary(r.get("host_cpu"))
+        if cpu:
+            lines += ["", f"Host CPU of {_label(r)}: a fixed loop on the engine core's CPU took {cpu}; a host-side "
+                          "decode verdict compares it with the baseline's"]
 
     clock_lines = []
     for r in results:

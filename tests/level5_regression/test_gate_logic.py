@@ -963,9 +963,9 @@ def test_a_host_side_failure_says_whether_this_hosts_cpu_ran_slower_than_at_the_
     t = _sm90()
     base, a_a = _recorded("baseline-results.json", H200_SHARED), _recorded("aa1-results.json", H200_SHARED)
 
-    def timed(run: dict, median: float, python: str = "3.12") -> dict:
-        return {**run, "host_cpu": {"available": True, "median_us": median, "loops": host_cpu.LOOPS,
-                                    "loop": host_cpu.LOOP, "python": python, "cpu_model": "Intel Xeon"}}
+    def timed(run: dict, median: float, python: str = "3.12.3") -> dict:  # both boots recorded Python 3.12.3
+        return {**run, "metadata": {**run["metadata"], "python": python},
+                "host_cpu": {"available": True, "median_us": median, "loops": host_cpu.LOOPS, "loop": host_cpu.LOOP}}
 
     def host_side(b: dict, c: dict) -> str:
         (fail,) = regression.gate_failures(regression.compare_run(b, c, t), t)
@@ -980,7 +980,7 @@ def test_a_host_side_failure_says_whether_this_hosts_cpu_ran_slower_than_at_the_
     same = host_side(timed(base, 1012), timed(a_a, 1030))
     assert "the CPU itself ran at the baseline's speed: the host work per step grew, or another load" in same, same
     assert "ran slower" not in same and "scripts/host_spells.py" in same
-    other_python = host_side(timed(base, 1012, "3.11"), timed(a_a, 1708))
+    other_python = host_side(timed(base, 1012, "3.11.9"), timed(a_a, 1708))
     assert "cannot be compared (Python 3.11 at the baseline, 3.12 now)" in other_python, other_python
     assert "ran slower" not in other_python
     untimed = host_side(base, a_a)

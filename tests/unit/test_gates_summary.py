@@ -152,5 +152,6 @@ def test_a_curve_point_that_added_rounds_for_its_cv_says_how_many(tmp_path):
 def test_each_boot_line_says_how_fast_the_hosts_cpu_ran():
     assert gates_summary._host_cpu({}) == "host CPU not timed"
     assert gates_summary._host_cpu({"host_cpu": {"available": False, "reason": "x"}}) == "host CPU not timed"
-    line = gates_summary._host_cpu({"host_cpu": {"available": True, "median_us": 1708.2, "cv": 0.21, "cpus": [1, 15]}})
-    assert line == "host CPU loop 1708 us median, CV 21.0% on CPUs 1, 15"
+    line = gates_summary._host_cpu({"host_cpu": {"available": True, "median_us": 1708.2, "cv": 0.21, "cpus": [1, 15],
+                                                 "loop_us": [1012.0, 1708.2, 1750.0]}})
+    assert line == "host CPU loop 1708 us median over 3 rounds, CV 21.0%, on CPUs 1, 15"

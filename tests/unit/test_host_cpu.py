@@ -41,6 +41,7 @@ def test_the_probe_times_the_engines_cpu_after_each_round_and_says_why_when_it_c
         probe.after_round()
         section = probe.describe()
         assert section["available"] and len(section["loop_us"]) == 2 and section["loops"] == host_cpu.LOOPS
+        assert host_cpu.summary(section).startswith(f"{section['median_us']:.0f} us median over 2 rounds, CV ")
         assert set(section["cpus"]) <= os.sched_getaffinity(0)
         assert section["median_us"] > 0 and section["cv"] is not None
     finally:
@@ -58,10 +59,10 @@ def test_the_probe_times_the_engines_cpu_after_each_round_and_says_why_when_it_c
     assert "RuntimeError: process table gone" in failing.describe()["reason"]
 
 
-def _run(median: float | None, loops: int = host_cpu.LOOPS, **keys: str) -> dict:
-    section = {"available": True, "median_us": median, "loops": loops, "loop": host_cpu.LOOP, "python": "3.12",
-               "cpu_model": "AMD EPYC", **keys}
-    return {} if median is None else {"host_cpu": section}
+def _run(median: float | None, loops: int = host_cpu.LOOPS, loop: str = host_cpu.LOOP, **metadata: str) -> dict:
+    section = {"available": True, "median_us": median, "loops": loops, "loop": loop}
+    meta = {"python": "3.12.3", "cpu": "AMD EPYC", **metadata}
+    return {} if median is None else {"host_cpu": section, "metadata": meta}
 
 
 def test_the_sentence_names_a_slower_cpu_only_beyond_the_loops_own_spread_and_only_as_far_as_it_explains():
@@ -84,6 +85,10 @@ def test_the_sentence_names_a_slower_cpu_only_beyond_the_loops_own_spread_and_on
                       ({"host_cpu": "fast"}, _run(1000)), (_run(float("nan")), _run(1000)),
                       ({"host_cpu": {"available": False, "reason": "x"}}, _run(1000))):
         assert host_cpu.compare(base, cur, 1.5) is None
-    for key, other in (("python", "3.11"), ("cpu_model", "Intel Xeon")):
+    for key, other in (("python", "3.11.9"), ("cpu", "Intel Xeon")):
         text = host_cpu.compare(_run(1000, **{key: other}), _run(1700), 1.5)
         assert "cannot be compared" in text and "ran slower" not in text, text
+    # the same interpreter minor version compares; a run that did not record what timed it does not
+    assert "ran slower" in host_cpu.compare(_run(1000, python="3.12.1"), _run(1700), 1.5)
+    unknown = {**_run(1000), "metadata": {}}
+    assert "cannot be compared (Python None at the baseline, 3.12 now)" in host_cpu.compare(unknown, _run(1700), 1.5)
