@@ -155,3 +155,35 @@ def compare(baseline: Mapping, current: Mapping, step_growth: float) -> str | No
     speed = "faster than" if ratio < 1 / SLOWER else "at"
     return (f"{said}, so the CPU itself ran {speed} the baseline's speed: the host work per step grew, or another load "
             f"competed for the host ({_IDLE_HOST})")
+
+
+# Above this CV of the loop over a boot the host's CPU changed speed (or load) under the engine: a steady CPU gave
+# 2.8% (an H200 host's fast spell, 7 rounds) and 6.8% (a 2-core VM, 60 timings with nothing else running); boots with
+# speed spells gave 21.6-24.8% (H200 hosts, 2026-12-03), the CPU platform's boots 22-25% (the engine's threads share
+# its two cores).
+UNSTEADY = 0.15
+
+
+def _cv(section: object) -> float | None:
+    if not isinstance(section, Mapping) or not section.get("available"):
+        return None
+    value = section.get("cv")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def unsteady(baseline: Mapping, current: Mapping) -> str | None:
+    """Why a run-to-run noisy engine- or client-clock metric is noisy, where the loop says the host's CPU changed speed
+    during a boot; None where neither side's loop varied beyond UNSTEADY (or neither timed it). The loop is timed after
+    each round, not during it, so it tells the host's state over a boot, not which rounds ran slow: on an H200 host the
+    loop after a round and that round's decode speed (tg32, tg128) correlated at |r| <= 0.6 (2026-12-03)."""
+    cvs = {"at the baseline": _cv(baseline.get("host_cpu")), "in this run": _cv(current.get("host_cpu"))}
+    unsteady_sides = [side for side, cv in cvs.items() if cv is not None and cv > UNSTEADY]
+    if not unsteady_sides:
+        return None
+    which = ("both boots" if len(unsteady_sides) == 2 else
+             "the baseline's boot" if unsteady_sides[0] == "at the baseline" else "this run's boot")
+    timed = ", ".join(f"{cv:.1%} {side}" for side, cv in cvs.items() if cv is not None)
+    return (f"the host's CPU changed speed or load during {which} (the fixed "
+            f"loop on the engine core's CPU varied by CV {timed}; a steady CPU's: 3-7%), so more rounds or locked GPU "
+            f"clocks will not remove this noise; rerun on an idle host (scripts/host_spells.py --config <config> "
+            f"--model <model> shows a host's speed spells)")

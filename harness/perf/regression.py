@@ -610,6 +610,19 @@ def _host_side(v: Verdict, baseline: Mapping, current: Mapping, thresholds: Thre
     return replace(v, reason=Reason.HOST_SIDE, detail=detail)
 
 
+# Inconclusive for noise that a slower or busier host makes: run-to-run CV, a CI too wide, a change short of
+# significance, host-bound decode. Kernel time does not wait for the host, so it never gets the host's sentence.
+_HOST_NOISE = frozenset({Reason.NOISY, Reason.CI_TOO_WIDE, Reason.NOT_SIGNIFICANT, Reason.HOST_BOUND})
+
+
+def _unsteady_host(v: Verdict, clock: str | None, baseline: Mapping, current: Mapping) -> Verdict | None:
+    """`v`, inconclusive from noise on the engine or client clock, with what the host CPU's loop says about it."""
+    if v.status != "inconclusive" or v.reason not in _HOST_NOISE or clock == "kernel":
+        return None
+    why = host_cpu.unsteady(baseline, current)
+    return replace(v, detail=f"{v.detail}. Host CPU: {why}") if why else None
+
+
 def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> list[Verdict]:
     """Verdicts for every metric of the baseline (baseline order), then used memory and KV capacity.
 
@@ -667,7 +680,8 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
                            unit=str(b.get("unit") or ""), config=config, unresolved=unresolved,
                            boot_spread=spread, host_bound=host_bound)
         v = _out_of_family(v, thresholds, config) or v
-        verdicts.append(_host_side(v, baseline, current, thresholds) or v)
+        v = _host_side(v, baseline, current, thresholds) or v
+        verdicts.append(_unsteady_host(v, b_clock or c_clock, baseline, current) or v)
     if thresholds.advisory:
         # A timing verdict here is a warning, never a failure, so it needs no boot spread to keep from failing an
         # unchanged run; a change beyond the threshold stays visible as a warning instead of "inconclusive".

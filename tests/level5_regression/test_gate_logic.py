@@ -987,6 +987,50 @@ def test_a_host_side_failure_says_whether_this_hosts_cpu_ran_slower_than_at_the_
     assert "did not time the host's CPU" in untimed and "scripts/host_spells.py" in untimed
 
 
+H200_UNSTEADY = REPO / "docs" / "evidence" / "sm_90-2026-12-03-h200-mxfp4all-rebaseline"
+
+
+def test_noise_from_a_host_whose_cpu_changed_speed_is_named_on_each_noisy_verdict_and_only_there():
+    """Real results: gemv-bf16-mxfp4-all on the 120b shape, a baseline boot and an A/A boot of the same code on one H200
+    whose host CPU changed speed within each boot (the loop after each round flipped between ~1.2 and ~2.3 ms, CV 22.6%
+    and 24.8%). Nothing changed, so nothing fails. Every decode and latency verdict left inconclusive by noise names
+    the host's CPU as its cause. Kernel-time verdicts and prefill's boot-spread verdicts never do. The same boots with
+    a steady loop on both sides (CV 3%), or without the loop, leave every verdict's words as they were."""
+    t = _sm90()
+    base, a_a = _recorded("baseline-results.json", H200_UNSTEADY), _recorded("aa1-results.json", H200_UNSTEADY)
+    verdicts = {v.name: v for v in regression.compare_run(base, a_a, t)}
+    assert not regression.gate_failures(list(verdicts.values()), t)
+    named = {n for n, v in verdicts.items() if "Host CPU: the host's CPU changed speed or load during both boots" in v.detail}
+    assert named == {"tg32", "tg32@d8192", "tg128", "tg128@d8192", "tpot_ms", "itl_ms"}, named
+    assert "varied by CV 22.6% at the baseline, 24.8% in this run" in verdicts["tg128"].message
+    assert {verdicts[n].reason for n in named} == {regression.Reason.NOISY, regression.Reason.HOST_BOUND}
+    assert all(verdicts[n].status == "pass" for n in ("tg32_gpu", "tg128_gpu", "pp2048_gpu"))
+
+    def steady(run: dict) -> dict:
+        return {**run, "host_cpu": {**run["host_cpu"], "cv": 0.03}}
+
+    def untimed(run: dict) -> dict:
+        return {k: v for k, v in run.items() if k != "host_cpu"}
+
+    for b, c in ((steady(base), steady(a_a)), (untimed(base), untimed(a_a))):
+        again = {v.name: v for v in regression.compare_run(b, c, t)}
+        assert not any("Host CPU" in v.detail for v in again.values())
+        assert {n: v.status for n, v in again.items()} == {n: v.status for n, v in verdicts.items()}
+    # kernel time never waits for the host: a noisy tg128_gpu stays without the host's sentence
+    kernels = a_a["metrics"]["tg128_gpu"]
+    jumpy = [x * (0.85 if i % 2 else 1.15) for i, x in enumerate(kernels["samples"])]
+    noisy_kernels = {**a_a, "metrics": {**a_a["metrics"], "tg128_gpu": {**kernels, "samples": jumpy}}}
+    (gpu,) = [v for v in regression.compare_run(base, noisy_kernels, t) if v.name == "tg128_gpu"]
+    assert gpu.status == "inconclusive" and "Host CPU" not in gpu.detail, gpu.message
+    # one unsteady side is enough to name it, and says which
+    one = {v.name: v for v in regression.compare_run(steady(base), a_a, t)}
+    assert "during this run's boot (the fixed loop on the engine core's CPU varied by CV 3.0% at the baseline, 24.8%" \
+        in one["tg128"].detail
+    other = {v.name: v for v in regression.compare_run(base, untimed(a_a), t)}
+    assert "during the baseline's boot (the fixed loop on the engine core's CPU varied by CV 22.6% at the baseline;" \
+        in other["tg128"].detail
+
+
 def test_host_side_attribution_needs_every_kernel_twin_of_its_own_depth_to_hold_and_an_engine_clock():
     """Each way the attribution could blame the host wrongly: a kernel twin of the same depth that slowed (even if
     another held) vetoes it; a twin at another depth neither vetoes nor excuses; a client-clock tgN says nothing

@@ -92,3 +92,18 @@ def test_the_sentence_names_a_slower_cpu_only_beyond_the_loops_own_spread_and_on
     assert "ran slower" in host_cpu.compare(_run(1000, python="3.12.1"), _run(1700), 1.5)
     unknown = {**_run(1000), "metadata": {}}
     assert "cannot be compared (Python None at the baseline, 3.12 now)" in host_cpu.compare(unknown, _run(1700), 1.5)
+
+
+def test_an_unsteady_host_is_named_only_beyond_a_steady_cpus_spread_and_never_from_a_broken_section():
+    """CV 21.6-24.8% was the loop over boots with speed spells; 2.8-6.8% a steady CPU's. A section that is absent, not
+    available, or whose CV is not a number never names the host."""
+    def cv(value: object) -> dict:
+        return {"host_cpu": {"available": True, "median_us": 1000.0, "cv": value}}
+
+    assert "during both boots" in host_cpu.unsteady(cv(0.226), cv(0.248))
+    assert "during this run's boot" in host_cpu.unsteady(cv(0.03), cv(0.216))
+    assert host_cpu.unsteady(cv(0.068), cv(host_cpu.UNSTEADY)) is None
+    for broken in ({}, {"host_cpu": {"available": False, "cv": 0.5}}, cv(float("nan")), cv("high"), cv(None),
+                   {"host_cpu": "noisy"}):
+        assert host_cpu.unsteady(broken, broken) is None
+        assert "during the baseline's boot" in host_cpu.unsteady(cv(0.3), broken)
