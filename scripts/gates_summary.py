@@ -80,7 +80,7 @@ def aa_passed(verdicts: list[dict]) -> bool:
 
 def main(root: Path, out: Path) -> int:
     lines = ["# GPU gate evidence (scripts/gpu_gates.sh)", ""]
-    aa_ok, aa_n, aa_inconclusive, aa_not_measured, aa_host = 0, 0, 0, 0, 0
+    aa_ok, aa_n, aa_inconclusive, aa_not_measured, aa_host, aa_unsteady = 0, 0, 0, 0, 0, 0
     curve_ok, held_ok, benchy = None, None, None
     if (root / "selftest.log").is_file():
         lines += ["## selftest (suite_testhooks spin kernel)", "", "```",
@@ -109,6 +109,8 @@ def main(root: Path, out: Path) -> int:
                 # expects of an unchanged boot; only the others count against the A/A
                 aa_ok += aa_passed(vs)
                 aa_host += host_side_only(vs)
+                varied = host_cpu.loop_cv(res[0].get("host_cpu")) if res else None
+                aa_unsteady += varied is not None and varied > host_cpu.UNSTEADY
                 left_out = sum(map(_left_out, vs))
                 aa_not_measured += left_out
                 aa_inconclusive += len(inc) - left_out
@@ -167,6 +169,9 @@ def main(root: Path, out: Path) -> int:
               + (f"; {aa_not_measured} baseline metrics not measured by the boots' workloads" if aa_not_measured else "")
               + (f"; {aa_host} failed on the host side only: engine-clock decode slower with its kernels held, the step "
                  f"waiting for vLLM's host; rerun on a quiet host" if aa_host else "")
+              + (f"; in {aa_unsteady} of the {aa_n} boots the host's CPU changed speed or load (its loop's CV above "
+                 f"{host_cpu.UNSTEADY:.0%}), which leaves engine- and client-clock metrics unjudgeable: rerun on a "
+                 f"quieter host" if aa_unsteady else "")
               + ")",
               f"- sensitivity curve: the larger slowdown fails and the smaller passes on decode and prefill: {mark[curve_ok]}",
               f"- +1.5 GiB held fails the used-memory gate: {mark[held_ok]}",

@@ -109,6 +109,9 @@ def summary(section: object) -> str | None:
     if not isinstance(section, Mapping) or not section.get("available"):
         return None
     cv = f", CV {section['cv'] * 100:.1f}%" if isinstance(section.get("cv"), (int, float)) else ""
+    varied = loop_cv(section)
+    if varied is not None and varied > UNSTEADY:
+        cv += f" (the CPU changed speed or load: a steady one stays under {UNSTEADY:.0%})"
     return (f"{section['median_us']:.0f} us median over {len(section.get('loop_us') or [])} rounds{cv}, on CPUs "
             f"{', '.join(map(str, section.get('cpus') or []))}")
 
@@ -164,7 +167,8 @@ def compare(baseline: Mapping, current: Mapping, step_growth: float) -> str | No
 UNSTEADY = 0.15
 
 
-def _cv(section: object) -> float | None:
+def loop_cv(section: object) -> float | None:
+    """The loop's CV over a boot from a results' `host_cpu` section; None where it was not timed or is not a number."""
     if not isinstance(section, Mapping) or not section.get("available"):
         return None
     value = section.get("cv")
@@ -176,7 +180,7 @@ def unsteady(baseline: Mapping, current: Mapping) -> str | None:
     during a boot; None where neither side's loop varied beyond UNSTEADY (or neither timed it). The loop is timed after
     each round, not during it, so it tells the host's state over a boot, not which rounds ran slow: on an H200 host the
     loop after a round and that round's decode speed (tg32, tg128) correlated at |r| <= 0.6 (2026-12-03)."""
-    cvs = {"at the baseline": _cv(baseline.get("host_cpu")), "in this run": _cv(current.get("host_cpu"))}
+    cvs = {"at the baseline": loop_cv(baseline.get("host_cpu")), "in this run": loop_cv(current.get("host_cpu"))}
     unsteady_sides = [side for side, cv in cvs.items() if cv is not None and cv > UNSTEADY]
     if not unsteady_sides:
         return None

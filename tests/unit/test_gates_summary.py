@@ -154,4 +154,24 @@ def test_each_boot_line_says_how_fast_the_hosts_cpu_ran():
     assert gates_summary._host_cpu({"host_cpu": {"available": False, "reason": "x"}}) == "host CPU not timed"
     line = gates_summary._host_cpu({"host_cpu": {"available": True, "median_us": 1708.2, "cv": 0.21, "cpus": [1, 15],
                                                  "loop_us": [1012.0, 1708.2, 1750.0]}})
-    assert line == "host CPU loop 1708 us median over 3 rounds, CV 21.0%, on CPUs 1, 15"
+    assert line == ("host CPU loop 1708 us median over 3 rounds, CV 21.0% (the CPU changed speed or load: a steady one "
+                    "stays under 15%), on CPUs 1, 15")
+    steady = gates_summary._host_cpu({"host_cpu": {"available": True, "median_us": 1012.0, "cv": 0.028, "cpus": [3],
+                                                   "loop_us": [1012.0, 990.0, 1040.0]}})
+    assert steady == "host CPU loop 1012 us median over 3 rounds, CV 2.8%, on CPUs 3"
+
+
+def test_the_done_when_line_counts_the_a_a_boots_whose_host_cpu_changed_speed(tmp_path):
+    """The recorded H200 A/A of 2026-12-03 (loop CV 24.8%) is named; the same boot with a steady loop is not."""
+    evidence = REPO / "docs" / "evidence" / "sm_90-2026-12-03-h200-mxfp4all-rebaseline"
+    results = json.loads((evidence / "aa1-results.json").read_text())
+    verdicts = json.loads((evidence / "aa1-verdicts.json").read_text())
+    for cv, named in ((0.248, True), (0.03, False)):
+        run = tmp_path / f"cv{cv}" / "aa1"
+        (run / "results").mkdir(parents=True)
+        (run / "verdicts").mkdir()
+        (run / "results" / "gpt-oss-120b-shape__gemv-bf16-mxfp4-all.json").write_text(json.dumps({**results, "host_cpu": {**results["host_cpu"], "cv": cv}}))
+        (run / "verdicts" / "r.json").write_text(json.dumps(verdicts))
+        gates_summary.main(run.parent, run.parent / "summary.md")
+        text = (run.parent / "summary.md").read_text()
+        assert ("in 1 of the 1 boots the host's CPU changed speed or load (its loop's CV above 15%)" in text) is named
