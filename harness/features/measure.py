@@ -21,7 +21,7 @@ from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.engine.server_metrics import scrape, spec_decode_between
 from harness.features.spec import Criterion
-from harness.perf import bench
+from harness.perf import bench, host_cpu
 from harness.perf.benchmark import kernel_time_probe
 from harness.perf.memory import server_memory
 from harness.perf.metrics import parse_metric_name
@@ -39,6 +39,10 @@ class Side:
     clocks: dict[str, str] = field(default_factory=dict)  # metric -> clock it was measured with
     unresolved: dict[str, str] = field(default_factory=dict)  # metric -> why its samples cannot be judged
     boot_ends: list[dict[str, int]] = field(default_factory=list)  # per boot (A, B, A): sample counts at its end
+    # level 4's host CPU loop after each unprofiled round, on this side's engine core (harness.perf.host_cpu)
+    host_loop_us: list[float] = field(default_factory=list)
+    host_cpus: list[int] = field(default_factory=list)
+    host_reason: str | None = None  # why the loop could not be timed
 
     def end_boot(self) -> None:
         self.boot_ends.append({m: len(v) for m, v in self.samples.items()})
@@ -64,9 +68,14 @@ class Side:
     def value(self, metric: str) -> list[float]:
         return self.samples.get(metric) or self.numbers.get(metric) or []
 
+    def host_cpu(self) -> dict:
+        """This side's `host_cpu` section over all its boots, as level 4's results carry it."""
+        return host_cpu.section(self.host_loop_us, set(self.host_cpus), self.host_reason)
+
     def to_json(self) -> dict:
         return {"role": self.role, "config": self.config, "samples": self.samples, "numbers": self.numbers,
-                "boots": self.boots, "clocks": self.clocks, "unresolved": self.unresolved, "boot_ends": self.boot_ends}
+                "boots": self.boots, "clocks": self.clocks, "unresolved": self.unresolved, "boot_ends": self.boot_ends,
+                "host_loop_us": self.host_loop_us, "host_cpus": self.host_cpus, "host_reason": self.host_reason}
 
 
 def workloads_for(criteria: list[Criterion], platform_name: str) -> list[tuple[str, bench.Workload]]:
@@ -133,6 +142,7 @@ class Measurer:
         on an H100 (20b shape) stock tg32 rounds that followed a profiled prefill in the same round ranged 180-304
         tok/s, where rounds without the profiler in between vary by about 0.1%."""
         client, maker = running.client(), self._maker(running)
+        probe = host_cpu.HostCpuProbe(running.process.pids if running.process else (lambda: []))
         for metric, w in self.workloads:
             kernel_time = profiled_metric(metric)
             if kernel_time != profiled:
@@ -145,9 +155,12 @@ class Measurer:
                 entry = bench.gpu_rate(client, maker, w, kernel_time_probe(running), self.sampler)
                 self._take(side, metric, entry)
             else:
-                entries = bench.metrics_for(w, bench.run_workload(client, maker, w, self.sampler))
+                entries = bench.metrics_for(w, bench.run_workload(client, maker, w, self.sampler, host_probe=probe))
                 if metric in entries:
                     self._take(side, metric, entries[metric])
+        side.host_loop_us.extend(probe.samples)
+        side.host_cpus = sorted(set(side.host_cpus) | probe.cpus)
+        side.host_reason = probe.reason if not side.host_loop_us else None
 
     @staticmethod
     def _take(side: Side, metric: str, entry: dict) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from harness.core import stats
@@ -18,6 +18,7 @@ from harness.features.measure import Measurer, Side, bracketed, interleaved, sav
 from harness.features.spec import Criterion, Feature
 from harness.kernelpath.breakdown import Breakdown, breakdown, busy_us_per_token, plot_breakdowns
 from harness.kernelpath.check import profile_decode_window
+from harness.perf import host_cpu
 from harness.perf.clocks import ClockSampler
 from harness.perf.regression import THRESHOLDS_FILE, load_thresholds
 from harness.session.suite import RunningServer, Suite
@@ -62,7 +63,8 @@ class FeatureResult:
         sides = []
         for s in data.get("sides", []):
             side = Side(s["role"], s["config"], s["samples"], s["numbers"], s["boots"], s["clocks"], s["unresolved"],
-                        s.get("boot_ends") or [])
+                        s.get("boot_ends") or [], s.get("host_loop_us") or [], s.get("host_cpus") or [],
+                        s.get("host_reason"))
             sides.append(side)
         for side in sides:  # results written before the unprofiled busy fraction was kept
             _busy_unprofiled((data.get("breakdown") or {}).get(side.config), side)
@@ -102,8 +104,19 @@ def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side,
             if unresolved and v.status is not Status.ERROR:  # rounds below the GPU's loaded clock: never judged
                 v = CriterionVerdict(v.criterion, v.metric, Status.INCONCLUSIVE, f"{unresolved}; not judged ({v.why})",
                                      v.baseline, v.candidate, v.ratio, v.ci, v.target, v.n)
-            out.append(v)
+            out.append(_unsteady_host(v, baseline, candidate))
     return out
+
+
+def _unsteady_host(v: CriterionVerdict, baseline: Side, candidate: Side) -> CriterionVerdict:
+    """`v` with level 5's sentence on a host whose CPU changed speed, where an engine- or client-clock criterion could
+    not be decided: kernel time does not wait for the host."""
+    clock = baseline.clocks.get(v.metric) or candidate.clocks.get(v.metric)
+    if v.status is not Status.INCONCLUSIVE or clock not in ("engine", "client"):
+        return v
+    why = host_cpu.unsteady({"host_cpu": baseline.host_cpu()}, {"host_cpu": candidate.host_cpu()},
+                            (f"the baseline ({baseline.config})", f"the candidate ({candidate.config})"))
+    return replace(v, why=f"{v.why}. Host CPU: {why}") if why else v
 
 
 def gate_verdicts(f: Feature, judged: list[CriterionVerdict], levels: dict[str, LevelOutcome]

@@ -96,12 +96,17 @@ class HostCpuProbe:
         self.cpus.add(cpu)
 
     def describe(self) -> dict[str, Any]:
-        if not self.samples:
-            return {"available": False, "reason": self.reason or "no measured round"}
-        return {"available": True, "loop_us": self.samples, "median_us": round(stats.median(self.samples), 1),
-                "cv": round(stats.cv(self.samples), 4) if len(self.samples) > 1 else None,
-                "cpus": sorted(self.cpus), "loops": LOOPS, "loop": LOOP,
-                "what": "best of three timings of a fixed Python loop on the engine core's CPU after each round"}
+        return section(self.samples, self.cpus, self.reason)
+
+
+def section(samples: list[float], cpus: set[int], reason: str | None) -> dict[str, Any]:
+    """The results' `host_cpu` section from the loop's timings and the CPUs they ran on."""
+    if not samples:
+        return {"available": False, "reason": reason or "no measured round"}
+    return {"available": True, "loop_us": samples, "median_us": round(stats.median(samples), 1),
+            "cv": round(stats.cv(samples), 4) if len(samples) > 1 else None,
+            "cpus": sorted(cpus), "loops": LOOPS, "loop": LOOP,
+            "what": "best of three timings of a fixed Python loop on the engine core's CPU after each round"}
 
 
 def summary(section: object) -> str | None:
@@ -175,19 +180,19 @@ def loop_cv(section: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def unsteady(baseline: Mapping, current: Mapping) -> str | None:
+def unsteady(baseline: Mapping, current: Mapping, names: tuple[str, str] = ("the baseline", "this run")) -> str | None:
     """Why a run-to-run noisy engine- or client-clock metric is noisy, where the loop says the host's CPU changed speed
-    during a boot; None where neither side's loop varied beyond UNSTEADY (or neither timed it). The loop is timed after
-    each round, not during it, so it tells the host's state over a boot, not which rounds ran slow: on an H200 host the
-    loop after a round and that round's decode speed (tg32, tg128) correlated at |r| <= 0.6 (2026-12-03)."""
-    cvs = {"at the baseline": loop_cv(baseline.get("host_cpu")), "in this run": loop_cv(current.get("host_cpu"))}
-    unsteady_sides = [side for side, cv in cvs.items() if cv is not None and cv > UNSTEADY]
+    during a side's boots (`names`: the two sides in words); None where neither side's loop varied beyond UNSTEADY (or
+    neither timed it). The loop is timed after each round, not during it, so it tells the host's state over a boot,
+    not which rounds ran slow: on an H200 host the loop after a round and that round's decode speed (tg32, tg128)
+    correlated at |r| <= 0.6 (2026-12-03)."""
+    cvs = dict(zip(names, (loop_cv(baseline.get("host_cpu")), loop_cv(current.get("host_cpu")))))
+    unsteady_sides = [name for name, cv in cvs.items() if cv is not None and cv > UNSTEADY]
     if not unsteady_sides:
         return None
-    which = ("both boots" if len(unsteady_sides) == 2 else
-             "the baseline's boot" if unsteady_sides[0] == "at the baseline" else "this run's boot")
-    timed = ", ".join(f"{cv:.1%} {side}" for side, cv in cvs.items() if cv is not None)
-    return (f"the host's CPU changed speed or load during {which} (the fixed "
-            f"loop on the engine core's CPU varied by CV {timed}; a steady CPU's: 3-7%), so more rounds or locked GPU "
-            f"clocks will not remove this noise; rerun on an idle host (scripts/host_spells.py --config <config> "
-            f"--model <model> shows a host's speed spells)")
+    which = "both sides' boots" if len(unsteady_sides) == 2 else f"{unsteady_sides[0]}'s boot"
+    timed = ", ".join(f"{name} {cv:.1%}" for name, cv in cvs.items() if cv is not None)
+    return (f"the host's CPU changed speed or load during {which} (the fixed loop on the engine core's CPU varied by "
+            f"CV: {timed}; a steady CPU's: 3-7%), so more rounds or locked GPU clocks will not remove this noise; "
+            f"rerun on an idle host (scripts/host_spells.py --config <config> --model <model> shows a host's speed "
+            f"spells)")

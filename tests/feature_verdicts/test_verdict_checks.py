@@ -16,6 +16,7 @@ from harness.features.judge import Status
 from harness.features.measure import Measurer, Side, interleaved
 from harness.features.run import judge_all
 from harness.features.spec import parse_criterion
+from harness.perf import host_cpu
 from harness.perf.regression import THRESHOLDS_FILE, load_thresholds
 from harness.session.suite import RunningServer, Suite
 
@@ -70,6 +71,10 @@ def test_a_a_never_passes_an_improvement_nor_fails_no_regression(pair, suite):
     assert better.status is not Status.PASS, f"A/A passed an improvement: {better.why}"
     assert same.status is not Status.FAIL, f"A/A failed 'no regression': {same.why}"
     assert better.status is not Status.ERROR and same.status is not Status.ERROR
+    # level 4's host CPU loop after each measured round, on each side's own engine core, for the host's sentence
+    for side, running in ((base, pair.plain), (cand, pair.hooked)):
+        if host_cpu.engine_core(running.process.pids()) is not None:
+            assert len(side.host_loop_us) == pair.rounds, side.host_cpu()
 
 
 def test_a_slowed_candidate_fails_no_regression(pair, suite):

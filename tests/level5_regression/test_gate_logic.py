@@ -1000,9 +1000,9 @@ def test_noise_from_a_host_whose_cpu_changed_speed_is_named_on_each_noisy_verdic
     base, a_a = _recorded("baseline-results.json", H200_UNSTEADY), _recorded("aa1-results.json", H200_UNSTEADY)
     verdicts = {v.name: v for v in regression.compare_run(base, a_a, t)}
     assert not regression.gate_failures(list(verdicts.values()), t)
-    named = {n for n, v in verdicts.items() if "Host CPU: the host's CPU changed speed or load during both boots" in v.detail}
+    named = {n for n, v in verdicts.items() if "Host CPU: the host's CPU changed speed or load during both sides' boots" in v.detail}
     assert named == {"tg32", "tg32@d8192", "tg128", "tg128@d8192", "tpot_ms", "itl_ms"}, named
-    assert "varied by CV 22.6% at the baseline, 24.8% in this run" in verdicts["tg128"].message
+    assert "varied by CV: the baseline 22.6%, this run 24.8%" in verdicts["tg128"].message
     assert {verdicts[n].reason for n in named} == {regression.Reason.NOISY, regression.Reason.HOST_BOUND}
     assert all(verdicts[n].status == "pass" for n in ("tg32_gpu", "tg128_gpu", "pp2048_gpu"))
 
@@ -1024,10 +1024,10 @@ def test_noise_from_a_host_whose_cpu_changed_speed_is_named_on_each_noisy_verdic
     assert gpu.status == "inconclusive" and "Host CPU" not in gpu.detail, gpu.message
     # one unsteady side is enough to name it, and says which
     one = {v.name: v for v in regression.compare_run(steady(base), a_a, t)}
-    assert "during this run's boot (the fixed loop on the engine core's CPU varied by CV 3.0% at the baseline, 24.8%" \
+    assert "during this run's boot (the fixed loop on the engine core's CPU varied by CV: the baseline 3.0%, this run 24.8%" \
         in one["tg128"].detail
     other = {v.name: v for v in regression.compare_run(base, untimed(a_a), t)}
-    assert "during the baseline's boot (the fixed loop on the engine core's CPU varied by CV 22.6% at the baseline;" \
+    assert "during the baseline's boot (the fixed loop on the engine core's CPU varied by CV: the baseline 22.6%;" \
         in other["tg128"].detail
 
 

@@ -91,3 +91,14 @@ def test_a_rerendered_review_keeps_the_baseline_its_run_judged_against(tmp_path)
     assert review.main([str(tmp_path / "verdict.json"), "--review-dir", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "FEATURE_cpu-compiled-decode.md").read_text()
     assert "(cpu-bf16-noprefix)" in text and "(cpu-bf16-eager)" not in text
+
+
+def test_the_host_cpu_loop_of_each_side_survives_the_verdict_file(tmp_path):
+    """A review re-rendered from verdict.json judges with the same loop timings the run measured."""
+    r = result(tmp_path)
+    r.sides[1].host_loop_us.extend([1250.0, 2250.0, 1200.0])
+    r.sides[1].host_cpus.append(5)
+    r.sides[0].host_reason = "no engine core process found (an external server, or a vLLM without one)"
+    again = FeatureResult.from_json(json.loads(json.dumps(r.to_json())), r.feature)
+    assert again.sides[1].host_cpu() == r.sides[1].host_cpu() and again.sides[1].host_cpu()["cv"] > 0.15
+    assert again.sides[0].host_cpu() == {"available": False, "reason": r.sides[0].host_reason}

@@ -403,3 +403,35 @@ def test_an_empty_by_platform_baseline_of_a_feature_is_refused_not_replaced_by_t
     with pytest.raises(SuiteError, match="kernels-moe.baseline: an empty by-platform baseline") as e:
         load_features(bad, platform="sm_90")
     assert "\n" not in str(e.value)
+
+
+def test_a_feature_criterion_left_inconclusive_on_a_host_whose_cpu_changed_speed_says_so_and_only_then():
+    """Level 5's host sentence on the feature verdicts: each side's host CPU loop is timed after its unprofiled rounds
+    (harness/features/measure.py). An engine-clock criterion the CI cannot decide names the side whose loop varied
+    beyond CV 15% (the H200 boot of 2026-12-03: 24.8%). A steady loop, a decided criterion, or a kernel-time one stay
+    as they were. The loop survives the verdict file."""
+    from harness.features.measure import Side
+    from harness.features.run import judge_all
+
+    noisy_b, noisy_c = around(300.0, n=8, cv=0.10, seed=1), around(305.0, n=8, cv=0.10, seed=2)
+    jumpy = [1250.0, 2250.0, 1200.0, 2300.0, 1300.0, 2100.0]  # CV ~30%, the H200 host's flips between rounds
+    steady = [1000.0, 1020.0, 990.0, 1010.0, 1005.0, 995.0]
+    criteria = tuple(parse_criterion(c) for c in ("tg32 >= +10%", "tg32_gpu >= +10%", "used_memory <= +1 GB"))
+
+    def sides(loop_b: list[float], loop_c: list[float], clock: str = "engine") -> tuple[Side, Side]:
+        b = Side("baseline", "triton-bf16", {"tg32": noisy_b, "tg32_gpu": noisy_b}, {"used_memory": [60.0]},
+                 clocks={"tg32": clock, "tg32_gpu": "kernel"}, host_loop_us=loop_b, host_cpus=[3])
+        c = Side("candidate", "gemv-bf16", {"tg32": noisy_c, "tg32_gpu": noisy_c}, {"used_memory": [60.5]},
+                 clocks={"tg32": clock, "tg32_gpu": "kernel"}, host_loop_us=loop_c, host_cpus=[5])
+        return b, c
+
+    tg, gpu, mem = judge_all(criteria, *sides(steady, jumpy))
+    assert tg.status is Status.INCONCLUSIVE and gpu.status is Status.INCONCLUSIVE and mem.status is Status.PASS
+    assert "Host CPU: the host's CPU changed speed or load during the candidate (gemv-bf16)'s boot" in tg.why, tg.why
+    assert "Host CPU" not in gpu.why and "Host CPU" not in mem.why
+    both = judge_all(criteria[:1], *sides(jumpy, jumpy, clock="client"))[0]
+    assert "during both sides' boots" in both.why
+    for quiet in (sides(steady, steady), sides([], [])):
+        assert "Host CPU" not in judge_all(criteria[:1], *quiet)[0].why
+    decided = judge_all((parse_criterion("tg32 >= -50%"),), *sides(jumpy, jumpy))[0]
+    assert decided.status is Status.PASS and "Host CPU" not in decided.why

@@ -100,7 +100,7 @@ def test_an_unsteady_host_is_named_only_beyond_a_steady_cpus_spread_and_never_fr
     def cv(value: object) -> dict:
         return {"host_cpu": {"available": True, "median_us": 1000.0, "cv": value}}
 
-    assert "during both boots" in host_cpu.unsteady(cv(0.226), cv(0.248))
+    assert "during both sides' boots" in host_cpu.unsteady(cv(0.226), cv(0.248))
     assert "during this run's boot" in host_cpu.unsteady(cv(0.03), cv(0.216))
     assert host_cpu.unsteady(cv(0.068), cv(host_cpu.UNSTEADY)) is None
     for broken in ({}, {"host_cpu": {"available": False, "cv": 0.5}}, cv(float("nan")), cv("high"), cv(None),
