@@ -94,8 +94,8 @@ class Thresholds:
         for name in ("throughput_drop", "latency_rise", "memory_growth_gb", "max_cv", "kv_capacity_drop",
                      "loaded_clock_floor", "sensitivity_fail"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise SuiteError(f"threshold {name} must be a positive number (got {value!r})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise SuiteError(f"threshold {name} must be a positive finite number (got {value!r})")
         # Relative gates are fractions: `latency_rise: 5` meant as 5% is a 500% gate that passes any slowdown.
         # (sensitivity_fail is a slowdown of the step time, which may exceed 1: CPU's is 1.0, twice as slow.)
         for name in ("throughput_drop", "latency_rise", "max_cv", "kv_capacity_drop", "loaded_clock_floor"):
@@ -109,11 +109,14 @@ class Thresholds:
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not 0 < self.alpha < 1:
             raise SuiteError(f"threshold alpha must be within (0, 1) (got {self.alpha!r})")
         if self.out_of_family is not None and (isinstance(self.out_of_family, bool)
-                                               or not isinstance(self.out_of_family, (int, float)) or not self.out_of_family > 0):
+                                               or not isinstance(self.out_of_family, (int, float))
+                                               or not 0 < self.out_of_family < math.inf):
             raise SuiteError(f"threshold out_of_family must be a positive fraction (1.0 means twice or half as fast) "
                              f"or null (got {self.out_of_family!r})")
-        if isinstance(self.bootstrap_n, bool) or not isinstance(self.bootstrap_n, int) or self.bootstrap_n < 100:
-            raise SuiteError(f"threshold bootstrap_n must be an integer >= 100 (got {self.bootstrap_n!r})")
+        # above ~100,000 resamples the CI's ends move by less than its rounding, and memory grows with n x samples
+        if isinstance(self.bootstrap_n, bool) or not isinstance(self.bootstrap_n, int) \
+                or not 100 <= self.bootstrap_n <= 100_000:
+            raise SuiteError(f"threshold bootstrap_n must be an integer in [100, 100000] (got {self.bootstrap_n!r})")
         if isinstance(self.host_bound_ratio, bool) or not isinstance(self.host_bound_ratio, (int, float)) \
                 or not self.host_bound_ratio >= 1:
             raise SuiteError(f"threshold host_bound_ratio must be a factor >= 1 (1.05: the kernels' rate 5% above the "
@@ -334,18 +337,21 @@ def compare_metric(
               f"[{lo:.3f}, {hi:.3f}]; CV {_pct(cv_b)} / {_pct(cv_c)})").replace("  ", " ")
     within_spread = False  # inconclusive only because of the recorded boot spread (not noise, not clocks)
     few = min(len(baseline_samples), len(current_samples))
+    smallest_p = 2.0 / math.comb(len(baseline_samples) + len(current_samples), len(baseline_samples))
     fix = None
     if unresolved:
         status, reason = "inconclusive", Reason.UNRESOLVED_CLOCKS
         detail = (f"{name}: {unresolved}; not judged (median change {delta * 100:+.1f}%, p={p:.3g}, "
                   f"CI [{lo:.3f}, {hi:.3f}]); rerun on an idle GPU at its loaded clock")
-    elif few < 2:
-        # One sample gives a CI of zero width and can never be significant: a pass would be a guess and a fail
-        # impossible (a workloads file with runs: 1)
+    elif few < 2 or smallest_p >= thresholds.alpha:
+        # One sample gives a CI of zero width; and the rank test's smallest p is 2 / C(n_b + n_c, n_b) (0.1 at 3
+        # against 3, 0.057 at 3 against 4): below alpha no slowdown, however large, could ever fail (a workloads
+        # file with runs: 3). A pass would be a guess and a fail impossible.
         status, reason = "inconclusive", Reason.TOO_FEW_SAMPLES
-        detail = (f"{name}: {len(baseline_samples)} baseline / {len(current_samples)} current sample(s); "
-                  f"one sample cannot resolve a {threshold * 100:.1f}% change (median change {delta * 100:+.1f}%); "
-                  f"run at least 2 rounds (workloads `runs`)")
+        detail = (f"{name}: {len(baseline_samples)} baseline / {len(current_samples)} current sample(s) cannot "
+                  f"resolve a {threshold * 100:.1f}% change (median change {delta * 100:+.1f}%; the rank test's "
+                  f"smallest p with these counts is {min(1.0, smallest_p):.3g}, the gate needs p < {thresholds.alpha:g}); "
+                  f"run at least 4 rounds a side (workloads `runs`)")
     elif worse > threshold and significant and ci_worse:
         status, reason, detail = "fail", Reason.REGRESSION, change
         fix = f"investigate, or if intended re-record with: {regen_command('level5', config)}"
@@ -461,6 +467,10 @@ def compare_memory_section(baseline: Mapping, current: Mapping, thresholds: Thre
                              f"fix the measurement, or if it cannot be measured here re-record with: {regen_command('level5', config)}")
         if c is None:
             continue  # measured on neither side: nothing to judge
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < math.inf:
+            # NaN fails every comparison, so a broken number would pass a strict gate
+            raise SuiteError(f"results for {config}: {key} is {c!r}, not a positive finite number (a broken "
+                             f"measurement or a hand-edited file); rerun level 4 to write new results")
         if b is None:
             why = ("the baseline predates used-memory / KV-capacity accounting (schema 1)"
                    if key not in baseline else "the baseline did not measure it")
@@ -561,8 +571,12 @@ def _out_of_family(v: Verdict, thresholds: Thresholds, config: str) -> Verdict |
     detail = (f"{v.name} {v.delta * 100:+.1f}% ({stats.fmt(v.baseline)} -> {stats.fmt(v.current)} {v.unit} median): "
               f"baseline out of family, beyond the x{1 + bound:g} this platform's A/A runs never reach "
               f"(baselines/thresholds.yaml out_of_family), so neither a regression nor an improvement is judged")
+    worse = v.delta < 0 if v.higher_is_better else v.delta > 0
+    fix = (f"a slowdown this large is a regression unless the baseline came from another machine state: investigate "
+           f"first, and only then re-record it on this machine class: {regen_command('level5', config)}" if worse else
+           f"re-record it on this machine class: {regen_command('level5', config)}")
     return replace(v, status="inconclusive", reason=Reason.OUT_OF_FAMILY, detail=detail, within_boot_spread=False,
-                   fix=f"re-record it on this machine class: {regen_command('level5', config)}")
+                   fix=fix)
 
 
 def _host_side(v: Verdict, baseline: Mapping, current: Mapping, thresholds: Thresholds) -> Verdict | None:
@@ -645,8 +659,18 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
     problem = identity_problem(baseline, current, "baseline", baseline.get("model"))
     if problem:
         raise SuiteError(f"{problem}; re-record it with: {regen_command('level5', config)}")
+    # every shape model loads the same valid random weights (one fingerprint): the model's name tells them apart
+    for key in ("model", "config"):
+        b_id, c_id = baseline.get(key), current.get(key)
+        if b_id and c_id and b_id != c_id:
+            raise SuiteError(f"baseline is of {key} {b_id} but results are of {c_id}: another workload, not a change; "
+                             f"judge against baselines/<platform>/<model>/<config>.yaml of the results' model and "
+                             f"config (record it with: {regen_command('level5', str(c_id) if key == 'config' else config)})")
     verdicts = []
     b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
+    if not isinstance(c_metrics, Mapping) or not all(isinstance(e, Mapping) for e in c_metrics.values()):
+        raise SuiteError(f"results for {config}: metrics must map names to entries with samples (a broken or "
+                         "hand-edited results file); rerun level 4 to write new results")
     decode_host_bound = {} if thresholds.advisory else host_bound_decode(baseline, current, thresholds)
     b_request, c_request = stream_request(baseline), stream_request(current)
     for name, b in b_metrics.items():
@@ -753,10 +777,25 @@ def gate_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[V
     """The verdicts that fail the gate: every non-advisory "fail", plus "inconclusive" when thresholds say so,
     except an inconclusive that is only the metric's recorded boot spread (its message says what would fail)."""
     bad = {"fail", "inconclusive"} if thresholds.inconclusive_is_failure else {"fail"}
-    return [v for v in verdicts if v.status in bad and not v.advisory and not v.within_boot_spread]
+    return [v for v in verdicts if (v.status in bad or _unjudged_memory(v)) and not v.advisory
+            and not v.within_boot_spread]
+
+
+def _unjudged_memory(v: Verdict) -> bool:
+    """Memory is strict on every platform: used memory read from another source than the baseline's (vLLM's log
+    breakdown on one side, a process reading on the other, as when a new vLLM's log changes) or a number the baseline
+    lacks is a memory gate that did not run, which must not pass quietly whatever the growth."""
+    return v.kind in ("memory", "capacity") and v.status == "inconclusive"
 
 
 def advisory_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[Verdict]:
     """Timing verdicts that would fail a strict gate, on a platform where timing is advisory (warnings)."""
     bad = {"fail", "inconclusive"} if thresholds.inconclusive_is_failure else {"fail"}
-    return [v for v in verdicts if v.status in bad and v.advisory]
+    return [v for v in verdicts if v.advisory and (v.status in bad or _out_of_family_slowdown(v))]
+
+
+def _out_of_family_slowdown(v: Verdict) -> bool:
+    """A slowdown beyond the platform's A/A family is not judged (the baseline may be another machine state's), but it
+    is never quiet: a 3x slower decode must reach the warnings, not only a re-record advice that would bake it in."""
+    worse = v.delta < 0 if v.higher_is_better else v.delta > 0
+    return v.reason is Reason.OUT_OF_FAMILY and worse

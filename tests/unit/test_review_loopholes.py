@@ -132,12 +132,25 @@ def test_one_sample_is_inconclusive_not_a_pass(n_current):
     cur = {"samples": [97.5] * n_current, "unit": "tok/s", "higher_is_better": True}
     (v,) = [v for v in regression.compare_run(run(metrics={"tg32": base}), run(metrics={"tg32": cur}), STRICT)
             if v.name == "tg32"]
-    assert v.status == "inconclusive" and "one sample cannot resolve" in v.message, v.message
-    assert v in regression.gate_failures([v], STRICT)
-    two = {"samples": [97.5, 97.6], "unit": "tok/s", "higher_is_better": True}  # two samples are judged as before
+    assert v.status == "inconclusive" and "current sample(s) cannot resolve" in v.message, v.message
+    assert v.reason is regression.Reason.TOO_FEW_SAMPLES and v in regression.gate_failures([v], STRICT)
+    two = {"samples": [97.5, 97.6], "unit": "tok/s", "higher_is_better": True}  # 10 against 2 reach p 0.03: judged
     (v2,) = [v for v in regression.compare_run(run(metrics={"tg32": base}), run(metrics={"tg32": two}), STRICT)
              if v.name == "tg32"]
-    assert "one sample" not in v2.message
+    assert v2.reason is not regression.Reason.TOO_FEW_SAMPLES, v2.message
+
+
+def test_rounds_too_few_for_the_rank_test_to_ever_fail_are_inconclusive_not_a_pass():
+    """Three rounds a side: the rank test's smallest p is 2 / C(6, 3) = 0.1, so a 50% drop of tg32_gpu came out
+    "not significant", a green gate on sm_90. It is TOO_FEW_SAMPLES now, naming the rounds needed; four a side
+    (smallest p 0.029) fail it as before."""
+    sm90 = regression.load_thresholds(REPO / "baselines" / "thresholds.yaml", "sm_90")
+    three = regression.compare_metric("tg32_gpu", [341.0, 341.3, 340.8], [170.5, 170.6, 170.4], True, sm90)
+    assert three.reason is regression.Reason.TOO_FEW_SAMPLES and "smallest p with these counts is 0.1" in three.message
+    assert "at least 4 rounds a side" in three.message
+    four = regression.compare_metric("tg32_gpu", [341.0, 341.3, 340.8, 341.1], [170.5, 170.6, 170.4, 170.5], True,
+                                     sm90)
+    assert four.status == "fail" and four.reason is regression.Reason.REGRESSION, four.message
 
 
 @pytest.mark.parametrize("bad", [[float("nan"), 30.0], [31.0, float("inf")], [0.0, 31.0], "31.0", []])
@@ -169,3 +182,81 @@ def test_a_change_far_beyond_the_platforms_a_a_spread_is_a_stale_baseline_not_an
     assert tg([20.0, 21.0, 19.0, 20.5]).reason is regression.Reason.OUT_OF_FAMILY  # x0.4: either way
     assert tg([75.0, 76.0, 74.0, 75.5]).status == "improved"  # x1.5: within the A/A family, judged as before
     assert tg([50.0, 50.5, 49.5, 50.2]).reason is not regression.Reason.OUT_OF_FAMILY  # A/A
+
+
+# -- found by an adversarial review of level 5 (2026-12-03) -----------------------------------------------------
+SM90 = regression.load_thresholds(REPO / "baselines" / "thresholds.yaml", "sm_90")
+UNSTEADY_AA = REPO / "docs" / "evidence" / "sm_90-2026-12-03-h200-mxfp4all-rebaseline"
+
+
+def _recorded_pair() -> tuple[dict, dict]:
+    return tuple(json.loads((UNSTEADY_AA / f"{n}-results.json").read_text()) for n in ("baseline", "aa1"))
+
+
+def test_results_of_another_model_or_config_are_refused_not_judged_an_improvement():
+    """Every shape model loads the same valid random weights (one fingerprint). The 20b shape's results 1.8x faster
+    against the 120b shape's baseline read as 18 IMPROVED verdicts and a green gate; they are another workload."""
+    base, a_a = _recorded_pair()
+    other_model = {**a_a, "model": "gpt-oss-20b-shape",
+                   "metrics": {n: {**m, "samples": [x * (1.8 if m["higher_is_better"] else 1 / 1.8)
+                                                    for x in m["samples"]]} for n, m in a_a["metrics"].items()}}
+    with pytest.raises(SuiteError, match="model gpt-oss-120b-shape but results are of gpt-oss-20b-shape") as e:
+        regression.compare_run(base, other_model, SM90)
+    assert "\n" not in str(e.value)
+    with pytest.raises(SuiteError, match="config gemv-bf16-mxfp4-all but results are of triton-bf16"):
+        regression.compare_run(base, {**a_a, "config": "triton-bf16"}, SM90)
+    assert not regression.gate_failures(regression.compare_run(base, a_a, SM90), SM90)  # the A/A itself is judged
+
+
+def test_used_memory_from_another_source_fails_the_strict_memory_gate_whatever_the_growth():
+    """vLLM's log breakdown on one side and a process reading on the other (a new vLLM log format does that) made
+    +10 GiB an inconclusive that passed sm_90's gate. Memory is strict on every platform: the unjudged gate fails."""
+    base, a_a = _recorded_pair()
+    grown = {**a_a, "memory_used_gib": base["memory_used_gib"] + 10,
+             "memory": {**a_a["memory"], "used_source": "nvml per-process at boot - KV cache"}}
+    (used,) = [v for v in regression.compare_run(base, grown, SM90) if v.name == "memory_used_gib"]
+    assert used.reason is regression.Reason.SOURCE_MISMATCH and used in regression.gate_failures([used], SM90)
+    same = [v for v in regression.compare_run(base, a_a, SM90) if v.kind in ("memory", "capacity")]
+    assert [v.status for v in same] == ["pass", "pass"] and not regression.gate_failures(same, SM90)
+
+
+@pytest.mark.parametrize("key, bad", [("kv_capacity_tokens", float("nan")), ("memory_used_gib", "90.0"),
+                                      ("kv_capacity_tokens", "lots"), ("kv_capacity_tokens", True),
+                                      ("memory_used_gib", float("inf")), ("metrics", {"tg32": [1.0, 2.0]}),
+                                      ("metrics", {"tg32": None})])
+def test_a_broken_memory_number_or_metric_entry_in_the_results_is_one_line_not_a_pass_or_a_traceback(key, bad):
+    """NaN KV capacity passed the KV gate (NaN fails every comparison); a string or a list gave a bare traceback."""
+    with pytest.raises(SuiteError, match="rerun level 4") as e:
+        regression.compare_run(run(), run(**{key: bad}), STRICT)
+    assert "\n" not in str(e.value)
+
+
+def test_a_slowdown_beyond_the_cpu_family_still_warns_and_says_to_investigate_before_re_recording():
+    """On CPU (timing advisory) a 2.2x or 3.3x slower tg32 was out of family: no warning at all, and the only advice
+    was to re-record, which would bake the regression in. It stays unjudged (the baseline may be another machine
+    state's) but reaches the warnings; an out-of-family speed-up does not."""
+    cpu = regression.load_thresholds(REPO / "baselines" / "thresholds.yaml", "cpu")
+    base = run(metrics={"tg32": {"samples": [50.0, 51.0, 49.0, 50.5, 50.2, 49.8], "unit": "tok/s",
+                                 "higher_is_better": True}}, model_fingerprint=None)
+
+    def tg(factor: float) -> regression.Verdict:
+        cur = run(metrics={"tg32": {"samples": [x * factor for x in base["metrics"]["tg32"]["samples"]],
+                                    "unit": "tok/s", "higher_is_better": True}}, model_fingerprint=None)
+        return {v.name: v for v in regression.compare_run(base, cur, cpu)}["tg32"]
+
+    for factor in (0.45, 0.3):
+        slow = tg(factor)
+        assert slow.reason is regression.Reason.OUT_OF_FAMILY and slow in regression.advisory_failures([slow], cpu)
+        assert "investigate first" in slow.message and not regression.gate_failures([slow], cpu)
+    fast = tg(3.0)
+    assert fast.reason is regression.Reason.OUT_OF_FAMILY and not regression.advisory_failures([fast], cpu)
+    assert tg(0.6) in regression.advisory_failures([tg(0.6)], cpu)  # within the family: an ordinary warning
+
+
+@pytest.mark.parametrize("bad", [{"memory_growth_gb": float("inf")}, {"throughput_drop": float("inf")},
+                                 {"bootstrap_n": 50_000_000}, {"out_of_family": float("inf")}])
+def test_a_threshold_that_switches_a_gate_off_or_exhausts_memory_is_refused(bad):
+    """`memory_growth_gb: .inf` passed 60 -> 500 GiB; `bootstrap_n: 50000000` would allocate ~6 GB per metric."""
+    with pytest.raises(SuiteError, match="threshold") as e:
+        Thresholds(**bad)
+    assert "\n" not in str(e.value)
