@@ -30,6 +30,7 @@ in_env() {
     docker run --rm --gpus all --ipc=host --network host --user "$(id -u):$(id -g)" \
       -e HOME=/suite-cache -v "$cache:/suite-cache" -v "$PWD:$PWD" -w "$PWD" \
       -e SUITE_SET -e SUITE_GROUP -e SUITE_NIGHTLY_ALLOW_UNVERIFIED -e SUITE_BOOT_TIMEOUT -e HF_TOKEN -e PYTHONUNBUFFERED=1 \
+      -e TRITON_PTXAS_PATH -e CUDA_HOME \
       "$image" "$@"
   else
     "$@"
