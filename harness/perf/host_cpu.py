@@ -113,6 +113,9 @@ def summary(section: object) -> str | None:
     """`section` (a results' `host_cpu`) in words for the run report and the gates summary; None where not timed."""
     if not isinstance(section, Mapping) or not section.get("available"):
         return None
+    median = section.get("median_us")
+    if isinstance(median, bool) or not isinstance(median, (int, float)) or not math.isfinite(median):
+        return None  # not timed, or a section without a usable median (a hand-edited file)
     cv = f", CV {section['cv'] * 100:.1f}%" if isinstance(section.get("cv"), (int, float)) else ""
     varied = loop_cv(section)
     if varied is not None and varied > UNSTEADY:

@@ -107,3 +107,9 @@ def test_an_unsteady_host_is_named_only_beyond_a_steady_cpus_spread_and_never_fr
                    {"host_cpu": "noisy"}):
         assert host_cpu.unsteady(broken, broken) is None
         assert "during the baseline's boot" in host_cpu.unsteady(cv(0.3), broken)
+
+
+def test_a_section_without_a_usable_median_is_not_summarised_rather_than_a_traceback():
+    for broken in ({"available": True}, {"available": True, "median_us": "fast"}, {"available": True, "median_us": None},
+                   {"available": True, "median_us": float("nan")}, "timed", None):
+        assert host_cpu.summary(broken) is None
