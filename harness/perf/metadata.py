@@ -246,3 +246,60 @@ def collect(platform: Platform, run_dir: Path, server_env: dict[str, str], serve
         "env_vars": relevant_env(server_env),
         "vllm_flags": server_argv,
     }
+
+
+# Server environment that changes what runs (not the suite's own bookkeeping: its commit, timeouts, PYTHONPATH).
+_STACK_ENV = ("VLLM_", "FLASHINFER_", "TRITON_", "TORCH_", "PYTORCH_", "NCCL_", "CUDA_VERSION", "SUITE_KERNELS",
+              "OMP_NUM_THREADS")
+
+
+def _mapping(value: object) -> dict:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def stack_changes(baseline: object, current: object) -> list[str]:
+    """What of the software and driver stack under the suite differs between a baseline's metadata and this run's:
+    package versions, the server's vLLM and source commits, CUDA and driver, image, server flags and the environment
+    that changes what runs. A regression after a vLLM or driver upgrade is not the kernel change's, and the verdict
+    must say which moved. Fields either side did not record are not compared."""
+    b, c = _mapping(baseline), _mapping(current)
+    out: list[str] = []
+
+    def differ(what: str, then: object, now: object) -> None:
+        if then is not None and now is not None and then != now:
+            out.append(f"{what} {then} -> {now}")
+
+    b_pk, c_pk = _mapping(b.get("packages")), _mapping(c.get("packages"))
+    for name in sorted(set(b_pk) & set(c_pk)):
+        if b_pk[name] != c_pk[name]:
+            out.append(f"{name} {b_pk[name] or 'absent'} -> {c_pk[name] or 'absent'}")
+    differ("vLLM server", b.get("vllm_server_version"), c.get("vllm_server_version"))
+    b_sha, c_sha = _mapping(b.get("git_shas")), _mapping(c.get("git_shas"))
+    for name in ("vllm", "flashinfer"):
+        differ(f"{name} source commit", b_sha.get(name), c_sha.get(name))
+    b_cu, c_cu = _mapping(b.get("cuda")), _mapping(c.get("cuda"))
+    for name in ("torch_cuda", "driver_cuda"):
+        differ(f"CUDA ({name})", b_cu.get(name), c_cu.get(name))
+    differ("GPU driver", _mapping(b.get("gpu")).get("driver_version"), _mapping(c.get("gpu")).get("driver_version"))
+    differ("image", b.get("docker_image"), c.get("docker_image"))
+    b_fl, c_fl = b.get("vllm_flags"), c.get("vllm_flags")
+    if isinstance(b_fl, list) and isinstance(c_fl, list):
+        b_args, c_args = _flags(b_fl), _flags(c_fl)
+        for flag in sorted(set(b_args) | set(c_args)):
+            if b_args.get(flag, "(unset)") != c_args.get(flag, "(unset)"):
+                out.append(f"{flag} {b_args.get(flag, '(unset)')} -> {c_args.get(flag, '(unset)')}")
+    b_env, c_env = _mapping(b.get("env_vars")), _mapping(c.get("env_vars"))
+    for key in sorted(set(b_env) | set(c_env)):
+        if key.startswith(_STACK_ENV) and b_env.get(key) != c_env.get(key) and b_env and c_env:
+            out.append(f"{key}={b_env.get(key, '(unset)')} -> {c_env.get(key, '(unset)')}")
+    return out
+
+
+def _flags(argv: list) -> dict[str, str]:
+    """`--flag value` / `--switch` pairs of a server's argv, by flag (a switch's value is "on")."""
+    out, tokens = {}, [str(t) for t in argv]
+    for i, token in enumerate(tokens):
+        if token.startswith("--"):
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            out[token] = nxt if nxt is not None and not nxt.startswith("--") else "on"
+    return out

@@ -38,7 +38,7 @@ from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.core.paths import BASELINE_ROOT
 from harness.core.platform import broadest_first, is_valid_selector
-from harness.perf import host_cpu
+from harness.perf import host_cpu, metadata
 from harness.perf import metrics as perf
 from harness.core.store import identity_problem, regen_command
 from harness.core.yamlfile import load_mapping
@@ -712,7 +712,18 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         why = advisory_reason(current.get("platform"))
         verdicts = [replace(v, advisory=True, advisory_reason=why) for v in verdicts]
     verdicts += compare_memory_section(baseline, current, thresholds, config)
-    return verdicts
+    return _with_stack_changes(verdicts, baseline, current)
+
+
+def _with_stack_changes(verdicts: list[Verdict], baseline: Mapping, current: Mapping) -> list[Verdict]:
+    """A verdict that moved (failed, improved, or out of the platform's family) says what of the stack under the
+    suite changed since the baseline: a slowdown after a vLLM, driver or flag change is not the kernel change's."""
+    changes = metadata.stack_changes(baseline.get("metadata"), current.get("metadata"))
+    if not changes:
+        return verdicts
+    said = f". Changed since the baseline besides the suite: {'; '.join(changes)}"
+    return [replace(v, detail=v.detail + said)
+            if v.status in ("fail", "improved") or v.reason is Reason.OUT_OF_FAMILY else v for v in verdicts]
 
 
 # Decode metrics that follow vLLM's host side when a step's kernels finish before the host has the next step ready:

@@ -260,3 +260,32 @@ def test_a_threshold_that_switches_a_gate_off_or_exhausts_memory_is_refused(bad)
     with pytest.raises(SuiteError, match="threshold") as e:
         Thresholds(**bad)
     assert "\n" not in str(e.value)
+
+
+def test_a_verdict_that_moved_names_what_of_the_stack_changed_since_the_baseline_and_an_a_a_names_nothing():
+    """The same recorded A/A, with its kernels 10% slower: tg32_gpu fails. When this run's vLLM, a server flag and a
+    VLLM_ variable also changed since the baseline, the failure says so (a slowdown after an upgrade is not the kernel
+    change's); with the stack as recorded it says nothing more, and the unchanged A/A's verdicts never do."""
+    from harness.perf import metadata
+
+    base, a_a = _recorded_pair()
+    slower = {**a_a, "metrics": {**a_a["metrics"], "tg32_gpu": {
+        **a_a["metrics"]["tg32_gpu"], "samples": [x * 0.9 for x in a_a["metrics"]["tg32_gpu"]["samples"]]}}}
+    meta = a_a["metadata"]
+    upgraded = {**slower, "metadata": {
+        **meta, "packages": {**meta["packages"], "vllm": "0.27.0"},
+        "vllm_flags": meta["vllm_flags"] + ["--async-scheduling"],
+        "env_vars": {**meta["env_vars"], "VLLM_USE_FLASHINFER_MOE_MXFP4": "1", "SUITE_GIT_SHA": "another"}}}
+
+    def tg32_gpu(run: dict) -> regression.Verdict:
+        return {v.name: v for v in regression.compare_run(base, run, SM90)}["tg32_gpu"]
+
+    moved = tg32_gpu(upgraded)
+    assert moved.status == "fail", moved.message
+    said = moved.message.split("Changed since the baseline besides the suite: ")[1]
+    assert "vllm 0.26.0 -> 0.27.0" in said and "--async-scheduling (unset) -> on" in said
+    assert "VLLM_USE_FLASHINFER_MOE_MXFP4=(unset) -> 1" in said and "SUITE_GIT_SHA" not in said  # the suite's own commit
+    assert "Changed since the baseline" not in tg32_gpu(slower).message
+    assert not any("Changed since" in v.message for v in regression.compare_run(base, a_a, SM90))
+    for broken in (None, "text", {"packages": "x", "vllm_flags": "y", "env_vars": None, "gpu": 3}):
+        assert metadata.stack_changes(broken, meta) == [] and metadata.stack_changes(meta, broken) == []
