@@ -101,9 +101,13 @@ def judge_samples(c: Criterion, baseline: Sequence[float] | None, candidate: Seq
                                 (len(baseline), len(candidate)))
     lo, hi = _median_ci(candidate, seed, level)
     k = stats.median(candidate)
+    widened = ""
+    if boot_spread:  # one boot's median lands anywhere within the platform's A/A spread of the next boot's
+        lo, hi = lo / (1.0 + boot_spread), hi * (1.0 + boot_spread)
+        widened = f", widened by this platform's A/A boot spread of {boot_spread * 100:.0f}% (baselines/thresholds.yaml)"
     status = _clears((lo, hi), c.op, c.value)
-    why = (f"{c.metric} {_fmt(k)} {c.unit} median ({round(level * 100)}% CI [{_fmt(lo)}, {_fmt(hi)}] vs {c.op} "
-           f"{_fmt(c.value)}; n={len(candidate)})")
+    why = (f"{c.metric} {_fmt(k)} {c.unit} median ({round(level * 100)}% CI [{_fmt(lo)}, {_fmt(hi)}]{widened} vs "
+           f"{c.op} {_fmt(c.value)}; n={len(candidate)})")
     return CriterionVerdict(c.text, c.metric, status, why, None, k, None, (lo, hi), c.value, (0, len(candidate)))
 
 

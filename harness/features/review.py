@@ -22,7 +22,7 @@ from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 from harness.features.judge import GIB, CriterionVerdict, Status
 from harness.features.run import FeatureResult
-from harness.features.spec import load_features
+from harness.features.spec import load_features, parse_criterion
 from harness.kernelpath.breakdown import tokens_note
 
 MEASURED = ("REQUIRED: Hypothesis (1 sentence)", "REQUIRED: Success Criteria (hard numbers)",
@@ -263,6 +263,19 @@ def write_verdicts(results: Sequence[FeatureResult], path: Path) -> Path:
     return path
 
 
+def _as_run(data: dict) -> dict:
+    """The feature's fields as a run's verdict.json recorded them; a field it lacks stays as the file has it today."""
+    out = {k: data[k] for k in ("candidate", "hypothesis", "phase") if isinstance(data.get(k), str) or
+           (k == "phase" and k in data and data[k] is None)}
+    try:
+        criteria = tuple(parse_criterion(v["criterion"]) for v in data.get("criteria") or [])
+    except (SuiteError, KeyError, TypeError):
+        criteria = ()  # written under an older grammar: the file's criteria give the units
+    if criteria:
+        out["criteria"] = criteria
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Re-render reviews from runs' verdict.json files (no measurement): after editing the template's hand-written
     sections, or to bring a GPU machine's results into docs/porting."""
@@ -276,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         data = json.loads(Path(v).read_text(encoding="utf-8"))
         if data["feature"] not in features:
             raise SuiteError(f"{v}: feature {data['feature']} is not in configs/features.yaml")
-        # the baseline that run judged against, whatever the file says today
-        feature = dataclasses.replace(features[data["feature"]], baseline=data["baseline"], baseline_why=None)
+        # what that run judged (its candidate, baseline, hypothesis and criteria), whatever the file says today
+        feature = dataclasses.replace(features[data["feature"]], baseline=data["baseline"], baseline_why=None,
+                                      **_as_run(data))
         result = FeatureResult.from_json(data, feature)
         if a.artifacts:
             result.artifacts = str(Path(a.artifacts) / data["feature"])

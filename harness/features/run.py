@@ -98,7 +98,7 @@ def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side,
         else:
             v = judge_samples(c, baseline.value(c.metric) if c.relative else None, candidate.value(c.metric),
                               drift=baseline.drift(c.metric) if c.relative else None,
-                              boot_spread=spread_of(c.metric) if c.relative else 0.0)
+                              boot_spread=spread_of(c.metric) if c.kind == "timing" else 0.0)
             unresolved = "; ".join(f"{s.role}: {s.unresolved[c.metric]}" for s in (baseline, candidate)
                                    if c.metric in s.unresolved)
             if unresolved and v.status is not Status.ERROR:  # rounds below the GPU's loaded clock: never judged
@@ -119,16 +119,18 @@ def _unsteady_host(v: CriterionVerdict, baseline: Side, candidate: Side) -> Crit
     return replace(v, why=f"{v.why}. Host CPU: {why}") if why else v
 
 
-def gate_verdicts(f: Feature, judged: list[CriterionVerdict], levels: dict[str, LevelOutcome]
-                  ) -> tuple[list[CriterionVerdict], Status]:
-    """This feature's gate for the next phase: `judged` (its gate criteria, judged), then its gate levels."""
+def gate_verdicts(f: Feature, judged: list[CriterionVerdict], levels: dict[str, LevelOutcome],
+                  feature_status: Status) -> tuple[list[CriterionVerdict], Status]:
+    """This feature's gate for the next phase: `judged` (its gate criteria, judged), then its gate levels. A feature
+    without a gate gates by its own verdict (`feature_status`): one whose every criterion failed opened the next phase
+    when an empty gate passed."""
     gate = list(judged)
     for lv in f.gate_levels:
         o = levels.get(lv)
         status = Status.PASS if o and o.status == "PASS" else Status.FAIL if o and o.status == "FAIL" else Status.ERROR
         why = f"{lv} on {f.candidate}: {o.status if o else 'not run (add it to the feature levels)'}"
         gate.append(CriterionVerdict(f"levels {lv}", lv, status, why))
-    return gate, overall([g.status for g in gate]) if gate else Status.PASS
+    return gate, overall([g.status for g in gate]) if gate else feature_status
 
 
 def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict[str, Status],
@@ -193,8 +195,8 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
             return stats.median(values) if values else None
 
         verdicts = [did_not_boot(c, who, config, cause, measured(c)) for c in f.criteria]
-        gate, _ = gate_verdicts(f, [did_not_boot(c, who, config, cause, measured(c)) for c in f.gate], levels)
         status = overall([v.status for v in verdicts])
+        gate, _ = gate_verdicts(f, [did_not_boot(c, who, config, cause, measured(c)) for c in f.gate], levels, status)
         # whatever its gate levels say, a feature that was not measured cannot open the next phase
         result = FeatureResult(f, status, verdicts, levels, gate, status if f.gate else Status.FAIL,
                                [base_side, cand_side], order=order, notes=[f"the {who} did not boot: {cause}"],
@@ -214,8 +216,10 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
     # a required level that ran nothing (every test skipped, e.g. level 2 on dummy weights) cannot say: inconclusive
     level_status = [Status.PASS if o.status == "PASS" else Status.FAIL if o.status == "FAIL" else Status.INCONCLUSIVE
                     for o in levels.values()]
-    gate, gate_status = gate_verdicts(f, judge_all(f.gate, base_side, cand_side, spread_of) if f.gate else [], levels)
-    result = FeatureResult(f, overall([v.status for v in verdicts] + level_status), verdicts, levels, gate,
+    status = overall([v.status for v in verdicts] + level_status)
+    gate, gate_status = gate_verdicts(f, judge_all(f.gate, base_side, cand_side, spread_of) if f.gate else [], levels,
+                                      status)
+    result = FeatureResult(f, status, verdicts, levels, gate,
                            gate_status, [base_side, cand_side], order=order, breakdown=breakdown,
                            seconds=time.monotonic() - started, **common)
     (out_dir / "verdict.json").write_text(json.dumps(result.to_json(), indent=1, default=str))

@@ -76,7 +76,17 @@ def _metric_name(raw: str) -> str:
 
 
 def parse_criterion(text: str) -> Criterion:
-    """`"tg32 >= +10%"` -> Criterion; SuiteError (one line, with the grammar) for anything else."""
+    """`"tg32 >= +10%"` -> Criterion; SuiteError (one line, with the grammar) for anything else, and for a bound on
+    the wrong side of its metric (`ttft_p50 >= -3%` would pass a 50% slower TTFT: a latency is better lower)."""
+    c = _parse_criterion(text)
+    if c.op != (">=" if c.higher_is_better else "<="):
+        better, op = ("higher", ">=") if c.higher_is_better else ("lower", "<=")
+        raise SuiteError(f"criterion {text!r}: {c.metric} is better {better}, so a bound on it is written "
+                         f"'{c.metric} {op} ...' (a {c.op} bound would pass the change it should catch)")
+    return c
+
+
+def _parse_criterion(text: str) -> Criterion:
     m = _CRITERION.match(text or "")
     grammar = ("write '<metric> >= +10%' (relative to the baseline, signed), '<metric> <= +1 GB' (used_memory) or "
                "'<metric> <= 500' (absolute)")
@@ -93,6 +103,10 @@ def parse_criterion(text: str) -> Criterion:
             raise SuiteError(f"criterion {text!r}: unknown metric {raw!r}; use a level 4 metric (tg32, pp2048, "
                              f"pp2048_gpu, ttft_p50, tpot_ms, tg32@c4), used_memory, kv_capacity, boot_s, "
                              f"spec_acceptance_length or spec_acceptance_rate") from None
+    base = metric.split("@")[0]
+    if base.endswith("_ms") and "@c" in metric:
+        raise SuiteError(f"criterion {text!r}: latencies (TTFT, TPOT, ITL, e2e) are measured by the latency workload, "
+                         f"one request at a time; drop the @c suffix, or bound a rate at that concurrency (tg32@c4)")
     if unit == "GB":
         if metric != "used_memory" or not signed:
             raise SuiteError(f"criterion {text!r}: GB bounds the change of used_memory, signed (used_memory <= +1 GB)")
@@ -110,7 +124,7 @@ def parse_criterion(text: str) -> Criterion:
         raise SuiteError(f"criterion {text!r}: {metric} is judged against the baseline ({metric} <= +1 GB / >= -5%)")
     if metric.endswith("_ms") or metric in ABSOLUTE_ONLY or metric in SPEC_METRICS or parse_metric_name(metric):
         unit_of = ABSOLUTE_ONLY.get(metric, ("",))[0] or SPEC_METRICS.get(metric) or (
-            "ms" if metric.endswith("_ms") else "tok/s")
+            "ms" if base.endswith("_ms") else "tok/s")
         return Criterion(text, metric, op, float(value), False, unit_of)
     raise SuiteError(f"criterion {text!r}: {grammar}")  # pragma: no cover - every branch above returns or raises
 

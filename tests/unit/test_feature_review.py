@@ -102,3 +102,18 @@ def test_the_host_cpu_loop_of_each_side_survives_the_verdict_file(tmp_path):
     again = FeatureResult.from_json(json.loads(json.dumps(r.to_json())), r.feature)
     assert again.sides[1].host_cpu() == r.sides[1].host_cpu() and again.sides[1].host_cpu()["cv"] > 0.15
     assert again.sides[0].host_cpu() == {"available": False, "reason": r.sides[0].host_reason}
+
+
+def test_a_rerendered_review_shows_the_candidate_hypothesis_and_criteria_its_run_judged(tmp_path):
+    """The candidate, hypothesis and criterion units of a re-rendered review come from the run's verdict.json: a
+    review once named today's candidate and hypothesis beside numbers another candidate produced."""
+    from harness.features import review
+
+    data = result(tmp_path).to_json()
+    data["candidate"] = "cpu-bf16-noprefix"
+    data["hypothesis"] = "An older hypothesis that this run tested, in one sentence"
+    (tmp_path / "verdict.json").write_text(json.dumps(data))
+    assert review.main([str(tmp_path / "verdict.json"), "--review-dir", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "FEATURE_cpu-compiled-decode.md").read_text()
+    assert "An older hypothesis that this run tested" in text and "`cpu-bf16-noprefix`" in text
+    assert "Candidate `cpu-bf16` " not in text

@@ -435,3 +435,52 @@ def test_a_feature_criterion_left_inconclusive_on_a_host_whose_cpu_changed_speed
         assert "Host CPU" not in judge_all(criteria[:1], *quiet)[0].why
     decided = judge_all((parse_criterion("tg32 >= -50%"),), *sides(jumpy, jumpy))[0]
     assert decided.status is Status.PASS and "Host CPU" not in decided.why
+
+
+def test_review_findings_of_the_feature_verdicts_each_fail_the_way_they_should(tmp_path):
+    """An adversarial review (2026-12-03) of the porting protocol found, and each now holds:
+    a feature without a gate opened the next phase with every criterion failed; an absolute timing bound passed on one
+    boot that the platform's A/A spread could move past it; a second entry of one feature name silently replaced the
+    first; a bound on the wrong side of its metric (`ttft_p50 >= -3%`) passed a 50% slower TTFT; a latency at
+    concurrency N loaded but could never be measured."""
+    import dataclasses
+
+    from harness.features.measure import Side
+    from harness.features.run import gate_verdicts, judge_all
+    from harness.perf.regression import THRESHOLDS_FILE, load_thresholds
+
+    f = dataclasses.replace(load_features()["cpu-compiled-decode"], gate=(), gate_levels=())
+    assert gate_verdicts(f, [], {}, Status.FAIL)[1] is Status.FAIL
+    assert gate_verdicts(f, [], {}, Status.PASS)[1] is Status.PASS
+
+    sm90 = load_thresholds(THRESHOLDS_FILE, "sm_90")
+    bound = parse_criterion("ttft_p50_ms <= 500")
+    base = Side("baseline", "a", {"ttft_ms": around(470.0, n=8)}, clocks={"ttft_ms": "client"})
+
+    def ttft(median: float, spread_of=sm90.spread_of):
+        cand = Side("candidate", "b", {"ttft_ms": around(median, n=8, seed=3)}, clocks={"ttft_ms": "client"})
+        return judge_all((bound,), base, cand, spread_of)[0]
+
+    near = ttft(470.0)
+    assert near.status is Status.INCONCLUSIVE and "boot spread of 65%" in near.why, near.why
+    assert ttft(470.0, lambda metric: 0.0).status is Status.PASS  # a platform that records no spread for it
+    assert ttft(250.0).status is Status.PASS and ttft(900.0).status is Status.FAIL
+
+    text = (REPO / "configs" / "features.yaml").read_text()
+    first = text.index("\n  cutlass-gemm:")
+    doubled = tmp_path / "features.yaml"
+    doubled.write_text(text + text[first:text.index("\n  ", first + 5) + 1])  # the entry again, at the end
+    with pytest.raises(SuiteError, match="key 'cutlass-gemm' appears twice") as e:
+        load_features(doubled)
+    assert "\n" not in str(e.value)
+
+    for wrong, fix in (("ttft_p50 >= -3%", "ttft_ms <= ..."), ("tg32 <= +10%", "tg32 >= ..."),
+                       ("boot_s >= 60", "boot_s <= ..."), ("used_memory >= +1 GB", "used_memory <= ...")):
+        with pytest.raises(SuiteError, match="better (lower|higher)") as e:
+            parse_criterion(wrong)
+        assert fix in str(e.value), str(e.value)
+    for right in ("ttft_p50 <= +3%", "tg32 >= +10%", "kv_capacity >= -5%", "spec_acceptance_rate >= 0.5"):
+        parse_criterion(right)
+    with pytest.raises(SuiteError, match="drop the @c suffix"):
+        parse_criterion("ttft_p50@c4 <= 500")
+    assert parse_criterion("tpot_ms@d8192 <= 30").unit == "ms"
