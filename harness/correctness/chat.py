@@ -88,7 +88,7 @@ def ask(client: Client, messages: list[dict], max_tokens: int, tools: list[dict]
         ids = [token_id(e["token"]) for e in content_lp]
         stream = Stream(ids, [float(e["logprob"]) for e in content_lp],
                         [{token_id(t["token"]): float(t["logprob"]) for t in e.get("top_logprobs") or []} for e in content_lp],
-                        (msg.get("reasoning") or "") + (msg.get("content") or ""))
+                        (msg.get("reasoning") or "") + (msg.get("content") or "")).served()
     answer = ChatAnswer(msg.get("content"), msg.get("reasoning"), list(msg.get("tool_calls") or []),
                         choice.get("finish_reason"), stream)
     if ids:
@@ -110,7 +110,7 @@ def check_chat_golden(data, where: str) -> dict:
     """One line naming the file when a chat golden lacks what the comparison reads."""
     try:
         for entry in data.values():
-            Stream.from_json(entry["stream"])
+            Stream.check_json(entry["stream"])  # lengths and finite numbers, as level 2's goldens are checked
             [entry[k] for k in ("content", "reasoning", "tool_calls", "finish_reason")]
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise SuiteError(f"{where} is malformed ({type(e).__name__}: {e}); restore it from git or regenerate it with --force-regen") from None

@@ -121,7 +121,18 @@ class Stream:
         lp = completion["choices"][0]["logprobs"]
         tokens = [token_id(t) for t in lp["tokens"]]
         top = [{token_id(k): float(v) for k, v in (alts or {}).items()} for alts in lp["top_logprobs"]]
-        return cls(tokens, [float(x) for x in lp["token_logprobs"]], top, completion["choices"][0]["text"], list(prompt or []))
+        return cls(tokens, [float(x) for x in lp["token_logprobs"]], top, completion["choices"][0]["text"],
+                   list(prompt or [])).served()
+
+    def served(self) -> "Stream":
+        """This stream, as the server answered it, once every logprob is finite. A NaN compares False with every
+        tolerance, so a decode path that produced NaN passed the near-tie rule: here it is the failure it is."""
+        for i, (x, alts) in enumerate(zip(self.logprobs, self.top)):
+            for what, value in ((f"the chosen token {self.tokens[i]}", x), *((f"top-k token {t}", v) for t, v in alts.items())):
+                if not math.isfinite(value):
+                    raise SuiteError(f"the server returned logprob {value} for {what} at generated position {i}: the "
+                                     "model's output is not finite there (a kernel producing NaN or inf)")
+        return self
 
 
 def token_id(token: str) -> int:
@@ -246,6 +257,10 @@ class Scored:
                 top.append({})
                 continue
             parsed = {int(tok): float(v["logprob"] if isinstance(v, dict) else v) for tok, v in entry.items()}
+            bad = next((t for t, v in parsed.items() if not math.isfinite(v)), None)
+            if bad is not None:  # a NaN among the alternatives slipped past every tolerance of compare_scored
+                raise SuiteError(f"non-finite logprob {parsed[bad]} for token {bad} at position {i} of the prompt's "
+                                 "scoring: the model's output is not finite there (a kernel producing NaN or inf)")
             ranks = {int(tok): v.get("rank") for tok, v in entry.items() if isinstance(v, dict)}
             lp = parsed.get(ids[i])
             if lp is None:

@@ -289,3 +289,59 @@ def test_a_verdict_that_moved_names_what_of_the_stack_changed_since_the_baseline
     assert not any("Changed since" in v.message for v in regression.compare_run(base, a_a, SM90))
     for broken in (None, "text", {"packages": "x", "vllm_flags": "y", "env_vars": None, "gpu": 3}):
         assert metadata.stack_changes(broken, meta) == [] and metadata.stack_changes(meta, broken) == []
+
+
+# -- found by an adversarial review of levels 1.5 and 2 (2026-12-03) ---------------------------------------------
+def test_a_platform_without_declared_kernels_fails_the_kernel_path_check_instead_of_passing_any_trace():
+    """upstream and fork allow >=sm_100 but declare kernels for sm_90 and sm_12x only: on sm_100 every config resolved
+    to must=[] and an empty trace passed level 1.5, which let --force-regen record goldens and baselines."""
+    from harness.kernelpath.traces import KernelExpectation, KernelStat, KernelSummary, check_path
+
+    empty = KernelSummary("t", "kernel", [], [])
+    verdict = check_path(empty, KernelExpectation())
+    assert not verdict.ok and "no kernel is declared" in verdict.problems[0]
+    ran = KernelSummary("t", "kernel", [KernelStat("marlin_moe_kernel", 3, 9.0, 1.0)], [])
+    assert check_path(ran, KernelExpectation(must=["*marlin*"])).ok  # a declared kernel that ran: passes as before
+    assert check_path(empty, KernelExpectation(), declared=False).ok  # decode steps may declare none
+
+
+@pytest.mark.parametrize("events", ['{"traceEvents": null}', '{"traceEvents": "x"}', '{"traceEvents": ["x"]}', "{}",
+                                    '{"traceEvents": [{"cat": "kernel", "name": "k", "dur": "n/a"}]}',
+                                    '{"traceEvents": [{"cat": "kernel", "name": ["k"], "dur": 1}]}',
+                                    '{"traceEvents": [{"cat": "kernel", "name": "k", "dur": NaN}]}', b"\xff\xfe"])
+def test_a_malformed_trace_is_one_line_naming_the_rerun_not_a_traceback_or_no_kernels(tmp_path, events):
+    import gzip
+
+    from harness.kernelpath.traces import parse_trace
+
+    path = tmp_path / "t.pt.trace.json.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(events if isinstance(events, bytes) else events.encode())
+    with pytest.raises(SuiteError, match="re-run the level 1.5 profile") as e:
+        parse_trace(path, "kernel")
+    assert "\n" not in str(e.value)
+
+
+def test_nan_logprobs_from_the_server_fail_instead_of_passing_every_tolerance(tmp_path):
+    """A decode path that produced NaN passed the near-tie rule (NaN compares False with every bound), and NaN among a
+    prompt scoring's alternatives passed teacher forcing; a truncated chat golden passed its check, then crashed."""
+    from harness.correctness.chat import check_chat_golden
+    from harness.correctness.logprobs import Scored, Stream
+
+    def completion(lp: float, alt: float) -> dict:
+        return {"choices": [{"text": "ab", "logprobs": {"tokens": ["token_id:5", "token_id:6"],
+                                                          "token_logprobs": [-0.1, lp],
+                                                          "top_logprobs": [{"token_id:5": -0.1},
+                                                                           {"token_id:6": lp, "token_id:7": alt}]}}]}
+
+    assert Stream.from_completion(completion(-0.2, -1.5)).logprobs == [-0.1, -0.2]
+    for lp, alt in ((float("nan"), -1.5), (-0.2, float("nan")), (float("-inf"), -1.5)):
+        with pytest.raises(SuiteError, match="generated position 1: the model's output is not finite"):
+            Stream.from_completion(completion(lp, alt))
+    scoring = [None, {"6": {"logprob": -0.5, "rank": 1}, "7": {"logprob": float("nan"), "rank": 2}}]
+    with pytest.raises(SuiteError, match="non-finite logprob nan for token 7 at position 1"):
+        Scored.from_prompt_logprobs([5, 6], scoring, 2)
+    truncated = {"q": {"stream": {"tokens": [9, 6, 7], "logprobs": [], "top": [], "text": "x"}, "content": "x",
+                       "reasoning": None, "tool_calls": [], "finish_reason": "stop"}}
+    with pytest.raises(SuiteError, match="malformed.*3 tokens, 0 logprobs"):
+        check_chat_golden(truncated, "goldens/x/chat.json")
