@@ -80,6 +80,12 @@ class GoldenStore:
         path = self.path(kind)
         cmd = regen_command(level, self.config, self.model)
         golden = load_golden(path, cmd)
+        meta = golden["meta"] if isinstance(golden.get("meta"), dict) else {}
+        for key, here in (("model", self.model), ("platform", self.platform)):
+            # a file copied into another folder: real checkpoints have no fingerprint to tell them apart
+            if meta.get(key) and meta[key] != here:
+                raise SuiteError(f"golden {shown(path)} was recorded for {key} {meta[key]}, this run's is {here}: it is "
+                                 f"in another {key}'s folder; move it back, or regenerate it: {cmd}")
         self.store.check(golden["meta"], f"golden {shown(path)}", self.model, f"regenerate it: {cmd}")
         data = golden["data"]
         return check(data, f"golden {shown(path)}") if check else data

@@ -29,6 +29,24 @@ def test_a_golden_of_another_flavour_is_refused_by_name(tmp_path):
         golden_store(tmp_path, "upstream").load("level2", "level2")
 
 
+def test_a_golden_copied_into_another_models_or_platforms_folder_is_refused_by_name(tmp_path):
+    """Real checkpoints have no fingerprint: a golden of another model or platform, copied into this folder, was
+    judged without a word. Its own meta names where it belongs."""
+    import json
+
+    with pytest.raises(Regenerated):
+        golden_store(tmp_path, "fork", regen=True).save("level2", {"x": 1})
+    path = golden_store(tmp_path, "fork").path("level2")
+    golden = json.loads(path.read_text())
+    for key, other in (("model", "gpt-oss-120b"), ("platform", "cpu")):
+        path.write_text(json.dumps({**golden, "meta": {**golden["meta"], key: other}}))
+        with pytest.raises(SuiteError, match=f"recorded for {key} {other}, this run's is .*regenerate it") as e:
+            golden_store(tmp_path, "fork").load("level2", "level2")
+        assert "\n" not in str(e.value)
+    path.write_text(json.dumps(golden))
+    assert golden_store(tmp_path, "fork").load("level2", "level2") == {"x": 1}  # where it belongs: loaded
+
+
 def results(flavour, **extra):
     tg = {"samples": [50.0, 51.0, 50.5], "unit": "tok/s", "higher_is_better": True}
     return {"config": "gemv-bf16", "flavour": flavour, "model": "tiny", "platform": "cpu", "device": "AMD EPYC",
