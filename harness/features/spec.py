@@ -149,7 +149,8 @@ class FeatureEntry(_Model):
     @field_validator("hypothesis")
     @classmethod
     def _one_sentence(cls, v: str) -> str:
-        if v.strip().count(". ") > 0 or "\n" in v.strip():
+        # "... Marlin! Because ..." is two sentences as much as ". " is
+        if re.search(r"[.!?]\s", v.strip()) or "\n" in v.strip():
             raise ValueError("must be one sentence (the protocol: one-sentence hypothesis)")
         return v
 
@@ -297,6 +298,10 @@ def load_features(path: Path = FEATURES_FILE, catalog: Catalog | None = None,
             gate, gate_levels = _gate(f.gate)
         except SuiteError as e:
             raise SuiteError(f"{where}.gate: {e}") from None
+        unrun = [lv for lv in gate_levels if lv not in f.levels]
+        if unrun:  # found only after the whole run, as an ERROR, before
+            raise SuiteError(f"{where}.gate: levels {unrun} are not among the feature's `levels`, so they never run; "
+                             f"add them to its levels or drop them from its gate")
         out[name] = Feature(name, f.phase, f.flavour, f.hypothesis.strip(), catalog.name(catalog.parse(f.candidate)),
                             catalog.name(catalog.parse(baseline)) if baseline else "",
                             tuple(parse_criterion(c) for c in f.criteria), tuple(f.levels), tuple(f.requires), gate,

@@ -180,6 +180,9 @@ def test_a_malformed_by_platform_baseline_is_one_line(tmp_path, baselines, why):
     (lambda t: t.replace("candidate: gemm-bf16", "candidate: gemm-bf17", 1), "candidate"),
     (lambda t: t.replace("requires: [cutlass-gemm]", "requires: [nothing-here]", 1), "not features of this file"),
     (lambda t: t + "\n  broken: [\n", "YAML"),
+    # two sentences however they end; a gate level the feature never runs (found only after the run, before)
+    (lambda t: t.replace("over Marlin because", "over Marlin! Because", 1), "one sentence"),
+    (lambda t: t.replace("gate: [levels level1_5]", "gate: [levels level1_5 level5]", 1), "never run"),
 ])
 def test_a_malformed_features_file_is_one_line(tmp_path, mutate, why):
     bad = tmp_path / "features.yaml"
