@@ -175,6 +175,25 @@ def compare(baseline: Mapping, current: Mapping, step_growth: float) -> str | No
 UNSTEADY = 0.15
 
 
+# At or below this CV over a boot, an engine-clock decode held its speed: beside a loop that varied beyond UNSTEADY, it
+# did not follow the host's CPU. On H200 hosts whose loop varied by CV 22.6-27.1% (2026-12-03), stock marlin-bf16's
+# decode (120b shape) held tg32 at 0.26% and tg128 at 0.04%, while the plugin's host-bound decode varied by 7-17%.
+STEADY = 0.01
+
+
+def held_steady(run: Mapping, samples: object) -> bool:
+    """Whether a decode metric's `samples` of `run` held within STEADY over a boot in which the host's CPU changed speed
+    (`run`'s loop CV above UNSTEADY): that decode did not follow the host. False where the loop was steady or not
+    timed (nothing was shown) or the samples are too few to say."""
+    cv = loop_cv(run.get("host_cpu"))
+    if cv is None or cv <= UNSTEADY or not isinstance(samples, list) or len(samples) < 3:
+        return False
+    try:
+        return stats.cv(samples) <= STEADY
+    except (TypeError, ValueError):
+        return False
+
+
 def loop_cv(section: object) -> float | None:
     """The loop's CV over a boot from a results' `host_cpu` section; None where it was not timed or is not a number."""
     if not isinstance(section, Mapping) or not section.get("available"):

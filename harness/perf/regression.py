@@ -633,6 +633,9 @@ def _unsteady_host(v: Verdict, clock: str | None, baseline: Mapping, current: Ma
     """`v`, inconclusive from noise on the engine or client clock, with what the host CPU's loop says about it."""
     if v.status != "inconclusive" or v.reason not in _HOST_NOISE or clock == "kernel":
         return None
+    # a metric that held steady on both sides took none of the host's changes: its verdict is not the host's noise
+    if all(cv is not None and cv <= host_cpu.STEADY for cv in (v.cv_baseline, v.cv_current)):
+        return None
     why = host_cpu.unsteady(baseline, current)
     return replace(v, detail=f"{v.detail}. Host CPU: {why}") if why else None
 
@@ -744,7 +747,10 @@ def host_bound_decode(baseline: Mapping, current: Mapping, thresholds: Threshold
     Only the baseline witnesses: a run whose engine decode got slower while its kernels did not looks host-bound
     by that very change (a host-side regression of a kernel-bound config), so it must not relax its own gate. The
     run must have measured the same `tgN_gpu`: the loosened engine metric is traded for that strict kernel gate,
-    never for nothing. Results without tgN_gpu (recorded before it existed) cannot say."""
+    never for nothing. Results without tgN_gpu (recorded before it existed) cannot say. A tgN that held within
+    host_cpu.STEADY over a baseline boot whose host CPU changed speed (`host_cpu.held_steady`) witnesses nothing: it
+    did not follow the host, so a ratio just past host_bound_ratio (a kernel-bound step's own overhead) is not taken
+    for a host-bound one."""
     b_metrics, c_metrics = baseline.get("metrics") or {}, current.get("metrics") or {}
     out: dict[str, str] = {}
     for tg in sorted(b_metrics):
@@ -760,6 +766,10 @@ def host_bound_decode(baseline: Mapping, current: Mapping, thresholds: Threshold
         if engine is None or kernel is None:
             continue
         ratio = kernel / engine
+        # a decode that held steady while the host's CPU changed speed did not follow the host, whatever its ratio
+        # (stock marlin-bf16 on an H200: tg128_gpu 1.05x its tg128 at CV 0.04%, beside a loop at CV 27.1%)
+        if host_cpu.held_steady(baseline, b_metrics[tg].get("samples")):
+            continue
         if math.isfinite(ratio) and ratio > thresholds.host_bound_ratio:
             out[depth] = f"baseline: {kernel_name} is {ratio:.2f}x its {tg}"
     return out

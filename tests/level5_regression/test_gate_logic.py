@@ -1043,6 +1043,41 @@ def test_noise_from_a_host_whose_cpu_changed_speed_is_named_on_each_noisy_verdic
         in other["tg128"].detail
 
 
+H200_MARLIN = REPO / "docs" / "evidence" / "sm_90-2026-12-03-h200-marlin-rebaseline"
+
+
+def test_a_decode_that_held_steady_while_the_host_cpu_changed_speed_is_judged_strictly_not_as_host_bound():
+    """Real results: stock marlin-bf16 on the 120b shape, a baseline boot and an A/A boot on one H200 whose host CPU
+    changed speed within each boot (loop CV 27.1% and 25.5%). Its decode held (tg128 CV 0.04%, tg32 0.26%), but
+    tg128_gpu ran 1.05x its tg128, a kernel-bound step's own overhead, just past host_bound_ratio: the old rule called
+    it host-bound and judged its engine-clock decode only beyond 1.53x, with the host's sentence on verdicts whose
+    CV was 0.2%. A decode that did not follow the host witnesses nothing: the A/A passes at the 3% gate, and a
+    host-side slowdown of 6% (the kernels unchanged) fails, where it was inconclusive before."""
+    t = _sm90()
+    base, a_a = _recorded("baseline-results.json", H200_MARLIN), _recorded("aa1-results.json", H200_MARLIN)
+    assert host_cpu.loop_cv(base["host_cpu"]) > host_cpu.UNSTEADY and host_cpu.loop_cv(a_a["host_cpu"]) > host_cpu.UNSTEADY
+    assert regression.host_bound_decode(base, a_a, t) == {}
+    verdicts = {v.name: v for v in regression.compare_run(base, a_a, t)}
+    assert regression.gate_failures(list(verdicts.values()), t) == []
+    for name in ("tg32", "tg128", "tg32@d8192", "tg128@d8192", "tpot_ms", "itl_ms"):
+        assert verdicts[name].status == "pass" and "Host CPU" not in verdicts[name].detail, verdicts[name].message
+    # the same boots with the engine's step 6% longer and the kernels as they were: the host side slowed
+    slower = {name: (name, 0.94) for name in ("tg32", "tg128", "tg32@d8192", "tg128@d8192")}
+    failed = {v.name: v for v in regression.gate_failures(regression.compare_run(base, _with(a_a, slower), t), t)}
+    assert {"tg32", "tg128", "tg32@d8192", "tg128@d8192"} <= set(failed), sorted(failed)
+    assert failed["tg128"].reason is regression.Reason.HOST_SIDE, failed["tg128"].message
+    # where the loop was steady (or not timed), the ratio witnesses as before: host-bound, loosened, no failure
+    steady_host = {**base, "host_cpu": {**base["host_cpu"], "cv": 0.03}}
+    assert regression.host_bound_decode(steady_host, a_a, t) == {"": "baseline: tg128_gpu is 1.05x its tg128",
+                                                                  "@d8192": "baseline: tg128_gpu@d8192 is 1.05x its tg128@d8192"}
+    assert regression.gate_failures(regression.compare_run(steady_host, _with(a_a, slower), t), t) == []
+    # a decode that varied beside the unsteady loop (CV ~5%) still witnesses
+    jumpy = {**base, "metrics": {**base["metrics"], **{
+        n: {**base["metrics"][n], "samples": [x * (0.95 if i % 2 else 1.05) for i, x in enumerate(base["metrics"][n]["samples"])]}
+        for n in ("tg32", "tg128", "tg32@d8192", "tg128@d8192")}}}
+    assert set(regression.host_bound_decode(jumpy, a_a, t)) == {"", "@d8192"}
+
+
 def test_host_side_attribution_needs_every_kernel_twin_of_its_own_depth_to_hold_and_an_engine_clock():
     """Each way the attribution could blame the host wrongly: a kernel twin of the same depth that slowed (even if
     another held) vetoes it; a twin at another depth neither vetoes nor excuses; a client-clock tgN says nothing
