@@ -9,6 +9,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import requests
@@ -133,6 +134,16 @@ class Client:
         self._check()
         return self.session.post(self.base_url + path, data=data, headers=headers or {}, timeout=self.timeout_s)
 
+    def _stream_lines(self, r: requests.Response) -> Iterator[bytes]:
+        """The answer's lines as they arrive. A connection that breaks mid-stream (a server that died answering) is
+        ServerDied with the log tail where the suite booted the server, else one line, never a requests traceback."""
+        try:
+            yield from r.iter_lines(chunk_size=None)  # the default 512-byte reads would batch tokens
+        except requests.RequestException as e:
+            self._await_death()
+            raise SuiteError(f"the stream from {self.base_url} broke mid-answer ({type(e).__name__}: "
+                             f"{str(e)[:160]}); see the server's log") from None
+
     def stream(self, prompt: str | list[int], max_tokens: int, ignore_eos: bool = True,
                until: Callable[[int], bool] | None = None, per_chunk_usage: bool = False,
                **params: Any) -> StreamResult:
@@ -161,7 +172,7 @@ class Client:
         r = self._post("/v1/completions", body, stream=True)
         _raise_for(r, "/v1/completions (stream)")
         text, times, usage, finish, counted = [], [], {}, None, 0
-        for line in r.iter_lines(chunk_size=None):  # the default 512-byte reads would batch tokens
+        for line in self._stream_lines(r):
             if not line or not line.startswith(b"data: "):
                 continue
             payload = line[6:]

@@ -164,6 +164,23 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+# Options the suite sets on every boot. A --server-arg repeating one would win (argparse keeps the last): a server bound
+# beyond 127.0.0.1, another model served under the suite's name, or a port nobody polls until the boot timeout.
+SUITE_OWNED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--uds")
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+    """Option `name`'s value in a vLLM argv as argparse reads it (`--name value` or `--name=value`, the last occurrence
+    winning); None where absent."""
+    value = None
+    for i, token in enumerate(argv):
+        if token == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(name + "="):
+            value = token[len(name) + 1:]
+    return value
+
+
 @dataclass
 class VllmServer:
     """One vLLM server process tree. Use `start()`, then `stop()` (always)."""

@@ -21,6 +21,7 @@ from harness.engine.client import Client
 from harness.engine.hub import check_hub_model
 from harness.engine.models import ALIASES, Model, default_alias, resolve_model
 from harness.engine.server import (
+    SUITE_OWNED_FLAGS,
     ServerDied,
     VllmServer,
     installed_engine,
@@ -162,6 +163,9 @@ class Suite:
             if not arg.startswith("--"):
                 raise SuiteError(f"--server-arg {arg!r}: pass one vLLM option per flag, as --server-arg=--name=value "
                                  "(e.g. --server-arg=--gpu-memory-utilization=0.93)")
+            if arg.split("=", 1)[0] in SUITE_OWNED_FLAGS:
+                raise SuiteError(f"--server-arg {arg!r}: the suite sets {arg.split('=', 1)[0]} itself (127.0.0.1, a free "
+                                 "port, the model under test); drop it, and pick the model with --model")
         if server_url and not server_url.startswith(("http://", "https://")):  # requests' InvalidSchema names no fix
             raise SuiteError(f"--server-url {server_url}: write the scheme too, e.g. --server-url=http://{server_url}")
         if server_args and server_url:

@@ -6,6 +6,7 @@ server's own `max_model_len` (/v1/models), concurrency above the server's `--max
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from pathlib import Path
 from harness.core.errors import SuiteError
 from harness.engine.client import Client, all_finite
 from harness.engine.process_memory import MemorySampler, gpu_bytes, rss_bytes
+from harness.engine.server import flag_value
+from harness.engine.server_metrics import parse_prometheus
 from harness.session.suite import RunningServer, Suite
 
 # Greedy decoding is bitwise reproducible across batch shapes on these machines (measured on the 2-core AMD EPYC
@@ -86,9 +89,10 @@ def server_limits(server: RunningServer, suite: Suite) -> Limits:
         raise SuiteError(f"/v1/models answered {r.status_code} without max_model_len; level 3 scales to it")
     seqs = None
     if not server.external:
-        args = server.target.spec.args
-        if "--max-num-seqs" in args:
-            seqs = int(args[args.index("--max-num-seqs") + 1])
+        # the argv it was booted with: --server-arg comes after the config's flags and wins
+        value = flag_value(server.process.argv_extra, "--max-num-seqs")
+        if value is not None:
+            seqs = int(value)
     vocab = None
     if not server.external:
         cfg = Path(suite.model.path) / "config.json"
@@ -123,12 +127,19 @@ class Outcome:
 @dataclass
 class SequentialRun:
     outcomes: list[Outcome]
-    mem_warm: int  # bytes after warm-up (RSS on CPU, GPU memory on GPUs)
-    mem_end: int
-    mem_peak: int
+    mem_warm: int | None  # bytes after warm-up (RSS on CPU, GPU memory on GPUs); None: a server the suite did not boot
+    mem_end: int | None
+    mem_peak: int | None
     memory_kind: str
     wall_s: float
+    kv_warm: float | None = None  # vLLM's KV-cache usage (fraction of its blocks) with nothing running, after warm-up
+    kv_end: float | None = None  # the same after the 100 requests; None: the server does not report it
     extra: dict = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[Outcome]:
+        """Requests that failed or answered malformed: a run with any has nothing comparable to judge."""
+        return [o for o in self.outcomes if o.problem]
 
     def decile_seconds(self, i: int) -> float:
         n = len(self.outcomes) // 10
@@ -206,8 +217,33 @@ def group_memory_bytes(server: RunningServer, on_gpu: bool) -> int:
     return rss_bytes(pids)
 
 
+# vLLM's gauge of the KV cache's used blocks (a fraction; blocks kept only for the prefix cache count as free), by
+# version: v1 engines, then the older name.
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+def idle_kv_usage(server: RunningServer, timeout_s: float = 30.0) -> float | None:
+    """The KV cache's used fraction once nothing runs or waits; None where /metrics has no such gauge. A leak of KV
+    blocks does not show in process memory (vLLM allocates the whole cache at boot) nor, on a cache far larger than
+    a run's tokens, as preemption: only here."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            values = parse_prometheus(server.client().get("/metrics", timeout_s=10).text)
+        except ValueError:  # not a Prometheus exposition: a server without vLLM's metrics
+            return None
+        name = next((n for n in KV_USAGE if n in values), None)
+        if name is None:
+            return None
+        busy = values.get("vllm:num_requests_running", 0.0) + values.get("vllm:num_requests_waiting", 0.0)
+        if not busy or time.monotonic() > deadline:  # finished requests free their blocks at once; a stuck one says so
+            return values[name]
+        time.sleep(0.2)
+
+
 def run_sequential(server: RunningServer, on_gpu: bool, limits: Limits, prompts: Prompts) -> SequentialRun:
-    """One warm-up cycle of the ten shapes, then 100 requests (the ten shapes, ten times, in order)."""
+    """One warm-up cycle of the ten shapes, then 100 requests (the ten shapes, ten times, in order). A server the suite
+    did not boot (--server-url) has no process to read memory from: its memory readings are None."""
     client = server.client(timeout_s=120)
     mix = shapes(limits.max_model_len)
     for i, shape in enumerate(mix):  # warm-up: every shape once, so caches and pools reach their size
@@ -215,18 +251,24 @@ def run_sequential(server: RunningServer, on_gpu: bool, limits: Limits, prompts:
         if out.problem:
             raise SuiteError(f"warm-up request {shape} failed: {out.problem}")
     time.sleep(1.0)
-    warm = group_memory_bytes(server, on_gpu)
+    kv_warm = idle_kv_usage(server)
+    warm = None if server.external else group_memory_bytes(server, on_gpu)
     outcomes = []
     t0 = time.monotonic()
-    with MemorySampler(server.process.pids, interval_s=0.5) as sampler:
+    sampler = MemorySampler(server.process.pids, interval_s=0.5) if not server.external else None
+    with sampler or contextlib.nullcontext():
         for i in range(100):
             outcomes.append(run_one(client, prompts, mix[i % len(mix)], i))
     wall = time.monotonic() - t0
     time.sleep(1.0)
+    kv_end = idle_kv_usage(server)
+    if server.external:
+        return SequentialRun(outcomes, None, None, None, "memory of a server the suite did not boot", wall, kv_warm,
+                             kv_end)
     end = group_memory_bytes(server, on_gpu)
     peak = sampler.peak_gpu if (on_gpu and sampler.peak_gpu is not None) else sampler.peak_rss
     kind = "GPU memory (NVML)" if on_gpu and sampler.peak_gpu is not None else "RSS of the process group"
-    return SequentialRun(outcomes, warm, end, peak, kind, wall)
+    return SequentialRun(outcomes, warm, end, peak, kind, wall, kv_warm, kv_end)
 
 
 def serves_normally(server: RunningServer, prompts: Prompts, after: str) -> None:

@@ -39,8 +39,6 @@ def prompts(server: RunningServer) -> Prompts:
 @pytest.fixture(scope="session")
 def sequential_run(server: RunningServer, suite: Suite, limits: Limits, prompts: Prompts) -> SequentialRun:
     """One warm-up cycle of the ten shapes, then 100 requests (the ten shapes, ten times, in order)."""
-    if server.external:
-        pytest.skip("--server-url: the memory of a server the suite did not boot cannot be read")
     return run_sequential(server, suite.platform.is_cuda, limits, prompts)
 
 

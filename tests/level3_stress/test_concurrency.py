@@ -6,10 +6,12 @@ with the level 2 tolerance of this platform).
 """
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from harness.core.errors import SuiteError
 from harness.correctness.level2 import load_workload
 from harness.correctness.logprobs import Stream, compare_streams
 
@@ -18,6 +20,10 @@ pytestmark = [pytest.mark.level3, pytest.mark.server]
 MAX_TOKENS = 128  # long enough (seconds on CPU) for /metrics polling to see the queue
 TOP_K = 5
 QUEUED_MIN_S = 0.05  # summed engine queue time that counts as "requests waited for a slot"
+# Engine running time summed over a burst's requests, over the burst's wall time. A server that runs one request at a
+# time cannot exceed 1 (its requests' running intervals are disjoint); two requests run together give ~2 less the
+# HTTP and tokenization time around them.
+MIN_OVERLAP = 1.3
 LEVELS = ["2", "4", "max-num-seqs+4"]
 
 
@@ -25,9 +31,13 @@ def _count(level: str, limits) -> int:
     return int(level) if level.isdigit() else (limits.max_num_seqs or 2) + 4
 
 
-def _greedy(client, prompts, i: int) -> Stream:
+def _greedy(client, prompts, i: int, salt: str) -> Stream:
+    """Request i's greedy stream. `salt` scopes vLLM's prefix cache (cache_salt): each phase computes its prompts
+    itself, or a burst would read most of its KV from the reference run's cache (65% of its prompt tokens on the CPU
+    server) and never exercise concurrent prefill."""
     ids = prompts.ids(40 + 50 * i, variant=100 + i)  # different lengths and contents
-    out = client.complete(ids, MAX_TOKENS, logprobs=TOP_K, return_tokens_as_token_ids=True, ignore_eos=True)
+    out = client.complete(ids, MAX_TOKENS, logprobs=TOP_K, return_tokens_as_token_ids=True, ignore_eos=True,
+                          cache_salt=salt)
     return Stream.from_completion(out, ids)
 
 
@@ -35,25 +45,27 @@ def _greedy(client, prompts, i: int) -> Stream:
 def sequential_streams(server, prompts, limits):
     client = server.client(timeout_s=120)
     n = max(_count(level, limits) for level in LEVELS)
-    return [_greedy(client, prompts, i) for i in range(n)]
+    return [_greedy(client, prompts, i, f"sequential-{uuid.uuid4()}") for i in range(n)]
 
 
 class SchedulerWatch:
-    """Polls /metrics while a burst runs: the most requests seen running and waiting at once."""
+    """Polls /metrics while a burst runs: the most requests seen running and waiting at once, and how many readings
+    saw the burst (some request running or waiting): with none, "never more than --max-num-seqs" was not observed."""
 
     def __init__(self, read_metric, interval_s: float = 0.05):
         self.read, self.interval = read_metric, interval_s
         self.max_running = self.max_waiting = 0.0
-        self.samples = 0
+        self.samples = self.busy_samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
             try:
-                self.max_running = max(self.max_running, self.read("vllm:num_requests_running"))
-                self.max_waiting = max(self.max_waiting, self.read("vllm:num_requests_waiting"))
+                running, waiting = self.read("vllm:num_requests_running"), self.read("vllm:num_requests_waiting")
+                self.max_running, self.max_waiting = max(self.max_running, running), max(self.max_waiting, waiting)
                 self.samples += 1
+                self.busy_samples += running + waiting > 0
             except Exception:  # a slow /metrics answer must not kill the watcher; the burst is the test
                 pass
             self._stop.wait(self.interval)
@@ -67,9 +79,19 @@ class SchedulerWatch:
         self._thread.join(timeout=15)
 
 
+@pytest.fixture(scope="module")
+def prefix_cache(read_metric) -> bool:
+    """Whether the server counts prefix-cache hits (vLLM with prefix caching on)."""
+    try:
+        read_metric("vllm:prefix_cache_hits_total")
+    except SuiteError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_concurrent_requests_all_succeed_and_match_sequential(level, live_server, prompts, limits, sequential_streams,
-                                                               deterministic, read_metric, suite):
+                                                               deterministic, read_metric, suite, prefix_cache):
     tolerance = load_workload().tolerance(suite.platform.name)
     n = _count(level, limits)
     client = live_server.client(timeout_s=120)
@@ -78,9 +100,12 @@ def test_concurrent_requests_all_succeed_and_match_sequential(level, live_server
     def one(i: int) -> tuple[Stream, float]:
         start.wait()
         t = time.monotonic()
-        return _greedy(client, prompts, i), time.monotonic() - t
+        return _greedy(client, prompts, i, salt), time.monotonic() - t
 
+    salt = f"concurrent-{level}-{uuid.uuid4()}"
     queued0, count0 = read_metric("vllm:request_queue_time_seconds_sum"), read_metric("vllm:request_queue_time_seconds_count")
+    running0 = read_metric("vllm:request_inference_time_seconds_sum")
+    hits0 = read_metric("vllm:prefix_cache_hits_total") if prefix_cache else None
     t0 = time.monotonic()
     with SchedulerWatch(read_metric) as watch, ThreadPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(one, i) for i in range(n)]
@@ -92,11 +117,22 @@ def test_concurrent_requests_all_succeed_and_match_sequential(level, live_server
     while read_metric("vllm:request_queue_time_seconds_count") - count0 < n and time.monotonic() < deadline:
         time.sleep(0.1)
     queued = read_metric("vllm:request_queue_time_seconds_sum") - queued0
+    # summed time the engine spent running these requests (prefill + decode) over the burst's wall time: at most 1 for
+    # a server that runs one request at a time, ~n for n requests run together
+    overlap = (read_metric("vllm:request_inference_time_seconds_sum") - running0) / wall
+    hits = read_metric("vllm:prefix_cache_hits_total") - hits0 if prefix_cache else None
     print(f"\n{n} concurrent requests in {wall:.1f} s (fastest {min(latencies):.2f} s); time spent queued, summed: "
-          f"{queued:.2f} s; /metrics polled {watch.samples}x: at most {watch.max_running:.0f} running, "
+          f"{queued:.2f} s; engine running time / wall {overlap:.2f}; prefix-cache hits {hits}; /metrics polled "
+          f"{watch.samples}x ({watch.busy_samples} during the burst): at most {watch.max_running:.0f} running, "
           f"{watch.max_waiting:.0f} waiting (max-num-seqs {limits.max_num_seqs})")
-    if limits.max_num_seqs:
-        seqs = limits.max_num_seqs
+    seqs = limits.max_num_seqs
+    if seqs is None or seqs >= 2:
+        assert overlap >= MIN_OVERLAP, (f"the engine ran these {n} requests for {overlap:.2f}x the burst's wall time, "
+                                        f"below {MIN_OVERLAP}: it did not run them together")
+    assert not hits, f"{hits:.0f} prompt tokens of the burst came from the prefix cache: its prefill was not exercised"
+    if seqs:
+        assert watch.busy_samples, (f"/metrics gave no reading while the {n} requests ran ({watch.samples} in all): the "
+                                    f"--max-num-seqs {seqs} bound was not observed")
         assert watch.max_running <= seqs, f"{watch.max_running:.0f} requests ran at once, above --max-num-seqs {seqs}"
         if n > seqs:
             # Over the limit, requests beyond it usually wait in the scheduler's queue (0.5-2 s measured

@@ -158,6 +158,10 @@ def test_a_pattern_list_written_as_a_string_is_one_clear_line(tmp_path, flavour,
     (["--model=nobody-has/this-model-xyz"], "--model nobody-has/this-model-xyz: "),
     (["--platform=sm_121"], "use them with --server-url"),
     (["--server-arg=gpu-memory-utilization=0.9"], "--server-arg 'gpu-memory-utilization=0.9': pass one vLLM option"),
+    # the suite binds 127.0.0.1 on a port it polls and serves the model under test; argparse keeps the last value
+    (["--server-arg=--port=18777"], "--server-arg '--port=18777': the suite sets --port itself"),
+    (["--server-arg=--host=0.0.0.0"], "--server-arg '--host=0.0.0.0': the suite sets --host itself"),
+    (["--server-arg=--model=other/model"], "the suite sets --model itself"),
     (["--server-url=http://127.0.0.1:9"], "--server-url http://127.0.0.1:9: cannot list models"),
     (["--server-url=127.0.0.1:9"], "--server-url 127.0.0.1:9: write the scheme too, e.g. --server-url=http://127.0.0.1:9"),
     # feature options are checked when the run starts (they once failed inside collection, under pluggy's stack)
