@@ -30,7 +30,7 @@ from harness.core.paths import writable_dir  # noqa: E402
 from harness.perf.baselines import load_baseline  # noqa: E402
 from harness.perf.regression import (THRESHOLDS_FILE, Thresholds, Verdict, compare_run, gate_failures,  # noqa: E402
                                      load_thresholds)
-from harness.perf.results import results_files  # noqa: E402
+from harness.perf.results import read_results, results_files  # noqa: E402
 
 def results_of(run_dir: Path, config: str) -> Path:
     """`config`'s level 4 results in a run directory: `results/<model>__<config>.json`. Servers booted beside the
@@ -45,16 +45,6 @@ def results_of(run_dir: Path, config: str) -> Path:
                          f"directory of a level 4 run of {config} (its --run-dir, or runs/<stamp>)")
     raise SuiteError(f"{run_dir} holds results of {config} for {len(mine)} models ({', '.join(p.stem for p in mine)}); "
                      "a baseline is one model's: copy the one you mean into a run dir of its own")
-
-
-def read_results(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise SuiteError(f"cannot read results {path} ({type(e).__name__}); rerun level 4 to write it again") from None
-    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-        raise SuiteError(f"results {path} has no metrics mapping: not a level 4 results file")
-    return data
 
 
 def judge(run_dir: Path, baseline_file: Path,

@@ -154,5 +154,6 @@ class MemorySampler:
 
     @property
     def peak_gb(self) -> float:
-        """GPU memory where there is a GPU (what limits a GB10), else the CPU RSS (GiB)."""
-        return (self.peak_gpu if self.peak_gpu is not None else self.peak_rss) / GIB
+        """GPU memory where there is a GPU (what limits a GB10), else the CPU RSS, in GB (1e9 bytes): the results'
+        `memory_peak_gb` and the report's "Peak mem (GB)", read next to the gate's 1 GB rule, which is 1e9 bytes too."""
+        return (self.peak_gpu if self.peak_gpu is not None else self.peak_rss) / 1e9

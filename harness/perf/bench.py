@@ -14,14 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from harness.core import stats
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 from harness.core.yamlfile import load_mapping
 from harness.engine.client import Client
-from harness.engine.server_metrics import EngineRound, ScrapeFailed, scrape
+from harness.engine.server_metrics import SPEC_COUNTERS, EngineRound, ScrapeFailed, scrape
 from harness.perf import metrics as perf
 from harness.perf.clocks import RoundClocks
 from harness.perf.host_cpu import HostCpuProbe
@@ -63,26 +63,115 @@ class Workload:
 
 
 def load_workloads(platform_name: str, max_model_len: int, path: Path = WORKLOADS_FILE) -> tuple[list[Workload], list[str]]:
-    """The platform's workloads (cpu / gpu sections), minus those over the model's context (listed)."""
-    try:
-        raw = load_mapping(path)  # a YAML error: one line with its line number
-        sec = raw["cpu" if platform_name == "cpu" else "gpu"]
-        runs, warmup = int(sec["runs"]), int(sec["warmup"])
-        mx = max(runs, int(sec.get("max_runs") or runs))
-        short = int(sec["decode"]["prompt"])
-        # decode is every set's core; prefill and latency may be left out by a set made to fit a short call
-        pre = sec.get("prefill") or {"pp": [], "depths": []}
-        items = [Workload("prefill", int(pp), 2, int(d), 1, runs, warmup, mx) for pp in pre["pp"] for d in pre["depths"]]
-        items += [Workload("decode", short, int(tg), int(d), 1, runs, warmup, mx) for tg in sec["decode"]["tg"] for d in sec["decode"]["depths"]]
-        if lat := sec.get("latency"):
-            items.append(Workload("latency", int(lat["pp"]), int(lat["tg"]), 0, 1, runs, warmup, mx))
-        for c in sec.get("concurrent") or []:
-            items.append(Workload("concurrent", int(c["pp"]), int(c["tg"]), 0, int(c["c"]), runs, warmup, mx))
-    except (OSError, KeyError, TypeError, ValueError) as e:
-        raise SuiteError(f"{path}: malformed workloads ({type(e).__name__}: {e}); fix the file") from None
+    """The platform's workloads (cpu / gpu sections), minus those over the model's context (listed).
+
+    Every key and value is checked here, before any server time is spent: a misspelled section would drop its
+    workloads without a word (level 5 then reports their metrics only as "not measured"), a value that cannot be
+    measured would crash mid-benchmark or record one sample as resolved, and two workloads yielding one metric name
+    would overwrite each other's numbers."""
+    raw = load_mapping(path)  # a YAML error: one line with its line number
+    _keys(path, "the top level", raw, (), ("cpu", "gpu"))
+    name = "cpu" if platform_name == "cpu" else "gpu"
+    if name not in raw:
+        raise SuiteError(f"{path}: malformed workloads (no {name} section, the {platform_name} platform's); "
+                         "fix the file")
+    sec = _keys(path, name, raw[name], ("runs", "warmup", "decode"), ("max_runs", "prefill", "latency", "concurrent"))
+    runs = _count(path, f"{name}.runs", sec["runs"], 2, "one round has no run-to-run spread for the gate to judge")
+    warmup = _count(path, f"{name}.warmup", sec["warmup"], 0, "rounds run and discarded before measuring")
+    mx = runs if sec.get("max_runs") is None else _count(path, f"{name}.max_runs", sec["max_runs"], runs,
+                                                         "the most rounds, so at least runs")
+    items: list[Workload] = []
+    # decode is every set's core; prefill and latency may be left out by a set made to fit a short call
+    if sec.get("prefill") is not None:
+        pre = _keys(path, f"{name}.prefill", sec["prefill"], ("pp", "depths"))
+        items += [Workload("prefill", pp, 2, d, 1, runs, warmup, mx)
+                  for pp in _counts(path, f"{name}.prefill.pp", pre["pp"], 1, _PROMPT)
+                  for d in _counts(path, f"{name}.prefill.depths", pre["depths"], 0, _DEPTH)]
+    dec = _keys(path, f"{name}.decode", sec["decode"], ("prompt", "tg", "depths"))
+    short = _count(path, f"{name}.decode.prompt", dec["prompt"], 1, _PROMPT)
+    items += [Workload("decode", short, tg, d, 1, runs, warmup, mx)
+              for tg in _counts(path, f"{name}.decode.tg", dec["tg"], 2, _TG)
+              for d in _counts(path, f"{name}.decode.depths", dec["depths"], 0, _DEPTH)]
+    if sec.get("latency") is not None:
+        lat = _keys(path, f"{name}.latency", sec["latency"], ("pp", "tg"))
+        items.append(Workload("latency", _count(path, f"{name}.latency.pp", lat["pp"], 1, _PROMPT),
+                              _count(path, f"{name}.latency.tg", lat["tg"], 2, _TG), 0, 1, runs, warmup, mx))
+    conc = [] if sec.get("concurrent") is None else sec["concurrent"]
+    if not isinstance(conc, list):
+        raise SuiteError(f"{path}: {name}.concurrent is {_shown(conc)}; it must be a list of {{c, pp, tg}} mappings; "
+                         "fix the file")
+    for i, c in enumerate(conc):
+        at = f"{name}.concurrent[{i}]"
+        c = _keys(path, at, c, ("c", "pp", "tg"))
+        batch = _count(path, f"{at}.c", c["c"], 2, "c: 1 is batch-1, which the prefill and decode workloads measure")
+        items.append(Workload("concurrent", _count(path, f"{at}.pp", c["pp"], 1, _PROMPT),
+                              _count(path, f"{at}.tg", c["tg"], 2, _TG), 0, batch, runs, warmup, mx))
+    owners: dict[str, Workload] = {}
+    for w in items:
+        claim_metrics(owners, w, metric_names(w), path)
     fit = [w for w in items if w.tokens <= max_model_len]
     dropped = [f"{w.label}: needs {w.tokens} tokens > max_model_len {max_model_len}" for w in items if w.tokens > max_model_len]
     return fit, dropped
+
+
+# Why each workload value has its floor (named in the one-line error)
+_PROMPT = "a prompt of at least one token"
+_TG = "tgN's rate counts the tokens after the first, so it needs two"
+_DEPTH = "tokens of cached context before the measured request; 0 for none"
+
+
+def _shown(value: object) -> str:
+    return repr(value)[:60]
+
+
+def _keys(path: Path, where: str, value: object, required: tuple[str, ...],
+          optional: tuple[str, ...] = ()) -> dict:
+    """`value` as a mapping that has every required key and no other than the optional ones."""
+    if not isinstance(value, dict):
+        raise SuiteError(f"{path}: malformed workloads ({where} is {_shown(value)}, not a mapping); fix the file")
+    valid = required + optional
+    unknown = [str(k) for k in value if k not in valid]
+    if unknown:
+        raise SuiteError(f"{path}: {where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(valid)}; "
+                         "fix the file")
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise SuiteError(f"{path}: malformed workloads ({where}: missing {', '.join(missing)}); fix the file")
+    return value
+
+
+def _count(path: Path, where: str, value: object, least: int, why: str) -> int:
+    """An integer of at least `least`. A YAML boolean is refused: `runs: yes` would read as one round."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise SuiteError(f"{path}: {where} is {_shown(value)}; it must be an integer >= {least} ({why}); fix the file")
+    return value
+
+
+def _counts(path: Path, where: str, value: object, least: int, why: str) -> list[int]:
+    if not isinstance(value, list):
+        raise SuiteError(f"{path}: {where} is {_shown(value)}; it must be a list of integers >= {least}; fix the file")
+    return [_count(path, f"{where}[{i}]", v, least, why) for i, v in enumerate(value)]
+
+
+def metric_names(w: Workload) -> tuple[str, ...]:
+    """The names of the metrics a workload yields (metrics_for's), llama-bench style: ppN / tgN with @dD at a depth;
+    a concurrent workload's always carry @cC, so they never take a batch-1 workload's name."""
+    if w.kind == "latency":
+        return tuple(perf.metric_name(n, w.depth) for n in perf.LATENCY_METRICS)
+    pp, tg = perf.metric_name(f"pp{w.pp}", w.depth), perf.metric_name(f"tg{w.tg}", w.depth)
+    if w.kind == "concurrent":
+        return f"{pp}@c{w.concurrency}", f"{tg}@c{w.concurrency}"
+    return (pp,) if w.kind == "prefill" else (tg,)
+
+
+def claim_metrics(owners: dict[str, Workload], w: Workload, names: Iterable[str], path: Path) -> None:
+    """Record in `owners` that `w` yields `names`. A name another workload already yields is refused: its numbers
+    would replace that workload's under the same gated name (`tg: [32, 32]`, or two batches sharing a prompt length)."""
+    for n in names:
+        if n in owners:
+            raise SuiteError(f"workloads {owners[n].label} and {w.label} both yield metric {n}; remove the duplicate "
+                             f"from {path}")
+        owners[n] = w
 
 
 class PromptMaker:
@@ -157,6 +246,8 @@ class Measured:
     round_of_request: list[int] | None = None  # the counted round each request belongs to
     flagged: "Measured | None" = None
     unresolved: str | None = None  # why these numbers cannot be gated (the gate says inconclusive)
+    # vLLM's speculative-decoding counters (SPEC_COUNTERS) summed over the counted rounds; None off the engine clock
+    spec_counters: dict[str, float] | None = None
 
     @property
     def rounds(self) -> int:
@@ -244,6 +335,7 @@ def run_workload(client: Client, maker: PromptMaker, w: Workload, sampler=None,
             side.clocks.append(rc)
             if rnd is not None:
                 side.engine.append(rnd)
+                side.spec_counters = _add_spec_counters(side.spec_counters, before, after)
             n_clean, n_flagged = len(clean.clocks), len(flagged.clocks)
             if n_flagged > max_flagged or n_clean >= max_runs:
                 break
@@ -267,6 +359,17 @@ def run_workload(client: Client, maker: PromptMaker, w: Workload, sampler=None,
             flagged.unresolved = clean.unresolved
             return flagged
     return clean
+
+
+def _add_spec_counters(totals: dict[str, float] | None, before: dict[str, float],
+                       after: dict[str, float]) -> dict[str, float]:
+    """`totals` plus one measured round's speculative-decoding counters. Read around the measured requests only:
+    warm-up rounds, the 2-token warm request before each round and depth contexts accept few or no drafts and
+    would pull the acceptance recorded next to tg below that of the requests tg was measured on."""
+    out = dict(totals or dict.fromkeys(SPEC_COUNTERS, 0.0))
+    for k in SPEC_COUNTERS:
+        out[k] += after.get(k, 0.0) - before.get(k, 0.0)
+    return out
 
 
 def _clocks_for(m: Measured, n: int, per: str, mask: list[bool] | None = None) -> list[dict] | None:
@@ -293,10 +396,7 @@ def metrics_for(w: Workload, m: Measured) -> dict[str, dict]:
     (the GPU clocks each sample ran at), `flagged` (samples of rounds set aside for running below the
     loaded clock) and `unresolved` (why the gate cannot judge them) where known.
     """
-    suffix = f"@d{w.depth}" if w.depth else ""
-    conc = f"@c{w.concurrency}" if w.concurrency > 1 else ""
-    pp, tg = f"pp{w.pp}{suffix}", f"tg{w.tg}{suffix}"
-
+    names = metric_names(w)
     timer = "engine" if m.engine else "client"  # the clock of pp / tg (flagged rounds share it)
 
     def values(mm: Measured) -> dict[str, tuple[list[float], list[dict] | None]]:
@@ -317,17 +417,17 @@ def metrics_for(w: Workload, m: Measured) -> dict[str, dict]:
             return v, _clocks_for(mm, len(v), "request")
 
         if w.kind == "prefill":
-            return {pp: pp_samples()}
+            return {names[0]: pp_samples()}
         if w.kind == "decode":
-            return {tg: tg_samples()}
+            return {names[0]: tg_samples()}
         if w.kind == "concurrent":
-            return {pp + conc: pp_samples(), tg + conc: tg_samples()}
+            return {names[0]: pp_samples(), names[1]: tg_samples()}
         lat = perf.to_metrics(mm.requests, w.pp, w.tg, w.depth)
         out = {}
-        for n in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        for n, base in zip(names, perf.LATENCY_METRICS):
             if n in lat:
                 v = lat[n]["samples"]
-                mask = [bool(perf.itl_ms(r)) for r in mm.requests] if n == "itl_ms" else None
+                mask = [bool(perf.itl_ms(r)) for r in mm.requests] if base == "itl_ms" else None
                 out[n] = (v, _clocks_for(mm, len(v), "request", mask))
         return out
 

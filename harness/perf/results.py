@@ -7,7 +7,10 @@ report shows the side servers too.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from harness.core.errors import SuiteError
 
 RESULTS_DIR = "results"
 # How a sensitivity curve's measured metric without a verdict (the engine clock of a host-bound decode) reads in
@@ -28,3 +31,16 @@ def results_files(run_dir: Path, side_servers: bool = False) -> list[Path]:
     """A run directory's level 4 results files, sorted: the shared servers', and with `side_servers` the others."""
     found = sorted(Path(run_dir, RESULTS_DIR).glob("*.json"))
     return [p for p in found if "__" in p.stem and (side_servers or is_shared(p))]
+
+
+def read_results(path: Path) -> dict:
+    """A level 4 results file, the one way every reader takes it; a file that cannot be read (truncated by a run killed
+    while writing it, before results were written atomically) or is not a results file is one line naming it and
+    the fix."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SuiteError(f"cannot read results {path} ({type(e).__name__}); rerun level 4 to write it again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise SuiteError(f"results {path} has no metrics mapping: not a level 4 results file")
+    return data

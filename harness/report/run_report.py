@@ -18,7 +18,7 @@ Results dict (the content of a level 4 results file; one per config and platform
       },
       "workload": {"prompt_tokens": 2048, "output_tokens": 32, "runs": 10, "warmup": 3, "depths": [0], ...},
       "metadata": {...},                   # Phase 7 reproducibility metadata (harness.perf.metadata)
-      "memory_peak_gb": 61.2,              # None when not measurable
+      "memory_peak_gb": 61.2,              # GB (1e9 bytes); None when not measurable
     }
 
 `verdicts` for the summary maps a config name (or "<platform>/<config>" when one report mixes platforms
@@ -41,7 +41,7 @@ from harness.perf import host_cpu
 from harness.perf import metrics as perf
 from harness.perf.baselines import check_metrics
 from harness.perf.regression import DETAIL_WITHOUT_CI, Verdict
-from harness.perf.results import UNJUDGED, results_files
+from harness.perf.results import UNJUDGED, read_results, results_files
 
 MARKS = {"pass": "✅", "fail": "❌ FAIL", "inconclusive": "⚠️ inconclusive", "improved": "🚀 improved"}
 ADVISORY_MARKS = {"fail": "⚠️ advisory fail", "inconclusive": "⚠️ advisory inconclusive"}
@@ -334,7 +334,7 @@ def write_run_report(run_dir: str | os.PathLike) -> list[Path]:
 
 
     run_dir = Path(run_dir)
-    results = [json.loads(p.read_text()) for p in results_files(run_dir, side_servers=True)]
+    results = [read_results(p) for p in results_files(run_dir, side_servers=True)]
     if not results:
         curves = sensitivity_lines(run_dir)
         if not curves:

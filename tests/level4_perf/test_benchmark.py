@@ -11,8 +11,8 @@ from harness.core import stats
 
 pytestmark = [pytest.mark.level4, pytest.mark.server]
 
-PHASE7_KEYS = ("git_shas", "engine", "docker_image", "pip_freeze", "cuda", "gpu", "env_vars", "vllm_flags", "packages",
-               "platform", "device")
+PHASE7_KEYS = ("git_shas", "engine", "docker_image", "pip_freeze", "cuda", "gpu", "env_vars", "vllm_flags",
+               "vllm_flags_source", "packages", "platform", "device")
 
 
 def test_benchmark_ran_on_the_kernel_path_it_claims(perf_results):
@@ -51,10 +51,12 @@ def test_results_record_the_phase7_metadata(perf_results):
     assert meta["docker_image"] or meta["docker_image_reason"], "docker_image is null without a reason"
     if perf_results["platform"] != "cpu":
         nvml = meta["gpu"].get("nvml") or {}
-        gpu0 = (nvml.get("gpus") or [{}])[0]
+        # the GPU the benchmark ran on (the first CUDA_VISIBLE_DEVICES entry: under xdist each worker has its own)
+        index = int(meta["gpu"].get("index", 0))
+        gpu = next((g for g in nvml.get("gpus") or [] if g.get("index") == index), {})
         assert nvml.get("driver") and meta["cuda"].get("driver_cuda"), f"driver / CUDA missing: {nvml}"
         for key in ("sm_mhz", "max_sm_mhz", "mem_mhz", "power_limit_w"):
-            assert key in gpu0, f"GPU state lacks {key}: {gpu0}"
+            assert key in gpu, f"GPU {index}'s state lacks {key}: {gpu}"
 
 
 def test_used_memory_and_kv_capacity_were_measured(perf_results, booted):
