@@ -16,7 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.perf import host_cpu  # noqa: E402
-from harness.perf.results import UNJUDGED, results_files  # noqa: E402
+from harness.core.errors import SuiteError  # noqa: E402
+from harness.perf.results import UNJUDGED, read_results, results_files  # noqa: E402
 
 
 def _verdicts(run: Path) -> list[dict]:
@@ -27,7 +28,7 @@ def _verdicts(run: Path) -> list[dict]:
 
 
 def _results(run: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in results_files(run)]
+    return [read_results(p) for p in results_files(run)]
 
 
 def _clock_range(results: list[dict]) -> str:
@@ -182,4 +183,7 @@ def main(root: Path, out: Path) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(Path(sys.argv[1]), Path(sys.argv[2])))
+    try:
+        raise SystemExit(main(Path(sys.argv[1]), Path(sys.argv[2])))
+    except SuiteError as e:  # a results file a killed phase left truncated: one line naming it
+        raise SystemExit(f"gates_summary: {e}") from None

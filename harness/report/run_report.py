@@ -345,7 +345,10 @@ def write_run_report(run_dir: str | os.PathLike) -> list[Path]:
     verdicts = {}
     for p in sorted((run_dir / "verdicts").glob("*.json")):
         config = p.stem.split("__", 1)[-1]
-        verdicts[config] = [Verdict.from_json(v) for v in json.loads(p.read_text())]
+        try:
+            verdicts[config] = [Verdict.from_json(v) for v in json.loads(p.read_text())]
+        except (OSError, ValueError, TypeError, KeyError) as e:  # a run killed while writing them: name it, not a traceback
+            raise SuiteError(f"cannot read verdicts {p} ({type(e).__name__}); rerun level 5 to write them again") from None
     report = write_markdown_summary(results, verdicts, run_dir / "report.md")
     curves = sensitivity_lines(run_dir)
     if curves:

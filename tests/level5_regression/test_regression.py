@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from harness.core import stats
+from harness.core.store import write_atomic
 from harness.engine import hooks
 from harness.perf import bench, sensitivity
 from harness.perf.clocks import ClockSampler
@@ -43,7 +44,7 @@ def test_no_regression_against_baseline(perf_results, baselines, baseline_file, 
     verdicts = compare_run(baseline, perf_results, thresholds)
     only_base, only_new = unshared_metrics(baseline, perf_results)
     verdict_file = suite.artifact("verdicts", f"{suite.model.alias}__{perf_results['config']}.json")
-    verdict_file.write_text(json.dumps([v.to_json() for v in verdicts], indent=1, default=str))
+    write_atomic(verdict_file, json.dumps([v.to_json() for v in verdicts], indent=1, default=str))
     print(f"\n[{perf_results['config']} on {perf_results['platform']} vs {baseline_file.relative_to(REPO)}]")
     for v in verdicts:
         print(f"  {v.status:12s} {v.message}")

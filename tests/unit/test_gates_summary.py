@@ -175,3 +175,19 @@ def test_the_done_when_line_counts_the_a_a_boots_whose_host_cpu_changed_speed(tm
         gates_summary.main(run.parent, run.parent / "summary.md")
         text = (run.parent / "summary.md").read_text()
         assert ("in 1 of the 1 boots the host's CPU changed speed or load (its loop's CV above 15%)" in text) is named
+
+
+def test_a_truncated_results_file_is_one_line_naming_it(tmp_path):
+    """A phase killed while writing its results once left a file that ended the summary with a JSONDecodeError
+    traceback; the summary is written by every phase, so that lost the evidence page too."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "aa1" / "results"
+    run.mkdir(parents=True)
+    broken = run / "gpt-oss-120b-shape__marlin-bf16.json"
+    broken.write_text('{"config": "marlin-bf16", "metrics": {"tg32": {"samp')
+    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), str(tmp_path / "summary.md")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot read results {broken} (JSONDecodeError); rerun level 4" in r.stderr

@@ -333,3 +333,16 @@ def test_spec_decode_acceptance_counts_the_measured_requests_only(tmp_path, engi
     assert counters["mean_acceptance_length"] == pytest.approx(3.0)
     assert counters["acceptance_rate"] == pytest.approx(0.6667)
     assert counters["drafts"] == 4 * (32 // 3)  # 4 measured rounds of one request
+
+
+def test_truncated_verdicts_are_one_line_naming_them_in_the_run_report(tmp_path):
+    """Level 5's verdicts file of a run killed while writing it once ended the run report in a JSONDecodeError."""
+    recorded = Path(__file__).resolve().parents[2] / "docs/evidence/sm_90-2026-12-03-h200-marlin-rebaseline/aa1-results.json"
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "gpt-oss-120b-shape__marlin-bf16.json").write_text(recorded.read_text())
+    broken = tmp_path / "verdicts" / "gpt-oss-120b-shape__marlin-bf16.json"
+    broken.parent.mkdir()
+    broken.write_text('[{"name": "tg32", "sta')
+    with pytest.raises(SuiteError) as e:
+        write_run_report(tmp_path)
+    assert str(e.value) == f"cannot read verdicts {broken} (JSONDecodeError); rerun level 5 to write them again"
