@@ -268,6 +268,11 @@ class Verdict:
         return self.status == "fail"
 
     @property
+    def worse(self) -> bool:
+        """Whether the median moved the bad way (slower, more memory), however it was judged."""
+        return self.delta < 0 if self.higher_is_better else self.delta > 0
+
+    @property
     def gating_failure(self) -> bool:
         return self.status == "fail" and not self.advisory
 
@@ -571,9 +576,8 @@ def _out_of_family(v: Verdict, thresholds: Thresholds, config: str) -> Verdict |
     detail = (f"{v.name} {v.delta * 100:+.1f}% ({stats.fmt(v.baseline)} -> {stats.fmt(v.current)} {v.unit} median): "
               f"baseline out of family, beyond the x{1 + bound:g} this platform's A/A runs never reach "
               f"(baselines/thresholds.yaml out_of_family), so neither a regression nor an improvement is judged")
-    worse = v.delta < 0 if v.higher_is_better else v.delta > 0
     fix = (f"a slowdown this large is a regression unless the baseline came from another machine state: investigate "
-           f"first, and only then re-record it on this machine class: {regen_command('level5', config)}" if worse else
+           f"first, and only then re-record it on this machine class: {regen_command('level5', config)}" if v.worse else
            f"re-record it on this machine class: {regen_command('level5', config)}")
     return replace(v, status="inconclusive", reason=Reason.OUT_OF_FAMILY, detail=detail, within_boot_spread=False,
                    fix=fix)
@@ -818,5 +822,4 @@ def advisory_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> li
 def _out_of_family_slowdown(v: Verdict) -> bool:
     """A slowdown beyond the platform's A/A family is not judged (the baseline may be another machine state's), but it
     is never quiet: a 3x slower decode must reach the warnings, not only a re-record advice that would bake it in."""
-    worse = v.delta < 0 if v.higher_is_better else v.delta > 0
-    return v.reason is Reason.OUT_OF_FAMILY and worse
+    return v.reason is Reason.OUT_OF_FAMILY and v.worse
