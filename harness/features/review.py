@@ -240,10 +240,11 @@ def write_matrix(results: Sequence[FeatureResult], path: Path) -> Path:
              "|---|---|---|---|" + "---|" * len(metrics)]
     for base in dict.fromkeys(r.feature.baseline for r in results):
         group = [r for r in results if r.feature.baseline == base]
-        base_side = next((s for r in group for s in r.sides if s.role == "baseline" and s.value(metrics[0] if metrics else "")), None)
+        # each metric from whichever run of this baseline measured it: features judge different metrics
+        base_sides = [s for r in group for s in r.sides if s.role == "baseline"]
         cells = []
         for m in metrics:
-            vals = base_side.value(m) if base_side else []
+            vals = next((s.value(m) for s in base_sides if s.value(m)), [])
             cells.append(_fmt(stats.median(vals)) if vals else "")
         lines.append(f"| {base} | baseline | | | " + " | ".join(cells) + " |")
         for r in group:

@@ -117,3 +117,25 @@ def test_a_rerendered_review_shows_the_candidate_hypothesis_and_criteria_its_run
     text = (tmp_path / "out" / "FEATURE_cpu-compiled-decode.md").read_text()
     assert "An older hypothesis that this run tested" in text and "`cpu-bf16-noprefix`" in text
     assert "Candidate `cpu-bf16` " not in text
+
+
+def test_a_baseline_row_shows_its_metrics_when_another_feature_leads_the_columns(tmp_path):
+    """The matrix's columns are every feature's metrics in order; a baseline whose features lack the first column's
+    metric once got an empty row, its measured tg32 included."""
+    from dataclasses import replace
+
+    from harness.features.spec import parse_criterion
+
+    r = result(tmp_path)
+    ttft = parse_criterion("ttft_p50 <= +10%")
+    other_base, other_cand = Side("baseline", "cpu-bf16-nochunk"), Side("candidate", "cpu-bf16-noprefix")
+    other_base.add(ttft.metric, [50.0, 51.0, 49.0, 50.5]), other_cand.add(ttft.metric, [50.0, 51.0, 49.0, 50.5])
+    other = replace(r, feature=replace(r.feature, name="other", baseline="cpu-bf16-nochunk", candidate="cpu-bf16-noprefix",
+                                       criteria=(ttft,)),
+                    criteria=[judge_samples(ttft, other_base.value(ttft.metric), other_cand.value(ttft.metric))],
+                    sides=[other_base, other_cand])
+    m = write_matrix([other, r], tmp_path / "matrix.md").read_text()
+    header = next(ln for ln in m.splitlines() if ln.startswith("| config"))
+    assert [c.strip() for c in header.strip("|").split("|")][4:6] == [ttft.metric, "tg32"], header
+    row = next(ln for ln in m.splitlines() if ln.startswith("| cpu-bf16-eager | baseline"))
+    assert [c.strip() for c in row.strip("|").split("|")][5] == "100.2", row  # the median of the baseline's tg32
