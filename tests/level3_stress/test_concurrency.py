@@ -32,12 +32,13 @@ def _count(level: str, limits) -> int:
 
 
 def _greedy(client, prompts, i: int, salt: str) -> Stream:
-    """Request i's greedy stream. `salt` scopes vLLM's prefix cache (cache_salt): each phase computes its prompts
+    """Request i's greedy stream. `salt` and i scope vLLM's prefix cache (cache_salt): each request computes its prompt
     itself, or a burst would read most of its KV from the reference run's cache (65% of its prompt tokens on the CPU
-    server) and never exercise concurrent prefill."""
+    server) and never exercise concurrent prefill; per request, because with many requests (a large --max-num-seqs)
+    two prompts can start at the same offset of the source text."""
     ids = prompts.ids(40 + 50 * i, variant=100 + i)  # different lengths and contents
     out = client.complete(ids, MAX_TOKENS, logprobs=TOP_K, return_tokens_as_token_ids=True, ignore_eos=True,
-                          cache_salt=salt)
+                          cache_salt=f"{salt}-{i}")
     return Stream.from_completion(out, ids)
 
 
