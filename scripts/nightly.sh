@@ -50,18 +50,24 @@ summary() {  # append markdown to the job summary (and print it)
 
 gpus() {  # GPUs this runner can give the group's workers
   if [ -n "${SUITE_WORKERS:-}" ]; then echo "$SUITE_WORKERS"; return; fi
-  if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0; else echo 0; fi
+  # grep -c prints 0 itself when nothing matches (and exits 1): `|| echo 0` would print a second line
+  if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true; else echo 0; fi
 }
 
 run_group() {  # run_group GROUP [pytest args...]
   local group=$1; shift
   local py rc out="$dir/$group"
   py=$(python_cmd) || { echo "nightly: no usable python/vLLM (see the setup step)" >&2; return 1; }
-  mkdir -p "$out"
+  # a run folder left by an earlier night would be merged as tonight's if tonight's run stops before pytest
+  rm -rf "$out" && mkdir -p "$out"
   in_env "$py" -m harness.plugin.nightly preflight --group "$group" || {
     echo "## ${SUITE_SET}/${group}: NOT RUN (preflight failed; see the job log)" | summary; return 1; }
-  local args=()
-  mapfile -t args < <(in_env "$py" -m harness.plugin.nightly pytest-args --group "$group" --dir "$out" --workers "$(gpus)") || return 1
+  local args=() workers listed
+  workers=$(gpus)
+  # captured first: a failure inside `mapfile < <(...)` is invisible, and pytest then ran with no arguments at all
+  listed=$(in_env "$py" -m harness.plugin.nightly pytest-args --group "$group" --dir "$out" --workers "$workers") || {
+    echo "## ${SUITE_SET}/${group}: NOT RUN (the pytest arguments could not be made; see the job log)" | summary; return 1; }
+  mapfile -t args <<< "$listed"
   echo "nightly: $py -m pytest ${args[*]} $*" >&2
   in_env "$py" -m pytest "${args[@]}" "$@"
   rc=$?

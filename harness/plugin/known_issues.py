@@ -75,6 +75,9 @@ def load(path: Path = FILE) -> list[KnownIssue]:
             versions = SpecifierSet(str(e["versions"]))
         except InvalidSpecifier:
             raise SuiteError(f"{at}: versions '{e['versions']}' is not a version range such as '>=0.26,<0.27'") from None
+        for key in ("platforms", "tests"):  # a single value or null would be iterated letter by letter, or not at all
+            if not isinstance(e[key], list):
+                raise SuiteError(f"{at}: {key} must be a list, e.g. {key}: [{e[key]}]")
         platforms = tuple(str(p) for p in e["platforms"])
         bad = [p for p in platforms if not is_valid_selector(p)]
         if bad or not platforms:

@@ -64,9 +64,13 @@ def load_set(name: str, path: Path = SETS_FILE) -> ConfigSet:
         raise SuiteError(f"{path}: no config set '{name}'; sets: {known}")
     spec = sets[name]
     where = f"{path}: sets.{name}"
+    if not isinstance(spec, dict):
+        raise SuiteError(f"{where}: expected a mapping with platform, flavour, levels and groups, got {spec!r}")
     for key in ("platform", "flavour", "levels", "groups"):
         if not spec.get(key):
             raise SuiteError(f"{where}: needs `{key}`")
+    if not isinstance(spec["groups"], list):
+        raise SuiteError(f"{where}.groups: expected a list of groups (- name: ...), got {spec['groups']!r}")
     cs = ConfigSet(name, str(spec["platform"]), str(spec["flavour"]), spec.get("model"), str(spec["levels"]))
     names = set()
     for i, g in enumerate(spec["groups"]):
@@ -76,7 +80,10 @@ def load_set(name: str, path: Path = SETS_FILE) -> ConfigSet:
         if gname in names or not gname.replace("-", "").replace("_", "").isalnum():
             raise SuiteError(f"{where}.groups[{i}]: group names must be unique and plain ([A-Za-z0-9_-]): '{gname}'")
         names.add(gname)
-        cs.groups.append(Group(gname, [str(c) for c in g.get("configs") or []], str(g.get("levels") or cs.levels)))
+        configs = g.get("configs") or []
+        if not isinstance(configs, list):  # a string would be read letter by letter ("unknown config 'm'")
+            raise SuiteError(f"{where}.groups[{i}].configs: expected a list of config names, write [{configs}]")
+        cs.groups.append(Group(gname, [str(c) for c in configs], str(g.get("levels") or cs.levels)))
 
     cat = Catalog()
     for g in cs.groups:
@@ -148,7 +155,8 @@ class Counts:
 
     @property
     def ok(self) -> bool:
-        return self.tests > 0 and not self.failures and not self.errors
+        """Something passed and nothing failed: a run whose every test skipped tested nothing."""
+        return self.passed > 0 and not self.failures and not self.errors
 
 
 def junit_counts(path: Path) -> Counts:
@@ -235,6 +243,9 @@ def merge(cs: ConfigSet, root: Path) -> tuple[bool, str]:
     merged.mkdir(parents=True)
     dirs = _group_dirs(root)
     missing = [g for g in plan(cs) if g not in dirs]
+    # each group judged on its own: totals hide a group killed before its junit.xml, one that collected nothing
+    # (pytest's exit code 5) or one whose every test skipped
+    unrun = {name: why for name, d in dirs.items() if (why := _group_problem(d / "junit.xml"))}
     boots: list[dict] = []
     for name, d in dirs.items():
         for sub in ("results", "verdicts", "kernels"):
@@ -255,7 +266,7 @@ def merge(cs: ConfigSet, root: Path) -> tuple[bool, str]:
         except SuiteError as e:
             report_note = f"(merged report not written: {e})"
     lines = [f"# Nightly {cs.name} ({cs.platform}, flavour {cs.flavour}): "
-             + ("PASS" if total.ok and not missing else "FAIL"), "",
+             + ("PASS" if total.ok and not missing and not unrun else "FAIL"), "",
              f"{total.passed} passed, {total.failures} failed, {total.errors} errors, {total.skipped} skipped "
              f"over {len(dirs)} group(s)", "", "| group | configs | levels | passed | failed | errors | skipped |",
              "|---|---|---|---:|---:|---:|---:|"]
@@ -266,6 +277,8 @@ def merge(cs: ConfigSet, root: Path) -> tuple[bool, str]:
         else:
             lines.append(f"| {g.name} | {', '.join(g.configs) or '-'} | {g.levels} | - | - | - | - (no results: the job died before uploading) |")
     lines.append("")
+    if unrun:
+        lines += ["## Groups that tested nothing", ""] + [f"- {name}: {why}" for name, why in unrun.items()] + [""]
     bad = failed_tests(merged / "junit.xml")
     if bad:
         lines += ["## Failures", ""] + [f"- {b}" for b in bad] + [""]
@@ -275,7 +288,19 @@ def merge(cs: ConfigSet, root: Path) -> tuple[bool, str]:
         lines.append(report_note)
     text = "\n".join(lines) + "\n"
     (merged / "nightly.md").write_text(text)
-    return total.ok and not missing, text
+    return total.ok and not missing and not unrun, text
+
+
+def _group_problem(junit: Path) -> str | None:
+    """Why a group's run shows no test that ran, or None where something passed."""
+    if not junit.is_file():
+        return "no junit.xml (the job stopped before pytest finished; see its log)"
+    c = junit_counts(junit)
+    if c.tests == 0:
+        return "its junit.xml holds no test (unreadable, or pytest collected nothing)"
+    if c.passed == 0 and not c.failures and not c.errors:
+        return f"all {c.skipped} tests skipped (see the skip reasons in its log)"
+    return None
 
 
 # -- CLI --------------------------------------------------------------------------------------------

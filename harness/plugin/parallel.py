@@ -23,6 +23,7 @@ Without xdist nothing here changes a run.
 """
 from __future__ import annotations
 
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Iterator
 
 import pytest
 
+from harness.core.errors import SuiteError
 from harness.core.filelock import FileLock
 from harness.engine.devices import device_for_worker, gpu_set, visible_gpus, worker_index
 from harness.session.suite import SUITE_KEY
@@ -39,7 +41,22 @@ RUN_DIR_KEY = "suite_run_dir"
 GPUS_KEY = "suite_visible_gpus"
 LOADGROUP_KEY = "suite_loadgroup"
 # how long a worker waits for its slot: another worker may hold it for all levels of its config
-SLOT_TIMEOUT_S = float(os.environ.get("SUITE_SLOT_TIMEOUT", 12 * 3600))
+SLOT_TIMEOUT_S = 12 * 3600.0
+
+
+def slot_timeout_s() -> float:
+    """SUITE_SLOT_TIMEOUT (seconds) or SLOT_TIMEOUT_S. A wait that never ends (0, negative, nan: the lock's
+    deadline never comes) or a value like "12h" is one line naming the variable, at the first wait for a slot."""
+    raw = os.environ.get("SUITE_SLOT_TIMEOUT")
+    if raw is None:
+        return SLOT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SuiteError(f"SUITE_SLOT_TIMEOUT={raw!r}: expected seconds above 0 (e.g. 43200 for 12 hours)")
+    return value
 _PARALLEL_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size")
 
 
@@ -163,7 +180,7 @@ class _GroupSuffix:
 # -- slots ---------------------------------------------------------------------------------------
 @contextmanager
 def server_slot(run_dir: Path, worker: str | None, visible: list[str], need: int,
-                is_cuda: bool, timeout_s: float = SLOT_TIMEOUT_S) -> Iterator[dict[str, str]]:
+                is_cuda: bool, timeout_s: float | None = None) -> Iterator[dict[str, str]]:
     """Hold what one server of this worker runs on, for as long as it runs.
 
     Yields the environment the server needs on top of the worker's (CUDA_VISIBLE_DEVICES when it takes
@@ -171,6 +188,7 @@ def server_slot(run_dir: Path, worker: str | None, visible: list[str], need: int
     if worker is None:
         yield {}
         return
+    timeout_s = slot_timeout_s() if timeout_s is None else timeout_s
     locks = Path(run_dir) / "locks"
     if not is_cuda:
         with FileLock(locks / "cpu.lock", timeout_s, "CPU server slot (one server at a time on shared cores)"):

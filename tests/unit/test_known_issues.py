@@ -57,6 +57,9 @@ def test_an_entry_applies_only_to_its_engine_versions_and_platforms(tmp_path):
     ("issues: [{id: x, engine: vllm, versions: 'not a range', platforms: [sm_90], tests: ['a.py::b'], raises: engine-crash, upstream: u, symptom: s, evidence: e}]", "not a version range"),
     ("issues: [{id: x, engine: vllm, versions: '<1', platforms: [sm_90], tests: ['a.py::b'], raises: timeout, upstream: u, symptom: s, evidence: e}]", "is not one of engine-crash"),
     ("issues: [", "malformed YAML"),
+    # null or one value where a list belongs: an INTERNALERROR (TypeError) before, or a string read letter by letter
+    ("issues: [{id: x, engine: vllm, versions: '<1', platforms: null, tests: ['a.py::b'], raises: engine-crash, upstream: u, symptom: s, evidence: e}]", r"platforms must be a list"),
+    ("issues: [{id: x, engine: vllm, versions: '<1', platforms: [sm_90], tests: 'a.py::b', raises: engine-crash, upstream: u, symptom: s, evidence: e}]", r"tests must be a list"),
 ])
 def test_a_bad_file_is_one_line(tmp_path, broken, expect):
     p = tmp_path / "k.yaml"

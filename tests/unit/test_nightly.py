@@ -101,6 +101,66 @@ def test_merge_combines_groups_and_fails_on_a_failed_or_missing_group(tmp_path):
     assert json.loads((tmp_path / "merged" / "boots.json").read_text())[0]["group"] == "marlin"
 
 
+@pytest.mark.parametrize("case, why", [
+    ("killed", "no junit.xml (the job stopped before pytest finished"),
+    ("truncated", "its junit.xml holds no test (unreadable, or pytest collected nothing)"),
+    ("collected-nothing", "its junit.xml holds no test"),
+    ("all-skipped", "all 2 tests skipped"),
+])
+def test_a_group_that_tested_nothing_fails_the_night_though_the_others_passed(tmp_path, case, why):
+    """The totals over groups once hid a group killed before its junit.xml (its results still uploaded), a truncated
+    junit.xml, pytest's "no tests collected" and a group whose every test skipped: the night read PASS, exit 0."""
+    cs = nightly.load_set("gb10")
+    for g in ("marlin", "matrix"):
+        _junit(tmp_path / f"nightly-{g}" / "junit.xml", 3, 0)
+    group = tmp_path / "nightly-cutlass"
+    group.mkdir()
+    if case == "killed":
+        (group / "results").mkdir()
+        (group / "results" / "partial.json").write_text("{}")
+    elif case == "truncated":
+        _junit(group / "junit.xml", 3, 0)
+        (group / "junit.xml").write_text((group / "junit.xml").read_text()[:90])
+    elif case == "collected-nothing":
+        _junit(group / "junit.xml", 0, 0)
+    else:
+        (group / "junit.xml").write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="2" failures="0" '
+                                         'errors="0" skipped="2"><testcase classname="c" name="a"><skipped message="x"/>'
+                                         '</testcase><testcase classname="c" name="b"><skipped message="y"/></testcase>'
+                                         '</testsuite></testsuites>')
+    ok, text = nightly.merge(cs, tmp_path)
+    assert not ok and text.startswith("# Nightly gb10 (sm_121, flavour fork): FAIL"), text
+    assert f"- cutlass: {why}" in text, text
+    _junit(group / "junit.xml", 2, 0)  # the same group when it ran: the night passes
+    assert nightly.merge(cs, tmp_path)[0]
+
+
+def test_a_malformed_set_is_one_line(tmp_path):
+    bad = tmp_path / "n.yaml"
+    for spec, want in (("not a mapping", "expected a mapping with platform, flavour, levels and groups"),
+                       ({"platform": "cpu", "flavour": "cpu", "levels": "level1", "groups": "a"}, "groups: expected a list"),
+                       ({"platform": "cpu", "flavour": "cpu", "levels": "level1",
+                         "groups": [{"name": "a", "configs": "cpu-bf16"}]}, "configs: expected a list of config names")):
+        bad.write_text(yaml.safe_dump({"sets": {"x": spec}}))
+        with pytest.raises(SuiteError, match=want):
+            nightly.load_set("x", bad)
+
+
+def test_a_group_whose_pytest_arguments_cannot_be_made_is_not_run_and_fails(tmp_path):
+    """`mapfile < <(...)` hid the failure: pytest then ran with no arguments (every test path, no -m, no --config, no
+    junit.xml) and the step was green. A worker count that is not a number is one such failure (nvidia-smi finding no
+    GPU used to print "0" twice); a stale run folder of the group is gone, so last night's junit.xml cannot pass for
+    tonight's."""
+    stale = tmp_path / "smoke" / "junit.xml"
+    _junit(stale, 3, 0)
+    env = {**os.environ, "SUITE_SET": "cpu", "SUITE_GROUP": "smoke", "SUITE_NIGHTLY_DIR": str(tmp_path),
+           "SUITE_WORKERS": "two"}
+    r = subprocess.run(["bash", "scripts/nightly.sh", "run"], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode != 0 and "NOT RUN (the pytest arguments could not be made" in r.stdout, r.stdout + r.stderr
+    assert "-m pytest" not in r.stderr and not stale.exists()
+
+
 def _workflow_steps() -> list[tuple[str, dict]]:
     wf = yaml.safe_load(WORKFLOW.read_text())
     order = ["plan", "run", "report"]

@@ -249,3 +249,16 @@ def test_more_workers_than_gpus_is_told_once_with_the_fix():
     assert shared_gpu_warning("gw2", ["0"]) is None  # told once, for the first extra worker
     assert shared_gpu_warning("gw1", ["0", "1"]) is None and shared_gpu_warning("gw2", ["0", "1"]) is not None
     assert shared_gpu_warning("gw1", []) is None and shared_gpu_warning(None, ["0"]) is None
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "12h"])
+def test_a_slot_timeout_that_never_ends_or_is_not_seconds_is_one_line(tmp_path, monkeypatch, value):
+    """filelock waits forever on a negative timeout (a worker once waited for a slot with no end), and "12h" was a
+    ValueError traceback when the plugin loaded."""
+    monkeypatch.setenv("SUITE_SLOT_TIMEOUT", value)
+    with pytest.raises(SuiteError, match=r"SUITE_SLOT_TIMEOUT=.*expected seconds above 0") as e:
+        with parallel.server_slot(tmp_path, "gw0", [], 1, is_cuda=False):
+            pass
+    assert "\n" not in str(e.value)
+    monkeypatch.setenv("SUITE_SLOT_TIMEOUT", "5")
+    assert parallel.slot_timeout_s() == 5.0
