@@ -22,8 +22,11 @@ TOP_K = 5
 QUEUED_MIN_S = 0.05  # summed engine queue time that counts as "requests waited for a slot"
 # Engine running time summed over a burst's requests, over the burst's wall time. A server that runs one request at a
 # time cannot exceed 1 (its requests' running intervals are disjoint); two requests run together give ~2 less the
-# HTTP and tokenization time around them.
+# HTTP and tokenization time around them (1.74-1.96 on the CPU server, 2 to 6 requests). Nor can it exceed the most
+# requests running at once, which bounds --max-num-seqs whatever /metrics polling saw: on a loaded 2-core machine one
+# /metrics read outlasted a 1.3 s burst. The slack covers a preempted request, whose running time counts its wait.
 MIN_OVERLAP = 1.3
+OVERLAP_SLACK = 0.25
 LEVELS = ["2", "4", "max-num-seqs+4"]
 
 
@@ -132,8 +135,8 @@ def test_concurrent_requests_all_succeed_and_match_sequential(level, live_server
                                         f"below {MIN_OVERLAP}: it did not run them together")
     assert not hits, f"{hits:.0f} prompt tokens of the burst came from the prefix cache: its prefill was not exercised"
     if seqs:
-        assert watch.busy_samples, (f"/metrics gave no reading while the {n} requests ran ({watch.samples} in all): the "
-                                    f"--max-num-seqs {seqs} bound was not observed")
+        assert overlap <= seqs + OVERLAP_SLACK, (f"the engine ran these {n} requests for {overlap:.2f}x the burst's wall "
+                                                 f"time: more than --max-num-seqs {seqs} ran at once")
         assert watch.max_running <= seqs, f"{watch.max_running:.0f} requests ran at once, above --max-num-seqs {seqs}"
         if n > seqs:
             # Over the limit, requests beyond it usually wait in the scheduler's queue (0.5-2 s measured
