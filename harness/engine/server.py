@@ -169,16 +169,25 @@ def tail(path: Path, lines: int = 40) -> str:
 SUITE_OWNED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--uds")
 
 
+def flags(argv: list) -> dict[str, str]:
+    """A vLLM argv by flag, as argparse reads it: `--flag value`, `--flag=value` (how --server-arg passes them) or a
+    bare `--switch` ("on"); the last occurrence wins."""
+    out, tokens = {}, [str(t) for t in argv]
+    for i, token in enumerate(tokens):
+        if not token.startswith("--"):
+            continue
+        name, eq, value = token.partition("=")
+        if eq:
+            out[name] = value
+        else:
+            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+            out[name] = nxt if nxt is not None and not nxt.startswith("--") else "on"
+    return out
+
+
 def flag_value(argv: list[str], name: str) -> str | None:
-    """Option `name`'s value in a vLLM argv as argparse reads it (`--name value` or `--name=value`, the last occurrence
-    winning); None where absent."""
-    value = None
-    for i, token in enumerate(argv):
-        if token == name and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif token.startswith(name + "="):
-            value = token[len(name) + 1:]
-    return value
+    """Option `name`'s value in a vLLM argv (see `flags`); None where absent."""
+    return flags(argv).get(name)
 
 
 @dataclass

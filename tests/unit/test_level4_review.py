@@ -20,6 +20,7 @@ from harness.core.errors import SuiteError
 from harness.core.platform import Platform
 from harness.engine.client import StreamResult
 from harness.engine.process_memory import MemorySampler
+from harness.engine.server import flags
 from harness.engine.server_metrics import SPEC_COUNTERS
 from harness.perf import bench, benchmark, metadata
 from harness.perf import results as perf_results
@@ -210,7 +211,7 @@ def test_every_shipped_workloads_file_loads_on_its_platforms(path):
 def test_flags_read_both_argparse_forms_and_the_last_occurrence_wins():
     argv = ["--dtype", "bfloat16", "--enforce-eager", "--max-num-batched-tokens=64", "--max-num-batched-tokens", "128",
             "--gpu-memory-utilization=0.5", "--gpu-memory-utilization=0.93"]
-    assert metadata._flags(argv) == {"--dtype": "bfloat16", "--enforce-eager": "on", "--max-num-batched-tokens": "128",
+    assert flags(argv) == {"--dtype": "bfloat16", "--enforce-eager": "on", "--max-num-batched-tokens": "128",
                                      "--gpu-memory-utilization": "0.93"}
     # the same setting written either way is no change
     assert metadata.stack_changes({"vllm_flags": ["--max-num-seqs", "8"]}, {"vllm_flags": ["--max-num-seqs=8"]}) == []
