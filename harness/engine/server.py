@@ -169,6 +169,11 @@ def tail(path: Path, lines: int = 40) -> str:
 SUITE_OWNED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--uds")
 
 
+# How the suite's own lines in a server log begin (the argv, env and TMPDIR above the server's output): they hold the
+# run folder's and the checkout's paths, which no reader of the server's output may take for something vLLM logged.
+LOG_HEADER = "# "
+
+
 def flags(argv: list) -> dict[str, str]:
     """A vLLM argv by flag, as argparse reads it: `--flag value`, `--flag=value` (how --server-arg passes them) or a
     bare `--switch` ("on"); the last occurrence wins."""
@@ -228,9 +233,9 @@ class VllmServer:
         _LIVE_TMPDIRS.add(self.tmpdir)
         env = {**os.environ, **private_tmp_env(self.tmpdir, dict(os.environ)), **self.env_extra, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "w", encoding="utf-8") as log:
-            log.write("# " + " ".join(self.argv) + "\n")
-            log.write("# env: " + " ".join(f"{k}={v}" for k, v in sorted(self.env_extra.items())) + "\n")
-            log.write(f"# TMPDIR: {env['TMPDIR']} (the server's own, removed at teardown)\n")
+            log.write(LOG_HEADER + " ".join(self.argv) + "\n")
+            log.write(LOG_HEADER + "env: " + " ".join(f"{k}={v}" for k, v in sorted(self.env_extra.items())) + "\n")
+            log.write(f"{LOG_HEADER}TMPDIR: {env['TMPDIR']} (the server's own, removed at teardown)\n")
             log.flush()
             started = time.monotonic()
             self.proc = subprocess.Popen(

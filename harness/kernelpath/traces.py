@@ -22,6 +22,7 @@ from typing import Callable
 import requests
 
 from harness.config.catalog import KernelExpectation
+from harness.engine.server import LOG_HEADER
 from harness.core.errors import SuiteError
 
 
@@ -191,11 +192,15 @@ def check_decode(summary: KernelSummary, expectation: KernelExpectation, server_
 
 
 def _fallback_line(excuse: str | None, server_log: str) -> str | None:
-    """The log line in which a documented fallback's regex matches; None when it does not (or there is none)."""
-    proof = re.search(excuse, server_log) if excuse else None
-    if proof is None:
+    """The server's log line in which a documented fallback's regex matches; None when none does (or there is none).
+    Matched line by line, never against the suite's own header lines: a run folder named `gemv-fallback-check` in the
+    argv line once read as vLLM logging the GEMV MoE's fallback."""
+    if not excuse:
         return None
-    return server_log[server_log.rfind("\n", 0, proof.start()) + 1:].split("\n", 1)[0].strip()
+    for line in server_log.splitlines():
+        if not line.startswith(LOG_HEADER) and re.search(excuse, line):
+            return line.strip()
+    return None
 
 
 def cpu_attention_sinks(summary: KernelSummary) -> tuple[set, set]:

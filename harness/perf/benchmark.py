@@ -109,6 +109,8 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
         "invalid_reason": None if verdict_ok else (
             "; ".join(kernel_path.verdict.problems) if kernel_path is not None else "no kernel-path check (external server)"),
         "kernel_summary": str(kernel_path.artifact) if kernel_path is not None else None,
+        # patterns that passed only by a documented fallback's log line: these numbers are the fallback backend's
+        "kernel_path_excused": list(kernel_path.verdict.excused) if kernel_path is not None else [],
         "metrics": metrics,
         # configs with a speculator: vLLM's draft / accepted counters over each decode workload, beside its tg
         "spec_decode": spec_decode if speculative else None,

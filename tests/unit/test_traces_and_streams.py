@@ -7,6 +7,7 @@ import pytest
 
 from harness.config.catalog import KernelExpectation
 from harness.core.errors import SuiteError
+from harness.engine import server as server_mod
 from harness.correctness.goldens import golden_text, load_golden
 from harness.correctness.logprobs import Stream, Tolerance, compare_streams
 from harness.engine.server_metrics import EngineRound
@@ -54,6 +55,25 @@ def test_a_logged_fallback_excuses_only_its_own_pattern(tmp_path):
     assert v.excused == ["*gemv_fp4* (logged fallback: 'WARNING gemv path falling back to GEMM for M=2')"]
     exp.must.pop()
     assert check_path(s, exp, "WARNING gemv path falling back to GEMM for M=2").ok
+
+
+def test_the_suites_own_log_header_is_never_read_as_a_logged_fallback(tmp_path, monkeypatch):
+    """A run folder named `gemv-fallback-check` sits in the argv line the suite writes above vLLM's output: it once
+    excused a GEMV config whose trace held no GEMV kernel at all."""
+    monkeypatch.setattr(server_mod.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("no boot")))
+    run = tmp_path / "runs" / "gemv-fallback-check"
+    srv = server_mod.VllmServer(model="m", log_path=run / "server.log", env_extra={"SUITE_X": str(run)},
+                                argv_extra=["--profiler-config", json.dumps({"torch_profiler_dir": str(run / "traces" / "gemv-bf16")})])
+    with pytest.raises(OSError):
+        srv.start()
+    header = srv.log_path.read_text()
+    assert "gemv-fallback" in header  # the header does hold the words the excuse looks for
+    s = parse_trace(_trace(tmp_path, [{"cat": "kernel", "name": "cutlass_gemm", "dur": 1}]), "kernel")
+    exp = KernelExpectation(must=["*gemv_fp4*"], excuses={"*gemv_fp4*": "(?i)gemv.*fall(ing)? ?back"})
+    v = check_path(s, exp, header + "INFO 12-03 17:00:00 [api_server.py:1] serving\n")
+    assert not v.ok and not v.excused
+    # vLLM's own line still excuses it
+    assert check_path(s, exp, header + "WARNING gemv path falling back to GEMM for M=2\n").ok
 
 
 def test_a_sibling_pattern_names_the_backend_it_comes_from(tmp_path):
