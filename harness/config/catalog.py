@@ -35,6 +35,9 @@ SIBLING_AXES_UNDECLARED_RULES_OUT = ("layers",)
 # category (activation quantization feeds the MoE; the layers axis is the MXFP4 dense layers); kernels no
 # axis declares (BF16 GEMMs, norms, ...) are sorted by each flavour's `categories:` section.
 KERNEL_CATEGORIES = ("moe", "dense", "attention", "other")
+# The verification status of a kernel-bearing axis value that declares no kernels on a platform (and does not say
+# it has none of its own, `no_kernels`): a config differing only in it passes level 1.5 on the other's trace.
+UNDECLARED = "undeclared"
 AXIS_CATEGORIES = {"moe": "moe", "activation": "moe", "attention": "attention", "layers": "dense"}
 
 
@@ -399,7 +402,13 @@ class Flavour:
             args.update(spec.get("args") or {})
             logs.extend(spec.get("logs") or [])
             tag = f"{axis}={value}"
-            for selector, exp in self.kernel_entries(axis, value, platform_name):
+            entries = self.kernel_entries(axis, value, platform_name)
+            if (not entries and axis in AXIS_CATEGORIES and value != self.catalog.axes[axis].default
+                    and not spec.get("no_kernels")):
+                # nothing in the trace can show this value took effect: say so, never let it pass unseen
+                kernels.verification[tag] = (f"{UNDECLARED} (no kernel data for {platform_name}: level 1.5 cannot see "
+                                             "whether it took effect; declare its kernels, or no_kernels with why)")
+            for selector, exp in entries:
                 for pat in exp.get("must") or []:
                     kernels.add("must", pat, tag)
                 for pat in exp.get("must_not") or []:
@@ -553,7 +562,7 @@ def _str_list(raw: Any, where: str) -> list[str]:
     return raw
 
 
-_VALUE_KEYS = {"env", "args", "platforms", "logs", "kernels", "requires", "why", "requires_model", "rejected"}
+_VALUE_KEYS = {"env", "args", "platforms", "logs", "kernels", "no_kernels", "requires", "why", "requires_model", "rejected"}
 _KERNEL_KEYS = {"must", "must_not", "excuses", "allow_excused", "seen", "verified", "also_runs"}
 _KERNEL_LISTS = ("must", "must_not", "also_runs", "seen")  # kernel-name globs or names, each a list of strings
 # Lines every vLLM startup log has (and the empty string): a fallback excuse must match none of them.
@@ -572,6 +581,10 @@ def _check_value_spec(spec: dict, where: str) -> None:
     _mapping(spec.get("args") or {}, f"{where}.args")
     _selectors(_str_list(spec.get("platforms") or [], f"{where}.platforms"), f"{where}.platforms")
     _selectors(list(spec.get("rejected") or {}), f"{where}.rejected")
+    if "no_kernels" in spec and (not isinstance(spec["no_kernels"], str) or not spec["no_kernels"].strip()):
+        raise SuiteError(f"{where}.no_kernels: say in words why this value launches no kernel of its own")
+    if not isinstance(spec.get("kernels") or {}, dict):
+        raise SuiteError(f"{where}.kernels: expected a mapping of platform selector -> {{must: [...], verified: ...}}")
     for selector, exp in (spec.get("kernels") or {}).items():
         _selectors([selector], f"{where}.kernels")
         at = f"{where}.kernels.{selector}"
@@ -579,6 +592,12 @@ def _check_value_spec(spec: dict, where: str) -> None:
             raise SuiteError(f"{at}: expected keys {', '.join(sorted(_KERNEL_KEYS))}")
         for key in _KERNEL_LISTS:
             _str_list(exp.get(key) or [], f"{at}.{key}")
+        if isinstance(exp.get("verified"), bool) and exp["verified"]:
+            raise SuiteError(f"{at}.verified: name the trace that confirmed these patterns (\"<device, vLLM, date>\", "
+                             "as scripts/record_kernels.py --accept writes it), not yes/true")
+        if not isinstance(exp.get("excuses") or {}, dict) or not all(
+                isinstance(v, str) for v in (exp.get("excuses") or {}).values()):
+            raise SuiteError(f"{at}.excuses: expected a mapping of one `must` pattern -> the regex of its fallback's log line")
         if exp.get("must") and "verified" not in exp:
             raise SuiteError(f"{at}: say whether these patterns were seen in a real trace: `verified: \"<device, vLLM, date>\"` or `verified: no`")
         for pat in exp.get("excuses") or {}:

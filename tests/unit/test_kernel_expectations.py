@@ -14,7 +14,7 @@ import itertools
 
 import pytest
 
-from harness.config.catalog import SIBLING_AXES, Catalog, KernelExpectation
+from harness.config.catalog import SIBLING_AXES, UNDECLARED, Catalog, KernelExpectation
 from harness.core.platform import platform_matches
 from harness.kernelpath.traces import (
     KernelStat,
@@ -244,3 +244,54 @@ def test_the_plugin_on_marlins_layout_may_use_vllms_router_but_not_marlins_gemm(
     assert gemm, f"moe=marlin declares no Marlin GEMM kernel on {platform}"
     v = check_path(_summary(own + router + gemm), exp)
     assert not v.ok and any("marlin_moe_wna16" in p for p in v.problems), v.problems
+
+
+# -- axis values level 1.5 cannot see ----------------------------------------------------------------------------
+def test_an_axis_value_without_kernel_data_is_reported_undeclared_never_passed_unseen():
+    """The fork reads no VLLM_MXFP4_ACTIVATION: gemm-mxfp4 launches gemm-bf16's kernels and passed level 1.5 on them
+    with nothing saying the activation axis went unchecked."""
+    fork = CATALOG.flavours["fork"]
+    status = fork.resolve(CATALOG.parse("gemm-mxfp4"), "sm_121").kernels.verification
+    assert status["activation=mxfp4"].startswith(UNDECLARED) and "cannot see" in status["activation=mxfp4"]
+    assert "activation=mxfp4" in fork.resolve(CATALOG.parse("gemm-mxfp4"), "sm_121").kernels.unverified
+    # a value that launches nothing of its own says so in the data and is not reported
+    assert "activation=bf16" not in fork.resolve(CATALOG.parse("gemm-bf16"), "sm_121").kernels.verification
+    # every other flavour value on every platform it runs on either declares kernels or says why it has none
+    for flavour_name, platforms in PLATFORMS.items():
+        for platform in platforms:
+            for cfg in _configs():
+                if not CATALOG.flavours[flavour_name].runnable(cfg, platform)[0]:
+                    continue
+                undeclared = [t for t, s in CATALOG.flavours[flavour_name].resolve(cfg, platform).kernels.verification.items()
+                              if s.startswith(UNDECLARED)]
+                assert set(undeclared) <= {"activation=mxfp4", "activation=fp6"}, (flavour_name, platform, undeclared)
+
+
+def test_the_forks_mxfp4_dense_layers_must_show_dense_marlin_and_layers_moe_must_not():
+    """`--mxfp4-layers all` ignored by the fork: its trace is gemm-bf16's, which must fail gemm-bf16-mxfp4-all; and a
+    layers=moe config that ran dense Marlin ran MXFP4 dense layers nobody asked for."""
+    fork = CATALOG.flavours["fork"]
+    all_layers, plain = CATALOG.parse("gemm-bf16-mxfp4-all"), CATALOG.parse("gemm-bf16")
+    exp_all = fork.resolve(all_layers, "sm_121").kernels
+    assert check_path(_summary(fork.seen(all_layers, "sm_121")), exp_all).ok
+    ignored = check_path(_summary(fork.seen(plain, "sm_121")), exp_all)
+    assert not ignored.ok and any("*marlin::Marlin<*" in p for p in ignored.problems)
+    ran_dense_marlin = check_path(_summary(fork.seen(all_layers, "sm_121")), fork.resolve(plain, "sm_121").kernels)
+    assert not ran_dense_marlin.ok and any("forbidden '*marlin::Marlin<*'" in p for p in ran_dense_marlin.problems)
+    # dense Marlin's pattern is not the MoE Marlin's
+    moe_marlin = fork.seen(CATALOG.parse("marlin-bf16"), "sm_121")
+    assert not any(fnmatch.fnmatchcase(n, "*marlin::Marlin<*") for n in moe_marlin)
+
+
+@pytest.mark.parametrize("flavour_name", ["fork", "upstream"])
+def test_an_fp4_activation_quantizer_does_not_pass_for_mxfp8(flavour_name):
+    """FlashInfer's quantize_with_block_size is one template for three conversions (FP16_TO_FP4 = 0, FP8_TO_FP4 = 1,
+    FP16_TO_MXFP8 = 2): the MXFP8 check once matched the template's name alone."""
+    flavour = CATALOG.flavours[flavour_name]
+    cfg = CATALOG.parse("gemm-mxfp8")
+    names = flavour.seen(cfg, "sm_121")
+    exp = flavour.resolve(cfg, "sm_121").kernels
+    assert check_path(_summary(names), exp).ok
+    fp4 = [n.replace("BlockScaleQuantizationType)2,", "BlockScaleQuantizationType)0,") if "quantize_with_block_size" in n else n
+           for n in names]
+    assert fp4 != names and not check_path(_summary(fp4), exp).ok

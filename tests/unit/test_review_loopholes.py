@@ -345,3 +345,21 @@ def test_nan_logprobs_from_the_server_fail_instead_of_passing_every_tolerance(tm
                        "reasoning": None, "tool_calls": [], "finish_reason": "stop"}}
     with pytest.raises(SuiteError, match="malformed.*3 tokens, 0 logprobs"):
         check_chat_golden(truncated, "goldens/x/chat.json")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"kernels": ["sm_12x"]}, "kernels: expected a mapping"),
+    ({"kernels": "*x*"}, "kernels: expected a mapping"),
+    ({"kernels": {"sm_12x": {"verified": True, "must": ["*x*"]}}}, "name the trace that confirmed"),
+    ({"kernels": {"sm_12x": {"verified": "no", "must": ["*x*"], "excuses": {"*x*": 42}}}}, "excuses: expected a mapping"),
+    ({"no_kernels": ""}, "say in words why"),
+    ({"no_kernels": True}, "say in words why"),
+])
+def test_malformed_kernel_data_is_one_line_naming_the_key(spec, message):
+    """These once escaped as AttributeError / TypeError (an INTERNALERROR at startup), and `verified: yes` read as a
+    trace that confirmed the patterns."""
+    from harness.config.catalog import _check_value_spec
+
+    with pytest.raises(SuiteError, match=message) as e:
+        _check_value_spec(spec, "fork.yaml: values.moe.gemv")
+    assert "\n" not in str(e.value)
