@@ -39,7 +39,9 @@ def categories():
     (OURS.format("0, 1, 2, 1, 4"), "dense"),  # qkv (mode 0), declared by layers=all
     (OURS.format("0, 1, 8, 2, 4"), "dense"),  # lm_head: no layers pattern names it, the flavour's categories do
     ("void vllm::moe::topkGating<8, 8, 4, 16, 32, int, __nv_bfloat16, (vllm::moe::ScoringFunc)0>(void)", "moe"),
-    ("void flashinfer::quantize_with_block_size<(flashinfer::BlockScaleQuantizationType)1, __nv_bfloat16, 32, false>(int)", "moe"),
+    ("void tensorrt_llm::kernels::quantize_with_block_size<(tensorrt_llm::BlockScaleQuantizationType)2, __nv_bfloat16, 32, true>(int)", "moe"),
+    # an FP4 quantizer (not activation=mxfp8's): the flavours' categories keep it with the MoE it feeds
+    ("void flashinfer::quantize_with_block_size<(flashinfer::BlockScaleQuantizationType)0, __nv_bfloat16, 32, true>(int)", "moe"),
     (GROUPED, "moe"),
     (NVJET, "dense"),
     ("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8", "dense"),
