@@ -30,6 +30,9 @@ def load_golden(path: Path, regen_cmd: str) -> dict:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SuiteError(f"golden {path} is corrupt ({e}); restore it from git or regenerate: {regen_cmd}") from None
+    except OSError as e:
+        raise SuiteError(f"golden {path} cannot be read ({type(e).__name__}: {e.strerror}); fix its permissions, restore "
+                         f"it from git or regenerate: {regen_cmd}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("meta"), dict) \
             or "data" not in data:
         raise SuiteError(f"golden {path} lacks schema {SCHEMA} / meta / data; restore it from git or regenerate: {regen_cmd}")
@@ -81,7 +84,9 @@ class GoldenStore:
         cmd = regen_command(level, self.config, self.model)
         golden = load_golden(path, cmd)
         meta = golden["meta"] if isinstance(golden.get("meta"), dict) else {}
-        for key, here in (("model", self.model), ("platform", self.platform)):
+        # config: this store's config is the --goldens-of target where given, and --force-regen refuses that option,
+        # so a golden's own meta always names its folder's config
+        for key, here in (("model", self.model), ("platform", self.platform), ("config", self.config)):
             # a file copied into another folder: real checkpoints have no fingerprint to tell them apart
             if meta.get(key) and meta[key] != here:
                 raise SuiteError(f"golden {shown(path)} was recorded for {key} {meta[key]}, this run's is {here}: it is "

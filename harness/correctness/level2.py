@@ -212,6 +212,19 @@ def run_level2(client: Client, wl: Workload, reference: dict | None = None) -> L
     """Greedy streams, and scorings of `reference`'s sequences (a golden's data) or, without one, of this run's."""
     streams = {name: greedy_stream(client, text, wl) for name, text in wl.prompts.items()}
     if reference is not None:
+        # the golden's sequences must be this workload's: a consistently truncated held-out text (2 ids, tokens: 1)
+        # passed its own checks and judged perplexity over one token; a golden without prompts scored bare continuations
+        held_out = client.tokenize(wl.perplexity_text)
+        if list(reference["scored"][PERPLEXITY]["ids"]) != held_out:
+            raise SuiteError(f"the golden scores another held-out text than the workload's ({len(reference['scored'][PERPLEXITY]['ids'])} "
+                             f"vs {len(held_out)} tokens): truncated, or recorded before the text changed; regenerate it "
+                             "with --force-regen")
+        for name, stream in streams.items():
+            recorded = list((reference["streams"].get(name) or {}).get("prompt") or [])
+            if recorded != stream.prompt:
+                raise SuiteError(f"the golden's '{name}' prompt is not this workload's ({len(recorded)} vs "
+                                 f"{len(stream.prompt)} tokens): missing, truncated, or of another prompt text; "
+                                 "regenerate it with --force-regen")
         sequences = {name: list(entry["ids"]) for name, entry in reference["scored"].items()}
     else:
         sequences = {name: s.prompt + s.tokens for name, s in streams.items()}

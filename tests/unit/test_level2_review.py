@@ -1,0 +1,130 @@
+"""Level 2 loopholes found by an adversarial review, each shown failing before its fix (no vLLM).
+
+- a decode-only kernel (the GEMV MoE, M <= 16) is never run by teacher forcing's prefills: the greedy streams judged
+  only the chosen token's logprob, so a distribution that moved under the same greedy tokens read "identical";
+- a golden's sequences were never checked against the workload: a consistently truncated held-out text judged
+  perplexity over one token;
+- a golden copied into another config's folder loaded as that config's;
+- a server answering without logprobs was a TypeError traceback.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+
+from harness.core.errors import SuiteError
+from harness.core.paths import REPO
+from harness.core.store import Regenerated
+from harness.correctness.goldens import GoldenStore
+from harness.correctness.level2 import PERPLEXITY, check_golden_data, load_workload, run_level2
+from harness.correctness.logprobs import Stream, Tolerance, compare_streams
+
+TOL = Tolerance(max_abs=0.5, mean_abs=0.02, ppl_rel=0.002, margin=0.125)
+GOLDEN = REPO / "goldens" / "tiny-gpt-oss" / "cpu" / "cpu-bf16" / "level2.json"
+
+
+# -- the greedy streams judge the whole distribution -------------------------------------------------------------
+def _stream(chosen: float, alts: dict[int, float]) -> Stream:
+    toks = list(range(100, 132))
+    return Stream(toks, [chosen] * 32, [{t: chosen, **alts} for t in toks], "g", [7])
+
+
+def test_a_decoded_distribution_that_moved_fails_even_when_the_greedy_tokens_match():
+    gold = _stream(-0.012, {1: -5.0, 2: -6.0, 3: -7.0, 4: -8.0})
+    # the runner-up fell by 3 nats and a token from nowhere entered the top-5: same greedy tokens throughout
+    v = compare_streams(gold, _stream(-0.025, {999: -4.0, 2: -6.0, 3: -7.0, 1: -8.0}), TOL)
+    assert not v.ok and v.position == 0 and "distribution moved" in v.message
+    # one top-k token moved beyond max_abs, nothing entered
+    v = compare_streams(gold, _stream(-0.012, {1: -5.6, 2: -6.0, 3: -7.0, 4: -8.0}), TOL)
+    assert not v.ok and "token 1 of the top-k moved by 0.6000" in v.message
+    # A/A, and a drift inside the tolerances with the k-th entry swapped at the boundary (slack): identical
+    assert compare_streams(gold, gold, TOL).identical
+    near = _stream(-0.012, {1: -5.2, 2: -6.1, 3: -7.0, 5: -8.05})
+    v = compare_streams(gold, near, TOL)
+    assert v.ok and v.identical, v.message
+
+
+# -- the golden's sequences are the workload's ------------------------------------------------------------------
+class _ServesTheGolden:
+    """A server that tokenizes the workload's texts as the committed golden recorded them and answers with its data."""
+
+    def __init__(self, wl, gold):
+        self.tok = {wl.prompts[n]: s["prompt"] for n, s in gold["streams"].items()}
+        self.tok[wl.perplexity_text] = gold["scored"][PERPLEXITY]["ids"]
+        self.by_prompt = {tuple(s["prompt"]): s for s in gold["streams"].values()}
+        self.scored = {tuple(s["ids"]): s for s in gold["scored"].values()}
+
+    def tokenize(self, text):
+        return list(self.tok[text])
+
+    def complete(self, ids, max_tokens, prompt_logprobs=None, **kw):
+        if prompt_logprobs is None:
+            s = self.by_prompt[tuple(ids)]
+            return {"choices": [{"text": s["text"], "logprobs": {
+                "tokens": [f"token_id:{t}" for t in s["tokens"]], "token_logprobs": s["logprobs"],
+                "top_logprobs": [{f"token_id:{k}": v for k, v in t} if isinstance(t, list) else
+                                 {f"token_id:{k}": v for k, v in t.items()} for t in s["top"]]}}]}
+        sc = self.scored[tuple(ids)]
+        pl = [None] + [{str(t): {"logprob": v, "rank": r + 1} for r, (t, v) in enumerate(top)}
+                       | ({str(i): {"logprob": a, "rank": 99}} if i not in [t for t, _ in top] else {})
+                       for i, a, top in zip(sc["ids"][1:], sc["actual"][1:], sc["top"][1:])]
+        return {"choices": [{"prompt_logprobs": pl}]}
+
+
+def test_the_committed_golden_is_judged_against_itself_through_the_stub():
+    """The stub is faithful: the committed golden, served back, scores every held-out token."""
+    wl, gold = load_workload(), json.loads(GOLDEN.read_text())["data"]
+    result = run_level2(_ServesTheGolden(wl, gold), wl, gold)
+    assert len(result.scored[PERPLEXITY].ids) == len(gold["scored"][PERPLEXITY]["ids"]) > 100
+
+
+def test_a_golden_scoring_a_truncated_held_out_text_is_refused():
+    wl, gold = load_workload(), json.loads(GOLDEN.read_text())["data"]
+    client = _ServesTheGolden(wl, gold)
+    short = copy.deepcopy(gold)
+    p = short["scored"][PERPLEXITY]
+    for k in ("ids", "actual", "top"):
+        p[k] = p[k][:2]
+    short["perplexity"]["tokens"] = 1
+    check_golden_data(short, "golden g.json", prompts=wl.prompts)  # consistent in itself: its own checks pass
+    client.scored[tuple(p["ids"])] = p
+    with pytest.raises(SuiteError, match=r"another held-out text .*\(2 vs \d+ tokens\).*--force-regen") as e:
+        run_level2(client, wl, short)
+    assert "\n" not in str(e.value)
+
+
+def test_a_golden_without_its_prompts_is_refused():
+    """Schema 2 stores each prompt; one stripped of them (and scoring the bare continuations) skipped the check."""
+    wl, gold = load_workload(), json.loads(GOLDEN.read_text())["data"]
+    client = _ServesTheGolden(wl, gold)
+    stripped = copy.deepcopy(gold)
+    name = next(iter(stripped["streams"]))
+    stripped["streams"][name]["prompt"] = []
+    with pytest.raises(SuiteError, match=f"golden's '{name}' prompt is not this workload's"):
+        run_level2(client, wl, stripped)
+
+
+# -- a golden belongs to its folder's config ---------------------------------------------------------------------
+def test_a_golden_copied_into_another_configs_folder_is_refused_by_name(tmp_path):
+    def store(config, regen=False):
+        return GoldenStore("tiny", "cpu", config, {"model": "tiny", "config": config, "platform": "cpu", "flavour": "cpu"},
+                           regen, root=tmp_path)
+    with pytest.raises(Regenerated):
+        store("triton-bf16", regen=True).save("level2", {"x": 1})
+    dst = store("gemv-bf16").path("level2")
+    dst.parent.mkdir(parents=True)
+    shutil.copy(store("triton-bf16").path("level2"), dst)
+    with pytest.raises(SuiteError, match="recorded for config triton-bf16, this run's is gemv-bf16"):
+        store("gemv-bf16").load("level2", "level2")
+    assert store("triton-bf16").load("level2", "level2") == {"x": 1}
+
+
+# -- bad answers are one line ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("completion", [{"choices": [{"text": "x", "logprobs": None}]}, {"choices": []}, {}])
+def test_a_completion_without_logprobs_is_one_line(completion):
+    with pytest.raises(SuiteError, match="without per-token logprobs") as e:
+        Stream.from_completion(completion, [1])
+    assert "\n" not in str(e.value)
