@@ -93,7 +93,8 @@ def _run(args) -> int:
         try:
             data = json.loads(path.read_text())
             return {"target": target, "summary": KernelSummary.from_json(data["summary"]), "vllm": data["vllm"],
-                    "log": data.get("log", "")}
+                    "log": data.get("log", ""), "platform": data.get("platform"), "device": data.get("device"),
+                    "path": path}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # ValueError: not JSON
             why = e.strerror if isinstance(e, OSError) else f"{type(e).__name__}: {e}".splitlines()[0][:200]
             raise SuiteError(f"--from-summaries: cannot read a kernel summary from {path} ({why}); pass the run dir of "
@@ -103,7 +104,18 @@ def _run(args) -> int:
     target = mine["target"]
     if target.spec is None:
         raise SuiteError(f"{target.name} cannot run here: {target.reason}")
-    rec = recorder.compare(cat, flavour, config, platform.name, platform.device, mine["vllm"], mine["summary"],
+    device = platform.device
+    if saved is not None:
+        # a replay stamps the machine that recorded the trace, never the one replaying it (an H200's trace once
+        # read as a GB10 verification), and is judged by that platform's patterns only where it was recorded
+        if mine["platform"] is None and args.accept:
+            raise SuiteError(f"--from-summaries --accept: {mine['path']} does not say which machine recorded it (written "
+                             "before summaries recorded their platform); record it again on that machine")
+        if mine["platform"] not in (None, platform.name):
+            raise SuiteError(f"--from-summaries: {mine['path']} was recorded on {mine['platform']} ({mine['device']}); this "
+                             f"machine is {platform.name}: replay it on a {mine['platform']} machine")
+        device = mine["device"] or device
+    rec = recorder.compare(cat, flavour, config, platform.name, device, mine["vllm"], mine["summary"],
                            target.spec.kernels, mine["log"])
     keep = {target.name: mine}
     if sibling is not None:
@@ -113,7 +125,9 @@ def _run(args) -> int:
     out = Path(suite.run_dir)
     for name, res in keep.items():  # the summaries, so a recording can be re-read without a GPU (--from-summaries)
         (out / f"{name}.json").write_text(json.dumps({"vllm": res["vllm"], "log": res["log"][-20000:],
-                                                      "summary": res["summary"].to_json()}))
+                                                      "platform": res.get("platform") or platform.name,
+                                                      "device": res.get("device") or platform.device,
+                                                      "flavour": flavour.name, "summary": res["summary"].to_json()}))
     rec.artifact = str(out / f"{target.name}.json")
     verified_file = flavour.verified_file
     text = recorder.report(rec, verified_file)

@@ -426,7 +426,10 @@ class Flavour:
                     status = f"verified: {verified}{where}"
                 else:
                     status = f"unverified ({selector} patterns not yet confirmed on a {platform_name} trace)"
-                kernels.verification[tag] = status
+                # several selectors may apply (sm_12x and ">=sm_100" on a sm_121): their patterns all join the check,
+                # so the value is verified only when every one of them is; the first unverified one stays
+                if kernels.verification.get(tag, "verified").startswith("verified"):
+                    kernels.verification[tag] = status
         self._forbid_siblings(config, platform_name, kernels)
         for combo in self.combos:
             if all(config[a] == str(v) for a, v in (combo.get("when") or {}).items()):

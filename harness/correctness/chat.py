@@ -302,6 +302,13 @@ def check_tasks_golden(data: object, where: str) -> dict:
         n, acc = int(data["n"]), float(data["accuracy"])
         if n <= 0 or not 0 <= acc <= 1:
             raise ValueError(f"n={n}, accuracy={acc}")
+        correct = data["correct"]
+        if isinstance(correct, bool) or not isinstance(correct, int) or abs(correct / n - acc) > 1e-9:
+            raise ValueError(f"accuracy {acc} is not correct / n ({correct!r} / {n})")
+        if accuracy_floor(data) <= 0:
+            # a set the model answers (almost) nowhere right gates nothing: no run can fall below its floor
+            raise ValueError(f"its floor {accuracy_floor(data):.3f} cannot fail ({correct} of {n} right); pick tasks "
+                             "the model answers")
     except (KeyError, TypeError, ValueError) as e:
         raise SuiteError(f"{where} is malformed ({type(e).__name__}: {e}); restore it from git or regenerate it with --force-regen") from None
     return data

@@ -295,3 +295,17 @@ def test_an_fp4_activation_quantizer_does_not_pass_for_mxfp8(flavour_name):
     fp4 = [n.replace("BlockScaleQuantizationType)2,", "BlockScaleQuantizationType)0,") if "quantize_with_block_size" in n else n
            for n in names]
     assert fp4 != names and not check_path(_summary(fp4), exp).ok
+
+
+def test_a_value_is_verified_only_when_every_entry_that_applies_is():
+    """A ">=sm_100" entry verified on a B200 after the sm_12x one (verified: no) once made GB10's read verified."""
+    import copy
+
+    fork = copy.deepcopy(CATALOG.flavours["fork"])
+    kernels = fork.mapping("moe", "marlin")["kernels"]
+    kernels[">=sm_100"] = {"verified": "NVIDIA B200 (sm_100), vLLM 0.26.0, 2026-12-01", "must": ["*marlin_moe_wna16*"]}
+    status = fork.resolve(CATALOG.parse("marlin-bf16"), "sm_121").kernels.verification["moe=marlin"]
+    assert status.startswith("unverified (sm_12x"), status
+    # with both verified it reads verified
+    kernels["sm_12x"] = {**kernels["sm_12x"], "verified": "NVIDIA GB10 (sm_121), vLLM 0.26.0, 2026-12-04"}
+    assert fork.resolve(CATALOG.parse("marlin-bf16"), "sm_121").kernels.verification["moe=marlin"].startswith("verified")

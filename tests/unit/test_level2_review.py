@@ -128,3 +128,25 @@ def test_a_completion_without_logprobs_is_one_line(completion):
     with pytest.raises(SuiteError, match="without per-token logprobs") as e:
         Stream.from_completion(completion, [1])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("data, why", [
+    ({"n": 30, "correct": 0, "accuracy": 0.0}, "cannot fail"),
+    ({"n": 30, "correct": 1, "accuracy": 1 / 30}, "cannot fail"),
+    ({"n": 30, "correct": 3, "accuracy": 0.9}, "is not correct / n"),
+    ({"n": 30, "accuracy": 0.7}, "KeyError"),
+])
+def test_a_tasks_golden_whose_floor_cannot_fail_or_does_not_add_up_is_malformed(data, why):
+    """accuracy 0 gave a floor of -0.033, which no run can fall below."""
+    from harness.correctness.chat import check_tasks_golden
+
+    with pytest.raises(SuiteError, match=why):
+        check_tasks_golden(data, "golden tasks.json")
+
+
+def test_the_committed_tasks_goldens_hold_floors_that_can_fail():
+    from harness.correctness.chat import accuracy_floor, check_tasks_golden
+
+    for path in (REPO / "goldens").glob("*/*/*/tasks.json"):
+        data = check_tasks_golden(json.loads(path.read_text())["data"], str(path))
+        assert 0 < accuracy_floor(data) < data["accuracy"]

@@ -233,6 +233,8 @@ def test_the_recorder_cli_replays_a_recording_and_accepts_it(tmp_path):
     assert (out / "recording.md").is_file() and "accepted: moe=cpu, attention=auto, graphs=on on cpu" in r.stderr
     data = yaml.safe_load((tmp_path / "verified" / "cpu.yaml").read_text())
     assert data["values"]["graphs"]["on"]["kernels"]["cpu"]["seen"] == ["Pregraph bytecode"]
+    # stamped with the machine that recorded the trace (the summary says which), not the one replaying it
+    assert data["values"]["graphs"]["on"]["kernels"]["cpu"]["verified"].startswith("AMD EPYC (2 cores) (cpu), vLLM 0.32.0")
     listing = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--list-configs"], cwd=REPO,
                              capture_output=True, text=True, timeout=300, env={**_env(), "SUITE_VERIFIED_DIR": str(tmp_path / "verified")})
     assert "moe=cpu verified: " in listing.stdout and "[recorded in " in listing.stdout, listing.stdout[-2000:]

@@ -122,3 +122,27 @@ def test_a_corrupt_reference_under_resume_and_a_bad_boot_timeout_are_one_line(ca
     with pytest.raises(SystemExit) as e:
         plugin_e2e.main(["--configs", "cpu-bf16", "--out", str(tmp_path / "e2e"), "--boot-timeout", "0"])
     assert e.value.code == 2 and "argument --boot-timeout: expected a number above 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("platform, accept, said", [
+    ("sm_90", False, "was recorded on sm_90 (NVIDIA H200); this machine is cpu: replay it on a sm_90 machine"),
+    (None, True, "does not say which machine recorded it"),
+])
+def test_record_kernels_replay_stamps_only_the_machine_that_recorded(capsys, tmp_path, platform, accept, said):
+    """A replay once stamped the replaying machine: an H200's recording accepted on a GB10 read as a GB10 verification."""
+    import json
+
+    from harness.core.platform import detect_platform
+
+    if detect_platform().name != "cpu":
+        pytest.skip("replays the CPU recording")
+    fixture = json.loads((REPO / "tests" / "unit" / "fixtures" / "recorded" / "cpu" / "cpu-bf16.json").read_text())
+    fixture["platform"], fixture["device"] = platform, "NVIDIA H200"
+    saved = tmp_path / "recording"
+    saved.mkdir()
+    (saved / "cpu-bf16.json").write_text(json.dumps(fixture))
+    argv = ["--config", "cpu-bf16", "--from-summaries", str(saved), "--run-dir", str(tmp_path / "run"),
+            "--verified-dir", str(tmp_path / "verified")] + (["--accept"] if accept else [])
+    line = refusal(capsys, record_kernels.main, argv, "record_kernels")
+    assert said in line, line
+    assert not (tmp_path / "verified").exists() or not any((tmp_path / "verified").iterdir())
