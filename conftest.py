@@ -203,7 +203,9 @@ def goldens(request: pytest.FixtureRequest, suite: Suite, server: RunningServer)
     meta = {"model": suite.model.alias, "config": server.target.name, "platform": platform.name,
             "device": platform.device, "flavour": suite.flavour.name,
             "vllm": server.client().version() if regen else None,
-            "kernel_path": "unchecked (external server)" if server.external else "level 1.5 passed"}
+            "kernel_path": "unchecked (external server)" if server.external else "level 1.5 passed",
+            # --server-arg changes what runs: a golden recorded with it must not judge the plain config
+            "server_args": list(request.config.getoption("--server-arg") or [])}
     return GoldenStore(suite.model.alias, platform.name, golden_config, meta, regen, refusal,
                        model_fingerprint=suite.model.fingerprint, run_dir=suite.run_dir)
 

@@ -91,6 +91,10 @@ class GoldenStore:
             if meta.get(key) and meta[key] != here:
                 raise SuiteError(f"golden {shown(path)} was recorded for {key} {meta[key]}, this run's is {here}: it is "
                                  f"in another {key}'s folder; move it back, or regenerate it: {cmd}")
+        recorded_args, run_args = meta.get("server_args") or [], self.meta.get("server_args") or []
+        if recorded_args and recorded_args != run_args:
+            raise SuiteError(f"golden {shown(path)} was recorded with --server-arg {' '.join(recorded_args)} (this run: "
+                             f"{' '.join(run_args) or 'none'}): it is not {self.config}'s own; regenerate it without them: {cmd}")
         self.store.check(golden["meta"], f"golden {shown(path)}", self.model, f"regenerate it: {cmd}")
         data = golden["data"]
         return check(data, f"golden {shown(path)}") if check else data

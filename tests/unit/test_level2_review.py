@@ -150,3 +150,20 @@ def test_the_committed_tasks_goldens_hold_floors_that_can_fail():
     for path in (REPO / "goldens").glob("*/*/*/tasks.json"):
         data = check_tasks_golden(json.loads(path.read_text())["data"], str(path))
         assert 0 < accuracy_floor(data) < data["accuracy"]
+
+
+def test_a_golden_recorded_with_extra_server_args_does_not_judge_a_plain_run(tmp_path):
+    """`--force-regen --server-arg=--dtype=float32` wrote the config's golden, and later plain runs were judged by it."""
+    meta = {"model": "tiny", "config": "cpu-bf16", "platform": "cpu", "flavour": "cpu"}
+
+    def store(args, regen=False):
+        return GoldenStore("tiny", "cpu", "cpu-bf16", {**meta, "server_args": args}, regen, root=tmp_path)
+    with pytest.raises(Regenerated):
+        store(["--dtype=float32"], regen=True).save("level2", {"x": 1})
+    with pytest.raises(SuiteError, match=r"recorded with --server-arg --dtype=float32 \(this run: none\)"):
+        store([]).load("level2", "level2")
+    assert store(["--dtype=float32"]).load("level2", "level2") == {"x": 1}
+    # a golden of the plain config may judge a run with extra flags (an experiment against stock's numbers)
+    with pytest.raises(Regenerated):
+        store([], regen=True).save("level2", {"x": 2})
+    assert store(["--moe-backend=marlin"]).load("level2", "level2") == {"x": 2}
