@@ -101,13 +101,18 @@ def parse_trace(path: Path, event_kind: str) -> KernelSummary:
 def profile(base_url: str, trace_dir: Path, workload: Callable[[], None], event_kind: str, timeout_s: float = 180) -> KernelSummary:
     """Profile `workload` on a server started with `profiler_args(trace_dir)`."""
     before = set(trace_dir.glob("*.pt.trace.json.gz")) if trace_dir.exists() else set()
-    r = requests.post(base_url + "/start_profile", timeout=60)
+    r = _profiler_post(base_url, "/start_profile", 60)
     if r.status_code != 200:
         raise SuiteError(f"/start_profile answered HTTP {r.status_code}; the server must be started with --profiler-config")
     try:
         workload()
-    finally:
-        r = requests.post(base_url + "/stop_profile", timeout=timeout_s)
+    except BaseException:
+        try:  # leave the profiler off; the workload's own error is the one to report
+            requests.post(base_url + "/stop_profile", timeout=timeout_s)
+        except requests.RequestException:
+            pass
+        raise
+    r = _profiler_post(base_url, "/stop_profile", timeout_s)
     if r.status_code != 200:
         raise SuiteError(f"/stop_profile answered HTTP {r.status_code}: {r.text[:200]}")
     deadline = time.monotonic() + timeout_s
@@ -121,6 +126,14 @@ def profile(base_url: str, trace_dir: Path, workload: Callable[[], None], event_
                 return parse_trace(newest, event_kind)
         time.sleep(1.0)
     raise SuiteError(f"no worker trace appeared in {trace_dir} within {timeout_s:.0f} s after /stop_profile")
+
+
+def _profiler_post(base_url: str, path: str, timeout_s: float) -> requests.Response:
+    try:
+        return requests.post(base_url + path, timeout=timeout_s)
+    except requests.RequestException as e:
+        raise SuiteError(f"{path} failed ({type(e).__name__}, waited up to {timeout_s:.0f} s): the server died or hung "
+                         "while profiling; its log (runs/<run>/servers/) says why") from None
 
 
 @dataclass
@@ -145,6 +158,11 @@ def check_path(summary: KernelSummary, expectation: KernelExpectation, server_lo
     check). A platform the flavour allows but declares no kernels for (sm_100 today) passed any trace, even an
     empty one, and a passed level 1.5 lets --force-regen record goldens and baselines and marks results valid."""
     problems, excused = [], []
+    if not summary.kernels and (expectation.must or declared):
+        # every required pattern would read "no kernel matches": name the profiler, not the patterns
+        problems.append(f"the trace holds no '{summary.event_kind}' events: the profiler recorded no device activity "
+                        "(on a GPU: CUPTI unavailable, e.g. a container without it), so no kernel can be checked; "
+                        "fix the profiler and run again")
     if declared and not expectation.must:
         problems.append("no kernel is declared for this config on this platform (configs/flavours/<flavour>.yaml), so "
                         "nothing says which backend ran; record its kernel patterns with scripts/record_kernels.py")

@@ -2,6 +2,7 @@
 import gzip
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -255,3 +256,43 @@ def test_spec_decode_counters_give_acceptance_length_and_rate():
     assert got["mean_acceptance_length"] == pytest.approx(2.8) and got["acceptance_rate"] == pytest.approx(0.6)
     assert spec_decode_between(before, before) is None  # nothing drafted: no speculator at work
     assert spec_decode_between(None, after) is None
+
+
+def test_a_trace_without_device_activity_names_the_profiler_not_the_patterns():
+    from harness.kernelpath.traces import KernelSummary
+
+    v = check_path(KernelSummary("t", "kernel", []), KernelExpectation(must=["*marlin_moe_wna16*", "*FlashAttnFwdSm90*"]))
+    assert not v.ok and v.problems[0].startswith("the trace holds no 'kernel' events: the profiler recorded no device")
+
+
+@pytest.mark.parametrize("dies_at", ["/start_profile", "/stop_profile"])
+def test_a_server_dying_while_profiling_is_one_line(monkeypatch, tmp_path, dies_at):
+    import requests
+
+    from harness.kernelpath import traces
+
+    def post(url, timeout):
+        if url.endswith(dies_at):
+            raise requests.ConnectionError("connection reset")
+        return SimpleNamespace(status_code=200, text="")
+    monkeypatch.setattr(traces.requests, "post", post)
+    with pytest.raises(SuiteError, match=f"{dies_at} failed \\(ConnectionError.*the server died or hung") as e:
+        traces.profile("http://127.0.0.1:1", tmp_path, lambda: None, "kernel", timeout_s=1)
+    assert "\n" not in str(e.value)
+
+
+def test_the_workloads_own_error_is_reported_when_stopping_the_profiler_fails_too(monkeypatch, tmp_path):
+    import requests
+
+    from harness.kernelpath import traces
+
+    def post(url, timeout):
+        if url.endswith("/stop_profile"):
+            raise requests.ConnectionError("connection reset")
+        return SimpleNamespace(status_code=200, text="")
+    monkeypatch.setattr(traces.requests, "post", post)
+
+    def workload():
+        raise SuiteError("request failed: the server answered 500")
+    with pytest.raises(SuiteError, match="the server answered 500"):
+        traces.profile("http://127.0.0.1:1", tmp_path, workload, "kernel", timeout_s=1)
