@@ -23,7 +23,15 @@ from harness.core.yamlfile import load_mapping
 
 # Kernel expectations verified on real traces (scripts/record_kernels.py --accept), merged over the
 # flavours; SUITE_VERIFIED_DIR points elsewhere (e.g. a trial recording in a temporary directory).
-VERIFIED_FILE_KEYS = {"verified", "patterns", "seen", "config"}
+VERIFIED_FILE_KEYS = {"verified", "patterns", "rules", "seen", "config"}
+# What else in a kernel entry decides a verdict besides its `must` patterns: a verification covers these too
+# (`rules` in the verified file), so loosening one (an added `also_runs` or excuse, a dropped `must_not`) unverifies it.
+ENTRY_RULE_KEYS = ("must_not", "also_runs", "excuses", "allow_excused")
+
+
+def entry_rules(entry: dict) -> dict:
+    """The verdict-deciding keys of a kernel entry other than `must`, as the verified file records them."""
+    return {key: entry[key] for key in ENTRY_RULE_KEYS if entry.get(key)}
 NAME_HEAD_AXES = ("moe", "activation")  # always in the name, in this order
 # Axes whose values are alternative backends: one value's kernels must not run under another value.
 SIBLING_AXES = ("moe", "attention", "layers")
@@ -318,6 +326,11 @@ class Flavour:
                     if patterns != [str(p) for p in entry.get("must") or []]:
                         entry["stale"] = (f"the verification recorded in {_rel(file)} ({rec['verified']}) was for the patterns "
                                           f"{patterns}; they changed since: record again")
+                        continue
+                    # recordings from before `rules` was written cover the patterns only
+                    if "rules" in rec and (rec["rules"] or {}) != entry_rules(entry):
+                        entry["stale"] = (f"the verification recorded in {_rel(file)} ({rec['verified']}) was for other "
+                                          f"{', '.join(ENTRY_RULE_KEYS)} than the flavour's now: record again")
                         continue
                     entry["verified"] = str(rec["verified"])
                     entry["seen"] = [str(n) for n in rec.get("seen") or []]

@@ -32,6 +32,7 @@ from harness.config.catalog import (
     Config,
     Flavour,
     KernelExpectation,
+    entry_rules,
     load_verified,
 )
 from harness.core.errors import SuiteError
@@ -127,6 +128,7 @@ class EntryCheck:
     must: list[str]
     matched: dict[str, list[str]]  # must pattern -> real kernel names it matched
     missing: list[str]  # must patterns that matched nothing
+    rules: dict = field(default_factory=dict)  # the entry's other verdict-deciding keys (catalog.entry_rules)
 
 
 @dataclass
@@ -192,7 +194,7 @@ def compare(catalog: Catalog, flavour: Flavour, config: Config, platform: str, d
             matched = {p: [k.name for k in summary.matching(p)] for p in must}
             entries.append(EntryCheck(f"{axis}={value}", axis, value, str(selector),
                                       expectation.verification.get(f"{axis}={value}", "unverified"), must,
-                                      matched, [p for p in must if not matched[p]]))
+                                      matched, [p for p in must if not matched[p]], entry_rules(exp)))
     fams = families(summary)
     declared = expectation.must + expectation.must_not
     uncovered = [f for f in fams if not any(_matches(p, k.name) for p in declared for k in f.kernels)]
@@ -308,12 +310,14 @@ def accept(rec: Recording, verified_file: Path) -> dict:
         slot[e.selector] = {
             "verified": rec.device_line,
             "patterns": list(e.must),
+            "rules": e.rules,
             "seen": sorted({n for p in e.must for n in e.matched[p]}),
             "config": rec.config,
         }
     verified_file.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# Kernel expectations verified on real traces, written by scripts/record_kernels.py --accept.\n"
               f"# The catalog merges this file over configs/flavours/{rec.flavour}.yaml (never edited by the recorder):\n"
-              "# an entry counts as verified only while the flavour's `must` patterns equal `patterns` here.\n")
+              "# an entry counts as verified only while the flavour's `must` patterns equal `patterns` here, and its\n"
+              "# must_not / also_runs / excuses / allow_excused equal `rules`.\n")
     verified_file.write_text(header + yaml.safe_dump(data, sort_keys=False, width=200))
     return data

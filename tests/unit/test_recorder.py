@@ -244,3 +244,32 @@ def _env():
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+
+
+def test_a_verification_covers_the_entrys_other_rules_and_loosening_one_unverifies_it(tmp_path):
+    """A stamp once covered the `must` list alone: an added `also_runs` (the sibling's kernels allowed) or excuse, or a
+    dropped `must_not`, kept the loosened entry 'verified'."""
+    import copy
+
+    from harness.config.catalog import Catalog
+    from harness.kernelpath import recorder
+    from harness.kernelpath.traces import KernelStat, KernelSummary
+
+    cat = Catalog()
+    flavour = cat.flavours["cpu"]
+    cfg = cat.parse("cpu-bf16")
+    spec = flavour.resolve(cfg, "cpu")
+    names = flavour.seen(cfg, "cpu")
+    summary = KernelSummary("t", "cpu_op", [KernelStat(n, 1, 1.0, 1.0 / len(names)) for n in names])
+    rec = recorder.compare(cat, flavour, cfg, "cpu", "AMD EPYC (2 cores)", "0.32.0", summary, spec.kernels)
+    recorder.accept(rec, tmp_path / "cpu.yaml")
+    verified = Catalog(verified_dir=tmp_path)
+    assert not verified.flavours["cpu"].resolve(cfg, "cpu").kernels.unverified
+    # the same flavour with one entry loosened, the recording unchanged
+    loosened = copy.deepcopy(verified.flavours["cpu"])
+    entry = loosened.mapping("moe", "cpu")["kernels"]["cpu"]
+    entry.pop("stale", None)
+    entry["also_runs"] = ["*anything*"]
+    loosened._merge_verified(tmp_path / "cpu.yaml")
+    assert loosened.resolve(cfg, "cpu").kernels.unverified == ["moe=cpu"]
+    assert "other must_not, also_runs" in loosened.resolve(cfg, "cpu").kernels.verification["moe=cpu"]
