@@ -108,8 +108,11 @@ class GoldenStore:
     def settle(self, kind: str, stored: dict | None, fresh: Any, extra_meta: dict | None = None) -> dict:
         """The golden to compare `fresh` with: `stored` (from `load`), after keeping `fresh` in the run directory;
         under --force-regen (`stored` is None) `fresh` is recorded and the test fails (Regenerated)."""
-        text = golden_text(fresh, {**self.meta, **(extra_meta or {})})
-        self.store.obtained(self.path(kind), text)
+        meta = {**self.meta, **(extra_meta or {})}
+        if stored is not None and "kernel_path" in meta:
+            # a comparison run never asked whether it may record: its copy must not read as a checked golden
+            meta["kernel_path"] = "not checked (a comparison run's copy; --force-regen records a checked golden)"
+        self.store.obtained(self.path(kind), golden_text(fresh, meta))
         if stored is None:
             self.save(kind, fresh, extra_meta)
         return stored

@@ -167,3 +167,16 @@ def test_a_golden_recorded_with_extra_server_args_does_not_judge_a_plain_run(tmp
     with pytest.raises(Regenerated):
         store([], regen=True).save("level2", {"x": 2})
     assert store(["--moe-backend=marlin"]).load("level2", "level2") == {"x": 2}
+
+
+def test_a_comparison_runs_copy_does_not_claim_a_checked_kernel_path(tmp_path):
+    """The obtained copies of a `-m level2` run (no level 1.5, no refusal asked) said "level 1.5 passed"."""
+    meta = {"model": "tiny", "config": "cpu-bf16", "platform": "cpu", "flavour": "cpu", "kernel_path": "level 1.5 passed"}
+    run = tmp_path / "run"
+    store = GoldenStore("tiny", "cpu", "cpu-bf16", meta, False, root=tmp_path / "goldens", run_dir=run)
+    store.settle("chat", {"x": 1}, {"x": 2})
+    copy_meta = json.loads(next(run.rglob("chat.json")).read_text())["meta"]
+    assert copy_meta["kernel_path"].startswith("not checked")
+    with pytest.raises(Regenerated):
+        GoldenStore("tiny", "cpu", "cpu-bf16", meta, True, root=tmp_path / "goldens", run_dir=run).settle("chat", None, {"x": 3})
+    assert json.loads((tmp_path / "goldens" / "tiny" / "cpu" / "cpu-bf16" / "chat.json").read_text())["meta"]["kernel_path"] == "level 1.5 passed"
