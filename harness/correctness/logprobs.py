@@ -13,8 +13,10 @@ Two views of the same model are compared with a golden:
   systematic shift, such as a logit scale, is visible in the mean long before any single position).
 - **Free-running greedy streams**. A swap of golden token g for new token t at position i is accepted only
   as a near tie on *both* sides: golden[g] - golden[t] <= margin and new[t] - new[g] <= margin, each side
-  ranking both tokens. Positions before the swap must also agree in logprob (|delta| <= max_abs, and their
-  mean |delta| <= `mean_abs` over at least MIN_MEAN_POSITIONS of them); the positions after it have a
+  ranking both tokens. Positions before the swap must also agree in distribution as teacher forcing judges a
+  position (|delta| <= max_abs for every token both top-k lists hold, no token clearly inside one top-k missing
+  from the other), and the chosen tokens' mean |delta| <= `mean_abs` over at least MIN_MEAN_POSITIONS of
+  them; the positions after it have a
   different context, and are judged by teacher forcing instead. The stream mean matters because teacher
   forcing scores whole sequences in one prefill: a kernel that serves only small batches (decode) is seen
   by the streams alone, and a systematic shift there (a 2% logit scale: every position within max_abs) by
