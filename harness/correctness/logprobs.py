@@ -178,12 +178,7 @@ def compare_streams(golden: Stream, new: Stream, tol: Tolerance) -> StreamVerdic
                                                       f"vs golden {golden.logprobs[i]:.4f} (|delta| {drift:.4f} > {tol.max_abs})")
             # The whole stored top-k, as teacher forcing judges it: a kernel that serves decode only (the GEMV MoE,
             # M <= 16) is never run by the prefills of teacher forcing, so its distribution is judged here or nowhere.
-            g_top, n_top = golden.top[i], new.top[i]
-            moved = {tok: abs(n_top[tok] - g_top[tok]) for tok in g_top.keys() & n_top.keys()}
-            worst = max(moved, key=moved.get, default=None)
-            why = ([f"token {worst} of the top-k moved by {moved[worst]:.4f} > {tol.max_abs}"]
-                   if worst is not None and moved[worst] > tol.max_abs else [])
-            why += _top_k_problems(g_top, n_top, tol)
+            why, _ = _position_problems(golden.top[i], new.top[i], tol)
             if why:
                 return StreamVerdict(False, False, i, f"position {i}: same token {g}, but the distribution moved: "
                                                       + "; ".join(why))
@@ -331,16 +326,9 @@ def compare_scored(golden: Scored, new: Scored, tol: Tolerance, name: str = "", 
         delta = abs(n_lp - g_lp)
         total += delta
         count += 1
-        deltas = {tok: abs(n_top[tok] - g_top[tok]) for tok in g_top.keys() & n_top.keys()}
-        deltas[golden.ids[i]] = delta
-        tok, d = max(deltas.items(), key=lambda kv: kv[1])
+        why, d = _position_problems(g_top, n_top, tol, actual=(golden.ids[i], g_lp, n_lp))
         if d > max_abs:
             max_abs, worst = d, i
-        why = []
-        if d > tol.max_abs:
-            why.append(f"token {tok}: logprob {n_top.get(tok, n_lp):.4f} vs golden {g_top.get(tok, g_lp):.4f} "
-                       f"(|delta| {d:.4f} > {tol.max_abs})")
-        why += _top_k_problems(g_top, n_top, tol)
         if why:
             failing += 1
             if len(listed) < max_listed:
@@ -352,6 +340,24 @@ def compare_scored(golden: Scored, new: Scored, tol: Tolerance, name: str = "", 
         listed.append(f"{name}: mean |delta logprob| {mean_abs:.5f} over {count} positions > {tol.mean_abs} "
                       f"(a systematic shift of the distributions)")
     return ScoredDiff(count, max_abs, mean_abs, worst, listed)
+
+
+def _position_problems(g_top: dict[int, float], n_top: dict[int, float], tol: Tolerance,
+                       actual: tuple[int, float, float] | None = None) -> tuple[list[str], float]:
+    """One position judged as the module doc says, for the streams (where tokens match) and for teacher forcing:
+    |delta| of every token both top-k lists hold (and of the `actual` (token, golden, new) logprob where the
+    reference token is known) within max_abs, and the top-k sets by `_top_k_problems`. Returns the problems and
+    the largest |delta|."""
+    deltas = {tok: abs(n_top[tok] - g_top[tok]) for tok in g_top.keys() & n_top.keys()}
+    if actual is not None:
+        deltas[actual[0]] = abs(actual[2] - actual[1])
+    why = []
+    tok, d = max(deltas.items(), key=lambda kv: kv[1], default=(None, 0.0))
+    if d > tol.max_abs:
+        g_lp = g_top.get(tok, actual[1] if actual else math.nan)
+        n_lp = n_top.get(tok, actual[2] if actual else math.nan)
+        why.append(f"token {tok}: logprob {n_lp:.4f} vs golden {g_lp:.4f} (|delta| {d:.4f} > {tol.max_abs})")
+    return why + _top_k_problems(g_top, n_top, tol), d
 
 
 def _top_k_problems(g_top: dict[int, float], n_top: dict[int, float], tol: Tolerance) -> list[str]:

@@ -5,23 +5,21 @@ from __future__ import annotations
 import os
 
 from harness.core.platform import detect_platform
+from harness.engine.server import flags
 
 _PARALLEL_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size")
 
 
 def gpus_needed(args: list[str]) -> int:
-    """GPUs one server takes: the product of its parallel sizes (flags as `--flag N` or `--flag=N`)."""
+    """GPUs one server takes: the product of its parallel sizes, read as vLLM reads its argv (`server.flags`: the
+    last occurrence of a flag wins, so a --server-arg overrides the config's own size)."""
+    given = flags(args)
     need = 1
-    for i, arg in enumerate(args):
-        flag, _, value = arg.partition("=")
-        if flag not in _PARALLEL_FLAGS:
-            continue
-        if not value and i + 1 < len(args):
-            value = args[i + 1]
+    for flag in _PARALLEL_FLAGS:
         try:
-            need *= max(1, int(value))
+            need *= max(1, int(given.get(flag, "1")))
         except ValueError:
-            pass
+            pass  # vLLM refuses the value itself, with its own message
     return need
 
 

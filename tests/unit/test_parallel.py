@@ -25,6 +25,8 @@ def test_gpus_needed_is_the_product_of_the_parallel_sizes():
     assert devices.gpus_needed(["--tensor-parallel-size=2", "--pipeline-parallel-size", "2"]) == 4
     assert devices.gpus_needed(["--data-parallel-size", "2", "--enforce-eager"]) == 2
     assert devices.gpus_needed([]) == 1
+    # as vLLM's argparse reads it: a --server-arg after the config's own size replaces it
+    assert devices.gpus_needed(["--tensor-parallel-size", "2", "--tensor-parallel-size=1"]) == 1
 
 
 def test_a_flavour_with_tensor_parallel_declares_its_gpus_in_its_data():
