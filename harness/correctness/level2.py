@@ -20,6 +20,7 @@ from harness.core.paths import REPO
 from harness.core.platform import best_selector, is_valid_selector
 from harness.core.yamlfile import load_mapping
 from harness.correctness.logprobs import (
+    MIN_MEAN_POSITIONS,
     Scored,
     Stream,
     Tolerance,
@@ -100,7 +101,7 @@ def load_workload(path: Path = PROMPTS_FILE) -> Workload:
             tolerances = load_workload(other).tolerances
         else:
             tolerances = _tolerances(tol, str(path))
-        return Workload(
+        wl = Workload(
             {k: _text(v, f"{path}: prompts.{k}") for k, v in raw["prompts"].items()},
             int(raw["max_tokens"]), int(raw["top_logprobs"]),
             _text(raw["perplexity_text"], f"{path}: perplexity_text"), tolerances, path,
@@ -109,6 +110,25 @@ def load_workload(path: Path = PROMPTS_FILE) -> Workload:
         raise SuiteError(f"{path}: cannot read the level 2 workload ({e.strerror}); restore it from git") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise SuiteError(f"{path}: malformed level 2 workload ({type(e).__name__}: {e}); fix the file") from None
+    problem = _workload_problem(wl)
+    if problem:
+        raise SuiteError(f"{path}: {problem}; fix the file (or restore it from git)")
+    return wl
+
+
+def _workload_problem(wl: Workload) -> str | None:
+    """Bounds under which a workload's rules can still fail: each was a way to a level 2 that passes anything."""
+    if not wl.prompts or not all(t.strip() for t in wl.prompts.values()):
+        return "`prompts` must name at least one non-empty text: without streams no decode-only fault is judged"
+    if wl.max_tokens < MIN_MEAN_POSITIONS:
+        return (f"max_tokens {wl.max_tokens} < {MIN_MEAN_POSITIONS}: the streams' mean rule (a systematic shift in "
+                f"decode) needs {MIN_MEAN_POSITIONS} matching positions to act")
+    if not 2 <= wl.top_k <= 20:
+        return (f"top_logprobs {wl.top_k} is outside 2..20: the top-k rules need a runner-up, and vLLM refuses more "
+                "than its --max-logprobs (20 by default)")
+    if not wl.perplexity_text.strip():
+        return "perplexity_text is empty: perplexity would be judged over no tokens"
+    return None
 
 
 def greedy_stream(client: Client, prompt: str | list[int], wl: Workload) -> Stream:

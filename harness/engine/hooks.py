@@ -24,7 +24,9 @@ SLOWDOWN_ENV = "SUITE_HOOK_SLOWDOWN"
 DIR_ENV = "SUITE_HOOK_DIR"
 ROUTES_ENV = "SUITE_HOOK_ROUTES"  # plugins/site/suite_testhooks/routes.py: per-layer expert counts to this file
 RANDOM_MXFP4_ENV = "SUITE_HOOK_RANDOM_MXFP4"  # suite_testhooks/dummy_mxfp4.py: valid random weights under --load-format dummy
+DECODE_LOGITS_ENV = "SUITE_HOOK_DECODE_LOGITS_SCALE"  # suite_testhooks/decode_logits.py: a decode-only fault
 CONTROL_FILE = "slowdown.json"
+DECODE_LOGITS_LOG = "suite_testhooks: decode-only logits scale"  # what decode_logits.py prints where it installs
 RANDOM_MXFP4_LOG = "suite_testhooks: random MXFP4 codes"  # what dummy_mxfp4.py prints in every process it fills
 
 

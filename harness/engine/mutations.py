@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from harness.engine import hooks
+
 Mutation = Callable[[str, torch.Tensor, int], torch.Tensor]  # (name, tensor, num_layers) -> tensor
 
 
@@ -83,6 +85,14 @@ LEVEL2 = {
     "one-layer-expert-scales-off-by-one": one_layer_expert_scales_off_by_one,
     "logits-scaled-2pct": logits_scaled,
     "mxfp4-round-trip": mxfp4_round_trip,
+}
+
+# Faults no checkpoint can make: the same model served with a test hook (plugins/site/suite_testhooks) that breaks
+# one path of the engine. Logits x1.5 in calls of <= 16 rows only: a decode-only kernel's fault (the kernels
+# plugin's GEMV path serves M <= 16), invisible to the prefills that teacher forcing and perplexity score, and
+# argmax-preserving, so the greedy tokens stay the same. Only the streams' top-k rule can catch it.
+HOOKED = {
+    "decode-only-logits-x1.5": {hooks.DECODE_LOGITS_ENV: "1.5"},
 }
 
 

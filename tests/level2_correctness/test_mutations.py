@@ -30,9 +30,18 @@ from harness.correctness.chat import (
     load_tasks,
     run_tasks,
 )
-from harness.correctness.level2 import judge, load_workload, run_level2
+from harness.correctness.level2 import (
+    Level2Result,
+    judge,
+    load_workload,
+    ppl_problem,
+    run_level2,
+    scored_problems,
+    stream_problems,
+)
 from harness.core.errors import SuiteError
-from harness.engine.mutations import LEVEL2, mutated_copy
+from harness.engine.hooks import DECODE_LOGITS_LOG
+from harness.engine.mutations import HOOKED, LEVEL2, mutated_copy
 from harness.session.ahead import BootAhead, ahead_allowed
 
 # Gross faults must also break what a chat user sees: the chat goldens and the task accuracy.
@@ -50,12 +59,14 @@ def mutants(suite, server, tmp_path_factory):
     root = tmp_path_factory.mktemp("mutants")
 
     def boot(mutation: str):
+        if mutation in HOOKED:  # the model itself, served with a fault hook
+            return suite.boot(server.target, tag=f"__{mutation}", env_extra=HOOKED[mutation], beside_shared=True)
         mutant = root / f"{suite.model.alias}-{mutation}"
         if mutated_copy(Path(suite.model.path), mutant, LEVEL2[mutation]) == 0:
             raise SuiteError(f"mutation {mutation} changed no tensor: the checkpoint lacks the tensors it targets")
         return suite.boot(server.target, tag=f"__{mutation}", model_path=str(mutant), beside_shared=True)
 
-    with BootAhead(list(LEVEL2), boot, suite.boot_timeout_s + 60, ahead_allowed(suite)) as ahead:
+    with BootAhead([*LEVEL2, *HOOKED], boot, suite.boot_timeout_s + 60, ahead_allowed(suite)) as ahead:
         yield ahead
 
 
@@ -87,3 +98,34 @@ def test_mutated_checkpoint_fails_level2(mutation, suite, mutants, level2_golden
         print(f"    chat: {len(problems)} conversation(s) differ; task accuracy {tasks.accuracy:.3f} vs floor {floor:.3f}")
         assert problems, f"{mutation}: every chat answer still matches its golden; the chat goldens are blind to it"
         assert tasks.accuracy < floor, f"{mutation}: task accuracy {tasks.accuracy:.3f} stays above its floor {floor:.3f}"
+
+
+@pytest.mark.parametrize("mutation", list(HOOKED))
+def test_a_decode_only_fault_fails_level2_by_the_streams_alone(mutation, suite, mutants, level2_golden):
+    """A fault only decode steps see (mutations.HOOKED): teacher forcing and perplexity cannot see it, and the greedy
+    tokens do not change, so the streams' top-k rule is the one rule between such a kernel and a green level 2."""
+    if level2_golden is None:
+        pytest.skip("--force-regen rewrites the goldens; the mutations are judged against them on the next run")
+    wl = load_workload()
+    tol = wl.tolerance(suite.platform.name)
+    with mutants.take(mutation) as running:
+        result = run_level2(running.client(), wl, level2_golden)
+        hooked = running.log_path is not None and DECODE_LOGITS_LOG in running.log_path.read_text(errors="replace")
+    assert hooked, f"{mutation}: the server log has no '{DECODE_LOGITS_LOG}' line; the fault hook did not run"
+    ref = Level2Result.from_golden(level2_golden)
+    streams, _ = stream_problems(result, ref, tol)
+    scored, _ = scored_problems(result, ref, tol)
+    ppl = ppl_problem(result, ref, tol)
+    print(f"\n[{mutation}] streams: {len(streams)} problem(s); teacher forcing: {len(scored)}; perplexity: "
+          f"{'fails' if ppl else 'passes'}")
+    for line in streams[:4]:
+        print("   ", line.splitlines()[0][:200])
+    # the premise: a fault of the decode path alone (a prompt of <= 16 tokens is decode-sized from its first token)
+    assert not scored and ppl is None, f"{mutation} reached the scored prefills: {(scored + [ppl])[0]}"
+    assert len(streams) == len(result.streams), f"{mutation}: {len(result.streams) - len(streams)} of the " \
+        f"{len(result.streams)} streams pass; level 2 is blind to a decode-only kernel whose distributions moved"
+    # caught where the greedy tokens still match: by the distributions, before any token changed (x1.5 keeps every
+    # argmax but can round a near tie of BF16 logits into an exact one, as 'short' does at its 4th token on CPU)
+    by_token = [p.splitlines()[0] for p in streams
+                if not any(m in p.splitlines()[0] for m in ("same token", "matching decoded positions"))]
+    assert not by_token, f"{mutation}: caught only where a greedy token changed: {by_token[0]}"

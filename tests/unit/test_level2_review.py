@@ -5,7 +5,8 @@
 - a golden's sequences were never checked against the workload: a consistently truncated held-out text judged
   perplexity over one token;
 - a golden copied into another config's folder loaded as that config's;
-- a server answering without logprobs was a TypeError traceback.
+- a server answering without logprobs was a TypeError traceback;
+- a workload with no prompts, 1 token per stream or top-1 only loaded, and every rule it disarmed passed.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 import shutil
 
 import pytest
+import yaml
 
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
@@ -180,3 +182,24 @@ def test_a_comparison_runs_copy_does_not_claim_a_checked_kernel_path(tmp_path):
     with pytest.raises(Regenerated):
         GoldenStore("tiny", "cpu", "cpu-bf16", meta, True, root=tmp_path / "goldens", run_dir=run).settle("chat", None, {"x": 3})
     assert json.loads((tmp_path / "goldens" / "tiny" / "cpu" / "cpu-bf16" / "chat.json").read_text())["meta"]["kernel_path"] == "level 1.5 passed"
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"prompts": {}}, "prompts` must name at least one non-empty text"),
+    ({"prompts": {"short": "  "}}, "prompts` must name at least one non-empty text"),
+    ({"max_tokens": 1}, "max_tokens 1 < 8"),
+    ({"top_logprobs": 1}, "top_logprobs 1 is outside 2..20"),
+    ({"top_logprobs": 50}, "top_logprobs 50 is outside 2..20"),
+    ({"perplexity_text": ""}, "perplexity_text is empty"),
+    ({"prompts": ["a", "b"]}, "malformed level 2 workload"),
+])
+def test_a_workload_that_disarms_a_rule_is_one_line_naming_the_file(tmp_path, change, why):
+    raw = yaml.safe_load((REPO / "tests" / "level2_correctness" / "prompts.yaml").read_text())
+    bad = tmp_path / "prompts.yaml"
+    bad.write_text(yaml.safe_dump({**raw, **change}, sort_keys=False))
+    with pytest.raises(SuiteError) as e:
+        load_workload(bad)
+    assert why in str(e.value) and str(bad) in str(e.value) and "\n" not in str(e.value)
+    # A/A: the committed workloads load (level 2's, and level 6's that borrows its tolerances)
+    assert load_workload().max_tokens == 32
+    assert load_workload(REPO / "tests" / "level6_matrix" / "workload.yaml").top_k == 5

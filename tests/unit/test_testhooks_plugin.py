@@ -173,3 +173,39 @@ def test_a_missing_ack_is_one_line_naming_the_fix(tmp_path):
     (tmp_path / "ack-1.json").write_text(json.dumps({"pid": 1, "hold": None, "errors": ["OutOfMemoryError: x"]}))
     with pytest.raises(SuiteError, match="OutOfMemoryError"):
         hooks.wait_for_ack(tmp_path, "hold", timeout_s=0.3)
+
+
+def test_the_decode_only_fault_scales_the_logits_of_small_passes_only_and_keeps_every_argmax():
+    code = '''
+        import json, sys, types, torch
+        fakes = {"vllm.model_executor.layers.logits_processor": "LogitsProcessor", "vllm.v1.worker.gpu_model_runner": "GPUModelRunner"}
+        for name in ["vllm.model_executor.layers", "vllm.v1", "vllm.v1.worker", *fakes]:
+            sys.modules[name] = types.ModuleType(name)
+        class LogitsProcessor:
+            def forward(self, lm_head, hidden_states, embedding_bias=None):
+                return hidden_states @ lm_head
+        class GPUModelRunner:
+            def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None, inputs_embeds=None):
+                return input_ids
+        sys.modules["vllm.model_executor.layers.logits_processor"].LogitsProcessor = LogitsProcessor
+        sys.modules["vllm.v1.worker.gpu_model_runner"].GPUModelRunner = GPUModelRunner
+        import suite_testhooks
+        suite_testhooks.register(); suite_testhooks.register()
+        untouched = LogitsProcessor.forward
+        for _ in range(2):  # vLLM loads the model once per worker; a second load must not wrap twice
+            BaseModelLoader().load_model(vllm_config, model_config)
+        torch.manual_seed(0)
+        head = torch.randn(8, 50)
+        out = {"patched": LogitsProcessor.forward is not untouched}
+        for tokens, rows in ((1, 1), (16, 4), (17, 1), (300, 299)):  # a pass's tokens, then its logits' rows
+            GPUModelRunner()._model_forward(input_ids=torch.zeros(tokens, dtype=torch.long))
+            h = torch.randn(rows, 8)
+            got, want = LogitsProcessor().forward(head, h), h @ head
+            out[f"{tokens}/{rows}"] = [round(float((got / want).mean()), 4), bool((got.argmax(-1) == want.argmax(-1)).all())]
+        print(json.dumps(out))
+    '''
+    out = run_py(code, {hooks.DECODE_LOGITS_ENV: "1.5"})
+    # decode passes (<= 16 tokens) scaled once; a prefill's sampled row (17 tokens, 1 row) and prompt logprobs untouched
+    assert out == {"patched": True, "1/1": [1.5, True], "16/4": [1.5, True], "17/1": [1.0, True], "300/299": [1.0, True]}
+    off = run_py(code, {hooks.DECODE_LOGITS_ENV: "1"})  # x1 is no fault: the hook stays off
+    assert not off["patched"] and off["1/1"] == [1.0, True]

@@ -24,6 +24,9 @@ no-op unless its own variable is set:
                             zero) and a scaled init of the floating-point weights (norms 1, biases 0, matrices
                             N(0, 1/fan_in)); with the dummy loader's +-1e-3 floats the router bias picks the
                             same four experts for every token.
+  SUITE_HOOK_DECODE_LOGITS_SCALE=S
+                            a decode-only fault (`decode_logits.py`): logits x S in the steps whose forward
+                            pass had <= 16 tokens (decode), prefills' logits (first token, prompt logprobs) untouched.
   SUITE_HOOK_DIR=DIR        where the control file is read and the acknowledgements are written:
                             `ack-<pid>.json` says what this process applied (hold, mode, seq, a, b).
 """
@@ -35,7 +38,7 @@ import os
 import threading
 import time
 
-from . import dummy_mxfp4, routes
+from . import decode_logits, dummy_mxfp4, routes
 
 HOLD_ENV = "SUITE_HOOK_HOLD_GIB"
 SLOWDOWN_ENV = "SUITE_HOOK_SLOWDOWN"
@@ -71,7 +74,7 @@ def register() -> None:
     """vLLM general-plugin entry point: patch `BaseModelLoader.load_model` when a hook is wanted."""
     if dummy_mxfp4.random_mxfp4_wanted():
         dummy_mxfp4.install_random_mxfp4()  # before load_model runs: the loader's weights are filled inside it
-    if hold_gib() <= 0 and not slowdown_wanted() and not routes.routes_file():
+    if hold_gib() <= 0 and not slowdown_wanted() and not routes.routes_file() and decode_logits.decode_logits_scale() is None:
         return
     from vllm.model_executor.model_loader.base_loader import (
         BaseModelLoader,  # no CUDA here
@@ -109,6 +112,8 @@ def _after_load(model, vllm_config) -> None:
             _install_slowdown(model, vllm_config)
         if routes.routes_file():
             routes.install()
+        if decode_logits.decode_logits_scale() is not None:
+            decode_logits.install(decode_logits.decode_logits_scale(), tokens_in_batch)
     except BaseException as e:
         _state["errors"].append(f"{type(e).__name__}: {e}")
         write_ack()
