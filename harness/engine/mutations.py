@@ -88,9 +88,9 @@ LEVEL2 = {
 }
 
 # Faults no checkpoint can make: the same model served with a test hook (plugins/site/suite_testhooks) that breaks
-# one path of the engine. Logits x1.5 in calls of <= 16 rows only: a decode-only kernel's fault (the kernels
-# plugin's GEMV path serves M <= 16), invisible to the prefills that teacher forcing and perplexity score, and
-# argmax-preserving, so the greedy tokens stay the same. Only the streams' top-k rule can catch it.
+# one path of the engine. Logits x1.5 after forward passes of <= 16 tokens only: a decode-only kernel's fault (the
+# kernels plugin's GEMV path serves M <= 16), invisible to the prefills that teacher forcing and perplexity score,
+# and argmax-preserving (a BF16 near tie aside), so the greedy tokens stay the same. Only the streams can catch it.
 HOOKED = {
     "decode-only-logits-x1.5": {hooks.DECODE_LOGITS_ENV: "1.5"},
 }

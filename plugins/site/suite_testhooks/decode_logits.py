@@ -5,8 +5,8 @@ prefills that teacher forcing and perplexity score, nor in the prefill that yiel
 faults reach only the free-running streams from their second token on. This hook is such a fault without a kernel:
 it multiplies the logits by S in every step whose forward pass had at most 16 tokens (as the model saw them, CUDA
 graph padding included: what a kernel's M would be), and leaves the logits of larger passes alone. A positive S
-keeps every argmax, so greedy tokens stay the same and only the distributions move: what the streams' top-k rule
-exists to catch.
+keeps every argmax (a BF16 near tie can round into an exact one), so greedy tokens stay the same and only the
+distributions move: what the streams' logprob and top-k rules exist to catch.
 
 It wraps the model runner's `_model_forward` (Python on every step, also where the model itself replays a CUDA
 graph) to note the pass's tokens, and `LogitsProcessor.forward`, which vLLM runs eagerly after the pass (outside
