@@ -103,7 +103,8 @@ def test_mutated_checkpoint_fails_level2(mutation, suite, mutants, level2_golden
 @pytest.mark.parametrize("mutation", list(HOOKED))
 def test_a_decode_only_fault_fails_level2_by_the_streams_alone(mutation, suite, mutants, level2_golden):
     """A fault only decode steps see (mutations.HOOKED): teacher forcing and perplexity cannot see it, and the greedy
-    tokens do not change, so the streams' top-k rule is the one rule between such a kernel and a green level 2."""
+    tokens mostly do not change, so the streams' logprob rules (the chosen token's, the top-k's) are what stand
+    between such a kernel and a green level 2."""
     if level2_golden is None:
         pytest.skip("--force-regen rewrites the goldens; the mutations are judged against them on the next run")
     wl = load_workload()

@@ -112,8 +112,9 @@ def _after_load(model, vllm_config) -> None:
             _install_slowdown(model, vllm_config)
         if routes.routes_file():
             routes.install()
-        if decode_logits.decode_logits_scale() is not None:
-            decode_logits.install(decode_logits.decode_logits_scale(), tokens_in_batch)
+        scale = decode_logits.decode_logits_scale()
+        if scale is not None:
+            decode_logits.install(scale, tokens_in_batch)
     except BaseException as e:
         _state["errors"].append(f"{type(e).__name__}: {e}")
         write_ack()
