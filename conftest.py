@@ -39,6 +39,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.warn_unused_snapshots = True
     configure_worker(config)  # an xdist worker: pin its GPU and join the run dir before anything else
     try:
+        if config.getoption("--allow-unverified") and not config.getoption("force_regen"):
+            raise SuiteError("--allow-unverified only widens what --force-regen may record; add --force-regen, or drop it")
         config.stash[SUITE_KEY] = suite = _create_suite(config)
         goldens_of(config, suite)  # a wrong --goldens-of stops the run before any server boots
         if any(config.getoption(o) for o in ("--feature", "--against", "--criteria")):  # a bad name: one line now
@@ -64,7 +66,7 @@ def _create_suite(config: pytest.Config) -> Suite:
         config.getoption("--config"), config.getoption("--model"), config.getoption("--flavour"),
         config.getoption("--server-url"), config.getoption("--run-dir"), config.getoption("--boot-timeout"),
         platform_option=config.getoption("--platform"), device_option=config.getoption("--device"),
-        server_args=config.getoption("--server-arg"),
+        server_args=config.getoption("--server-arg"), allow_unverified=config.getoption("--allow-unverified"),
     )
     check_workloads_option(config.getoption("--workloads"), suite.platform.name)
     return suite
@@ -203,7 +205,7 @@ def goldens(request: pytest.FixtureRequest, suite: Suite, server: RunningServer)
     meta = {"model": suite.model.alias, "config": server.target.name, "platform": platform.name,
             "device": platform.device, "flavour": suite.flavour.name,
             "vllm": server.client().version() if regen else None,
-            "kernel_path": "unchecked (external server)" if server.external else "level 1.5 passed",
+            "kernel_path": suite.kernel_path_note(server),
             # --server-arg changes what runs: a golden recorded with it must not judge the plain config
             "server_args": list(request.config.getoption("--server-arg") or [])}
     return GoldenStore(suite.model.alias, platform.name, golden_config, meta, regen, refusal,

@@ -235,6 +235,9 @@ def baseline_text(results: Mapping, stem: str) -> str:
         "memory_peak_gb": results.get("memory_peak_gb"),
         "clocks": results.get("clocks") or {},
         "host_cpu": results.get("host_cpu") or {},
+        # recorded with --allow-unverified: the record says which patterns its level 1.5 pass rested on
+        **({"kernel_patterns_unconfirmed": list(results["kernel_patterns_unconfirmed"])}
+           if results.get("kernel_patterns_unconfirmed") else {}),
     })
     check_baseline(doc, f"results for {config}")  # never write a file that load_baseline would reject
     try:

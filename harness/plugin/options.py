@@ -54,6 +54,10 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
                     help="record goldens (levels 2, 6) and baselines (level 5) from this run; every recording test fails "
                          "so a recorded file is never taken for a pass (only runs whose kernel path passed level 1.5 "
                          "may record)")
+    g.addoption("--allow-unverified", action="store_true", default=False,
+                help="with --force-regen: record even where level 1.5 cannot vouch for the kernels (a config whose kernel "
+                     "patterns no trace of this platform has confirmed yet, or a --server-url server the suite cannot "
+                     "profile); the records say so")
     f = parser.getgroup("feature verdicts (pytest -m feature)")
     f.addoption("--feature", default=None, metavar="NAME[,NAME]|all",
                 help="features of configs/features.yaml to judge against their baseline config (default with -m feature: "

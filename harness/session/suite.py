@@ -149,13 +149,14 @@ class Suite:
     boot_timeout_s: float = 900.0
     boots: list[dict] = field(default_factory=list)
     server_args: list[str] = field(default_factory=list)  # --server-arg: appended to every boot's arguments
+    allow_unverified: bool = False  # --allow-unverified: --force-regen records what level 1.5 cannot vouch for
 
     @classmethod
     def create(
         cls, config_option: str | None, model_option: str | None, flavour_option: str | None,
         server_url: str | None, run_dir: str | None, boot_timeout_s: float,
         platform_option: str | None = None, device_option: str | None = None,
-        server_args: list[str] | None = None,
+        server_args: list[str] | None = None, allow_unverified: bool = False,
     ) -> "Suite":
         """Validate every option now (collection time, one line each) and describe the run."""
         catalog = Catalog()
@@ -188,7 +189,7 @@ class Suite:
             if isinstance(model, Model) and model_option and not Path(model.path).exists():
                 check_hub_model(model.path)  # not cached and no hub: one line now, not a dead server later
         suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s,
-                    server_args=list(server_args or []))
+                    server_args=list(server_args or []), allow_unverified=allow_unverified)
         if platform.name == UNKNOWN_PLATFORM and not config_option:  # no platform to pick a default config by
             raise SuiteError("--server-url without --config: the server's platform is unknown, so no default config can "
                              "be picked; pass --config=NAME (the config the server was started with) or --platform=...")
@@ -223,10 +224,14 @@ class Suite:
 
         Only runs whose kernel path is known good record: level 1.5 passed, and nothing in it (a missing required
         kernel, decode steps on the prefill backend) was merely excused by a logged fallback unless the flavour
-        allows it (`allow_excused`)."""
+        allows it (`allow_excused`). Without --allow-unverified, neither does a run level 1.5 cannot vouch for: a
+        server the suite did not boot, or a config whose patterns are unconfirmed here (`unconfirmed_refusal`)."""
         self.keyed_platform()
         if server.external:
-            return None  # the suite cannot profile it; its goldens say so in their metadata
+            if self.allow_unverified:
+                return None  # its goldens say "unchecked (external server)" in their metadata
+            return (f"the suite did not boot this --server-url server and cannot profile it, so nothing shows it runs "
+                    f"{server.target.name}'s kernels; drop --server-url to let the suite boot it, or pass --allow-unverified")
         kp = request.getfixturevalue("kernel_path")
         if not kp.verdict.ok:
             return f"its kernel path failed level 1.5 ({kp.verdict.problems[0]}); fix that first"
@@ -234,7 +239,28 @@ class Suite:
         if kp.verdict.excused and not spec.kernels.allow_excused:
             return (f"its kernel path passed only by logged fallbacks' excuses ({'; '.join(kp.verdict.excused)}); "
                     "record from a run whose kernels all ran as configured, or set allow_excused for it in the flavour")
-        return None
+        return self.unconfirmed_refusal(server.target.name, spec)
+
+    def unconfirmed_refusal(self, name: str, spec: ServerSpec) -> str | None:
+        """Why a config whose level 1.5 passed still may not record (None: it may): its patterns for this platform come
+        from public sources and no trace of it confirmed them, so the pass may be a guess that also matches a fallback,
+        and the golden or baseline would bless whatever ran. --allow-unverified records anyway."""
+        tags = spec.kernels.unconfirmed
+        if not tags or self.allow_unverified:
+            return None
+        return (f"its kernel patterns are not yet confirmed on a {self.platform.name} trace ({', '.join(tags)}), so its "
+                f"level 1.5 pass does not show the configured kernels ran; confirm them first (python3 "
+                f"scripts/record_kernels.py --config={name} --sibling=OTHER --accept; docs/GB10.md), or pass "
+                "--allow-unverified")
+
+    def kernel_path_note(self, server: "RunningServer") -> str:
+        """What a golden recorded from this run says about its kernel path (its metadata's `kernel_path`)."""
+        if server.external:
+            return "unchecked (external server)"
+        tags = server.target.spec.kernels.unconfirmed if server.target.spec is not None else []
+        if tags:
+            return f"level 1.5 passed against patterns not yet confirmed on a {self.platform.name} trace ({', '.join(tags)})"
+        return "level 1.5 passed"
 
     def target(self, config: Config) -> Target:
         name = self.catalog.name(config)

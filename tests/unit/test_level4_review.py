@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from harness.config.catalog import KernelExpectation
 from harness.core.errors import SuiteError
 from harness.core.platform import Platform
 from harness.engine.client import StreamResult
@@ -124,7 +125,7 @@ def fake_suite(tmp_path: Path, server_args: list[str] | None = None) -> SimpleNa
 
 
 def fake_server(engine: FakeEngine, spec_axis: str = "off", process=None) -> SimpleNamespace:
-    spec = SimpleNamespace(args=["--dtype", "bfloat16"], env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    spec = SimpleNamespace(args=["--dtype", "bfloat16"], env={"VLLM_CPU_KVCACHE_SPACE": "1"}, kernels=KernelExpectation())
     target = SimpleNamespace(name="cpu-bf16", spec=spec, config=SimpleNamespace(values={"spec": spec_axis}))
     return SimpleNamespace(client=lambda: engine, process=process, target=target, boot_seconds=1.0, trace_dir=None,
                            log_text=lambda: "")

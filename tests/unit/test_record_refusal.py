@@ -1,0 +1,103 @@
+"""What --force-regen may record (Suite.record_refusal, the level 6 runner's refusal): only a run level 1.5 can vouch
+for. A config whose kernel patterns no trace of this platform confirmed yet (GB10's, from public sources) can pass
+level 1.5 on a guess that also matches a fallback, and a server given with --server-url cannot be profiled at all; a
+golden or baseline recorded from either would bless whatever ran. Both are refused unless --allow-unverified, and
+what was recorded that way says so."""
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness.config.catalog import Catalog
+from harness.core.platform import Platform
+from harness.engine.models import Model
+from harness.matrix.runner import Runner
+from harness.perf.baselines import baseline_text
+from harness.session.suite import RunningServer, Suite, Target
+
+REPO = Path(__file__).resolve().parents[2]
+CATALOG = Catalog()
+PLATFORMS = {"sm_121": Platform("sm_121", "NVIDIA GB10", (12, 1)), "sm_90": Platform("sm_90", "NVIDIA H200", (9, 0))}
+PASSED = SimpleNamespace(verdict=SimpleNamespace(ok=True, problems=[], excused=[]))
+
+
+def suite_on(platform: str, allow_unverified: bool = False) -> Suite:
+    return Suite(CATALOG, PLATFORMS[platform], CATALOG.flavour("upstream"), Model("tiny-gpt-oss-mxfp4", "unused"),
+                 Path("/nonexistent"), None, allow_unverified=allow_unverified)
+
+
+def server_of(suite: Suite, name: str, external: bool = False) -> RunningServer:
+    cfg = CATALOG.parse(name)
+    spec = suite.flavour.resolve(cfg, suite.platform.name)
+    return RunningServer("http://127.0.0.1:9", "fake", Target(name, cfg, spec, True, ""),
+                         process=None if external else object())
+
+
+def refusal(suite: Suite, server: RunningServer) -> str | None:
+    return suite.record_refusal(server, SimpleNamespace(getfixturevalue=lambda name: PASSED))
+
+
+def test_a_passed_level1_5_on_unconfirmed_patterns_may_not_record_and_says_how_to_confirm_them():
+    suite = suite_on("sm_121")
+    server = server_of(suite, "marlin-bf16")
+    assert server.target.spec.kernels.unconfirmed == ["moe=marlin", "attention=auto"]  # the premise: GB10 unconfirmed
+    why = refusal(suite, server)
+    assert why is not None and "\n" not in why
+    assert "not yet confirmed on a sm_121 trace (moe=marlin, attention=auto)" in why, why
+    assert "scripts/record_kernels.py --config=marlin-bf16" in why and "--accept" in why and "--allow-unverified" in why
+    # level 6 refuses the same combination by the same rule
+    runner = Runner.__new__(Runner)
+    runner.suite, runner.plan = suite, SimpleNamespace(combo=lambda name: SimpleNamespace(config=server.target.config))
+    runner.stage = lambda name, kind: {"kernel_path": {"ok": True, "problems": [], "excused": []}}
+    assert runner.refusal("marlin-bf16") == why
+
+
+def test_allow_unverified_records_them_and_the_golden_names_the_patterns_it_rested_on():
+    suite = suite_on("sm_121", allow_unverified=True)
+    server = server_of(suite, "gemv-bf16")
+    assert refusal(suite, server) is None
+    assert suite.kernel_path_note(server) == ("level 1.5 passed against patterns not yet confirmed on a sm_121 trace "
+                                              "(moe=gemv, attention=auto)")
+    # a failed level 1.5 is refused whatever the option says
+    failed = SimpleNamespace(verdict=SimpleNamespace(ok=False, problems=["moe=gemv: no kernel matched"], excused=[]))
+    assert "failed level 1.5" in suite.record_refusal(server, SimpleNamespace(getfixturevalue=lambda name: failed))
+
+
+def test_confirmed_patterns_record_as_before():
+    """A/A: on sm_90 every upstream config's patterns were recorded from H200 traces."""
+    suite = suite_on("sm_90")
+    for name in ("triton-bf16", "marlin-bf16", "gemv-bf16", "gemv-bf16-mxfp4-all"):
+        server = server_of(suite, name)
+        assert not server.target.spec.kernels.unconfirmed, name
+        assert refusal(suite, server) is None, name
+        assert suite.kernel_path_note(server) == "level 1.5 passed"
+
+
+def test_a_server_the_suite_did_not_boot_records_only_with_allow_unverified():
+    suite = suite_on("sm_90")
+    server = server_of(suite, "triton-bf16", external=True)
+    why = refusal(suite, server)
+    assert why is not None and "--server-url" in why and "--allow-unverified" in why and "\n" not in why
+    allowed = suite_on("sm_90", allow_unverified=True)
+    assert refusal(allowed, server) is None
+    assert allowed.kernel_path_note(server) == "unchecked (external server)"
+
+
+def test_a_baseline_recorded_on_unconfirmed_patterns_says_so():
+    results = {"config": "gemv-bf16", "flavour": "upstream", "model": "tiny", "platform": "sm_121", "device": "NVIDIA GB10",
+               "valid": True, "metrics": {"tg32": {"samples": [50.0, 51.0], "unit": "tok/s", "higher_is_better": True}},
+               "memory_used_gib": None, "kv_capacity_tokens": None}
+    assert "kernel_patterns_unconfirmed" not in baseline_text(results, "gemv-bf16")
+    text = baseline_text({**results, "kernel_patterns_unconfirmed": ["moe=gemv"]}, "gemv-bf16")
+    assert "kernel_patterns_unconfirmed: [moe=gemv]" in text
+
+
+@pytest.mark.parametrize("args", [["--allow-unverified"]])
+def test_allow_unverified_without_force_regen_is_one_line(args):
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "--collect-only", "-q",
+                          "tests/unit/test_stats.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 4, run.stdout + run.stderr
+    lines = [ln for ln in run.stderr.splitlines() if "--allow-unverified" in ln]
+    assert lines and "add --force-regen" in lines[0] and "Traceback" not in run.stderr, run.stderr
