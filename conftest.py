@@ -14,6 +14,7 @@ from harness.core.platform import detect_platform
 from harness.correctness.goldens import GoldenStore
 from harness.engine.devices import gpus_needed
 from harness.engine.server import tail
+from harness.features.measure import check_rounds
 from harness.features.spec import selected_features
 from harness.kernelpath.check import profile_kernel_path
 from harness.perf.bench import check_workloads_option
@@ -43,6 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
             raise SuiteError("--allow-unverified only widens what --force-regen may record; add --force-regen, or drop it")
         config.stash[SUITE_KEY] = suite = _create_suite(config)
         goldens_of(config, suite)  # a wrong --goldens-of stops the run before any server boots
+        if config.getoption("--feature-rounds"):
+            check_rounds(config.getoption("--feature-rounds"))
         if any(config.getoption(o) for o in ("--feature", "--against", "--criteria")):  # a bad name: one line now
             selected_features(suite.catalog, suite.platform.name, suite.flavour.name, config.getoption("--feature"),
                               config.getoption("--against"), config.getoption("--config"), config.getoption("--criteria"))

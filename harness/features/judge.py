@@ -65,7 +65,8 @@ def _clears(ci: tuple[float, float], op: str, target: float) -> Status:
 
 
 def judge_samples(c: Criterion, baseline: Sequence[float] | None, candidate: Sequence[float] | None,
-                  seed: int = 0, drift: float | None = None, boot_spread: float = 0.0) -> CriterionVerdict:
+                  seed: int = 0, drift: float | None = None, boot_spread: float = 0.0,
+                  spread_why: str | None = None) -> CriterionVerdict:
     """A timing (or speculative-decoding) criterion from per-round samples of both sides.
 
     Baseline and candidate always come from different boots, and a boot moves some metrics by more than any
@@ -75,7 +76,10 @@ def judge_samples(c: Criterion, baseline: Sequence[float] | None, candidate: Seq
       two boots, nothing changed);
     `boot_spread`: this metric's recorded A/A spread between boots on this platform (baselines/thresholds.yaml,
       the same numbers level 5 uses), which an ABBA run of two servers cannot measure: on the 2-core CPU CI two
-      boots of one config measured interleaved came out at tg32 ratios 0.84 and 1.27, each with a tight CI."""
+      boots of one config measured interleaved came out at tg32 ratios 0.84 and 1.27, each with a tight CI.
+    `spread_why` names where a `boot_spread` other than the thresholds file's comes from (a host-bound decode).
+    Samples that are not finite, or a relative criterion on a baseline whose median is not positive, are an ERROR
+    with the reason: a broken measurement is never judged."""
     if not candidate or (c.relative and not baseline):
         side = "candidate" if not candidate else "baseline"
         return CriterionVerdict(c.text, c.metric, Status.ERROR, f"{c.metric} was not measured on the {side}: a "
@@ -83,17 +87,33 @@ def judge_samples(c: Criterion, baseline: Sequence[float] | None, candidate: Seq
     if min(len(candidate), len(baseline or candidate)) < 2:
         return CriterionVerdict(c.text, c.metric, Status.INCONCLUSIVE, f"{c.metric}: one sample cannot give a CI; "
                                 f"measure at least 2 rounds per side", n=(len(baseline or []), len(candidate)))
+    broken = next((x for x in list(candidate) + list(baseline or []) if not math.isfinite(x)), None)
+    if broken is not None:
+        return CriterionVerdict(c.text, c.metric, Status.ERROR, f"{c.metric}: a sample is {broken}: a broken "
+                                "measurement is not judged (see samples.json)", n=(len(baseline or []), len(candidate)))
     level = CI_LEVEL
+    spread_why = spread_why or (f"this platform's A/A boot spread of {boot_spread * 100:.0f}% "
+                                "(baselines/thresholds.yaml)")
     if c.relative:
-        lo, hi = stats.bootstrap_ratio_ci(baseline, candidate, stat=np.median, n=BOOTSTRAP_N, seed=seed, level=level)
         b, k = stats.median(baseline), stats.median(candidate)
+        if b <= 0:
+            return CriterionVerdict(c.text, c.metric, Status.ERROR, f"{c.metric}: the baseline's median is {_fmt(b)}, "
+                                    f"so a ratio to it means nothing; bound it absolutely ({c.metric} {c.op} N)",
+                                    b, k, n=(len(baseline), len(candidate)))
+        try:
+            lo, hi = stats.bootstrap_ratio_ci(baseline, candidate, stat=np.median, n=BOOTSTRAP_N, seed=seed,
+                                              level=level)
+        except ValueError as e:  # some resample of the baseline has a zero median: the ratio is undefined there
+            return CriterionVerdict(c.text, c.metric, Status.ERROR, f"{c.metric}: {e}; a relative criterion cannot be "
+                                    f"judged on these samples ({_fmt(b)} -> {_fmt(k)} median)", b, k,
+                                    n=(len(baseline), len(candidate)))
         target = 1.0 + c.value
         widened = ""
         widen = max(drift or 0.0, boot_spread)
         if widen:
             lo, hi = lo / (1.0 + widen), hi * (1.0 + widen)
             widened = (f", widened by the baseline boots' drift of {widen * 100:.1f}%" if widen == drift else
-                       f", widened by this platform's A/A boot spread of {widen * 100:.0f}% (baselines/thresholds.yaml)")
+                       f", widened by {spread_why}")
         status = _clears((lo, hi), c.op, target)
         why = (f"{c.metric} {b and (k / b - 1) * 100:+.1f}% ({_fmt(b)} -> {_fmt(k)} median; {round(level * 100)}% CI of "
                f"the ratio [{lo:.3f}, {hi:.3f}]{widened} vs target {c.op} {target:.3f}; n={len(baseline)}/{len(candidate)})")
@@ -104,7 +124,7 @@ def judge_samples(c: Criterion, baseline: Sequence[float] | None, candidate: Seq
     widened = ""
     if boot_spread:  # one boot's median lands anywhere within the platform's A/A spread of the next boot's
         lo, hi = lo / (1.0 + boot_spread), hi * (1.0 + boot_spread)
-        widened = f", widened by this platform's A/A boot spread of {boot_spread * 100:.0f}% (baselines/thresholds.yaml)"
+        widened = f", widened by {spread_why}"
     status = _clears((lo, hi), c.op, c.value)
     why = (f"{c.metric} {_fmt(k)} {c.unit} median ({round(level * 100)}% CI [{_fmt(lo)}, {_fmt(hi)}]{widened} vs "
            f"{c.op} {_fmt(c.value)}; n={len(candidate)})")
@@ -125,6 +145,12 @@ def judge_number(c: Criterion, baseline: float | None, candidate: float | None) 
         side = "candidate" if candidate is None else "baseline"
         return CriterionVerdict(c.text, c.metric, Status.ERROR, f"{c.metric} was not measured on the {side} (vLLM's "
                                 f"startup log lacked its accounting lines?): not a pass")
+    if not all(math.isfinite(x) for x in (candidate, baseline if c.relative else 0.0)):
+        return CriterionVerdict(c.text, c.metric, Status.ERROR, f"{c.metric}: {_fmt(baseline)} -> {_fmt(candidate)} is "
+                                "not a measurement (see samples.json); not judged", baseline, candidate)
+    if c.relative and c.unit == "%" and baseline <= 0:
+        return CriterionVerdict(c.text, c.metric, Status.ERROR, f"{c.metric}: the baseline measured {_fmt(baseline)}, "
+                                "so a ratio to it means nothing; not judged", baseline, candidate)
     if not c.relative:
         ok = candidate >= c.value if c.op == ">=" else candidate <= c.value
         return CriterionVerdict(c.text, c.metric, Status.PASS if ok else Status.FAIL,

@@ -75,6 +75,26 @@ def _metric_name(raw: str) -> str:
     return re.sub(r"^(ttft|tpot|itl|e2e)_p50(_ms)?", r"\1_ms", raw)
 
 
+_PLAIN_SUFFIX = re.compile(r"@d0(?!\d)|@c1(?!\d)")
+
+
+def _check_measurable(text: str, metric: str, base: str) -> None:
+    """A criterion the feature workloads would never measure is refused now, not found an ERROR after every boot."""
+    if _PLAIN_SUFFIX.search(metric):
+        plain = _PLAIN_SUFFIX.sub("", metric)
+        raise SuiteError(f"criterion {text!r}: depth 0 and concurrency 1 are the plain metric; write {plain}")
+    if base.endswith("_gpu") and "@c" in metric:
+        raise SuiteError(f"criterion {text!r}: kernel-time metrics (ppN_gpu, tgN_gpu) are measured at batch 1; "
+                         f"drop the @c suffix, or bound the engine-clock rate ({metric.replace('_gpu', '')})")
+    if base.startswith("pp") and base.endswith("_gpu") and "@d" in metric:
+        raise SuiteError(f"criterion {text!r}: ppN_gpu is measured at depth 0 only; drop the @d suffix, or bound "
+                         f"the engine-clock prefill at depth ({metric.replace('_gpu', '')})")
+    tokens = re.match(r"(tg|pp)(\d+)", base)
+    if tokens and int(tokens[2]) < (2 if tokens[1] == "tg" else 1):
+        need = "a decode rate needs at least 2 generated tokens" if tokens[1] == "tg" else "a prefill needs a token"
+        raise SuiteError(f"criterion {text!r}: {need} (e.g. tg32, pp512)")
+
+
 def parse_criterion(text: str) -> Criterion:
     """`"tg32 >= +10%"` -> Criterion; SuiteError (one line, with the grammar) for anything else, and for a bound on
     the wrong side of its metric (`ttft_p50 >= -3%` would pass a 50% slower TTFT: a latency is better lower)."""
@@ -104,6 +124,7 @@ def _parse_criterion(text: str) -> Criterion:
                              f"pp2048_gpu, ttft_p50, tpot_ms, tg32@c4), used_memory, kv_capacity, boot_s, "
                              f"spec_acceptance_length or spec_acceptance_rate") from None
     base = metric.split("@")[0]
+    _check_measurable(text, metric, base)
     if base.endswith("_ms") and "@c" in metric:
         raise SuiteError(f"criterion {text!r}: latencies (TTFT, TPOT, ITL, e2e) are measured by the latency workload, "
                          f"one request at a time; drop the @c suffix, or bound a rate at that concurrency (tg32@c4)")
@@ -115,6 +136,9 @@ def _parse_criterion(text: str) -> Criterion:
         if not signed:
             raise SuiteError(f"criterion {text!r}: a relative criterion needs a sign (+10% or -3%), so its direction "
                              "is never guessed")
+        if op == ">=" and float(value) <= -100:
+            raise SuiteError(f"criterion {text!r}: a ratio is never below 0, so a bound of {value}% can never fail; "
+                             "write the largest drop you accept (e.g. -3%)")
         if metric in ABSOLUTE_ONLY:
             raise SuiteError(f"criterion {text!r}: {metric} takes an absolute bound ({metric} <= 60)")
         return Criterion(text, metric, op, float(value) / 100.0, True, "%")
@@ -338,6 +362,9 @@ def ad_hoc(candidate: str, baseline: str, criteria: str | None, catalog: Catalog
     is not in the file, judged like one (default criteria: no throughput or TTFT regression beyond 3%, memory
     within the users' review template)."""
     texts = [c.strip() for c in (criteria or DEFAULT_CRITERIA).split(";") if c.strip()]
+    if not texts:  # judged on nothing, a feature is not a pass
+        raise SuiteError(f"--criteria {criteria!r} holds no criterion; write one or more, ';'-separated, e.g. "
+                         "--criteria='tg32 >= +5%; used_memory <= +1 GB'")
     cand, base = catalog.name(catalog.parse(candidate, "--config")), catalog.name(catalog.parse(baseline, "--against"))
     return Feature(f"{cand}-vs-{base}", None, flavour, f"{cand} is no worse than {base} on the criteria given.",
                    cand, base, tuple(parse_criterion(c) for c in texts), (), (), (), ())
@@ -352,6 +379,9 @@ def selected_features(catalog: Catalog, platform: str, flavour: str, feature_opt
     """The features a run judges, in file order (--feature, default all), or the ad-hoc one of --config X
     --against Y. Checked when the run starts (conftest.py), so a bad name or file is one line before collection."""
     known = load_features(catalog=catalog, platform=platform)
+    if criteria and not against:  # a feature of the file judges its own criteria: these would be ignored in silence
+        raise SuiteError("--criteria gives an ad-hoc comparison its criteria: use it with --config=CANDIDATE "
+                         "--against=BASELINE (a feature of configs/features.yaml is judged by its own)")
     if against:
         if not config_option or "," in config_option:
             raise SuiteError("--against judges one candidate: pass --config=CANDIDATE (one config)")

@@ -594,7 +594,7 @@ def _host_side(v: Verdict, baseline: Mapping, current: Mapping, thresholds: Thre
     +1.6%. A batch of two (tgN@c2) is left as it is: no twin measured its kernels."""
     if v.status != "fail" or v.reason is not Reason.REGRESSION:
         return None
-    decode = _HOST_BOUND_DECODE.fullmatch(v.name)
+    decode = HOST_BOUND_DECODE.fullmatch(v.name)
     if not decode or decode.group(3):
         return None
     depth = decode.group(2) or ""
@@ -703,7 +703,7 @@ def compare_run(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> 
         unresolved = "; ".join(f"{side}: {e['unresolved']}" for side, e in (("baseline", b), ("current", c))
                                if e.get("unresolved")) or None
         spread = 0.0 if thresholds.advisory else thresholds.spread_of(name)
-        decode = _HOST_BOUND_DECODE.fullmatch(name)
+        decode = HOST_BOUND_DECODE.fullmatch(name)
         host_bound = decode_host_bound.get(decode.group(2) or "") if decode else None
         if host_bound:
             spread = max(spread, thresholds.host_bound_spread)
@@ -738,7 +738,7 @@ def _with_stack_changes(verdicts: list[Verdict], baseline: Mapping, current: Map
 # witness. Measured on an H200 (120b shape, gemv-bf16, 2026-11-29): the A/A boot moved tg32@c2 by -15.0% (CI [0.825,
 # 0.878]) while tg32_gpu moved +0.14%. Larger batches are not included, because their kernels' time per step grows
 # with the experts the batch reads. The workloads measure no c above 2.
-_HOST_BOUND_DECODE = re.compile(r"(tg\d+|tpot_ms|itl_ms)(@d\d+)?(@c2)?")
+HOST_BOUND_DECODE = re.compile(r"(tg\d+|tpot_ms|itl_ms)(@d\d+)?(@c2)?")
 
 
 def host_bound_decode(baseline: Mapping, current: Mapping, thresholds: Thresholds) -> dict[str, str]:

@@ -9,6 +9,7 @@ import pytest
 
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
+from harness.features.measure import MIN_ROUNDS
 from harness.features.review import write_matrix, write_review, write_verdicts
 from harness.features.run import FeatureResult, decode_breakdown, require_runnable, run_feature
 from harness.features.spec import Feature, selected_features
@@ -48,7 +49,7 @@ def _rounds(config: pytest.Config, suite: Suite) -> int:
     if rounds:
         return rounds
     workloads, _ = bench.load_workloads(suite.platform.name, 10 ** 9)
-    return max(4, workloads[0].runs)
+    return max(MIN_ROUNDS, workloads[0].runs)
 
 
 def _boot(suite: Suite):

@@ -30,6 +30,7 @@ def test_required_levels_pass_on_the_candidate(feature_result):
 
 def test_success_criteria_against_the_baseline_config(feature_result):
     r = feature_result
+    assert r.criteria, f"{r.feature.name}: no criterion was judged; a feature judged on nothing is not a pass"
     lines = [f"{v.status.value:12s} {v.criterion}: {v.why}" for v in r.criteria]
     print(f"\n[{r.feature.name}: {r.feature.candidate} vs {r.feature.baseline}, {r.order}]\n  " + "\n  ".join(lines))
     failed = [v for v in r.criteria if v.status in (Status.FAIL, Status.ERROR, Status.BLOCKED)]
