@@ -103,13 +103,9 @@ class KernelExpectation:
 
     @property
     def unverified(self) -> list[str]:
+        """Axis values a level 1.5 pass does not vouch for: patterns no trace of this platform confirmed yet (public
+        sources' guesses), or none at all that a trace could show (undeclared)."""
         return [tag for tag, v in self.verification.items() if not v.startswith("verified")]
-
-    @property
-    def unconfirmed(self) -> list[str]:
-        """Axis values whose declared patterns no trace of this platform has confirmed yet (public sources' guesses):
-        a level 1.5 pass against them does not show the configured kernels ran. Undeclared values are not here."""
-        return [tag for tag, v in self.verification.items() if v.startswith("unverified")]
 
 
 @dataclass

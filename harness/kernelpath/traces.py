@@ -64,7 +64,7 @@ def read_trace(path: Path) -> dict:
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError, EOFError) as e:  # ValueError: bad JSON and bytes that are not UTF-8
+    except (OSError, ValueError, EOFError, RecursionError) as e:  # ValueError: bad JSON and bytes that are not UTF-8
         raise SuiteError(f"trace {path} is unreadable ({type(e).__name__}: {str(e)[:160]}); re-run the level 1.5 "
                          "profile") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list) \
@@ -211,14 +211,18 @@ def check_decode(summary: KernelSummary, expectation: KernelExpectation, server_
 
 def _fallback_line(excuse: str | None, server_log: str) -> str | None:
     """The server's log line in which a documented fallback's regex matches; None when none does (or there is none).
-    Matched line by line, never against the suite's own header lines: a run folder named `gemv-fallback-check` in the
-    argv line once read as vLLM logging the GEMV MoE's fallback."""
+    Matched line by line, never against the suite's own header lines nor against paths: a run folder named
+    `gemv-fallback-check` once read as vLLM logging the GEMV MoE's fallback, first in the suite's argv line, then in
+    vLLM's own "Traces will be saved to: <run dir>/traces" line."""
     if not excuse:
         return None
     for line in server_log.splitlines():
-        if not line.startswith(LOG_HEADER) and re.search(excuse, line):
+        if not line.startswith(LOG_HEADER) and re.search(excuse, _PATHS.sub(" ", line)):
             return line.strip()
     return None
+
+
+_PATHS = re.compile(r"\S*/\S*")  # any token with a slash: the run dir, trace dir, model path vLLM echoes
 
 
 def cpu_attention_sinks(summary: KernelSummary) -> tuple[set, set]:

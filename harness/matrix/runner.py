@@ -107,7 +107,7 @@ class Runner:
         target = self.suite.target(self.plan.combo(name).config)
         if kp["excused"] and not target.spec.kernels.allow_excused:
             return f"its kernel path passed only by logged fallbacks' excuses ({'; '.join(kp['excused'])})"
-        return self.suite.unconfirmed_refusal(name, target.spec)
+        return self.suite.unverified_refusal(name, target.spec)
 
     def _level2(self, client, name: str) -> dict:
         """Streams and scorings of the combination's own golden's sequences (its own under --force-regen), and,

@@ -236,8 +236,8 @@ def baseline_text(results: Mapping, stem: str) -> str:
         "clocks": results.get("clocks") or {},
         "host_cpu": results.get("host_cpu") or {},
         # recorded with --allow-unverified: the record says which patterns its level 1.5 pass rested on
-        **({"kernel_patterns_unconfirmed": list(results["kernel_patterns_unconfirmed"])}
-           if results.get("kernel_patterns_unconfirmed") else {}),
+        **({"kernel_patterns_unverified": list(results["kernel_patterns_unverified"])}
+           if results.get("kernel_patterns_unverified") else {}),
     })
     check_baseline(doc, f"results for {config}")  # never write a file that load_baseline would reject
     try:

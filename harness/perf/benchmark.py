@@ -111,8 +111,8 @@ def run_benchmark(suite: Suite, server: RunningServer, kernel_path, workloads_fi
         "kernel_summary": str(kernel_path.artifact) if kernel_path is not None else None,
         # patterns that passed only by a documented fallback's log line: these numbers are the fallback backend's
         "kernel_path_excused": list(kernel_path.verdict.excused) if kernel_path is not None else [],
-        # axis values whose patterns no trace of this platform confirmed: a baseline from them needed --allow-unverified
-        "kernel_patterns_unconfirmed": list(server.target.spec.kernels.unconfirmed) if server.target.spec else [],
+        # axis values no trace of this platform vouches for: a baseline from them needed --allow-unverified
+        "kernel_patterns_unverified": list(server.target.spec.kernels.unverified) if server.target.spec else [],
         "metrics": metrics,
         # configs with a speculator: vLLM's draft / accepted counters over each decode workload, beside its tg
         "spec_decode": spec_decode if speculative else None,

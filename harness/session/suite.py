@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from harness.config.catalog import Catalog, Config, Flavour, ServerSpec
+from harness.config.catalog import UNDECLARED, Catalog, Config, Flavour, ServerSpec
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO, slug, writable_dir
 from harness.core.platform import UNKNOWN_PLATFORM, Platform, detect_platform
@@ -225,7 +225,7 @@ class Suite:
         Only runs whose kernel path is known good record: level 1.5 passed, and nothing in it (a missing required
         kernel, decode steps on the prefill backend) was merely excused by a logged fallback unless the flavour
         allows it (`allow_excused`). Without --allow-unverified, neither does a run level 1.5 cannot vouch for: a
-        server the suite did not boot, or a config whose patterns are unconfirmed here (`unconfirmed_refusal`)."""
+        server the suite did not boot, or a config whose patterns no trace here confirmed (`unverified_refusal`)."""
         self.keyed_platform()
         if server.external:
             if self.allow_unverified:
@@ -239,27 +239,32 @@ class Suite:
         if kp.verdict.excused and not spec.kernels.allow_excused:
             return (f"its kernel path passed only by logged fallbacks' excuses ({'; '.join(kp.verdict.excused)}); "
                     "record from a run whose kernels all ran as configured, or set allow_excused for it in the flavour")
-        return self.unconfirmed_refusal(server.target.name, spec)
+        return self.unverified_refusal(server.target.name, spec)
 
-    def unconfirmed_refusal(self, name: str, spec: ServerSpec) -> str | None:
+    def unverified_refusal(self, name: str, spec: ServerSpec) -> str | None:
         """Why a config whose level 1.5 passed still may not record (None: it may): its patterns for this platform come
         from public sources and no trace of it confirmed them, so the pass may be a guess that also matches a fallback,
         and the golden or baseline would bless whatever ran. --allow-unverified records anyway."""
-        tags = spec.kernels.unconfirmed
+        tags = spec.kernels.unverified
         if not tags or self.allow_unverified:
             return None
-        return (f"its kernel patterns are not yet confirmed on a {self.platform.name} trace ({', '.join(tags)}), so its "
-                f"level 1.5 pass does not show the configured kernels ran; confirm them first (python3 "
-                f"scripts/record_kernels.py --config={name} --sibling=OTHER --accept; docs/GB10.md), or pass "
-                "--allow-unverified")
+        undeclared = [t for t in tags if spec.kernels.verification[t].startswith(UNDECLARED)]
+        unconfirmed = [t for t in tags if t not in undeclared]
+        parts = ([f"its kernel patterns are not yet confirmed on a {self.platform.name} trace ({', '.join(unconfirmed)})"]
+                 if unconfirmed else []) + ([f"no kernel declared for {', '.join(undeclared)} can show it took effect"]
+                                            if undeclared else [])
+        fix = (f"confirm them first (python3 scripts/record_kernels.py --config={name} --sibling=OTHER --accept; "
+               "docs/GB10.md)" if unconfirmed else "declare its kernels once a trace shows them")
+        return f"{'; '.join(parts)}, so its level 1.5 pass does not show the configured kernels ran; {fix}, or pass " \
+               "--allow-unverified"
 
     def kernel_path_note(self, server: "RunningServer") -> str:
         """What a golden recorded from this run says about its kernel path (its metadata's `kernel_path`)."""
         if server.external:
             return "unchecked (external server)"
-        tags = server.target.spec.kernels.unconfirmed if server.target.spec is not None else []
+        tags = server.target.spec.kernels.unverified if server.target.spec is not None else []
         if tags:
-            return f"level 1.5 passed against patterns not yet confirmed on a {self.platform.name} trace ({', '.join(tags)})"
+            return (f"level 1.5 passed without a {self.platform.name} trace confirming the patterns of {', '.join(tags)}")
         return "level 1.5 passed"
 
     def target(self, config: Config) -> Target:

@@ -42,7 +42,7 @@ def refusal(suite: Suite, server: RunningServer) -> str | None:
 def test_a_passed_level1_5_on_unconfirmed_patterns_may_not_record_and_says_how_to_confirm_them():
     suite = suite_on("sm_121")
     server = server_of(suite, "marlin-bf16")
-    assert server.target.spec.kernels.unconfirmed == ["moe=marlin", "attention=auto"]  # the premise: GB10 unconfirmed
+    assert server.target.spec.kernels.unverified == ["moe=marlin", "attention=auto"]  # the premise: GB10 unconfirmed
     why = refusal(suite, server)
     assert why is not None and "\n" not in why
     assert "not yet confirmed on a sm_121 trace (moe=marlin, attention=auto)" in why, why
@@ -58,11 +58,23 @@ def test_allow_unverified_records_them_and_the_golden_names_the_patterns_it_rest
     suite = suite_on("sm_121", allow_unverified=True)
     server = server_of(suite, "gemv-bf16")
     assert refusal(suite, server) is None
-    assert suite.kernel_path_note(server) == ("level 1.5 passed against patterns not yet confirmed on a sm_121 trace "
-                                              "(moe=gemv, attention=auto)")
+    assert suite.kernel_path_note(server) == ("level 1.5 passed without a sm_121 trace confirming the patterns of "
+                                              "moe=gemv, attention=auto")
     # a failed level 1.5 is refused whatever the option says
     failed = SimpleNamespace(verdict=SimpleNamespace(ok=False, problems=["moe=gemv: no kernel matched"], excused=[]))
     assert "failed level 1.5" in suite.record_refusal(server, SimpleNamespace(getfixturevalue=lambda name: failed))
+
+
+def test_an_axis_value_no_kernel_can_show_may_not_record_either():
+    """The fork reads no VLLM_MXFP4_ACTIVATION, so gemm-mxfp4 launches gemm-bf16's kernels: with moe=gemm confirmed on
+    GB10, gemm-bf16's trace passes gemm-mxfp4's level 1.5, and a golden would bless an activation that never ran."""
+    suite = Suite(CATALOG, PLATFORMS["sm_121"], CATALOG.flavour("fork"), Model("tiny-gpt-oss-mxfp4", "unused"),
+                  Path("/nonexistent"), None)
+    server = server_of(suite, "gemm-mxfp4")
+    assert server.target.spec.kernels.verification["activation=mxfp4"].startswith("undeclared")  # the premise
+    why = refusal(suite, server)
+    assert why is not None and "no kernel declared for activation=mxfp4 can show it took effect" in why, why
+    assert "--allow-unverified" in why and "\n" not in why
 
 
 def test_confirmed_patterns_record_as_before():
@@ -70,7 +82,7 @@ def test_confirmed_patterns_record_as_before():
     suite = suite_on("sm_90")
     for name in ("triton-bf16", "marlin-bf16", "gemv-bf16", "gemv-bf16-mxfp4-all"):
         server = server_of(suite, name)
-        assert not server.target.spec.kernels.unconfirmed, name
+        assert not server.target.spec.kernels.unverified, name
         assert refusal(suite, server) is None, name
         assert suite.kernel_path_note(server) == "level 1.5 passed"
 
@@ -89,9 +101,9 @@ def test_a_baseline_recorded_on_unconfirmed_patterns_says_so():
     results = {"config": "gemv-bf16", "flavour": "upstream", "model": "tiny", "platform": "sm_121", "device": "NVIDIA GB10",
                "valid": True, "metrics": {"tg32": {"samples": [50.0, 51.0], "unit": "tok/s", "higher_is_better": True}},
                "memory_used_gib": None, "kv_capacity_tokens": None}
-    assert "kernel_patterns_unconfirmed" not in baseline_text(results, "gemv-bf16")
-    text = baseline_text({**results, "kernel_patterns_unconfirmed": ["moe=gemv"]}, "gemv-bf16")
-    assert "kernel_patterns_unconfirmed: [moe=gemv]" in text
+    assert "kernel_patterns_unverified" not in baseline_text(results, "gemv-bf16")
+    text = baseline_text({**results, "kernel_patterns_unverified": ["moe=gemv"]}, "gemv-bf16")
+    assert "kernel_patterns_unverified: [moe=gemv]" in text
 
 
 @pytest.mark.parametrize("args", [["--allow-unverified"]])

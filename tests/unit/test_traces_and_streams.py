@@ -73,6 +73,10 @@ def test_the_suites_own_log_header_is_never_read_as_a_logged_fallback(tmp_path, 
     exp = KernelExpectation(must=["*gemv_fp4*"], excuses={"*gemv_fp4*": "(?i)gemv.*fall(ing)? ?back"})
     v = check_path(s, exp, header + "INFO 12-03 17:00:00 [api_server.py:1] serving\n")
     assert not v.ok and not v.excused
+    # nor is vLLM's echo of the run folder (its profiler says where the traces go)
+    echo = f"(EngineCore_DP0 pid=1) INFO 12-03 17:00:01 [gpu_worker.py:1] Torch profiling enabled. Traces will be saved to: {run}/traces/gemv-bf16\n"
+    v = check_path(s, exp, header + echo)
+    assert not v.ok and not v.excused, v
     # vLLM's own line still excuses it
     assert check_path(s, exp, header + "WARNING gemv path falling back to GEMM for M=2\n").ok
 
@@ -90,6 +94,11 @@ def test_corrupt_trace_is_a_clear_error(tmp_path):
     p.write_bytes(b"not gzip")
     with pytest.raises(SuiteError, match="unreadable"):
         parse_trace(p, "kernel")
+    deep = tmp_path / "deep.pt.trace.json.gz"  # nested past json's recursion limit: a RecursionError escaped once
+    with gzip.open(deep, "wt") as f:
+        f.write("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SuiteError, match="unreadable"):
+        parse_trace(deep, "kernel")
 
 
 def test_cpu_sinks_are_read_from_attention_arguments(tmp_path):
