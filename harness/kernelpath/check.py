@@ -1,8 +1,10 @@
 """Level 1.5: profile a short prefill + decode on a running server and check its kernel path.
 
-A config that hands its large (prefill) batches to another backend (`prefill_only` kernels, e.g. a GEMV
-MoE over vLLM's Triton MoE) gets a second profile of decode steps alone, so that a decode step falling
-back to the other backend cannot hide behind the prefill kernels the full trace allows.
+Every config then gets a second profile of decode steps alone, which must show each of its required kernels: one
+call of a required kernel (say, in a prefill) was enough for the full trace while every decode step ran another
+backend. A config that hands its large batches to another backend (`prefill_only` kernels, e.g. a GEMV MoE over
+vLLM's Triton MoE) must also show none of those in decode, so a decode step falling back cannot hide behind the
+prefill kernels the full trace allows.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def profile_kernel_path(suite: Suite, server: RunningServer) -> KernelPath:
     spec = server.target.spec
     verdict = check_path(summary, spec.kernels, server.log_text())
     decode = None
-    if spec.kernels.prefill_only:
+    if spec.kernels.must:  # nothing declared: the full check has already failed, and says why
         decode = profile_decode_window(server, kind)
         # the log is read again: a fallback line may have been logged during the decode window
         checked = check_decode(decode.summary, spec.kernels, server.log_text())

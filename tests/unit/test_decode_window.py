@@ -157,3 +157,28 @@ def test_a_decode_window_on_the_logged_fallback_marks_the_run_excused(tmp_path, 
     assert kp.verdict.excused and all(x.startswith("decode steps: ") for x in kp.verdict.excused), kp.verdict.excused
     refusal = suite.record_refusal(server, SimpleNamespace(getfixturevalue=lambda name: kp))
     assert refusal and "logged fallback" in refusal, refusal
+
+
+def test_a_backend_that_ran_only_in_the_prefill_fails_by_the_decode_window(tmp_path, monkeypatch):
+    """marlin-bf16 on an H200 (no `also_runs`): Marlin's GEMM once, in a prefill, and vLLM's Triton MoE in every decode
+    step passed the full trace (one matching call is enough there). Every config's decode steps are now profiled alone
+    and must show its required kernels; the same decode window with Marlin's kernels passes (A/A)."""
+    catalog = Catalog()
+    upstream, cfg = catalog.flavour("upstream"), catalog.parse("marlin-bf16")
+    spec = upstream.resolve(cfg, "sm_90")
+    assert not spec.kernels.prefill_only  # the premise: nothing asked for a decode window before
+    marlin = upstream.seen(cfg, "sm_90")
+    triton_moe = [n for n in marlin if "marlin" not in n.lower()] + ["fused_moe_kernel"]
+    summary = lambda names, calls=16: KernelSummary("synthetic", "kernel", [KernelStat(n, calls, 1.0, 0.1) for n in dict.fromkeys(names)])  # noqa: E731
+    monkeypatch.setattr(kernel_path, "profile", lambda *args, **kw: summary(marlin + ["fused_moe_kernel"]))
+    server = RunningServer("http://127.0.0.1:9", "fake", Target("marlin-bf16", cfg, spec, True, ""),
+                           log_path=None, process=object(), trace_dir=tmp_path)
+    suite = Suite(catalog, Platform("sm_90", "NVIDIA H200", (9, 0)), upstream, Model("tiny-gpt-oss-mxfp4", "unused"), tmp_path, None)
+    for window, ok in ((triton_moe, False), (marlin, True)):
+        monkeypatch.setattr(kernel_path, "profile_decode_window",
+                            lambda *args, names=window, **kw: kernel_path.DecodeWindow(summary(names), 1, 16))
+        kp = kernel_path.profile_kernel_path(suite, server)
+        assert kp.decode is not None and kp.verdict.ok is ok, kp.verdict.problems
+        if not ok:
+            assert any(p.startswith("decode steps: no kernel matches required") and "marlin" in p.lower()
+                       for p in kp.verdict.problems), kp.verdict.problems

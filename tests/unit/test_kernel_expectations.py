@@ -71,6 +71,27 @@ def test_a_trace_of_the_configs_own_kernels_passes(flavour_name, platform, cfg):
 
 
 @pytest.mark.parametrize("flavour_name,platform,cfg", CASES)
+def test_a_decode_window_of_the_configs_own_kernels_passes_and_one_of_another_moe_fails(flavour_name, platform, cfg):
+    """Every config's decode steps are profiled alone, and each required kernel must run there: the full trace let one
+    call of a required kernel pass (Marlin's GEMM once, in a prefill) while 1,534 decode calls ran vLLM's Triton MoE.
+    Both ways: the config's own kernels pass; the same window with the MoE kernels of another backend fails."""
+    flavour = CATALOG.flavours[flavour_name]
+    exp = flavour.resolve(cfg, platform).kernels
+    assert exp.decode_must == exp.must
+    v = check_decode(_summary(flavour.seen(cfg, platform)), exp)
+    assert v.ok and not v.excused, f"{CATALOG.name(cfg)} on {platform} ({flavour_name}): {v.problems}"
+    swapped = 0
+    for other in (t for t in CATALOG.axes["moe"].tokens if t != cfg["moe"]):
+        theirs = flavour.seen(cfg, platform, replace={"moe": other})
+        if set(theirs) != set(flavour.seen(cfg, platform)):  # that backend has kernel names on this platform
+            problems = check_decode(_summary(theirs), exp).problems
+            assert any("no kernel matches required" in p for p in problems), (other, problems)
+            swapped += 1
+    if not swapped:
+        pytest.skip(f"{CATALOG.name(cfg)} on {platform}: no other MoE backend with kernel names here to swap in")
+
+
+@pytest.mark.parametrize("flavour_name,platform,cfg", CASES)
 def test_each_backends_patterns_reject_its_siblings_kernels(flavour_name, platform, cfg):
     """Both directions, with each side's own `must` patterns only (the derived forbidden lists would make
     any check fail and hide a loose pattern): this backend's patterns fail a trace of a sibling's kernels,
