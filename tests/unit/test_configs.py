@@ -112,6 +112,32 @@ def test_a_config_file_of_the_wrong_shape_is_one_clear_line(tmp_path, file, old,
     assert expect in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("file, old, new, expect", [
+    ("flavours/cpu.yaml", "  tile:\n    auto: {}", "  tile: [auto]", "cpu.yaml: values.tile: expected a mapping"),
+    ("flavours/cpu.yaml", 'common_seen:\n  cpu: ["_C::onednn_mm", "aten::topk", "aten::copy_", "aten::empty"]',
+     'common_seen: ["_C::onednn_mm"]', "cpu.yaml: common_seen: expected a mapping"),
+    ("flavours/cpu.yaml", "unsupported:\n", "unsupported: [moe.marlin, moe.gemm]\nunsupported_as_it_was:\n",
+     "cpu.yaml: unsupported: expected a mapping"),
+    ("flavours/fork.yaml", '      rejected:\n        sm_12x: "OpenAI', '      rejected: [sm_12x]\n      why: "OpenAI',
+     "fork.yaml: values.moe.triton.rejected: expected a mapping"),
+    ("flavours/cpu.yaml", 'verified: no  # recorded in configs/verified/cpu.yaml\n          must: ["_C::cpu_fused_moe"]',
+     'verified: 1\n          must: ["_C::cpu_fused_moe"]', "values.moe.cpu.kernels.cpu.verified: 1: a verification is recorded in configs/verified/"),
+    ("flavours/cpu.yaml", 'verified: no  # recorded in configs/verified/cpu.yaml\n          must: ["_C::cpu_fused_moe"]',
+     'verified: "unverified, TODO record on a CPU"\n          must: ["_C::cpu_fused_moe"]', "write `verified: no` here"),
+], ids=["values-as-a-list", "common-seen-as-a-list", "unsupported-as-a-list", "rejected-as-a-list", "stamp-a-number",
+        "stamp-a-todo"])
+def test_a_flavour_section_of_the_wrong_shape_or_a_stamp_that_names_no_trace_is_one_line(tmp_path, file, old, new, expect):
+    """A list where a mapping belongs was an AttributeError traceback (`pytest --list-configs` printed it), and any
+    string under `verified:` (a number, "unverified, TODO") read as verified, so level 1.5's pass vouched for it."""
+    d = _copy_configs(tmp_path)
+    p = d / file
+    assert old in p.read_text(), old
+    p.write_text(p.read_text().replace(old, new, 1))
+    with pytest.raises(SuiteError) as e:
+        Catalog(d)
+    assert expect in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_malformed_yaml_is_one_clear_line(tmp_path):
     d = _copy_configs(tmp_path)
     (d / "configs.yaml").write_text("configs: [ {moe: gemm,\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config.catalog import Catalog
+from harness.config.catalog import Catalog, entry_rules
 from harness.core.errors import SuiteError
 from harness.core.platform import detect_platform
 from harness.kernelpath import recorder
@@ -163,6 +163,23 @@ def test_a_recording_goes_stale_when_the_patterns_change(tmp_path):
     assert status.startswith("unverified (the verification recorded in") and "record again" in status
 
 
+def test_a_recording_without_its_rules_is_stale_and_with_them_holds():
+    """A recording made before `rules` were kept covered the patterns only: moe=gemv on sm_90 was recorded with vLLM's
+    Triton MoE as its `also_runs` (before the one-copy plugin), and read as verified after those rules were gone."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        rec = {"verified": "Old CPU, vLLM 0.31, 2026-01-01", "patterns": ["_C::cpu_fused_moe"], "seen": ["_C::cpu_fused_moe"]}
+        rules = entry_rules(Catalog().flavour("cpu").values["moe"]["cpu"]["kernels"]["cpu"])
+        for extra, verified in (({}, False), ({"rules": rules}, True), ({"rules": {**rules, "must_not": ["*x*"]}}, False)):
+            Path(d, "cpu.yaml").write_text(yaml.safe_dump({"values": {"moe": {"cpu": {"kernels": {"cpu": {**rec, **extra}}}}}}))
+            cat = Catalog(verified_dir=Path(d))
+            status = cat.flavour("cpu").resolve(cat.parse("cpu-bf16"), "cpu").kernels.verification["moe=cpu"]
+            assert status.startswith("verified") is verified, (extra, status)
+            if not extra:
+                assert "predates" in status and "record again" in status, status
+
+
 def test_a_recording_for_an_entry_the_flavour_lacks_is_one_line_error(tmp_path):
     (tmp_path / "cpu.yaml").write_text(yaml.safe_dump({"values": {"moe": {"cpu": {"kernels": {"sm_90": {
         "verified": "x", "patterns": [], "seen": []}}}}}}))
@@ -170,6 +187,15 @@ def test_a_recording_for_an_entry_the_flavour_lacks_is_one_line_error(tmp_path):
         Catalog(verified_dir=tmp_path)
     (tmp_path / "cpu.yaml").write_text("values: [broken\n")
     with pytest.raises(SuiteError, match="malformed YAML"):
+        Catalog(verified_dir=tmp_path)
+    for shape, where in (({"values": ["moe"]}, "cpu.yaml: expected `values:"),
+                         ({"values": {"moe": {"cpu": {"kernels": ["cpu"]}}}}, "values.moe.cpu.kernels: expected a mapping")):
+        (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(shape))  # a list where a mapping belongs: once AttributeError
+        with pytest.raises(SuiteError, match=where):
+            Catalog(verified_dir=tmp_path)
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump({"values": {"moe": {"cpu": {"kernels": {"cpu": {
+        "verified": "unverified, TODO", "patterns": ["_C::cpu_fused_moe"], "seen": []}}}}}}))
+    with pytest.raises(SuiteError, match="names the trace"):  # any string once read as a verification
         Catalog(verified_dir=tmp_path)
 
 

@@ -350,7 +350,7 @@ def test_nan_logprobs_from_the_server_fail_instead_of_passing_every_tolerance(tm
 @pytest.mark.parametrize("spec, message", [
     ({"kernels": ["sm_12x"]}, "kernels: expected a mapping"),
     ({"kernels": "*x*"}, "kernels: expected a mapping"),
-    ({"kernels": {"sm_12x": {"verified": True, "must": ["*x*"]}}}, "name the trace that confirmed"),
+    ({"kernels": {"sm_12x": {"verified": True, "must": ["*x*"]}}}, "write `verified: no` here"),
     ({"kernels": {"sm_12x": {"verified": "no", "must": ["*x*"], "excuses": {"*x*": 42}}}}, "excuses: expected a mapping"),
     ({"no_kernels": ""}, "say in words why"),
     ({"no_kernels": True}, "say in words why"),
