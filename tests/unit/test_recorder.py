@@ -18,7 +18,7 @@ from harness.config.catalog import Catalog, entry_rules
 from harness.core.errors import SuiteError
 from harness.core.platform import detect_platform
 from harness.kernelpath import recorder
-from harness.kernelpath.traces import KernelStat, KernelSummary, check_path
+from harness.kernelpath.traces import KernelStat, KernelSummary, check_decode, check_path
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = Path(__file__).parent / "fixtures" / "recorded"
@@ -299,3 +299,22 @@ def test_a_verification_covers_the_entrys_other_rules_and_loosening_one_unverifi
     loosened._merge_verified(tmp_path / "cpu.yaml")
     assert loosened.resolve(cfg, "cpu").kernels.unverified == ["moe=cpu"]
     assert "other must_not, also_runs" in loosened.resolve(cfg, "cpu").kernels.verification["moe=cpu"]
+
+
+DECODE_WINDOWS = sorted((RECORDED / "sm_90" / "decode").glob("*.json"))
+
+
+def test_real_decode_windows_pass_their_own_config_and_no_other():
+    """Real decode windows from an H200 (triton, marlin, marlin with Triton attention, the plugin with MXFP4 dense
+    layers): each passes its own config's decode check, where every required kernel must run in decode, and fails
+    every other's, by the kernel of the backend that did not run."""
+    cat = Catalog()
+    upstream = cat.flavour("upstream")
+    windows = {p.stem: KernelSummary.from_json(json.loads(p.read_text())["summary"]) for p in DECODE_WINDOWS}
+    assert len(windows) >= 4, sorted(windows)
+    for own, summary in windows.items():
+        for name in windows:
+            v = check_decode(summary, upstream.resolve(cat.parse(name), "sm_90").kernels)
+            assert v.ok is (name == own), (own, name, v.problems)
+            if name != own:
+                assert v.problems[0].startswith("decode steps: no kernel matches required"), v.problems
