@@ -330,3 +330,50 @@ def test_a_value_is_verified_only_when_every_entry_that_applies_is():
     # with both verified it reads verified
     kernels["sm_12x"] = {**kernels["sm_12x"], "verified": "NVIDIA GB10 (sm_121), vLLM 0.26.0, 2026-12-04"}
     assert fork.resolve(CATALOG.parse("marlin-bf16"), "sm_121").kernels.verification["moe=marlin"].startswith("verified")
+
+
+
+def _real_traces() -> dict[str, list[tuple[str, set[str]]]]:
+    """(config, kernel names) of every current real trace committed as a fixture, by platform: full traces of
+    pairs not marked stale, and decode windows."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).parent / "fixtures" / "recorded"
+    out: dict[str, list[tuple[str, set[str]]]] = {}
+    for path in sorted(root.glob("*/**/*.json")):
+        pair = path.parent / "pair.yaml"
+        if pair.is_file() and (yaml.safe_load(pair.read_text()) or {}).get("stale"):
+            continue  # recorded before the backend changed (sm_90's gemv-bf16 ran vLLM's Triton MoE for prefill)
+        names = {k["name"] for k in json.loads(path.read_text())["summary"]["kernels"]}
+        out.setdefault(path.relative_to(root).parts[0], []).append((path.stem, names))
+    return out
+
+
+@pytest.mark.parametrize("platform", sorted(_real_traces()))
+def test_no_required_pattern_matches_a_kernel_of_a_real_trace_of_another_value(platform):
+    """`common_seen` is written by hand, and the sibling checks cover declared pairs. The real recordings say what
+    configs with another value of an axis run: a `must` pattern of moe=marlin matching a kernel of the real triton-bf16
+    trace (a review added `*fused_add_rms_norm*` to Marlin's: every data test passed) would pass either backend."""
+    traces = _real_traces()[platform]
+    assert len(traces) >= 2, f"{platform}: one real trace cannot say what another config runs"
+    checked = 0
+    for flavour in CATALOG.flavours.values():
+        for cfg in CATALOG.named:
+            if not flavour.runnable(cfg, platform, None)[0]:
+                continue
+            exp = flavour.resolve(cfg, platform).kernels
+            for config, names in traces:
+                other = CATALOG.parse(config)
+                for pat in exp.must:
+                    for tag in exp.source.get(pat, []):
+                        axis, value = tag.split("=", 1)
+                        if other[axis] == value:
+                            continue
+                        loose = sorted(n for n in names if fnmatch.fnmatchcase(n, pat))
+                        assert not loose, (f"{flavour.name} {CATALOG.name(cfg)} on {platform}: '{pat}' ({tag}) matches "
+                                           f"{loose[0][:100]}, which the real {config} trace ({axis}={other[axis]}) ran")
+                        checked += 1
+    assert checked, f"{platform}: no pattern was held against a trace of another value"
