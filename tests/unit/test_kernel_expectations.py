@@ -377,3 +377,21 @@ def test_no_required_pattern_matches_a_kernel_of_a_real_trace_of_another_value(p
                                            f"{loose[0][:100]}, which the real {config} trace ({axis}={other[axis]}) ran")
                         checked += 1
     assert checked, f"{platform}: no pattern was held against a trace of another value"
+
+
+@pytest.mark.parametrize("variants", [["<0, 1, 1, 1, 6>", "<0, 1, 1, 1, 8>"], ["<0, 1, 4, 1, 6>", "<0, 1, 2, 1, 4>"]],
+                         ids=["132-sm-h200", "78-sm-h20"])
+def test_mxfp4_dense_layers_are_seen_at_any_sm_count_and_lm_head_alone_is_not(variants):
+    """The plugin picks its qkv / o_proj row tiles by the SM count (kernels.cuda_ext.pick_variant): an H20 or a MIG
+    slice runs 2 or 4, where a pattern pinned to 1 failed a correct trace and let MXFP4 dense layers pass under
+    layers=moe. lm_head's <0, 1, 8, ...> alone (the graph-cache accident on an H200) still fails layers=all."""
+    up = CATALOG.flavours["upstream"]
+    name = "void (anonymous namespace)::mxfp4_kernel{}((anonymous namespace)::Args)"
+    moe = up.seen(CATALOG.parse("gemv-bf16"), "sm_90")
+    dense = [name.format(v) for v in variants]
+    lm_head = [name.format("<0, 1, 8, 2, 4>")]
+    all_layers = up.resolve(CATALOG.parse("gemv-bf16-mxfp4-all"), "sm_90").kernels
+    moe_only = up.resolve(CATALOG.parse("gemv-bf16"), "sm_90").kernels
+    assert check_path(_summary(moe + dense + lm_head), all_layers).ok
+    assert not check_path(_summary(moe + dense + lm_head), moe_only).ok
+    assert not check_path(_summary(moe + lm_head), all_layers).ok
