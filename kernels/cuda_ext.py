@@ -74,6 +74,8 @@ FORM_F16, FORM_BF16 = 0, 1
 # FORM_BF16 multiplies by 2**(b - 1) in bf16 (E8M0 byte b): exact up to b = 128 (weights up to 12 * 2**1); a weight
 # with a larger scale byte is served by FORM_F16 (PackedMXFP4.max_scale).
 BF16_MAX_SCALE = 128
+# the largest M (tokens) the decode kernels take: their NT variants hold up to 16 token rows per tile (VARIANTS)
+CUDA_MAX_M = 16
 
 
 def source_pf_variants(text: str) -> list[tuple[int, ...]]:
@@ -95,7 +97,7 @@ def build_shared(src_path: Path, src_bytes: bytes | None = None) -> Path:
         raise RuntimeError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
     src_bytes = src_path.read_bytes() if src_bytes is None else src_bytes
     arch = _arch()
-    ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    ver = _nvcc_run([nvcc, "--version"], 60, "nvcc --version").stdout
     key = hashlib.sha256(src_bytes + arch.encode() + ver.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "kernels_mxfp4"))
     cache.mkdir(parents=True, exist_ok=True)
@@ -104,11 +106,29 @@ def build_shared(src_path: Path, src_bytes: bytes | None = None) -> Path:
         tmp = so.with_suffix(f".{os.getpid()}.tmp")
         cmd = [nvcc, "-O3", f"-arch=sm_{arch}", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
                "-diag-suppress", "177", "-o", str(tmp), str(src_path)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = _nvcc_run(cmd, BUILD_TIMEOUT_S, f"building {src_path.name} for sm_{arch}")
         if r.returncode:
-            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
+            # one line (a vLLM server's log shows the last error line as the boot's cause, and nvcc's own lines read
+            # as that cause otherwise); every line of nvcc's output in a file beside the cache
+            log = so.with_suffix(".nvcc-errors.txt")
+            log.write_text(" ".join(cmd) + "\n" + r.stdout + r.stderr)
+            errors = [ln.strip() for ln in r.stderr.splitlines() if "error" in ln] or r.stderr.strip().splitlines() or [""]
+            raise RuntimeError(f"nvcc exited {r.returncode} building {src_path.name} for sm_{arch}: {errors[0][:200]} "
+                               f"(all of its output: {log})")
         os.replace(tmp, so)
     return so
+
+
+# a cold build of mxfp4_mma.cu takes about a minute; a hung nvcc (a licence server, a full disk) must not hang a boot
+BUILD_TIMEOUT_S = 900
+
+
+def _nvcc_run(cmd: list[str], timeout_s: float, what: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{what} did not finish in {timeout_s:.0f} s ({cmd[0]}): check that nvcc runs on this "
+                           f"machine") from None
 
 
 def check_source_tables(src_path: Path, text: str) -> None:
@@ -281,8 +301,8 @@ def gemv_plan(m: int, p, cfg: dict) -> GemvPlan:
     xprep = cfg.get("xprep", "auto")
     if xprep not in ("auto", "kernel", "cta"):
         raise ValueError(f"gemv.packed.xprep must be auto, kernel or cta (kernels/tuning.yaml), got {xprep!r}")
-    if m > 16:
-        raise ValueError(f"the tensor-core GEMV serves M <= 16, got {m}")
+    if m > CUDA_MAX_M:
+        raise ValueError(f"the tensor-core GEMV serves M <= {CUDA_MAX_M}, got {m}")
     lib = _load(cfg.get("cuda_src", ""))
     v, _, grid = gemv_tiling(m, p, cfg, _sms(p.words.device.index or 0))
     nt, rw, rt, pf = VARIANTS[v]

@@ -28,6 +28,7 @@ import torch
 from ._triton import INTERPRET, StaticCountCase, _dot_bf16, _round_bf16, check_device, tl, triton
 from .mxfp4 import as_packed, dequantize_mxfp4
 from .packed import PackedMXFP4, pack_mxfp4, prepare_activation
+from .cuda_ext import CUDA_MAX_M
 from .packed_mm import mxfp4_mm_packed
 from .tuning import get_config
 
@@ -450,7 +451,7 @@ def _packed_fma(x: torch.Tensor, p: PackedMXFP4, bias, out, cfg: dict) -> torch.
 
 
 def _use_cuda(x: torch.Tensor, cfg: dict) -> bool:
-    if INTERPRET or not x.is_cuda or x.shape[0] > 16 or cfg.get("impl", "cuda") != "cuda":
+    if INTERPRET or not x.is_cuda or x.shape[0] > CUDA_MAX_M or cfg.get("impl", "cuda") != "cuda":
         return False
     from . import cuda_ext
 

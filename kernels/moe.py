@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import INTERPRET, check_device, tl, triton
+from .cuda_ext import CUDA_MAX_M
 from .gemv import _e2m1_to_f32, _e8m0_to_f32, _round_bf16, _row_dot_words
 from .mxfp4 import as_packed
 from .packed_mm import mxfp4_moe_packed_mm
@@ -269,7 +270,7 @@ def mxfp4_moe_packed(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: 
     x = x.to(torch.bfloat16).contiguous()
     if out is None:
         out = torch.empty((m, hdim), dtype=torch.bfloat16, device=x.device)
-    if not INTERPRET and x.is_cuda and m <= 16 and expert_ids.shape[1] <= 8 and cfg.get("impl", "cuda") == "cuda":
+    if not INTERPRET and x.is_cuda and m <= CUDA_MAX_M and expert_ids.shape[1] <= 8 and cfg.get("impl", "cuda") == "cuda":
         from . import cuda_ext
 
         if cuda_ext.available()[0]:

@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     # what a result was measured with: kept per result, so a resumed --out never mixes weights or kernel settings
     # (e.g. KERNELS_PACKED_MM_* from kernels.tools.bench_prefill --env-out) in one table
     setting = {"weights": "vllm dummy" if a.vllm_dummy_weights else f"model default ({suite.model.fingerprint})",
-               "kernel_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KERNELS_")},
+               "kernel_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("KERNELS_", "SUITE_KERNELS_"))},
                "workloads": mode,
                # before the decode window, a profiled request with two prefills inside (+12.7% busy, 120b shape)
                "breakdown": None if mode == PREFILL_GPU_ONLY else "decode window",

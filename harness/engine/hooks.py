@@ -30,6 +30,18 @@ DECODE_LOGITS_LOG = "suite_testhooks: decode-only logits scale"  # what decode_l
 RANDOM_MXFP4_LOG = "suite_testhooks: random MXFP4 codes"  # what dummy_mxfp4.py prints in every process it fills
 
 
+KERNELS_ENV = "SUITE_KERNELS"  # plugins/site/suite_kernels: on with SUITE_KERNELS, tuned by SUITE_KERNELS_*
+
+
+def stray_kernels_env(environ: dict[str, str], config_env: dict[str, str]) -> list[str]:
+    """The kernels plugin's variables a server would inherit from the shell although its config does not turn the
+    plugin on: left out, since the config names the kernels (a SUITE_KERNELS exported in a shell turned stock
+    configs into the plugin's; SUITE_KERNELS_ROUTE / _MAX_M would retune a plugin config nobody asked to retune)."""
+    if config_env.get(KERNELS_ENV, "").strip():
+        return []
+    return sorted(k for k in environ if k == KERNELS_ENV or k.startswith(KERNELS_ENV + "_"))
+
+
 def _on(env: dict[str, str], name: str) -> bool:
     """A hook switch as the hooks read it (suite_testhooks)."""
     return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")

@@ -36,6 +36,7 @@ from pathlib import Path
 import requests
 
 from harness.core.errors import SuiteError
+from harness.engine.hooks import stray_kernels_env
 from harness.engine.process_memory import process_snapshot
 
 
@@ -231,10 +232,15 @@ class VllmServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.tmpdir = Path(tempfile.mkdtemp(prefix="suite-vllm-"))
         _LIVE_TMPDIRS.add(self.tmpdir)
-        env = {**os.environ, **private_tmp_env(self.tmpdir, dict(os.environ)), **self.env_extra, "PYTHONUNBUFFERED": "1"}
+        stray = stray_kernels_env(os.environ, self.env_extra)
+        inherited = {k: v for k, v in os.environ.items() if k not in stray}
+        env = {**inherited, **private_tmp_env(self.tmpdir, inherited), **self.env_extra, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "w", encoding="utf-8") as log:
             log.write(LOG_HEADER + " ".join(self.argv) + "\n")
             log.write(LOG_HEADER + "env: " + " ".join(f"{k}={v}" for k, v in sorted(self.env_extra.items())) + "\n")
+            if stray:
+                log.write(f"{LOG_HEADER}left out of the inherited env (this config does not turn the kernels plugin "
+                          f"on): {' '.join(stray)}\n")
             log.write(f"{LOG_HEADER}TMPDIR: {env['TMPDIR']} (the server's own, removed at teardown)\n")
             log.flush()
             started = time.monotonic()

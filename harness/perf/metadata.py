@@ -31,6 +31,7 @@ from harness.core.nvml import error_name
 from harness.core.nvml import load as load_nvml
 from harness.core.paths import REPO
 from harness.core.platform import Platform, cpu_model_name
+from harness.engine.hooks import stray_kernels_env
 from harness.engine.server import flags
 from harness.perf.clocks import _gpu_index
 
@@ -212,10 +213,12 @@ def cuda_versions() -> dict[str, Any]:
 
 
 def relevant_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Every VLLM_* / FLASHINFER_* variable the server saw (the process env plus the config's)."""
-    env = {**os.environ, **(extra or {})}
+    """Every VLLM_* / FLASHINFER_* / ... variable the server saw (the process env plus the config's)."""
+    stray = stray_kernels_env(os.environ, extra or {})  # left out of the server's env too (VllmServer.start)
+    env = {**{k: v for k, v in os.environ.items() if k not in stray}, **(extra or {})}
+    # KERNELS_*: kernels/ tuning overrides, which change what the suite_kernels plugin runs
     prefixes = ("VLLM_", "FLASHINFER_", "CUDA_", "NCCL_", "OMP_NUM_THREADS", "SUITE_", "PYTORCH_", "TORCH_",
-                "TRITON_", "PYTHONPATH")
+                "TRITON_", "PYTHONPATH", "KERNELS_")
     return {k: v for k, v in sorted(env.items()) if k.startswith(prefixes)}
 
 

@@ -144,6 +144,21 @@ def test_large_batches_run_the_grouped_path_on_the_same_copy(stock):
     assert "\n" not in str(e.value)
 
 
+def _storages(tensors) -> list:
+    """Weak references to the tensors' memory: an attribute emptied while another reference (a view, a list, the
+    old Parameter) keeps the bytes would still hold the second copy."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return [StorageWeakRef(t.untyped_storage()) for t in tensors]
+
+
+def _alive(storages) -> int:
+    import gc
+
+    gc.collect()
+    return sum(not ref.expired() for ref in storages)
+
+
 def test_loading_keeps_one_copy_of_the_experts(stock, monkeypatch):
     """After load the layer holds our packed copy (exactly the loaded codes and scales) and vLLM's expert tensors
     are empty; vLLM's own load step (which would build its backend's second copy) never runs."""
@@ -152,9 +167,11 @@ def test_loading_keeps_one_copy_of_the_experts(stock, monkeypatch):
     monkeypatch.setattr(plugin, "require_cuda_kernels", lambda: None)  # the packing itself runs anywhere
     layer = _vllm_layer(fresh_seed())
     loaded = {n: getattr(layer, n).clone() for n in plugin.EXPERT_TENSORS}
+    storages = _storages(getattr(layer, n) for n in plugin.EXPERT_TENSORS)
     stock.process_weights_after_loading(layer)
     assert stock.calls == [], "vLLM's process_weights_after_loading ran"
     assert all(getattr(layer, n).numel() == 0 for n in plugin.EXPERT_TENSORS), "vLLM's expert tensors were kept"
+    assert _alive(storages) == 0, "vLLM's expert tensors are still held somewhere (their memory is not freed)"
     p = getattr(layer, plugin.MOE_ATTR)
     assert [torch.equal(a, b) for a, b in zip(unpack_mxfp4(p.gate_up), (loaded["w13_weight"], loaded["w13_weight_scale"]))] == [True, True]
     assert [torch.equal(a, b) for a, b in zip(unpack_mxfp4(p.down), (loaded["w2_weight"], loaded["w2_weight_scale"]))] == [True, True]
@@ -200,8 +217,10 @@ def test_dense_layers_serve_every_batch_from_one_mxfp4_copy(monkeypatch, capsys)
     monkeypatch.setattr(packed_mm, "dequantize_packed", lambda *a: copies.append(a[0].n) or real(*a))
     model = _dense_model(seed)
     q, s = quantize_mxfp4(model.qkv_proj.weight.float())
+    storages = _storages(getattr(model, n).weight for n in ("qkv_proj", "o_proj", "lm_head"))
     names = plugin.install_dense(model, threshold=4)
     assert sorted(names) == ["lm_head", "o_proj", "qkv_proj"], names
+    assert _alive(storages) == 0, "the BF16 weights of the quantized layers are still held (two copies)"
     assert type(model.router.quant_method) is UnquantizedLinearMethod, "the router must stay BF16"
     assert model.router.weight.numel() > 0 and all(getattr(model, n).weight.numel() == 0 for n in names), \
         "the BF16 weights of the quantized layers must be freed (one copy), the router's kept"
@@ -458,3 +477,122 @@ print(json.dumps({"eps": eps, "before": before, "idempotent": C.apply_monolithic
         "apply": ["self", "layer", "x", "topk_weights", "topk_ids", "shared_experts", "shared_experts_input"],
         "get_fused_moe_quant_config": ["self", "layer"],
     }, f"vLLM's MoE method changed its parameters; update plugins/site/suite_kernels: {got['params']}"
+
+
+@pytest.mark.parametrize("env, why", [
+    ({plugin.ENV: "moe", plugin.MAX_M_ENV: "abc"}, "is not an integer"),
+    ({plugin.ENV: "moe", plugin.MAX_M_ENV: "1.5"}, "is not an integer"),
+    ({plugin.ENV: "moe", plugin.MAX_M_ENV: "0"}, "serve 1..16 tokens"),
+    ({plugin.ENV: "moe", plugin.MAX_M_ENV: "-3"}, "serve 1..16 tokens"),
+    # above 16 the decode kernels cannot run: dense batches went to the portable Triton path, logged "decode kernels"
+    ({plugin.ENV: "moe", plugin.MAX_M_ENV: "32"}, "serve 1..16 tokens"),
+    # the plugin off: a route or threshold would be ignored, and a run labelled fused would measure stock
+    ({plugin.ROUTE_ENV: "fused"}, "set without SUITE_KERNELS"),
+    ({plugin.ENV: " ", plugin.MAX_M_ENV: "8"}, "set without SUITE_KERNELS"),
+    ({plugin.ENV: "dense", plugin.ROUTE_ENV: "fused"}, "add moe to"),
+])
+def test_every_plugin_variable_is_checked_before_the_weights_load_in_one_line(env, why):
+    with pytest.raises(ValueError, match=why) as e:
+        plugin.check_env(env)
+    assert "\n" not in str(e.value)
+
+
+def test_the_threshold_is_the_variable_else_the_tuning_default_and_never_above_the_decode_kernels(monkeypatch):
+    assert plugin.check_env({plugin.ENV: "moe", plugin.MAX_M_ENV: "8"}) == {"moe"}
+    assert plugin.max_m({plugin.MAX_M_ENV: "8"}) == 8
+    monkeypatch.delenv("KERNELS_GEMV_SMALL_M_THRESHOLD", raising=False)
+    assert plugin.max_m({}) == get_config("gemv")["small_m_threshold"]
+    monkeypatch.setenv("KERNELS_GEMV_SMALL_M_THRESHOLD", "32")
+    with pytest.raises(ValueError, match="KERNELS_GEMV_SMALL_M_THRESHOLD.*serve 1..16"):
+        plugin.max_m({})
+
+
+def test_registering_never_asks_the_device():
+    """vLLM calls `register` in its API server too: the tuning lookup of the threshold asks the device's capability,
+    which starts CUDA there (memory stock configs do not spend, and vLLM then spawns its workers). Here a device
+    that would answer is faked, and asking it fails."""
+    code = r"""
+import os, torch
+torch.cuda.is_available = lambda: True
+def asked(*a, **k):
+    raise SystemExit("the device was asked at register")
+torch.cuda.get_device_capability = asked
+torch.cuda.get_device_properties = asked
+import suite_kernels
+suite_kernels.register()
+print("registered")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]),
+           plugin.ENV: "moe,dense", plugin.ROUTE_ENV: "fused"}
+    for name in (plugin.MAX_M_ENV, "TRITON_INTERPRET"):  # as on a GPU server: the tuning lookup would ask the device
+        env.pop(name, None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("registered"), (r.stdout + r.stderr)[-2000:]
+
+
+def test_the_served_model_gets_the_dense_layers_and_a_drafter_does_not(monkeypatch):
+    """The wrapper of vLLM's loader: the served model (no prefix) has its qkv / o / lm_head served from MXFP4 at the
+    threshold read at load; a speculative drafter (prefix, by keyword or position) is left as vLLM made it."""
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    made = []
+
+    def load_model(self, vllm_config, model_config, prefix=""):
+        made.append(_dense_model(fresh_seed()))
+        return made[-1]
+
+    monkeypatch.setattr(BaseModelLoader, "load_model", load_model)
+    monkeypatch.setattr(plugin, "require_cuda_kernels", lambda: None)
+    monkeypatch.setenv(plugin.MAX_M_ENV, "4")
+    monkeypatch.delenv(plugin.ROUTE_ENV, raising=False)
+    plugin.load_threshold.cache_clear()
+    try:
+        plugin._patch_load({"dense"})
+        loader = object.__new__(type("Loader", (BaseModelLoader,), {"download_model": None, "load_weights": None}))
+        served = BaseModelLoader.load_model(loader, None, None)
+        drafters = [BaseModelLoader.load_model(loader, None, None, prefix="drafter"),
+                    BaseModelLoader.load_model(loader, None, None, "drafter")]
+    finally:
+        plugin.load_threshold.cache_clear()
+    assert [hasattr(served.qkv_proj.quant_method, plugin.DENSE_ATTR), served.qkv_proj.weight.numel()] == [True, 0]
+    assert getattr(served.lm_head.quant_method, plugin.DENSE_ATTR)[0].threshold == 4
+    for d in drafters:
+        assert type(d.qkv_proj.quant_method) is UnquantizedLinearMethod and d.qkv_proj.weight.numel() > 0
+
+
+def test_large_dense_weights_are_quantized_a_slice_of_rows_at_a_time_with_the_same_bytes(monkeypatch):
+    """At load the lm_head is quantized in row slices (its float32 temporaries whole would take ~11 GiB beside the
+    model); MX blocks run along K, so the slices give exactly the whole matrix's codes and scales."""
+    w = (torch.randn(70, 64, generator=generator(fresh_seed())) * 0.05).to(torch.bfloat16).to(DEV)
+    whole = quantize_mxfp4(w.float())
+    monkeypatch.setattr(plugin, "QUANT_CHUNK_BYTES", 64 * 4 * 8)  # 8 rows a slice: 9 slices, the last of 6 rows
+    sliced = plugin.quantize_rows(w)
+    assert [torch.equal(a, b) for a, b in zip(sliced, whole)] == [True, True]
+
+
+def test_a_failing_nvcc_is_one_line_naming_its_log(tmp_path, monkeypatch):
+    """nvcc's errors are many lines; a server's log shows the last error line as the boot's cause, so the refusal is
+    one line with nvcc's first error and the file holding all of its output."""
+    from kernels import cuda_ext
+
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "Cuda compilation tools, release 13.2"; exit 0; }\n'
+                    'echo "mxfp4_mma.cu(456): error: expected a \\";\\"" >&2\necho "1 error detected" >&2\nexit 2\n')
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KERNELS_DISABLE_CUDA_EXT", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda_ext, "_arch", lambda: "90a")
+    with pytest.raises(RuntimeError) as e:
+        cuda_ext.build_shared(cuda_ext.SRC)
+    msg = str(e.value)
+    assert "\n" not in msg and "nvcc exited 2" in msg and "error: expected" in msg, msg
+    log = Path(msg.rsplit("all of its output: ", 1)[1].rstrip(")"))
+    assert "1 error detected" in log.read_text()
+    # the plugin's refusal keeps one line whatever the extension says
+    monkeypatch.setattr(cuda_ext, "available", lambda: (False, "RuntimeError: first line\nsecond line"))
+    with pytest.raises(RuntimeError) as e:
+        plugin.require_cuda_kernels()
+    assert "\n" not in str(e.value) and "(RuntimeError: first line)" in str(e.value) and "unset SUITE_KERNELS" in str(e.value)

@@ -12,6 +12,7 @@ from harness.engine.server import ServerDied, VllmServer, group_pids
 FAKE = textwrap.dedent('''
     import http.server, os, signal, subprocess, sys, threading, time
     mode, port = sys.argv[1], int(sys.argv[2])
+    print("kernels plugin env:", sorted(k for k in os.environ if k.startswith("SUITE_KERNELS")), flush=True)
     # a child that ignores SIGTERM, like a wedged EngineCore: only SIGKILL of the group ends it
     subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
     if mode == "die":
@@ -39,8 +40,8 @@ class FakeServer(VllmServer):
         return [sys.executable, "-c", FAKE, self.mode, str(self.port)]
 
 
-def make(tmp_path, mode, timeout=30.0):
-    s = FakeServer("m", [], {}, tmp_path / "server.log", boot_timeout_s=timeout)
+def make(tmp_path, mode, timeout=30.0, env=None):
+    s = FakeServer("m", [], env or {}, tmp_path / "server.log", boot_timeout_s=timeout)
     s.mode = mode
     return s
 
@@ -222,3 +223,22 @@ def test_a_levels_own_servers_stop_after_its_last_test_not_at_session_end(tmp_pa
     extra.add(lambda: stopped.append("again"))
     extra.after_test(None)  # the level ran last
     assert stopped == ["hooked", "again"]
+
+
+@pytest.mark.parametrize("config_env, seen", [
+    ({}, []),  # a stock config: the shell's plugin variables are left out, and the log says so
+    ({"SUITE_KERNELS": "moe"}, ["SUITE_KERNELS", "SUITE_KERNELS_ROUTE"]),  # a plugin config keeps the shell's tuning
+])
+def test_a_kernels_plugin_variable_left_in_the_shell_never_turns_a_stock_config_into_the_plugin(
+        tmp_path, monkeypatch, config_env, seen):
+    from harness.perf.metadata import relevant_env
+
+    monkeypatch.setenv("SUITE_KERNELS", "moe,dense")
+    monkeypatch.setenv("SUITE_KERNELS_ROUTE", "fused")
+    s = make(tmp_path, "serve", env=config_env).start()
+    s.stop(grace_s=2)
+    log = (tmp_path / "server.log").read_text()
+    assert f"kernels plugin env: {seen}" in log, log
+    assert ("left out of the inherited env" in log) == (not config_env)
+    recorded = sorted(k for k in relevant_env(config_env) if k.startswith("SUITE_KERNELS"))
+    assert recorded == seen, "the run's metadata must name what the server ran with"

@@ -12,7 +12,7 @@ class level (MoE) or a module's `quant_method` is replaced (dense). Off unless a
   SUITE_KERNELS=moe,dense   also qkv_proj, o_proj and lm_head quantized to MXFP4 at load (the fork's
                             --mxfp4-layers all), their BF16 weights freed, every M served from the MXFP4
                             copy (`kernels.gemv.mxfp4_linear`: decode kernels up to the threshold, packed_mm above).
-  SUITE_KERNELS_MAX_M=16    the threshold (default: kernels/tuning.yaml gemv.small_m_threshold).
+  SUITE_KERNELS_MAX_M=16    the threshold, 1..16 (default: kernels/tuning.yaml gemv.small_m_threshold).
   SUITE_KERNELS_ROUTE=fused with moe: batches up to the threshold route from x in one launch (router GEMV + top-k,
                             `kernels.moe.route_packed`) and vLLM's router GEMM is skipped for them (its module
                             answers with an unfilled tensor the MoE never reads); default `vllm`: vLLM's router
@@ -74,13 +74,58 @@ def route(env: dict[str, str] | None = None) -> str:
 
 
 def max_m(env: dict[str, str] | None = None) -> int:
-    raw = (os.environ if env is None else env).get(MAX_M_ENV, "").strip()
-    if raw:
-        return int(raw)
+    """The largest batch the CUDA decode kernels serve: SUITE_KERNELS_MAX_M, else tuning.yaml's
+    gemv.small_m_threshold for this device (which asks the device: call it where the weights load, never in
+    `register`). Above it, kernels.packed_mm. Refused outside 1..16: above 16 the decode kernels cannot run and
+    dense batches would go to the slow portable Triton path while the log said "decode kernels"; below 1 no decode
+    batch would reach them."""
+    env = os.environ if env is None else env
     _import_kernels()
-    from kernels.tuning import get_config
+    from kernels.cuda_ext import CUDA_MAX_M
 
-    return int(get_config("gemv")["small_m_threshold"])
+    raw = env.get(MAX_M_ENV, "").strip()
+    if raw:
+        where = f"{MAX_M_ENV}={raw!r}"
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{where} is not an integer: use 1..{CUDA_MAX_M} or unset it") from None
+    else:
+        from kernels.tuning import get_config
+
+        value = get_config("gemv")["small_m_threshold"]
+        where = f"gemv.small_m_threshold {value!r} (kernels/tuning.yaml or KERNELS_GEMV_SMALL_M_THRESHOLD)"
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{where} is not an integer: use 1..{CUDA_MAX_M}")
+    if not 1 <= value <= CUDA_MAX_M:
+        raise ValueError(f"{where}: the plugin's decode kernels serve 1..{CUDA_MAX_M} tokens; use a value in that range")
+    return value
+
+
+@functools.lru_cache(maxsize=1)
+def load_threshold() -> int:
+    """max_m() of this process, read once where the weights load (the env does not change while it serves)."""
+    return max_m()
+
+
+def check_env(env: dict[str, str] | None = None) -> set[str]:
+    """The parts SUITE_KERNELS asks for, every SUITE_KERNELS_* variable checked without touching the device (vLLM
+    calls `register` in its API server too): a typo, a threshold that is not 1..16 as a number, or a setting for a
+    plugin that is off is one line before anything loads (a fused route without the plugin had run stock under the
+    route's name)."""
+    env = os.environ if env is None else env
+    parts = wanted(env)
+    stray = sorted(k for k in (MAX_M_ENV, ROUTE_ENV) if env.get(k, "").strip())
+    if not parts:
+        if stray:
+            raise ValueError(f"{', '.join(stray)} set without {ENV}: the plugin is off, so nothing would use it; set "
+                             f"{ENV} (e.g. moe) or unset {' and '.join(stray)}")
+        return parts
+    route(env)
+    raw = env.get(MAX_M_ENV, "").strip()
+    if raw:
+        max_m(env)  # only the variable's own value: no tuning lookup, no device
+    return parts
 
 
 def _import_kernels() -> None:
@@ -106,8 +151,10 @@ def require_cuda_kernels() -> None:
 
     ok, why = cuda_ext.available()
     if not ok:
-        raise RuntimeError(f"{ENV}: the CUDA extension of kernels/ cannot be used ({why}); without it decode "
-                           f"would read expert ids on the host, which CUDA graphs cannot capture")
+        first = (why.strip().splitlines() or ["no reason given"])[0]
+        raise RuntimeError(f"{ENV}: the CUDA extension of kernels/ cannot be used ({first}); without it decode "
+                           f"would read expert ids on the host, which CUDA graphs cannot capture: fix that, or use a "
+                           f"config without the plugin (unset {ENV})")
 
 
 # ---------------------------------------------------------------------------------------------- MoE
@@ -261,15 +308,21 @@ def packed_experts(layer) -> PackedExperts:
     return p
 
 
-def patch_moe(cls, threshold: int) -> None:
+def patch_moe(cls, threshold: int | None = None) -> None:
     """Wrap the MoE method class (vLLM's GptOssMxfp4MoEMethod): keyword names as vLLM passes them. Every M
-    runs on our packed copy (`kernels.moe.mxfp4_moe_packed` picks the decode kernels up to `threshold`)."""
+    runs on our packed copy (`kernels.moe.mxfp4_moe_packed` picks the decode kernels up to `threshold`; None: this
+    process's `load_threshold()`, read when the first layer loads, so that registering asks no device)."""
     if getattr(cls.process_weights_after_loading, _MARK, False):
         return
+    limit = threshold
+
+    def threshold_now() -> int:
+        return limit if limit is not None else load_threshold()
 
     @functools.wraps(cls.process_weights_after_loading)
     def process_weights_after_loading(self, layer):
         require_cuda_kernels()
+        threshold_now()  # a bad threshold fails at load, not at the first request
         packed = pack_experts(layer)  # from the loaded tensors, before any backend repacks
         setattr(layer, MOE_ATTR, packed)
         _say_packed_size(layer, packed)
@@ -280,6 +333,7 @@ def patch_moe(cls, threshold: int) -> None:
 
     @functools.wraps(cls.apply_monolithic)
     def apply_monolithic(self, layer, x, router_logits, input_ids=None, **kwargs):
+        threshold = threshold_now()
         ids, wts = route_for_batch(layer, x, router_logits, layer.top_k, threshold)
         return run_experts(x, ids, wts, packed_experts(layer), threshold)
 
@@ -287,6 +341,7 @@ def patch_moe(cls, threshold: int) -> None:
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None, **kwargs):
         if shared_experts is not None:
             raise RuntimeError(f"{ENV}=moe: shared experts are not part of gpt-oss; unset {ENV} for this model")
+        threshold = threshold_now()
         if getattr(layer, ROUTER_ATTR, None) is not None and x.shape[0] <= threshold:
             # vLLM routed this decode batch from the router's unfilled logits: route it from x instead
             topk_ids, topk_weights = route_for_batch(layer, x, None, layer.top_k, threshold)
@@ -400,18 +455,40 @@ def dense_method(original, layer, threshold: int):
     (the caller frees the BF16 weight)."""
     _import_kernels()
     from kernels.gemv import PackedLinear
-    from kernels.mxfp4 import quantize_mxfp4
     from kernels.packed import pack_mxfp4
 
     base = type(original)
     cls = _dense_classes.setdefault(base, type(f"SuiteKernels{base.__name__}", (base,), {"apply": _dense_apply}))
     method = copy.copy(original)
     method.__class__ = cls
-    q, s = quantize_mxfp4(layer.weight.data.float())
+    q, s = quantize_rows(layer.weight.data)
     linear = PackedLinear(pack_mxfp4(q, s), int(threshold))
     _linears[linear.p.words.data_ptr()] = linear
     setattr(method, DENSE_ATTR, (linear, _linear_op()))
     return method
+
+
+# rows quantized at a time at load: quantize_mxfp4 works in float32 with several temporaries (about 10x the bf16
+# rows at its peak, measured on CPU), so gpt-oss' lm_head (201088 x 2880) in one call would take ~11 GiB at load
+QUANT_CHUNK_BYTES = 256 << 20
+
+
+def quantize_rows(w):
+    """quantize_mxfp4 of a [N, K] weight, a slice of rows at a time (MX blocks run along K: rows are independent)."""
+    import torch
+
+    _import_kernels()
+    from kernels.mxfp4 import BLOCK, quantize_mxfp4
+
+    n, k = w.shape
+    rows = max(1, QUANT_CHUNK_BYTES // (k * 4))
+    if n <= rows:
+        return quantize_mxfp4(w.float())
+    q = torch.empty((n, k // 2), dtype=torch.uint8, device=w.device)
+    s = torch.empty((n, k // BLOCK), dtype=torch.uint8, device=w.device)
+    for i in range(0, n, rows):
+        q[i:i + rows], s[i:i + rows] = quantize_mxfp4(w[i:i + rows].float())
+    return q, s
 
 
 def free_dense_weight(module) -> None:
@@ -527,7 +604,7 @@ def install_route_or_fail(model, threshold: int) -> int:
     return n
 
 
-def _patch_load(threshold: int, parts: set[str]) -> None:
+def _patch_load(parts: set[str]) -> None:
     """After vLLM loads the served model: the MoE blocks' routers (moe with SUITE_KERNELS_ROUTE=fused), the dense
     layers (dense)."""
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
@@ -542,6 +619,7 @@ def _patch_load(threshold: int, parts: set[str]) -> None:
         prefix = kwargs.get("prefix", args[2] if len(args) > 2 else "")
         if not prefix:  # the served model, not a speculative drafter
             require_cuda_kernels()
+            threshold = load_threshold()
             if "moe" in parts and route() == "fused":
                 n = install_route_or_fail(model, threshold)
                 print(f"suite_kernels: {n} MoE blocks route from x for M <= {threshold} (vLLM's router GEMM skipped "
@@ -557,15 +635,15 @@ def _patch_load(threshold: int, parts: set[str]) -> None:
 
 
 def register() -> None:
-    """vLLM general-plugin entry point (called in every vLLM process; idempotent; no CUDA here)."""
-    parts = wanted()
+    """vLLM general-plugin entry point (called in every vLLM process, its API server included; idempotent). No CUDA
+    here: the threshold's tuning lookup asks the device, so it is read where the weights load (a CUDA context in
+    the API server would cost the plugin configs memory stock does not spend, and make vLLM spawn its workers)."""
+    parts = check_env()  # a typo, a bad threshold, a fused route without the MoE: fails here, before the weights load
     if not parts:
         return
-    threshold = max_m()
-    fused = route() == "fused"  # a typo, or a fused route without the MoE, fails here: before the weights load
     if "moe" in parts:
         from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4MoEMethod
 
-        patch_moe(GptOssMxfp4MoEMethod, threshold)
-    if "dense" in parts or fused:
-        _patch_load(threshold, parts)
+        patch_moe(GptOssMxfp4MoEMethod)
+    if "dense" in parts or route() == "fused":
+        _patch_load(parts)
