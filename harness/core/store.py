@@ -38,10 +38,15 @@ IDENTITY = {
 
 
 def identity_problem(recorded: Mapping, current: Mapping, what: str, model: str | None) -> str | None:
-    """Why a record may not judge this run (None: it may). A field the run does not know is not checked; a
-    fingerprint the record lacks is refused (it cannot say it is the same weights); a flavour it lacks is
-    accepted (records from before flavours were kept)."""
+    """Why a record may not judge this run (None: it may). A field the run does not carry is not checked; a
+    fingerprint the record lacks is refused (it cannot say it is the same weights), and so is a record's fingerprint
+    where the run's model has none (another checkpoint under the same name); a flavour the record lacks is accepted
+    (records from before flavours were kept)."""
     fp_now, fp_then = current.get("model_fingerprint"), recorded.get("model_fingerprint")
+    if fp_then and not fp_now and "model_fingerprint" in current:
+        return (f"{what} was recorded with the weights fingerprinted {fp_then}; this run's model {model} has no "
+                f"fingerprint (a checkpoint folder or hub id named like those weights), so it cannot be the same weights: "
+                f"pass --model={model} for them, or rename the folder")
     if fp_now and fp_then != fp_now:
         return (f"{what} was recorded with other weights of {model} (fingerprint {fp_then or 'not recorded'}, "
                 f"this run: {fp_now})")
@@ -87,13 +92,23 @@ class Store:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write then rename, so an interrupted write never leaves half a record behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write then rename, so an interrupted write never leaves half a record behind. A write that cannot happen (a
+    folder where the file goes, a file where a folder goes, no permission) is one line naming the path."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise SuiteError(f"cannot write {shown(path)} ({type(e).__name__}: {e.strerror} for {e.filename}); remove what is in "
+                         f"the way or make the folder writable") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a record from the other users of a shared checkout
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise SuiteError(f"cannot write {shown(path)} ({type(e).__name__}: {e.strerror}); remove what is in the way "
+                         f"(a folder of that name?) or make the folder writable") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

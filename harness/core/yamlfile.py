@@ -31,6 +31,11 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
+def parse_yaml(text: str):
+    """YAML text as the suite reads its files: a repeated key is a yaml.YAMLError with its line."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_mapping(path: Path, fix: str = "fix the file", empty_ok: bool = False) -> dict:
     """The top-level mapping of `path` ({} for an empty file when `empty_ok`)."""
     try:

@@ -23,12 +23,22 @@ def golden_path(model: str, platform: str, config: str, kind: str, root: Path = 
     return root / model / platform / config / f"{kind}.json"
 
 
+def _unique_keys(pairs: list) -> dict:
+    """json's object hook: a repeated key is an error (json keeps the last one in silence, as a hand edit might)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"key {k!r} appears twice in one object")
+        out[k] = v
+    return out
+
+
 def load_golden(path: Path, regen_cmd: str) -> dict:
     if not path.is_file():
         raise SuiteError(f"no golden at {shown(path)}; create it with: {regen_cmd}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, or a repeated key
         raise SuiteError(f"golden {path} is corrupt ({e}); restore it from git or regenerate: {regen_cmd}") from None
     except OSError as e:
         raise SuiteError(f"golden {path} cannot be read ({type(e).__name__}: {e.strerror}); fix its permissions, restore "
@@ -112,7 +122,9 @@ class GoldenStore:
         if stored is not None and "kernel_path" in meta:
             # a comparison run never asked whether it may record: its copy must not read as a checked golden
             meta["kernel_path"] = "not checked (a comparison run's copy; --force-regen records a checked golden)"
-        self.store.obtained(self.path(kind), golden_text(fresh, meta))
+        # under --goldens-of this store reads another config's golden; the fresh copy is the running config's own
+        own = golden_path(self.model, self.platform, self.meta.get("config") or self.config, kind, self.root)
+        self.store.obtained(own, golden_text(fresh, meta))
         if stored is None:
             self.save(kind, fresh, extra_meta)
         return stored

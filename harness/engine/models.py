@@ -120,6 +120,11 @@ def _resolve_model(name: str) -> Model:
             return Model(slug(path.name), str(built), fingerprint=built.name.rsplit("-", 1)[-1])
         if not (path / "config.json").is_file():
             raise SuiteError(f"--model {name}: no config.json in that directory; pass a checkpoint directory or one of: {', '.join(ALIASES)}")
+        if slug(path.name) in ALIASES:
+            # goldens and baselines are keyed by this name, and a plain checkpoint has no fingerprint to tell it apart
+            raise SuiteError(f"--model {name}: the folder is named like the suite's model alias {slug(path.name)}, whose "
+                             f"goldens and baselines it would read and overwrite; rename the folder, or pass "
+                             f"--model={slug(path.name)} for the suite's own")
         return Model(slug(path.name), str(path.resolve()))
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):
         return Model(slug(name), name)  # a hub id such as openai/gpt-oss-120b (the users' GB10 has it cached)

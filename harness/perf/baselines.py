@@ -44,6 +44,7 @@ import yaml
 from harness.core.errors import SuiteError
 from harness.core.paths import slug
 from harness.core.store import Store, regen_command, write_atomic
+from harness.core.yamlfile import parse_yaml
 from harness.core.platform import detect_platform
 from harness.perf import metrics as perf
 
@@ -175,7 +176,7 @@ def load_baseline(path: str | os.PathLike) -> dict:
     if not path.is_file():
         raise SuiteError(f"no baseline at {path}; record one with: {regen_command('level5', config, model)}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))  # a repeated key is an error: the last one won in silence
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -265,8 +266,14 @@ class BaselineStore:
 
     def settle(self, results: Mapping) -> dict:
         config = str(results.get("config") or self.path.stem)
-        text = baseline_text(results, self.path.stem)
-        self.store.obtained(self.path, text)
         if self.store.force_regen:
+            text = baseline_text(results, self.path.stem)  # refuses results that may not become a baseline
+            self.store.obtained(self.path, text)
             self.store.record(self.path, text, config, "recorded {path}; re-run without it to gate against it")
+        try:
+            self.store.obtained(self.path, baseline_text(results, self.path.stem))
+        except SuiteError:
+            # results that could not be a baseline (an unresolved metric, a failed kernel path) are still judged
+            # against the stored one: their verdicts say what is unresolved; a re-record is not the fix
+            pass
         return load_baseline(self.path)

@@ -98,3 +98,92 @@ def test_force_regen_is_this_suites_option_and_regen_all_is_refused():
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--regen-all", "--collect-only",
                           "-q", "tests/unit/test_stats.py"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "unrecognized arguments: --regen-all" in run.stderr
+
+
+def test_goldens_of_keeps_each_running_configs_fresh_copy_in_its_own_folder(tmp_path):
+    """--goldens-of=triton-bf16 judges several configs against one config's goldens: each fresh copy goes to its own
+    config's path (they overwrote each other at the target's path, the last config's output left)."""
+    run = tmp_path / "run"
+    for config in ("gemv-bf16", "marlin-bf16"):
+        store = GoldenStore("tiny", "cpu", "triton-bf16", {"model": "tiny", "config": config}, False,
+                            root=REPO / "goldens", run_dir=run)
+        assert store.settle("level2", {"x": 1}, {"x": config}) == {"x": 1}
+    for config in ("gemv-bf16", "marlin-bf16"):
+        assert f'"x": "{config}"' in (run / "obtained" / "goldens" / "tiny" / "cpu" / config / "level2.json").read_text()
+    assert not (run / "obtained" / "goldens" / "tiny" / "cpu" / "triton-bf16").exists()
+
+
+def test_a_record_with_a_fingerprint_never_judges_a_model_without_one(tmp_path):
+    """A plain checkpoint folder named like the embedded model has no fingerprint: the record of the fingerprinted
+    weights must not judge it (nor, at --force-regen, be overwritten by it: resolve_model refuses that name)."""
+    from harness.core.store import identity_problem
+
+    assert identity_problem({"model_fingerprint": "163c8eae3f65"}, {"model_fingerprint": None}, "golden g", "tiny-gpt-oss")
+    assert identity_problem({"model_fingerprint": None}, {"model_fingerprint": None}, "golden g", "gpt-oss-120b") is None
+    assert identity_problem({"model_fingerprint": "a"}, {"model_fingerprint": "a"}, "golden g", "tiny") is None
+
+
+def test_a_checkpoint_folder_named_like_a_model_alias_is_refused(tmp_path):
+    from harness.engine.models import resolve_model
+
+    folder = tmp_path / "other" / "tiny-gpt-oss"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(SuiteError, match="named like the suite's model alias tiny-gpt-oss.*rename the folder") as e:
+        resolve_model(str(folder), tmp_path)
+    assert "\n" not in str(e.value)
+    (tmp_path / "my-ckpt").mkdir()
+    (tmp_path / "my-ckpt" / "config.json").write_text("{}")
+    assert resolve_model(str(tmp_path / "my-ckpt"), tmp_path).alias == "my-ckpt"
+
+
+@pytest.mark.parametrize("obstacle", ["folder at the file", "file at the folder"])
+def test_a_record_that_cannot_be_written_is_one_line(tmp_path, obstacle):
+    from harness.core.store import write_atomic
+
+    path = tmp_path / "goldens" / "tiny" / "level2.json"
+    if obstacle == "folder at the file":
+        path.mkdir(parents=True)
+    else:
+        path.parent.parent.mkdir(parents=True)
+        path.parent.write_text("a file where the config folder goes")
+    with pytest.raises(SuiteError, match="cannot write .*remove what is in the way") as e:
+        write_atomic(path, "{}")
+    assert "\n" not in str(e.value)
+    assert [p.name for p in path.parent.glob(".*.tmp")] == [] if path.parent.is_dir() else True
+
+
+def test_written_records_are_readable_by_the_checkouts_other_users(tmp_path):
+    from harness.core.store import write_atomic
+
+    write_atomic(tmp_path / "b.yaml", "x: 1\n")
+    assert (tmp_path / "b.yaml").stat().st_mode & 0o044 == 0o044
+
+
+def test_a_repeated_key_in_a_baseline_or_golden_is_one_line_not_the_last_value(tmp_path):
+    import json
+
+    from harness.correctness.goldens import load_golden
+    from harness.perf.baselines import load_baseline
+
+    path = save_baseline(tmp_path / "gemv-bf16.yaml", results("cpu", memory_used_gib=5.2687))
+    path.write_text(path.read_text() + "memory_used_gib: 0.001\n")
+    with pytest.raises(SuiteError, match="appears twice") as e:
+        load_baseline(path)
+    assert "\n" not in str(e.value)
+    golden = tmp_path / "level2.json"
+    golden.write_text('{"schema": 2, "meta": {}, "data": {"a": 1, "a": 2}}')
+    with pytest.raises(SuiteError, match="corrupt .*appears twice") as e:
+        load_golden(golden, "pytest -m level2 --force-regen")
+    assert "\n" not in str(e.value) and json.loads('{"a": 1}')
+
+
+def test_a_comparison_run_with_an_unresolved_metric_is_judged_not_refused_as_a_baseline(tmp_path):
+    """Results that could not become a baseline (a metric unresolved at the loaded clock) are still compared with the
+    stored one; the error told the user to re-record a baseline that was fine."""
+    path = save_baseline(tmp_path / "gemv-bf16.yaml", results("cpu"))
+    fresh = results("cpu")
+    fresh["metrics"]["tg32"] = {**fresh["metrics"]["tg32"], "unresolved": "2 of 5 rounds at the loaded clock"}
+    assert BaselineStore(path, Store(tmp_path / "run", False)).settle(fresh)["config"] == "gemv-bf16"
+    with pytest.raises(SuiteError, match="unresolved"):  # recording it is still refused
+        BaselineStore(path, Store(tmp_path / "run", True)).settle(fresh)
