@@ -13,7 +13,7 @@ from harness.core.errors import SuiteError
 from harness.core.platform import detect_platform
 from harness.correctness.goldens import GoldenStore
 from harness.engine.devices import gpus_needed
-from harness.engine.server import tail
+from harness.engine.server import install_cleanup, tail
 from harness.features.measure import check_rounds
 from harness.features.spec import selected_features
 from harness.kernelpath.check import profile_kernel_path
@@ -39,6 +39,10 @@ def pytest_configure(config: pytest.Config) -> None:
         # A changed listing still fails its own test.
         config.option.warn_unused_snapshots = True
     configure_worker(config)  # an xdist worker: pin its GPU and join the run dir before anything else
+    # SIGTERM / SIGHUP stop the run like Ctrl-C (KeyboardInterrupt): an xdist controller then shuts its workers down
+    # and they stop their servers (a SIGTERM'd controller's workers used to exit without their cleanup; each
+    # server's reaper is the last resort)
+    install_cleanup()
     try:
         if config.getoption("--allow-unverified") and not config.getoption("force_regen"):
             raise SuiteError("--allow-unverified only widens what --force-regen may record; add --force-regen, or drop it")

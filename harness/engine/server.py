@@ -33,9 +33,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import requests
 
 from harness.core.errors import SuiteError
+from harness.engine.client import loopback_without_proxy
 from harness.engine.hooks import stray_kernels_env
 from harness.engine.process_memory import process_snapshot
 
@@ -52,6 +54,62 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class PortTaken(ServerDied):
+    """Another process took the server's port between `free_port` and vLLM's bind (xdist workers draw ports at
+    the same time): the boot is retried on a new port."""
+
+
+PORT_TRIES = 3
+_PORT_IN_USE = "Address already in use"
+
+# Kills a server whose owner (the pytest process or xdist worker that booted it) is gone without stopping it: a
+# worker killed by the OOM killer or a crash, a controller stopped by SIGTERM whose workers exit without their
+# cleanup. It polls once a second, and exits as soon as the server's group is gone (stop() also ends it).
+_REAPER = """
+import os, shutil, signal, sys, time
+owner, start, pgid, tmp = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def owner_alive():
+    try:
+        with open(f"/proc/{owner}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and fields[19] == start
+while True:
+    time.sleep(1.0)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        break
+    except PermissionError:
+        pass
+    if not owner_alive():
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)
+        break
+"""
+
+
+def _start_time(pid: int) -> str:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks): with the pid, it names one process for good."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        return f.read().rsplit(")", 1)[1].split()[19]
+
+
+def start_reaper(pgid: int, tmpdir: Path | None) -> subprocess.Popen | None:
+    """The watcher of one server group (see _REAPER); None where /proc is missing (not Linux)."""
+    try:
+        start = _start_time(os.getpid())
+    except OSError:
+        return None
+    return subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), start, str(pgid), str(tmpdir or "")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 _LIVE_GROUPS: set[int] = set()  # process groups of servers this process started and has not stopped
@@ -209,6 +267,7 @@ class VllmServer:
     host: str = "127.0.0.1"
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    reaper: subprocess.Popen | None = None  # start_reaper: kills the group if this process dies without stop()
     boot_seconds: float | None = None
     boot_memory: dict | None = None  # harness.perf.memory.process_snapshot when /health first answered
     tmpdir: Path | None = None  # the server's own TMPDIR, removed by stop()
@@ -229,6 +288,18 @@ class VllmServer:
 
     def start(self) -> "VllmServer":
         install_cleanup()
+        loopback_without_proxy()
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                return self._start_once()
+            except PortTaken as e:
+                if attempt == PORT_TRIES:
+                    raise
+                print(f"{e}; booting again on a new port", file=sys.stderr, flush=True)
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "VllmServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.tmpdir = Path(tempfile.mkdtemp(prefix="suite-vllm-"))
         _LIVE_TMPDIRS.add(self.tmpdir)
@@ -249,6 +320,7 @@ class VllmServer:
                 env=env, start_new_session=True,
             )
             _LIVE_GROUPS.add(self.proc.pid)
+        self.reaper = start_reaper(self.proc.pid, self.tmpdir)
         try:
             self._wait_healthy(started)
         except BaseException:
@@ -268,19 +340,41 @@ class VllmServer:
 
     def _wait_healthy(self, started: float) -> None:
         deadline = started + self.boot_timeout_s
+        foreign = False  # something answered on the port that is not this server
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if _PORT_IN_USE in tail(self.log_path):
+                    raise PortTaken(f"vLLM server exited during boot: port {self.port} was taken by another process "
+                                    f"({_PORT_IN_USE}); log {self.log_path}")
                 raise ServerDied(_died(f"vLLM server exited with code {self.proc.returncode} during boot", self.log_path))
             try:
                 if requests.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
+                    if self.listens_on_port():
+                        return
+                    foreign = True  # another worker's server on the port drawn for this one: never tested as ours
             except requests.RequestException:
                 pass
             time.sleep(1.0)
+        taken = (f"; port {self.port} answered /health but no process of this server listens on it (another process "
+                 f"holds the port)" if foreign else "")
         raise ServerDied(
             f"vLLM server not healthy after {self.boot_timeout_s:.0f} s (raise --boot-timeout if the "
-            f"machine is slow); log {self.log_path}:\n{tail(self.log_path)}"
+            f"machine is slow){taken}; log {self.log_path}:\n{tail(self.log_path)}"
         )
+
+    def listens_on_port(self) -> bool:
+        """Whether a process of this server's group listens on its port; True where that cannot be read."""
+        for pid in self.pids():
+            try:
+                proc = psutil.Process(pid)
+                conns = (getattr(proc, "net_connections", None) or proc.connections)(kind="tcp")
+            except psutil.NoSuchProcess:
+                continue
+            except psutil.Error:
+                return True  # not ours to read (permissions): trust the answer, as before this check
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in conns):
+                return True
+        return False
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -313,27 +407,36 @@ class VllmServer:
             grace_s = min(grace_s, 5.0)  # the API server is gone: what is left is orphans, not a clean shutdown
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
+        leader_gone = False
         while time.monotonic() < deadline and group_pids(pgid):
             if self.proc.poll() is None:
                 try:
                     self.proc.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
                     pass
-                if self.proc.poll() is not None:  # leader gone: its children get 5 s more, not the rest
-                    deadline = min(deadline, time.monotonic() + 5.0)
             else:
                 time.sleep(0.2)
+            if not leader_gone and self.proc.poll() is not None:  # leader gone: its children get 5 s more, not the rest
+                leader_gone = True
+                deadline = min(deadline, time.monotonic() + 5.0)
         if group_pids(pgid):
             _signal_group(pgid, signal.SIGKILL)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and group_pids(pgid):
                 time.sleep(0.2)
         if self.proc.poll() is None:
-            self.proc.wait(timeout=10)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass  # a leader stuck in the kernel (D state): reported with the group below
         left = group_pids(pgid)
         if not left:
             _LIVE_GROUPS.discard(pgid)
             self._remove_tmpdir()
+            if self.reaper is not None:  # nothing left to watch
+                self.reaper.kill()
+                self.reaper.wait(timeout=10)
+                self.reaper = None
         if left:
             raise SuiteError(f"vLLM server teardown left processes {left} of group {pgid}; kill them with: kill -9 -{pgid}")
 
@@ -341,7 +444,7 @@ class VllmServer:
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or the pgid now names another user's group
         pass
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -191,26 +191,45 @@ def server_slot(run_dir: Path, worker: str | None, visible: list[str], need: int
     timeout_s = slot_timeout_s() if timeout_s is None else timeout_s
     locks = Path(run_dir) / "locks"
     if not is_cuda:
-        with FileLock(locks / "cpu.lock", timeout_s, "CPU server slot (one server at a time on shared cores)"):
+        with _slot(worker, locks / "cpu.lock", timeout_s, "CPU server slot (one server at a time on shared cores)"):
             yield {}
         return
     devices = gpu_set(device_for_worker(worker, visible), visible, need)
-    with _ordered_locks(locks, devices, visible, timeout_s):
+    with _ordered_locks(worker, locks, devices, visible, timeout_s):
         yield {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if need > 1 else {}
 
 
+# (worker, lock file) -> how many of this worker's servers hold it now. A worker's session server holds its slot for
+# the whole session; level 6 (or any second server of the same worker) then asks for the same slot, and a second
+# lock on the file from the same process waited for itself until the slot timeout (hours, blaming "another
+# process"). A worker's own servers share its slot, as they do in a run without xdist.
+_HELD: dict[tuple[str, Path], int] = {}
+
+
 @contextmanager
-def _ordered_locks(locks: Path, devices: list[str], visible: list[str], timeout_s: float) -> Iterator[None]:
-    held: list[FileLock] = []
-    try:
+def _slot(worker: str, path: Path, timeout_s: float, what: str) -> Iterator[None]:
+    key = (worker, path)
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    with FileLock(path, timeout_s, what):
+        _HELD[key] = 1
+        try:
+            yield
+        finally:
+            del _HELD[key]
+
+
+@contextmanager
+def _ordered_locks(worker: str, locks: Path, devices: list[str], visible: list[str], timeout_s: float) -> Iterator[None]:
+    with ExitStack() as held:
         for d in sorted(devices, key=lambda d: (visible.index(d) if d in visible else len(visible), d)):
-            lock = FileLock(locks / f"gpu-{d}.lock", timeout_s, f"GPU {d} slot")
-            lock.__enter__()
-            held.append(lock)
+            held.enter_context(_slot(worker, locks / f"gpu-{d}.lock", timeout_s, f"GPU {d} slot"))
         yield
-    finally:
-        for lock in reversed(held):
-            lock.__exit__(None, None, None)
 
 
 def all_gpus(config: pytest.Config) -> list[str]:

@@ -97,6 +97,22 @@ def test_the_cpu_slot_lets_one_server_run_at_a_time(tmp_path):
         pass  # released: free again
 
 
+def test_a_workers_second_server_shares_its_slot_and_other_workers_still_wait(tmp_path):
+    """The worker's session server holds the slot; its level 6 server asks again from the same process (it waited
+    for itself until the slot timeout). Another worker still waits, until both of the first worker's are gone."""
+    for cuda, gpus in ((False, []), (True, ["0"])):
+        with parallel.server_slot(tmp_path, "gw0", gpus, 1, is_cuda=cuda, timeout_s=1):
+            with parallel.server_slot(tmp_path, "gw0", gpus, 1, is_cuda=cuda, timeout_s=1):
+                with pytest.raises(SuiteError, match="slot"):
+                    with parallel.server_slot(tmp_path, "gw1", gpus, 1, is_cuda=cuda, timeout_s=1):
+                        pass
+            with pytest.raises(SuiteError, match="slot"):  # the inner one gone, the outer still holds it
+                with parallel.server_slot(tmp_path, "gw1", gpus, 1, is_cuda=cuda, timeout_s=1):
+                    pass
+        with parallel.server_slot(tmp_path, "gw1", gpus, 1, is_cuda=cuda, timeout_s=1):
+            pass  # both released
+
+
 def test_without_xdist_no_slot_is_taken(tmp_path):
     with parallel.server_slot(tmp_path, None, [], 1, is_cuda=False) as env:
         assert env == {}

@@ -242,3 +242,130 @@ def test_a_kernels_plugin_variable_left_in_the_shell_never_turns_a_stock_config_
     assert ("left out of the inherited env" in log) == (not config_env)
     recorded = sorted(k for k in relevant_env(config_env) if k.startswith("SUITE_KERNELS"))
     assert recorded == seen, "the run's metadata must name what the server ran with"
+
+
+def test_a_server_whose_owner_is_killed_is_reaped_with_its_temporary_folder(tmp_path):
+    """An xdist worker killed by the OOM killer (or one whose controller was stopped) never runs its cleanup: the
+    reaper started beside each server kills the group and removes its folder once the owner is gone."""
+    import os
+    import signal
+    import subprocess
+
+    from harness.engine.server import _REAPER
+
+    repo = Path(__file__).resolve().parents[2]
+    code = textwrap.dedent(f'''
+        import sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(repo)!r})
+        from tests.unit.test_server_lifecycle import make
+        s = make(Path({str(tmp_path)!r}), "serve").start()
+        print(s.proc.pid, s.tmpdir, flush=True)
+        time.sleep(600)
+    ''')
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=repo)
+    pgid = None
+    try:
+        pgid, tmpdir = owner.stdout.readline().split()
+        pgid = int(pgid)
+        assert len(group_pids(pgid)) == 2 and Path(tmpdir).is_dir()
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (group_pids(pgid) or Path(tmpdir).exists()):
+            time.sleep(0.2)
+        assert group_pids(pgid) == [], "the server outlived the process that booted it"
+        assert not Path(tmpdir).exists()
+        time.sleep(1.5)
+        reapers = [p for p in os.listdir("/proc") if p.isdigit() and _reaper_of(p, pgid, _REAPER)]
+        assert reapers == [], "the reaper must exit once its server is gone"
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+        if pgid is not None and group_pids(pgid):  # the test failed: leave nothing behind all the same
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def _reaper_of(pid: str, pgid: int, code: str) -> bool:
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return code.encode() in args and str(pgid).encode() in args
+
+
+def test_a_stopped_server_leaves_no_reaper(tmp_path):
+    import os
+
+    from harness.engine.server import _REAPER
+
+    s = make(tmp_path, "serve").start()
+    pgid = s.proc.pid
+    assert s.reaper is not None and s.reaper.poll() is None
+    s.stop(grace_s=2)
+    assert s.reaper is None and not [p for p in os.listdir("/proc") if p.isdigit() and _reaper_of(p, pgid, _REAPER)]
+
+
+class _Foreign:
+    """Another process's HTTP server answering /health on a port (another xdist worker's vLLM, say)."""
+
+    def __enter__(self):
+        import http.server
+        import threading
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = http.server.HTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_port_taken_before_the_server_binds_is_retried_on_a_new_one(tmp_path):
+    with _Foreign() as foreign:
+        s = make(tmp_path, "serve")
+        s.port = foreign.port  # drawn by free_port, then taken by another process before this server bound it
+        s.start()
+        try:
+            assert s.port != foreign.port and s.listens_on_port()
+        finally:
+            s.stop(grace_s=2)
+
+
+def test_another_process_answering_on_the_port_is_never_taken_for_this_server(tmp_path):
+    """A 200 from another process on the port read as this server healthy (its tests then ran against another
+    config's server); now only a listener of this server's own group counts."""
+    with _Foreign() as foreign:
+        s = make(tmp_path, "hang", timeout=4)
+        s.port = foreign.port
+        with pytest.raises(ServerDied, match=f"port {foreign.port} answered /health but no process of this server"):
+            s.start()
+    assert group_pids(s.proc.pid) == []
+
+
+def test_a_proxy_in_the_environment_never_sits_between_the_suite_and_its_servers(tmp_path, monkeypatch):
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there: every proxied request fails
+    s = make(tmp_path, "serve", timeout=20).start()
+    try:
+        assert s.alive()
+    finally:
+        s.stop(grace_s=2)
+
+
+def test_a_leader_that_exits_at_once_leaves_its_children_five_seconds_not_the_grace(tmp_path):
+    s = make(tmp_path, "serve").start()
+    t = time.monotonic()
+    s.stop()  # the default 30 s grace; the leader dies on SIGTERM, its child ignores it
+    assert time.monotonic() - t < 15 and group_pids(s.proc.pid) == []
