@@ -209,6 +209,18 @@ BOOT_FIXES = (
 )
 
 
+def exit_text(returncode: int) -> str:
+    """How a server process ended: its exit code, or the signal that killed it and the likely sender."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    why = " (the kernel's OOM killer? see `dmesg` and free memory)" if name == "SIGKILL" else ""
+    return f"was killed by {name}{why}"
+
+
 def _died(what: str, path: Path) -> str:
     cause = root_cause(path)
     fix = next((f for sign, f in BOOT_FIXES if cause and sign in cause), None)
@@ -346,7 +358,7 @@ class VllmServer:
                 if _PORT_IN_USE in tail(self.log_path):
                     raise PortTaken(f"vLLM server exited during boot: port {self.port} was taken by another process "
                                     f"({_PORT_IN_USE}); log {self.log_path}")
-                raise ServerDied(_died(f"vLLM server exited with code {self.proc.returncode} during boot", self.log_path))
+                raise ServerDied(_died(f"vLLM server {exit_text(self.proc.returncode)} during boot", self.log_path))
             try:
                 if requests.get(self.url + "/health", timeout=5).status_code == 200:
                     if self.listens_on_port():
@@ -382,7 +394,7 @@ class VllmServer:
     def ensure_alive(self) -> None:
         """Fail fast, with the log tail, once the server has died (no test waits on a dead server)."""
         if self.proc is not None and self.proc.poll() is not None:
-            raise ServerDied(_died(f"vLLM server died (exit code {self.proc.returncode})", self.log_path))
+            raise ServerDied(_died(f"vLLM server died ({exit_text(self.proc.returncode)})", self.log_path))
 
     def pids(self) -> list[int]:
         """Every live process of the server's process group (API server, EngineCore, workers)."""

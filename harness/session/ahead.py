@@ -76,6 +76,8 @@ class BootAhead(Generic[K]):
         for fut in pending:
             try:
                 fut.result(timeout=self.timeout_s).stop()
+            except FuturesTimeout:  # still booting past its wait: stopped when its boot ends (its own timeout)
+                fut.add_done_callback(_stop_when_up)
             except Exception:  # a failed boot already stopped its process group
                 pass
         self._pool.shutdown(wait=True)

@@ -102,3 +102,11 @@ def test_a_server_booted_ahead_for_a_skipped_test_is_stopped_when_a_later_one_is
         c = ahead.take("c")
         assert [f.key for f in boots.made if f.stopped] == ["b"], "b would idle beside c until the module ends"
         assert not c.stopped
+
+
+def test_a_boot_ahead_still_running_at_close_is_stopped_once_it_is_up():
+    """close() waits timeout_s for a boot ahead nobody took; one that outlasts it was left running for good."""
+    boots = Boots(seconds=1.0)
+    with BootAhead(["a", "b"], boots, timeout_s=0.2) as ahead:
+        ahead.take("a")  # "b" boots ahead and is never taken; close() gives up waiting on it after 0.2 s
+    assert [f.key for f in boots.made] == ["a", "b"] and boots.made[1].stopped, "the late server outlived close()"

@@ -369,3 +369,11 @@ def test_a_leader_that_exits_at_once_leaves_its_children_five_seconds_not_the_gr
     t = time.monotonic()
     s.stop()  # the default 30 s grace; the leader dies on SIGTERM, its child ignores it
     assert time.monotonic() - t < 15 and group_pids(s.proc.pid) == []
+
+
+def test_a_server_killed_by_a_signal_says_so_and_names_the_likely_sender():
+    from harness.engine.server import exit_text
+
+    assert exit_text(3) == "exited with code 3"
+    assert exit_text(-9) == "was killed by SIGKILL (the kernel's OOM killer? see `dmesg` and free memory)"
+    assert exit_text(-15) == "was killed by SIGTERM"
