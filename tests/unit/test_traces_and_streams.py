@@ -252,7 +252,9 @@ def test_a_golden_of_other_embedded_weights_is_refused_by_name(tmp_path):
     assert store("aaaaaaaaaaaa").load("level2", "level2") == {"x": 1}  # A/A: same weights
     with pytest.raises(SuiteError, match=r"other weights of tiny \(fingerprint aaaaaaaaaaaa, this run: bbbbbbbbbbbb\).*--force-regen"):
         store("bbbbbbbbbbbb").load("level2", "level2")
-    assert store(None).load("level2", "level2") == {"x": 1}  # checkpoints without a fingerprint: not checked
+    # a model without a fingerprint (a checkpoint folder of the same name) cannot be these weights: refused too
+    with pytest.raises(SuiteError, match=r"fingerprinted aaaaaaaaaaaa; this run's model tiny has no fingerprint"):
+        store(None).load("level2", "level2")
 
 
 def test_spec_decode_counters_give_acceptance_length_and_rate():
