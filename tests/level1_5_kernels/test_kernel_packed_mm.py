@@ -24,7 +24,7 @@ from kernels.packed_mm import align_by_expert, dequantize_packed, large_m_path, 
 from kernels.tuning import get_config
 from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
 
-from .test_kernel_moe import _packed_case
+from .test_kernel_moe import BIAS_DTYPES, _packed_case
 
 pytestmark = pytest.mark.level1_5
 
@@ -125,14 +125,15 @@ def test_the_dense_layers_share_one_scratch_copy(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("bias_dtype", BIAS_DTYPES, ids=str)
 @pytest.mark.parametrize("m,e,h,inter,k,x_scale,skip", [(20, 6, 64, 96, 3, 40.0, True), (33, 4, 64, 64, 2, 1.0, False)])
-def test_moe_matches_reference(m, e, h, inter, k, x_scale, skip):
-    """Grouped path: clamps (x * 40), a skipped slot (-1), ragged I, k not a power of two."""
+def test_moe_matches_reference(m, e, h, inter, k, x_scale, skip, bias_dtype):
+    """Grouped path: clamps (x * 40), a skipped slot (-1), ragged I, k not a power of two; fp32 and bf16 biases."""
     seed = fresh_seed()
-    x, ids, wts, gu, dn, p, ref = _packed_case(m, e, h, inter, k, seed, x_scale, skip)
+    x, ids, wts, gu, dn, p, ref = _packed_case(m, e, h, inter, k, seed, x_scale, skip, bias_dtype=bias_dtype)
     out = poisoned((m, h), torch.bfloat16, DEV)
     mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out)
-    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE M={m} E={e} k={k}")
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE M={m} E={e} k={k} bias {bias_dtype}")
 
 
 @pytest.mark.parametrize("m,e,k,bm", [(1, 4, 2, 16), (37, 8, 4, 4), (64, 128, 4, 64), (9, 3, 3, 2)])
@@ -394,16 +395,17 @@ def test_dense_gpt_oss_shapes(name, m, impl):
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("bias_dtype", BIAS_DTYPES, ids=str)
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 @pytest.mark.parametrize("m", [17, 32, 512, 2048])
-def test_moe_gpt_oss_120b_shapes(m, impl):
+def test_moe_gpt_oss_120b_shapes(m, impl, bias_dtype):
     cfg = _impl_cfg(impl)
     seed = fresh_seed()
     x, ids, wts, gu, dn, p, ref = _packed_case(m, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, seed, 1.0, True,
-                                               dev="cuda")
+                                               dev="cuda", bias_dtype=bias_dtype)
     out = poisoned((m, MOE.hidden), torch.bfloat16, "cuda")
     mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
-    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm ({impl}) MoE 120b M={m}")
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm ({impl}) MoE 120b M={m} bias {bias_dtype}")
 
 
 @pytest.mark.gpu
