@@ -181,6 +181,61 @@ def test_moe_rejects_mismatched_shapes():
                   torch.ones(1, 1), **p)
 
 
+def _moe_entry_points():
+    """name -> run(x, ids, weights, experts dict, gate_up bias, down bias): each MoE function callers use, on the
+    same experts (checkpoint layout for mxfp4_moe, packed for the others)."""
+    from kernels.moe import mxfp4_moe_packed, pack_moe_experts
+    from kernels.packed_mm import mxfp4_moe_packed_mm
+
+    def packed(fn):
+        def run(x, ids, wts, p, gub, dnb):
+            gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
+            return fn(x, ids, wts, gu, gub, dn, dnb)
+        return run
+
+    def checkpoint(x, ids, wts, p, gub, dnb):
+        return mxfp4_moe(x, ids, wts, **{**p, "gate_up_bias": gub, "down_bias": dnb})
+
+    return {"mxfp4_moe": checkpoint, "mxfp4_moe_packed": packed(mxfp4_moe_packed),
+            "mxfp4_moe_packed_mm": packed(mxfp4_moe_packed_mm)}
+
+
+# (x rows, ids shape, weights shape): routes for a token x does not have (dropped without a word before), ids and
+# weights of different k (a bare torch error deep in the launcher before), ids that are not [M, k]
+BAD_ROUTES = {"ids for 2 tokens, x has 1": (1, (2, 2), (2, 2)), "ids k 3, weights k 2": (2, (2, 3), (2, 2)),
+              "ids 1-D": (1, (2,), (2,))}
+
+
+@pytest.mark.parametrize("entry", ["mxfp4_moe", "mxfp4_moe_packed", "mxfp4_moe_packed_mm"])
+@pytest.mark.parametrize("case", list(BAD_ROUTES))
+def test_moe_refuses_routes_that_do_not_match_x(case, entry):
+    rows, ids_shape, wts_shape = BAD_ROUTES[case]
+    e, h, inter = 4, 64, 32
+    p = _random_experts(generator(0, DEV), e, h, inter)
+    x = torch.zeros(rows, h, dtype=torch.bfloat16, device=DEV)
+    ids = torch.zeros(ids_shape, dtype=torch.int32, device=DEV)
+    wts = torch.full(wts_shape, 0.5, device=DEV)
+    with pytest.raises(ValueError, match=rf"must both be \[M, k\] with M = {rows}, x's rows"):
+        _moe_entry_points()[entry](x, ids, wts, p, p["gate_up_bias"], p["down_bias"])
+
+
+@pytest.mark.parametrize("entry", ["mxfp4_moe", "mxfp4_moe_packed", "mxfp4_moe_packed_mm"])
+def test_moe_refuses_biases_of_another_shape(entry):
+    """gate_up bias [E, 2I], down bias [E, H]: a shorter one was read past its end, a longer one's tail ignored."""
+    e, h, inter = 4, 64, 32
+    p = _random_experts(generator(0, DEV), e, h, inter)
+    x = torch.zeros(1, h, dtype=torch.bfloat16, device=DEV)
+    ids, wts = torch.tensor([[0, 1]], device=DEV), torch.full((1, 2), 0.5, device=DEV)
+    run = _moe_entry_points()[entry]
+    gub, dnb = p["gate_up_bias"], p["down_bias"]
+    with pytest.raises(ValueError, match=r"gate_up bias must be \[4, 64\], got \[4, 32\]"):
+        run(x, ids, wts, p, gub[:, :inter], dnb)
+    with pytest.raises(ValueError, match=r"down bias must be \[4, 64\], got \[4, 72\]"):
+        run(x, ids, wts, p, gub, torch.cat([dnb, dnb[:, :8]], dim=1))
+    with pytest.raises(ValueError, match=r"down bias must be \[4, 64\], got \[64\]"):
+        run(x, ids, wts, p, gub, dnb[0])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("bias_dtype", BIAS_DTYPES, ids=str)
 @pytest.mark.parametrize("impl", IMPLS)

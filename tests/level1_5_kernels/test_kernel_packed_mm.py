@@ -39,6 +39,14 @@ def _dense_case(m: int, n: int, k: int, seed: int, dev: str = DEV):
     return x, pack_mxfp4(w, s), bias, ref
 
 
+def test_dense_refuses_a_bias_that_is_not_n_long():
+    """The kernels (and the bf16-copy path's addmm, which broadcasts a [1] bias) read N elements of the bias."""
+    x, p, bias, _ = _dense_case(17, 40, 96, 0)
+    for bad in (bias[:39], torch.cat([bias, bias[:1]]), bias[:1]):
+        with pytest.raises(ValueError, match=rf"bias must be \[40\], got \[{bad.numel()}\]"):
+            mxfp4_mm_packed(x, p, bad)
+
+
 @pytest.mark.parametrize("m,n,k", [(37, 48, 192), (17, 40, 96), (5, 16, 64)])
 def test_dense_matches_reference(m, n, k):
     """Ragged token blocks (37 = 2x16 + 5), a ragged row tile (40) and a padded K chunk (96)."""
