@@ -11,6 +11,8 @@ the GEMMs). A wrong row order, scale, expert or slot moves NMSE to 1e-3 .. 1.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -37,6 +39,16 @@ def _dense_case(m: int, n: int, k: int, seed: int, dev: str = DEV):
     bias = torch.randn(n, generator=g, device=dev)
     ref = reference.mxfp4_linear_ref(x, w, s, bias)
     return x, pack_mxfp4(w, s), bias, ref
+
+
+def test_the_gpu_run_runs_the_served_kernels_tests():
+    """kernels/gpu_run.sh is the one GPU run of the kernels: it must run this file (the served prefill and its CUDA
+    kernel) with the decode kernels' files. On CPU the interpreter runs a Python emulation of the inline PTX, so the
+    PTX itself and the CUDA kernels are checked only there."""
+    script = (Path(__file__).resolve().parents[2] / "kernels" / "gpu_run.sh").read_text()
+    run = script[script.index("$PY -m pytest"):script.index("--junitxml")]
+    for name in ("test_kernel_gemv.py", "test_kernel_moe.py", "test_kernel_packed_mm.py"):
+        assert f"tests/level1_5_kernels/{name}" in run, f"kernels/gpu_run.sh does not run {name}"
 
 
 def test_dense_refuses_a_bias_that_is_not_n_long():
