@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from ._checks import check_bias
+
 SRC = Path(__file__).resolve().parent / "csrc" / "mxfp4_mma.cu"
 # Same order as NT1/NT2 in the .cu: (NT, RW, RT, PF); KSPLIT = 8 // RW.
 VARIANTS = [(nt, rw, rt, pf) for nt in (1, 2) for (rw, rt, pf) in
@@ -317,6 +319,8 @@ def gemv(x: torch.Tensor, p, bias: torch.Tensor | None, out: torch.Tensor, cfg: 
          plan: GemvPlan | None = None) -> torch.Tensor:
     """y = x @ W^T (+ bias) on tensor cores. x [M, K] bf16 contiguous, M <= 16; p PackedMXFP4 (2-D)."""
     m, k = x.shape
+    if bias is not None:
+        check_bias(bias, (p.n,), "the layer's")  # the kernel reads bias[n] for every row n < N
     if plan is None:
         plan = gemv_plan(m, p, cfg)
     elif (plan.m, plan.tiling) != (m, (p.n, p.n_tiles, p.k_chunks)):

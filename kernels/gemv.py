@@ -25,6 +25,7 @@ import functools
 
 import torch
 
+from ._checks import check_bias
 from ._triton import INTERPRET, StaticCountCase, _dot_bf16, _round_bf16, check_device, tl, triton
 from .mxfp4 import as_packed, dequantize_mxfp4
 from .packed import PackedMXFP4, pack_mxfp4, prepare_activation
@@ -470,6 +471,7 @@ def mxfp4_gemv_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None
         raise ValueError("mxfp4_gemv_packed takes one matrix (use the MoE functions for stacked experts)")
     if x.dim() != 2 or x.shape[1] != p.k:
         raise ValueError(f"shape mismatch: x {tuple(x.shape)} for packed weights of K={p.k}")
+    check_bias(bias, (p.n,), "the layer's")
     check_device(x, p.words, p.scales, bias)
     cfg = config
     if not cfg:  # one lookup: this runs on every eager lm_head call
@@ -519,6 +521,7 @@ def mxfp4_gemv(
     n = w.shape[0]
     if k % 32 or w.shape[1] * 2 != k or scales.shape != (n, k // 32):
         raise ValueError(f"shape mismatch: x {tuple(x.shape)}, packed {tuple(w.shape)}, scales {tuple(scales.shape)}")
+    check_bias(bias, (n,), "the layer's")
     check_device(x, w, scales, bias)
     cfg = config or get_config("gemv")
     x = x.to(torch.bfloat16).contiguous()
@@ -579,6 +582,7 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
+        check_bias(bias, (p.n,), "the layer's")  # every branch below reads p.n elements of it
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         m = x2.shape[0]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import check_bias, check_routes
 from ._triton import INTERPRET, check_device, tl, triton
 from .cuda_ext import CUDA_MAX_M
 from .gemv import _e2m1_to_f32, _e8m0_to_f32, _round_bf16, _row_dot_words
@@ -173,13 +174,13 @@ def mxfp4_moe(
     m, hdim = x.shape
     e_count, two_i, _ = w1.shape
     inter = two_i // 2
-    top_k = expert_ids.shape[1]
     if w1.shape[2] * 2 != hdim or w2.shape[:2] != (e_count, hdim) or w2.shape[2] * 2 != inter:
         raise ValueError(f"MoE shapes disagree: x {tuple(x.shape)}, gate_up {tuple(w1.shape)}, down {tuple(w2.shape)}")
     if hdim % 32 or inter % 32:
         raise ValueError(f"hidden ({hdim}) and intermediate ({inter}) sizes must be multiples of 32")
-    if expert_ids.shape != (m, top_k) or expert_weights.shape != (m, top_k):
-        raise ValueError(f"expert_ids / expert_weights must be [M, k] = [{m}, k]")
+    top_k = check_routes(m, expert_ids, expert_weights)
+    check_bias(gate_up_bias, (e_count, two_i), "gate_up")
+    check_bias(down_bias, (e_count, hdim), "down")
     check_device(x, w1, w2, gate_up_scales, down_scales)
     cfg = config or get_config("moe")
     impl = _IMPLS[cfg.get("impl", "dot_scaled")]
@@ -265,6 +266,9 @@ def mxfp4_moe_packed(x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: 
     if gate_up.k != hdim or down.n != hdim or down.k * 2 != gate_up.n or not gate_up.paired:
         raise ValueError(f"MoE shapes disagree: x {tuple(x.shape)}, gate_up {gate_up.n}x{gate_up.k} "
                          f"(paired={gate_up.paired}), down {down.n}x{down.k}")
+    check_routes(m, expert_ids, expert_weights)
+    check_bias(gate_up_bias, (gate_up.experts, gate_up.n), "gate_up")
+    check_bias(down_bias, (down.experts, down.n), "down")
     check_device(x, gate_up.words, down.words)
     cfg = config or get_config("moe").get("packed", {})
     x = x.to(torch.bfloat16).contiguous()

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import check_bias, check_routes
 from ._triton import INTERPRET, StaticCountCase, _dot_bf16, _round_bf16, check_device, tl, triton
 from .packed import PackedMXFP4
 from .reference import SWIGLU_ALPHA, SWIGLU_LIMIT
@@ -335,6 +336,7 @@ def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None =
         raise ValueError("mxfp4_mm_packed takes one unpaired matrix (the MoE function takes stacked experts)")
     if x.dim() != 2 or x.shape[1] != p.k:
         raise ValueError(f"shape mismatch: x {tuple(x.shape)} for packed weights of K={p.k}")
+    check_bias(bias, (p.n,), "the layer's")
     check_device(x, p.words, p.scales, bias)
     cfg = _cfg(config)
     x = x.to(torch.bfloat16).contiguous()
@@ -402,10 +404,12 @@ def mxfp4_moe_packed_mm(x: torch.Tensor, expert_ids: torch.Tensor, expert_weight
     """Experts of the gpt-oss MoE block for any M on packed experts: x [M, H] bf16, ids [M, k] (-1 =
     skip), weights [M, k] -> [M, H] bf16 (as `moe.mxfp4_moe_packed`, which calls this above M = 16)."""
     m, hdim = x.shape
-    top_k = expert_ids.shape[1]
     if gate_up.k != hdim or down.n != hdim or down.k * 2 != gate_up.n or not gate_up.paired:
         raise ValueError(f"MoE shapes disagree: x {tuple(x.shape)}, gate_up {gate_up.n}x{gate_up.k} "
                          f"(paired={gate_up.paired}), down {down.n}x{down.k}")
+    top_k = check_routes(m, expert_ids, expert_weights)
+    check_bias(gate_up_bias, (gate_up.experts, gate_up.n), "gate_up")
+    check_bias(down_bias, (down.experts, down.n), "down")
     check_device(x, gate_up.words, down.words)
     cfg = _cfg(config)
     x = x.to(torch.bfloat16).contiguous()

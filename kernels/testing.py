@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 
 import torch
@@ -68,3 +69,15 @@ def random_mxfp4(
     packed = torch.randint(0, 256, (*lead, k // 2), generator=gen, device=dev, dtype=torch.uint8)
     scales = torch.randint(scale_lo, scale_hi, (*lead, k // 32), generator=gen, device=dev, dtype=torch.uint8)
     return packed, scales
+
+
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def random_mxfp4_rms(scale_lo: int = 118, scale_hi: int = 124) -> float:
+    """Root mean square of the weights `random_mxfp4` draws (exact, from its distribution): codes uniform over all 16,
+    so |value| uniform over the 8 E2M1 magnitudes, times a scale 2**(b - 127) with b uniform in [scale_lo, scale_hi)
+    and independent of the code. 0.0862 for the default bytes."""
+    codes = sum(v * v for v in E2M1_MAGNITUDES) / len(E2M1_MAGNITUDES)
+    scales = sum(4.0 ** (b - 127) for b in range(scale_lo, scale_hi)) / (scale_hi - scale_lo)
+    return math.sqrt(codes * scales)

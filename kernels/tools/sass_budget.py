@@ -8,6 +8,11 @@ recorded: the CUDA kernels (`counts`) with the nvcc that built them, the Triton 
 Triton that compiled them (torch's pin in requirements-cpu.txt; the GPU machines may run another, so these are a
 proxy there). A count above recorded x (1 + margin) is a violation. Counts from another compiler are not comparable,
 so a version mismatch is a violation too (re-record after bumping requirements-kernels-build.txt or torch).
+
+The CUDA kernels also have a budget on MMA instructions per weight word (`mma`): tensor work added to the loop (the
+same product computed twice, an extra token tile) costs issue slots and tensor-pipe time that instructions per word
+alone would show only in part. Words per pass come from each variant's template arguments (sass_count.words_per_pass),
+so more MMAs can never read as more words.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import yaml
 
 BUDGET_FILE = Path(__file__).resolve().parents[1] / "sass_budget.yaml"
 MARGIN = 0.05  # +5%: the compilers' scheduling of the same source is deterministic; this leaves room for a small edit
-METRICS = {"hot": "instr_per_word", "loop": "loop_instr_per_word"}  # budget key -> sass_count row key
+# budget key -> (sass_count row key, unit), per kind: the CUDA kernels' MMAs per word as well (module docstring)
+METRICS = {"cuda": {"hot": ("instr_per_word", "instr/word"), "loop": ("loop_instr_per_word", "instr/word"),
+                    "mma": ("mma_per_word", "MMA/word")},
+           "triton": {"hot": ("instr_per_word", "instr/word"), "loop": ("loop_instr_per_word", "instr/word")}}
 RERECORD = "python -m kernels.tools.sass_count --arch 90a --arch 121a --write-budget"
 
 _HEADER = f"""\
@@ -26,8 +34,9 @@ _HEADER = f"""\
 # it: .ci/build_kernels.sh and tests/level1_5_kernels/test_kernel_build.py).
 # Per architecture and kernel variant (CUDA: mxfp4_kernel<MODE,NT,RW,RT,PF>; Triton: the case names of
 # gemv.static_count_cases and packed_mm.static_count_cases): instructions per 32-bit weight word of the loop, `hot`
-# (its per-chunk source lines) and `loop` (every instruction in the loop body), as kernels/tools/sass_count.py
-# counted them with the nvcc / Triton below. A count above value x (1 + margin) fails.
+# (its per-chunk source lines) and `loop` (every instruction in the loop body), and for CUDA `mma` (MMA instructions
+# per word), as kernels/tools/sass_count.py counted them with the nvcc / Triton below. A count above
+# value x (1 + margin) fails.
 # Written by `{RERECORD}`:
 # re-record when a change is meant to cost more (and say why in the commit), or after a compiler bump.
 """
@@ -44,8 +53,9 @@ def load(path: Path = BUDGET_FILE) -> dict:
     return data
 
 
-def _by_arch(rows_by_arch: dict[str, list[dict]]) -> dict:
-    return {f"sm_{arch}": {r["variant"]: {**{k: r[v] for k, v in METRICS.items()}, "what": r["kernel"]} for r in rows}
+def _by_arch(rows_by_arch: dict[str, list[dict]], kind: str) -> dict:
+    return {f"sm_{arch}": {r["variant"]: {**{k: r[v] for k, (v, _) in METRICS[kind].items()}, "what": r["kernel"]}
+                           for r in rows}
             for arch, rows in rows_by_arch.items()}
 
 
@@ -53,8 +63,8 @@ def record(rows_by_arch: dict[str, list[dict]], nvcc_version: str, triton_rows: 
            triton_version: str, path: Path = BUDGET_FILE, margin: float = MARGIN) -> Path:
     """Write the counts (sass_count.cuda_counts / triton_counts per arch) as the budget."""
     body = yaml.safe_dump({"nvcc": nvcc_version, "triton": triton_version, "margin": margin,
-                           "counts": _by_arch(rows_by_arch), "triton_counts": _by_arch(triton_rows)},
-                          sort_keys=False, default_flow_style=None, width=120)
+                           "counts": _by_arch(rows_by_arch, "cuda"), "triton_counts": _by_arch(triton_rows, "triton")},
+                          sort_keys=False, default_flow_style=None, width=200)  # one line per variant
     path.write_text(_HEADER + body)
     return path
 
@@ -80,10 +90,13 @@ def check(rows_by_arch: dict[str, list[dict]], budget: dict, version: str, kind:
             if variant not in want:
                 out.append(f"sm_{arch} {variant} ({r['kernel']}): not in the budget; re-record: {RERECORD}")
                 continue
-            for key, row_key in METRICS.items():
+            for key, (row_key, unit) in METRICS[kind].items():
+                if key not in want[variant]:
+                    out.append(f"sm_{arch} {variant}: no `{key}` budget recorded; re-record: {RERECORD}")
+                    continue
                 limit = float(want[variant][key]) * (1 + margin)
                 if r[row_key] > limit:
-                    out.append(f"sm_{arch} {variant} ({r['kernel']}): {key} {r[row_key]:.2f} instr/word > budget "
+                    out.append(f"sm_{arch} {variant} ({r['kernel']}): {key} {r[row_key]:.2f} {unit} > budget "
                                f"{want[variant][key]} +{margin:.0%} = {limit:.2f}; the loop grew by "
                                f"{r[row_key] / float(want[variant][key]) - 1:+.1%}: make it smaller, or re-record "
                                f"if that is the price of the change")

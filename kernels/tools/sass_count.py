@@ -9,7 +9,10 @@ once per work item (`cold` lines, e.g. the address setup of the next item), and 
 32-bit weight words one pass of the loop consumes per thread. This is a static proxy for Nsight
 Compute's thread instructions per word (it assumes every hot instruction runs once per pass:
 predicated-off and branched-over hot code is counted). `python -m kernels.tools.ncu_profile` measures
-the real number on a GPU.
+the real number on a GPU. The words per pass come from the kernel's configuration (the CUDA variants' template
+arguments, the Triton cases' `words_per_pass`), never from the instructions counted: derived from the MMA count, a
+loop that issued more MMAs per weight word would have counted as consuming more words, so cheaper per word. The MMA
+instructions per word (`mma_per_word`) are counted too and budgeted for the CUDA kernels.
 
 The CUDA source is built by kernels/tools/build.py (the nvcc wheel of requirements-kernels-build.txt when
 installed, one `-gencode` per --arch); the Triton kernels are compiled by the installed Triton for the same arches,
@@ -103,14 +106,16 @@ def opcode(txt: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", txt).split()[0].split(".")[0]
 
 
-def summarize(name: str, ins, marker: str, words_per_marker: float, cold_lines: set[int]) -> dict:
-    n, body = hot_loop(ins, marker)
+def summarize(name: str, ins, marker: str, words: float, cold_lines: set[int]) -> dict:
+    """Counts of the hot loop (the one with the most `marker` instructions) per 32-bit weight word, `words` being what
+    one pass of it consumes per thread."""
+    _, body = hot_loop(ins, marker)
     hot = [(a, t, ln) for a, t, ln in body if ln not in cold_lines]
-    words = n * words_per_marker
     ops = collections.Counter(opcode(t) for _, t, _ in hot)
+    mma = sum(1 for _, t, _ in body if opcode(t).startswith(("HMMA", "HGMMA")))
     return {"kernel": name, "loop_instructions": len(body), "hot_instructions": len(hot), "words": words,
             "instr_per_word": round(len(hot) / words, 2), "loop_instr_per_word": round(len(body) / words, 2),
-            "ops": dict(ops.most_common())}
+            "mma_per_word": round(mma / words, 2), "ops": dict(ops.most_common())}
 
 
 def _lines_matching(src: Path, start_pat: str, end_pat: str) -> set[int]:
@@ -131,34 +136,63 @@ def _lines_matching(src: Path, start_pat: str, end_pat: str) -> set[int]:
     return out
 
 
-CUDA_VARIANTS = {  # mangled template args <MODE, NT, RW, RT, PF> -> (description, NT)
-    "ILi0ELi1ELi8ELi2ELi5E": ("dense NT=1 RT=2 PF=5 (lm_head, M<=8)", 1),
-    "ILi0ELi1ELi8ELi2ELi4E": ("dense NT=1 RT=2 PF=4", 1),
-    "ILi0ELi1ELi2ELi1ELi4E": ("dense NT=1 KSPLIT=4 PF=4 (qkv / gate_up shape, M<=8)", 1),
-    "ILi0ELi1ELi1ELi1ELi8E": ("dense NT=1 KSPLIT=8 PF=8 (o_proj, M<=8)", 1),
-    "ILi0ELi1ELi1ELi1ELi6E": ("dense NT=1 KSPLIT=8 PF=6 (expert down shape, M<=8)", 1),
-    "ILi0ELi2ELi8ELi2ELi4E": ("dense NT=2 RT=2 PF=4 (lm_head, M<=16)", 2),
-    "ILi0ELi2ELi1ELi1ELi6E": ("dense NT=2 KSPLIT=8 PF=6 (M<=16)", 2),
-    "ILi1ELi1ELi4ELi1ELi4E": ("moe gate_up NT=1 KSPLIT=2 PF=4 (default)", 1),
-    "ILi1ELi1ELi2ELi1ELi4E": ("moe gate_up NT=1 KSPLIT=4 PF=4 (default until 2026-11-26)", 1),
-    "ILi2ELi1ELi1ELi1ELi8E": ("moe down NT=1 PF=8 (default)", 1),
+# The decode kernel mxfp4_kernel<MODE, NT, RW, RT, PF> (M <= 16; KSPLIT = 8 / RW): mangled template args ->
+# description. Every variant cuda_ext.pick_variant gives the served dense shapes (gpt-oss-120b / 20b, M 1..16) on
+# sm_90 (132 SMs) and sm_121 (GB10, 48 SMs), and the MoE's gate_up / down variants of tuning.yaml:
+# tests/level1_5_kernels/test_kernel_build.py checks that the budget holds each of them.
+CUDA_VARIANTS = {
+    "ILi0ELi1ELi8ELi2ELi5E": "dense NT=1 RT=2 PF=5 (lm_head, M<=8)",
+    "ILi0ELi2ELi8ELi2ELi5E": "dense NT=2 RT=2 PF=5 (lm_head, M 9-16)",
+    "ILi0ELi1ELi8ELi2ELi4E": "dense NT=1 RT=2 PF=4 (K chunks not a multiple of 5: no served shape)",
+    "ILi0ELi2ELi8ELi2ELi4E": "dense NT=2 RT=2 PF=4 (K chunks not a multiple of 5: no served shape)",
+    "ILi0ELi1ELi4ELi1ELi6E": "dense NT=1 KSPLIT=2 PF=6 (qkv / expert gate_up shape, M<=8, sm_121)",
+    "ILi0ELi2ELi4ELi1ELi6E": "dense NT=2 KSPLIT=2 PF=6 (qkv / expert gate_up shape, M 9-16, sm_121)",
+    "ILi0ELi1ELi2ELi1ELi4E": "dense NT=1 KSPLIT=4 PF=4 (qkv / gate_up shape sm_90, o_proj / down shape sm_121; M<=8)",
+    "ILi0ELi2ELi2ELi1ELi4E": "dense NT=2 KSPLIT=4 PF=4 (qkv / gate_up shape sm_90, o_proj / down shape sm_121; M 9-16)",
+    "ILi0ELi1ELi1ELi1ELi8E": "dense NT=1 KSPLIT=8 PF=8 (o_proj, M<=8, sm_90)",
+    "ILi0ELi2ELi1ELi1ELi8E": "dense NT=2 KSPLIT=8 PF=8 (o_proj, M 9-16, sm_90)",
+    "ILi0ELi1ELi1ELi1ELi6E": "dense NT=1 KSPLIT=8 PF=6 (expert down shape, M<=8, sm_90)",
+    "ILi0ELi2ELi1ELi1ELi6E": "dense NT=2 KSPLIT=8 PF=6 (expert down shape, M 9-16, sm_90)",
+    "ILi1ELi1ELi4ELi1ELi4E": "moe gate_up NT=1 KSPLIT=2 PF=4 (default)",
+    "ILi1ELi1ELi2ELi1ELi4E": "moe gate_up NT=1 KSPLIT=4 PF=4 (default until 2026-11-26)",
+    "ILi2ELi1ELi1ELi1ELi8E": "moe down NT=1 PF=8 (default)",
 }
 # The prefill kernel mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM> (M > 16): the served tilings (tuning.yaml packed_mm;
 # FORM 1 bf16 activations, the default; FORM 0 f16 fragments, for weights with scale bytes above 128).
 PF_VARIANTS = {
-    "ILi0ELi8ELi2ELi1ELi1EE": ("prefill dense NT=8 RT=2 bf16 (default)", 8),
-    "ILi1ELi8ELi2ELi2ELi1EE": ("prefill moe gate_up NT=8 RT=2 bf16 2 CTAs/SM (default)", 8),
-    "ILi2ELi8ELi2ELi2ELi1EE": ("prefill moe down NT=8 RT=2 bf16 2 CTAs/SM (default)", 8),
-    "ILi0ELi8ELi2ELi1ELi0EE": ("prefill dense NT=8 RT=2 f16 (scale bytes > 128)", 8),
-    "ILi1ELi8ELi2ELi1ELi0EE": ("prefill moe gate_up NT=8 RT=2 f16 (scale bytes > 128)", 8),
-    "ILi2ELi8ELi2ELi1ELi0EE": ("prefill moe down NT=8 RT=2 f16 (scale bytes > 128)", 8),
+    "ILi0ELi8ELi2ELi1ELi1EE": "prefill dense NT=8 RT=2 bf16 (default)",
+    "ILi1ELi8ELi2ELi2ELi1EE": "prefill moe gate_up NT=8 RT=2 bf16 2 CTAs/SM (default)",
+    "ILi2ELi8ELi2ELi2ELi1EE": "prefill moe down NT=8 RT=2 bf16 2 CTAs/SM (default)",
+    "ILi0ELi8ELi2ELi1ELi0EE": "prefill dense NT=8 RT=2 f16 (scale bytes > 128)",
+    "ILi1ELi8ELi2ELi1ELi0EE": "prefill moe gate_up NT=8 RT=2 f16 (scale bytes > 128)",
+    "ILi2ELi8ELi2ELi1ELi0EE": "prefill moe down NT=8 RT=2 f16 (scale bytes > 128)",
 }
+
+
+def template_args(mangled: str) -> tuple[int, ...]:
+    """'ILi0ELi1ELi8ELi2ELi5E' -> (0, 1, 8, 2, 5)."""
+    return tuple(int(a) for a in re.findall(r"Li(\d+)E", mangled))
+
+
+def words_per_pass(kernel: str, args: tuple[int, ...], src_text: str) -> int:
+    """32-bit weight words one thread consumes per pass of the kernel's chunk loop, from its template arguments.
+    A chunk is one uint4 (4 words) per row tile (chunk_mma; the prefill's wb[PF_W][RT]). mxfp4_kernel<MODE, NT, RW,
+    RT, PF>: PF chunks per pass (`for (int i0 = 0; i0 < np; i0 += PF)`) of RT row tiles. mxfp4_pf_kernel<MODE, NT,
+    RT, CTAS, FORM>: PF_W chunks per pass (`for (int c0 = 0; c0 < a.kc; c0 += PF_W)`, PF_W read from the source) of
+    RT row tiles. NT (token tiles) multiplies the MMAs, not the words: each decoded word feeds NT of them."""
+    if kernel == "mxfp4_kernel":
+        _, _, _, rt, pf = args
+        return rt * pf * 4
+    m = re.search(r"constexpr int PF_W = (\d+);", src_text)
+    if not m:
+        raise RuntimeError("the kernel source no longer defines `constexpr int PF_W`: update sass_count.words_per_pass")
+    _, _, rt, _, _ = args
+    return rt * int(m.group(1)) * 4
 
 
 def variant_id(mangled: str, kernel: str = "mxfp4_kernel") -> str:
     """'ILi0ELi1ELi8ELi2ELi5E' -> 'mxfp4_kernel<0,1,8,2,5>' (MODE, NT, RW, RT, PF), as Nsight Compute names it."""
-    args = re.findall(r"Li(\d+)E", mangled)
-    return f"{kernel}<{','.join(args)}>"
+    return f"{kernel}<{','.join(str(a) for a in template_args(mangled))}>"
 
 
 def cuda_counts(arch: str = "90a", tc: build.Toolchain | None = None, src: Path = build.SRC) -> list[dict]:
@@ -186,15 +220,17 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
                  ("  auto stage = [&](int c) {", "  };"),
                  ("  for (int c0 = 0; c0 < a.kc; c0 += PF_W) {", 'asm volatile("cp.async.wait_all;')):
         hot |= _lines_matching(src, a, b)
-    all_lines = set(range(1, len(src.read_text().splitlines()) + 1))
+    text = src.read_text()
+    all_lines = set(range(1, len(text.splitlines()) + 1))
     cold = all_lines - hot
     out = []
     for kernel, table in (("mxfp4_kernel", CUDA_VARIANTS), ("mxfp4_pf_kernel", PF_VARIANTS)):
-        for key, (desc, nt) in table.items():
+        for key, desc in table.items():
             name = next((f for f in funcs if f"{kernel}{key}" in f), None)
             if name:
+                words = words_per_pass(kernel, template_args(key), text)
                 out.append({"variant": variant_id(key, kernel),
-                            **summarize(f"cuda {desc}", funcs[name], "HMMA", 1.0 / nt, cold)})
+                            **summarize(f"cuda {desc}", funcs[name], "HMMA", words, cold)})
     return out
 
 
@@ -215,7 +251,7 @@ def triton_counts(arch: int = 90, tc: build.Toolchain | None = None, cases=None)
         found = hot_loop(ins, case.marker)
         if found is None:
             raise RuntimeError(f"sm_{arch} {case.name}: no loop containing {case.marker} in its SASS")
-        row = summarize(f"triton {triton.__version__} {case.name}", ins, case.marker, case.words_per_pass / found[0], set())
+        row = summarize(f"triton {triton.__version__} {case.name}", ins, case.marker, case.words_per_pass, set())
         results.append({"variant": case.name, **row})
     return results
 
@@ -264,7 +300,7 @@ def print_rows(rows: list[dict], arch: str) -> None:
     for r in rows:
         top = ", ".join(f"{k} {v}" for k, v in list(r["ops"].items())[:8])
         print(f"sm_{arch:5s} {r['kernel']:52s} {r['instr_per_word']:6.2f} instr/word hot, {r['loop_instr_per_word']:6.2f} "
-              f"whole loop ({r['words']:g} words/thread/pass; {top})")
+              f"whole loop, {r['mma_per_word']:g} MMA/word ({r['words']:g} words/thread/pass; {top})")
 
 
 def main(argv: list[str] | None = None) -> int:

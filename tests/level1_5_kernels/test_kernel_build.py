@@ -6,7 +6,9 @@ H200) and sm_121a (GB10) with the pinned nvcc wheel (requirements-kernels-build.
     reason, while the same instruction alone builds for sm_100a (so the failure is the architecture's, not a typo);
     and the instruction facts the GB10 plans rely on (tuning.yaml sm_121 notes) hold for this nvcc;
 (c) the hot loops stay within kernels/sass_budget.yaml (both arches), and a copy whose decode grows by two
-    instructions per weight word fails that check;
+    instructions per weight word fails that check, as does one that computes each product twice (the MMAs per word
+    are budgeted, and words per pass come from the template arguments, not from the MMA count); the budget holds
+    every decode variant cuda_ext.pick_variant gives the served shapes on sm_90 and sm_121 (no nvcc needed);
 (d) the same for the Triton loops (the prefill GEMM on the packed bytes, the decode GEMVs), compiled for both arches
     by the installed Triton in a child process (this one runs Triton's interpreter), with one more FADD per
     decoded element pair as the test of the test.
@@ -61,6 +63,16 @@ def test_the_kernels_build_for_every_shipped_arch(counts, toolchain, record_prop
         record_property(f"sass_sm_{arch}", json.dumps({r["variant"]: [r["instr_per_word"], r["loop_instr_per_word"]]
                                                        for r in rows}))
         sass_count.print_rows(rows, arch)  # shown with -s / -rA; .ci/build_kernels.sh prints them in every CI log
+
+
+def test_words_per_pass_give_one_mma_per_word_and_token_tile(counts):
+    """sass_count.words_per_pass reads the words from the template arguments (RT row tiles x PF chunks x 4 words);
+    chunk_mma and the prefill loop issue one m16n8k16 per 4-word chunk, k-step and token tile, i.e. NT per word. A
+    source whose chunk holds another number of words would break that formula: it shows here first."""
+    for arch, rows in counts.items():
+        for r in rows:
+            nt = int(r["variant"].split("<")[1].split(",")[1])  # <MODE, NT, ...> for both kernels
+            assert r["mma_per_word"] == nt, f"sm_{arch} {r['variant']}: {r['mma_per_word']} MMA per word, NT = {nt}"
 
 
 def test_the_mma_throughput_probe_builds_for_every_shipped_arch(toolchain):
@@ -173,10 +185,69 @@ def test_the_budget_fails_a_build_whose_decode_loop_grew(toolchain, tmp_path):
     assert decode <= over <= decode | f16_prefill, problems
 
 
+# The same product computed a second time and averaged in (same values, twice the tensor work per weight word): with
+# words per pass taken from the MMA count this read as twice the words, so fewer instructions per word, and passed.
+MMA_TWICE = ("      mma16816(d, a1, xb[nt][4 * bh + 2], xb[nt][4 * bh + 3], d[0], d[1], d[2], d[3]);\n",
+             "      mma16816(d, a1, xb[nt][4 * bh + 2], xb[nt][4 * bh + 3], d[0], d[1], d[2], d[3]);\n"
+             "      {\n"
+             "        float e[4];\n"
+             "        mma16816(e, a0, xb[nt][4 * bh], xb[nt][4 * bh + 1], -0.f, -0.f, -0.f, -0.f);\n"
+             "        mma16816(e, a1, xb[nt][4 * bh + 2], xb[nt][4 * bh + 3], e[0], e[1], e[2], e[3]);\n"
+             "        for (int i = 0; i < 4; ++i) d[i] = (d[i] + e[i]) * 0.5f;\n"
+             "      }\n")
+
+
+def test_the_budget_fails_a_build_that_computes_each_product_twice(toolchain, tmp_path):
+    over, problems = _breaches_of_bloated_source(MMA_TWICE, toolchain, tmp_path)
+    # every decode variant (chunk_mma), on its MMAs per word (x2) and on its instructions per word; the prefill
+    # kernel has its own MMA loop and must not move
+    decode = {sass_count.variant_id(k) for k in sass_count.CUDA_VARIANTS}
+    assert over == decode, problems
+    assert {line.split()[1] for line in problems if "): mma " in line} == decode, problems
+
+
 def test_the_budget_fails_a_build_whose_bf16_prefill_decode_grew(toolchain, tmp_path):
     over, problems = _breaches_of_bloated_source(BF16_BLOAT, toolchain, tmp_path)
     bf16 = {sass_count.variant_id(k, "mxfp4_pf_kernel") for k in sass_count.PF_VARIANTS if k.endswith("ELi1EE")}
     assert bf16 and over == bf16, problems
+
+
+# The decode kernels' served shapes (gpt-oss-120b and 20b: the same layer sizes, kernels/cases.py) and the SM counts
+# pick_variant sizes them for: H100 / H200 (sm_90, 132 SMs) and GB10 (sm_121, 48 SMs).
+SERVED_ARCHS = {"sm_90": 132, "sm_121": 48}
+
+
+def _served_decode_variants(arch: str, sms: int) -> dict[str, str]:
+    """variant id -> one served use of it: what cuda_ext.pick_variant gives each dense layer at M = 1..16 (tuning.yaml
+    gemv.packed of `arch`), and the MoE's gate_up / down variants (moe.packed; MODE 1 / 2, one token column)."""
+    from kernels import cuda_ext
+    from kernels.cases import MODELS
+    from kernels.tuning import get_config
+
+    cfg = get_config("gemv", arch)["packed"]
+    out = {}
+    for model in MODELS:
+        for name, (n, k) in model.linear_shapes().items():
+            for m in range(1, cuda_ext.CUDA_MAX_M + 1):
+                v = cuda_ext.pick_variant(m, -(-n // 16), -(-k // 64), cfg, sms)
+                out.setdefault(f"mxfp4_kernel<0,{','.join(map(str, cuda_ext.VARIANTS[v]))}>", f"{model.name} {name} M={m}")
+    moe = get_config("moe", arch)["packed"]
+    for mode, key in ((cuda_ext.MODE_GATEUP, "gate_up_variant"), (cuda_ext.MODE_DOWN, "down_variant")):
+        out[f"mxfp4_kernel<{mode},{','.join(map(str, cuda_ext.VARIANTS[int(moe[key])]))}>"] = f"MoE {key}"
+    return out
+
+
+@pytest.mark.parametrize("arch", list(SERVED_ARCHS))
+def test_the_budget_holds_every_decode_variant_the_served_shapes_run(arch):
+    """A served variant missing from sass_count.CUDA_VARIANTS is never counted, so its loop could grow unchecked
+    (GB10's qkv and expert gate_up shape at M <= 8 ran mxfp4_kernel<0,1,4,1,6>, which was not budgeted)."""
+    from kernels.cuda_ext import arch_target
+
+    counted = {sass_count.variant_id(k) for k in sass_count.CUDA_VARIANTS}
+    budgeted = set(sass_budget.load()["counts"][f"sm_{arch_target(int(arch[3:-1]), int(arch[-1]))}"])
+    served = _served_decode_variants(arch, SERVED_ARCHS[arch])
+    missing = {v: use for v, use in served.items() if v not in counted or v not in budgeted}
+    assert not missing, f"{arch}: served decode variants not counted or not budgeted (re-record): {missing}"
 
 
 def test_the_budget_refuses_counts_of_another_nvcc():

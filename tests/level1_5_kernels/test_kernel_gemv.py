@@ -218,6 +218,30 @@ def test_gemv_rejects_bad_shapes():
         mxfp4_gemv(torch.zeros(1, 96, dtype=torch.bfloat16, device=DEV), packed, scales)
 
 
+@pytest.mark.parametrize("length", [39, 41])
+def test_every_dense_entry_point_refuses_a_bias_that_is_not_n_long(length):
+    """A bias of another length than N: the kernels read bias[n] for n < N, past the end of a shorter one (and
+    ignored a longer one's tail). The CUDA launcher is called directly too (PackedLinear's CUDA branch calls it):
+    it checks before it builds or launches anything, so this runs on CPU."""
+    from kernels import cuda_ext
+    from kernels.gemv import PackedLinear, mxfp4_gemv_packed
+    from kernels.packed import pack_mxfp4
+
+    packed, scales = random_mxfp4((40, 64), generator(0, DEV))
+    p = pack_mxfp4(packed, scales)
+    x = torch.zeros(2, 64, dtype=torch.bfloat16, device=DEV)
+    bias = torch.zeros(length, device=DEV)
+    out = torch.empty(2, 40, dtype=torch.bfloat16, device=DEV)
+    for name, run in [("mxfp4_gemv", lambda: mxfp4_gemv(x, packed, scales, bias)),
+                      ("mxfp4_gemv_packed", lambda: mxfp4_gemv_packed(x, p, bias)),
+                      ("PackedLinear", lambda: PackedLinear(p, 16)(x, bias)),
+                      ("PackedLinear above its threshold", lambda: PackedLinear(p, 1)(x, bias)),
+                      ("cuda_ext.gemv", lambda: cuda_ext.gemv(x, p, bias, out, {}))]:
+        with pytest.raises(ValueError, match=rf"bias must be \[40\], got \[{length}\]"):
+            run()
+            pytest.fail(f"{name} took a bias of {length} for N = 40")
+
+
 def test_linear_dispatcher_small_and_large_m():
     seed = fresh_seed()
     g = generator(seed, DEV)

@@ -11,6 +11,8 @@ the GEMMs). A wrong row order, scale, expert or slot moves NMSE to 1e-3 .. 1.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ from kernels.packed_mm import align_by_expert, dequantize_packed, large_m_path, 
 from kernels.tuning import get_config
 from kernels.testing import DEV, assert_close_nmse, fresh_seed, generator, poisoned, random_mxfp4
 
-from .test_kernel_moe import _packed_case
+from .test_kernel_moe import BIAS_DTYPES, _packed_case
 
 pytestmark = pytest.mark.level1_5
 
@@ -37,6 +39,24 @@ def _dense_case(m: int, n: int, k: int, seed: int, dev: str = DEV):
     bias = torch.randn(n, generator=g, device=dev)
     ref = reference.mxfp4_linear_ref(x, w, s, bias)
     return x, pack_mxfp4(w, s), bias, ref
+
+
+def test_the_gpu_run_runs_the_served_kernels_tests():
+    """kernels/gpu_run.sh is the one GPU run of the kernels: it must run this file (the served prefill and its CUDA
+    kernel) with the decode kernels' files. On CPU the interpreter runs a Python emulation of the inline PTX, so the
+    PTX itself and the CUDA kernels are checked only there."""
+    script = (Path(__file__).resolve().parents[2] / "kernels" / "gpu_run.sh").read_text()
+    run = script[script.index("$PY -m pytest"):script.index("--junitxml")]
+    for name in ("test_kernel_gemv.py", "test_kernel_moe.py", "test_kernel_packed_mm.py"):
+        assert f"tests/level1_5_kernels/{name}" in run, f"kernels/gpu_run.sh does not run {name}"
+
+
+def test_dense_refuses_a_bias_that_is_not_n_long():
+    """The kernels (and the bf16-copy path's addmm, which broadcasts a [1] bias) read N elements of the bias."""
+    x, p, bias, _ = _dense_case(17, 40, 96, 0)
+    for bad in (bias[:39], torch.cat([bias, bias[:1]]), bias[:1]):
+        with pytest.raises(ValueError, match=rf"bias must be \[40\], got \[{bad.numel()}\]"):
+            mxfp4_mm_packed(x, p, bad)
 
 
 @pytest.mark.parametrize("m,n,k", [(37, 48, 192), (17, 40, 96), (5, 16, 64)])
@@ -125,14 +145,15 @@ def test_the_dense_layers_share_one_scratch_copy(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("bias_dtype", BIAS_DTYPES, ids=str)
 @pytest.mark.parametrize("m,e,h,inter,k,x_scale,skip", [(20, 6, 64, 96, 3, 40.0, True), (33, 4, 64, 64, 2, 1.0, False)])
-def test_moe_matches_reference(m, e, h, inter, k, x_scale, skip):
-    """Grouped path: clamps (x * 40), a skipped slot (-1), ragged I, k not a power of two."""
+def test_moe_matches_reference(m, e, h, inter, k, x_scale, skip, bias_dtype):
+    """Grouped path: clamps (x * 40), a skipped slot (-1), ragged I, k not a power of two; fp32 and bf16 biases."""
     seed = fresh_seed()
-    x, ids, wts, gu, dn, p, ref = _packed_case(m, e, h, inter, k, seed, x_scale, skip)
+    x, ids, wts, gu, dn, p, ref = _packed_case(m, e, h, inter, k, seed, x_scale, skip, bias_dtype=bias_dtype)
     out = poisoned((m, h), torch.bfloat16, DEV)
     mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out)
-    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE M={m} E={e} k={k}")
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm MoE M={m} E={e} k={k} bias {bias_dtype}")
 
 
 @pytest.mark.parametrize("m,e,k,bm", [(1, 4, 2, 16), (37, 8, 4, 4), (64, 128, 4, 64), (9, 3, 3, 2)])
@@ -394,16 +415,17 @@ def test_dense_gpt_oss_shapes(name, m, impl):
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("bias_dtype", BIAS_DTYPES, ids=str)
 @pytest.mark.parametrize("impl", ["cuda", "triton"])
 @pytest.mark.parametrize("m", [17, 32, 512, 2048])
-def test_moe_gpt_oss_120b_shapes(m, impl):
+def test_moe_gpt_oss_120b_shapes(m, impl, bias_dtype):
     cfg = _impl_cfg(impl)
     seed = fresh_seed()
     x, ids, wts, gu, dn, p, ref = _packed_case(m, MOE.experts, MOE.hidden, MOE.inter, MOE.top_k, seed, 1.0, True,
-                                               dev="cuda")
+                                               dev="cuda", bias_dtype=bias_dtype)
     out = poisoned((m, MOE.hidden), torch.bfloat16, "cuda")
     mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=cfg)
-    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm ({impl}) MoE 120b M={m}")
+    assert_close_nmse(out, ref, MOE_NMSE, seed, f"packed mm ({impl}) MoE 120b M={m} bias {bias_dtype}")
 
 
 @pytest.mark.gpu
