@@ -148,7 +148,7 @@ def server(request: pytest.FixtureRequest, suite: Suite, target: Target):
     if cuda and need > len(gpus):
         pytest.skip(f"{target.name}: its server needs {need} GPUs (parallel sizes in its flags), {len(gpus)} visible")
     # under xdist: wait for this worker's GPU(s) (CPU: the machine's one server slot) before booting
-    with parallel.server_slot(suite.run_dir, worker, gpus, need, cuda) as env:
+    with parallel.server_slot(worker, gpus, need, cuda) as env:
         with suite.boot(target, env_extra=env or None) as running:  # records the boot (per worker under xdist)
             yield running
 

@@ -1,11 +1,25 @@
-"""Which GPUs a server takes: the parallel sizes in its flags, the visible devices, and the one GPU each
-pytest-xdist worker pins its servers to (levels 1-6 and the matrix share these rules)."""
+"""Which GPUs a server takes: the parallel sizes in its flags, the visible devices, the one GPU each
+pytest-xdist worker pins its servers to (levels 1-6 and the matrix share these rules), and the machine-wide
+slots that keep two runs' servers off one GPU (or, on CPU, off the shared cores)."""
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
+from harness.core.filelock import shared_by_owner, slot_timeout_s
+from harness.core.paths import slug
 from harness.core.platform import detect_platform
 from harness.engine.server import flags
+
+# Where the slots' lock files live: one folder per machine, so that a nightly job and a run started by hand (or two
+# checkouts of the suite) take turns. Two vLLM servers on one GPU fail the second's memory profiling or halve each
+# other's speed, and a level 4/5 verdict measured that way blames the kernels.
+LOCK_DIR_ENV = "SUITE_LOCK_DIR"
 
 _PARALLEL_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size")
 
@@ -63,3 +77,65 @@ def device_for_worker(worker_id: str | None, visible: list[str]) -> str | None:
     if not visible:
         return None
     return visible[worker_index(worker_id) % len(visible)]
+
+
+def machine_lock_dir() -> Path:
+    """SUITE_LOCK_DIR, else `gpt-oss-suite-locks` in the system's temporary folder (every user's runs share it)."""
+    given = os.environ.get(LOCK_DIR_ENV)
+    if given:
+        return Path(given)
+    path = Path(tempfile.gettempdir()) / "gpt-oss-suite-locks"
+    if not path.exists():
+        path.mkdir(exist_ok=True)
+        try:
+            path.chmod(0o1777)  # like /tmp: any user may lock, none may remove another's files
+        except OSError:
+            pass
+    return path
+
+
+def slot_names(devices: list[str]) -> list[str]:
+    """Lock file names of the slots a server takes: one per GPU (`gpu-0`, `gpu-GPU-8f2c...`), or `cpu` without GPUs.
+    A GPU is named as CUDA_VISIBLE_DEVICES names it: two runs naming one GPU by index and by UUID are not told
+    apart."""
+    return [f"gpu-{slug(d)}" for d in devices] if devices else ["cpu"]
+
+
+def server_gpus(env: dict[str, str], args: list[str], is_cuda: bool) -> list[str]:
+    """The GPUs a server started with `env` and `args` takes: the first of its visible devices, as many as its
+    parallel sizes ask; none on CPU."""
+    if not is_cuda:
+        return []
+    return visible_gpus(env)[:gpus_needed(args)]
+
+
+def _tell(text: str) -> None:
+    # past pytest's capture: a run that waits for another must say so on the terminal, not after the fact
+    stream = sys.__stderr__ or sys.stderr
+    print(text, file=stream, flush=True)
+
+
+@contextmanager
+def machine_slot(devices: list[str], owner: str | None = None, note: str = "", timeout_s: float | None = None,
+                 order: list[str] | None = None) -> Iterator[None]:
+    """Hold the machine-wide slots of `devices` (GPU names; [] = the CPU slot) for as long as a server runs.
+
+    One process's servers share its slots (`owner`, default this process: its xdist worker id, else its pid). The slots are taken in one global
+    order (`order`, default by name) so two servers needing two GPUs each cannot deadlock; a wait says on the
+    terminal who holds the slot, and one longer than SUITE_SLOT_TIMEOUT is one line naming the holder."""
+    timeout_s = slot_timeout_s() if timeout_s is None else timeout_s
+    # an xdist worker's slot (harness.plugin.parallel) and its Suite.boot's are one holder
+    owner = owner or os.environ.get("PYTEST_XDIST_WORKER") or f"pid{os.getpid()}"
+    rank = {d: i for i, d in enumerate(order or [])}
+    names = slot_names(sorted(devices, key=lambda d: (rank.get(d, len(rank)), d)))
+    note = note or f"pid {os.getpid()} ({' '.join(sys.argv)[:160]})"
+    note = f"{note}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    with ExitStack() as held:
+        for name in names:
+            what = "CPU server slot (one server at a time on shared cores)" if name == "cpu" else \
+                f"GPU {name.removeprefix('gpu-')} slot"
+            held.enter_context(shared_by_owner(
+                owner, machine_lock_dir() / f"{name}.lock", timeout_s, what, note,
+                on_wait=lambda holder, what=what: _tell(f"waiting up to {timeout_s:.0f} s for the {what}: {holder} "
+                                                        "(SUITE_SLOT_TIMEOUT sets the limit)")))
+        yield

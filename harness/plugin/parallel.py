@@ -10,53 +10,33 @@ What a parallel run guarantees (a pytest plugin, loaded by the root conftest):
   anything. A config whose server needs more GPUs (its `--tensor-parallel-size` x
   `--pipeline-parallel-size` x `--data-parallel-size`, from the flavour and model data) takes that
   many: its worker's GPU plus the next ones, for that server only.
-- **No two servers on one slot.** Under xdist a worker boots its config's server only while it holds
-  the slot's lock: one lock per GPU (taken in one global order, so a multi-GPU config cannot deadlock
-  with others), one for the whole machine on CPU. Chosen for CPU: vLLM's CPU workers bind their
+- **No two servers on one slot.** A server boots only while its process holds the slot's lock: one lock
+  per GPU (taken in one global order, so a multi-GPU config cannot deadlock with others), one for the
+  whole machine on CPU. The locks are machine-wide (harness.engine.devices.machine_slot): another run's
+  servers wait too, with or without xdist. Chosen for CPU: vLLM's CPU workers bind their
   threads to every core, so two servers on the shared cores would halve each other's speed and make
   level 4/5 numbers meaningless; with `-n 2` on CPU, configs therefore run one after another while
   the tests that boot nothing (unit tests, kernel conformance) run beside them.
 - **One run directory.** The controller creates it and hands it to the workers; files several workers
   would write alike are per worker (`boots/<worker>.json`), and the controller merges them
   (`boots.json`) and writes the end-of-run report and summary from all workers' files.
-Without xdist nothing here changes a run.
+Without xdist nothing here changes a run (the machine-wide slots are Suite.boot's).
 """
 from __future__ import annotations
 
-import math
 import os
-from contextlib import ExitStack, contextmanager
-from pathlib import Path
+from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
 
-from harness.core.errors import SuiteError
-from harness.core.filelock import FileLock
-from harness.engine.devices import device_for_worker, gpu_set, visible_gpus, worker_index
+from harness.engine.devices import device_for_worker, gpu_set, machine_slot, visible_gpus, worker_index
 from harness.session.suite import SUITE_KEY
 
 # workerinput keys the controller hands to each worker
 RUN_DIR_KEY = "suite_run_dir"
 GPUS_KEY = "suite_visible_gpus"
 LOADGROUP_KEY = "suite_loadgroup"
-# how long a worker waits for its slot: another worker may hold it for all levels of its config
-SLOT_TIMEOUT_S = 12 * 3600.0
-
-
-def slot_timeout_s() -> float:
-    """SUITE_SLOT_TIMEOUT (seconds) or SLOT_TIMEOUT_S. A wait that never ends (0, negative, nan: the lock's
-    deadline never comes) or a value like "12h" is one line naming the variable, at the first wait for a slot."""
-    raw = os.environ.get("SUITE_SLOT_TIMEOUT")
-    if raw is None:
-        return SLOT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise SuiteError(f"SUITE_SLOT_TIMEOUT={raw!r}: expected seconds above 0 (e.g. 43200 for 12 hours)")
-    return value
 _PARALLEL_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size")
 
 
@@ -179,57 +159,20 @@ class _GroupSuffix:
 
 # -- slots ---------------------------------------------------------------------------------------
 @contextmanager
-def server_slot(run_dir: Path, worker: str | None, visible: list[str], need: int,
-                is_cuda: bool, timeout_s: float | None = None) -> Iterator[dict[str, str]]:
-    """Hold what one server of this worker runs on, for as long as it runs.
+def server_slot(worker: str | None, visible: list[str], need: int, is_cuda: bool,
+                timeout_s: float | None = None) -> Iterator[dict[str, str]]:
+    """Hold what one server of this worker runs on, for as long as it runs: the machine-wide slots
+    (harness.engine.devices.machine_slot) of its GPUs, taken in the controller's order, or the CPU slot.
 
     Yields the environment the server needs on top of the worker's (CUDA_VISIBLE_DEVICES when it takes
-    more than the worker's own GPU). Without xdist: no lock (one process, one server at a time)."""
+    more than the worker's own GPU). Without xdist: nothing here (Suite.boot takes the same slots for every
+    server, so a run without xdist still waits for another run's server)."""
     if worker is None:
         yield {}
         return
-    timeout_s = slot_timeout_s() if timeout_s is None else timeout_s
-    locks = Path(run_dir) / "locks"
-    if not is_cuda:
-        with _slot(worker, locks / "cpu.lock", timeout_s, "CPU server slot (one server at a time on shared cores)"):
-            yield {}
-        return
-    devices = gpu_set(device_for_worker(worker, visible), visible, need)
-    with _ordered_locks(worker, locks, devices, visible, timeout_s):
+    devices = gpu_set(device_for_worker(worker, visible), visible, need) if is_cuda else []
+    with machine_slot(devices, owner=worker, timeout_s=timeout_s, order=visible):
         yield {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if need > 1 else {}
-
-
-# (worker, lock file) -> how many of this worker's servers hold it now. A worker's session server holds its slot for
-# the whole session; level 6 (or any second server of the same worker) then asks for the same slot, and a second
-# lock on the file from the same process waited for itself until the slot timeout (hours, blaming "another
-# process"). A worker's own servers share its slot, as they do in a run without xdist.
-_HELD: dict[tuple[str, Path], int] = {}
-
-
-@contextmanager
-def _slot(worker: str, path: Path, timeout_s: float, what: str) -> Iterator[None]:
-    key = (worker, path)
-    if key in _HELD:
-        _HELD[key] += 1
-        try:
-            yield
-        finally:
-            _HELD[key] -= 1
-        return
-    with FileLock(path, timeout_s, what):
-        _HELD[key] = 1
-        try:
-            yield
-        finally:
-            del _HELD[key]
-
-
-@contextmanager
-def _ordered_locks(worker: str, locks: Path, devices: list[str], visible: list[str], timeout_s: float) -> Iterator[None]:
-    with ExitStack() as held:
-        for d in sorted(devices, key=lambda d: (visible.index(d) if d in visible else len(visible), d)):
-            held.enter_context(_slot(worker, locks / f"gpu-{d}.lock", timeout_s, f"GPU {d} slot"))
-        yield
 
 
 def all_gpus(config: pytest.Config) -> list[str]:

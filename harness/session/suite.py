@@ -6,6 +6,8 @@ import os
 import re
 import threading
 import time
+import sys
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,6 +20,7 @@ from harness.core.paths import REPO, slug, writable_dir
 from harness.core.platform import UNKNOWN_PLATFORM, Platform, detect_platform
 from harness.engine import hooks
 from harness.engine.client import Client
+from harness.engine.devices import machine_slot, server_gpus
 from harness.engine.hub import check_hub_model
 from harness.engine.models import ALIASES, Model, default_alias, resolve_model
 from harness.engine.server import (
@@ -88,6 +91,7 @@ class RunningServer:
     process: VllmServer | None = None  # None with --server-url
     boot_seconds: float | None = None
     trace_dir: Path | None = None
+    slot: ExitStack | None = None  # the machine-wide slots its process holds for it, released when it stops
 
     @property
     def external(self) -> bool:
@@ -104,6 +108,8 @@ class RunningServer:
         """Stop a booted server's process group (again: a no-op); an external server is left alone."""
         if self.process is not None:
             self.process.stop()
+        if self.slot is not None:
+            self.slot.close()  # an ExitStack closes once: stopping again releases nothing twice
 
     def ensure_alive(self) -> None:
         if self.process is not None:
@@ -313,21 +319,30 @@ class Suite:
                   "log": str(log)}
         if self.platform.is_cuda:  # which GPUs it got: under xdist each worker pins its own (harness.plugin.parallel)
             record["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))
+        # another run's server (a nightly job, a second checkout) on the same GPU or CPU cores: wait for it, saying so
+        slot = ExitStack()
+        slot.enter_context(machine_slot(server_gpus({**os.environ, **env}, args, self.platform.is_cuda),
+                                        note=f"pid {os.getpid()} ({' '.join(sys.argv)[:120]}), server {key}, "
+                                             f"run {self.run_dir}"))
         try:
-            proc.start()
-        except ServerDied as e:
-            record.update(ok=False, error=str(e).splitlines()[0])
-            self._record_boot(record)
+            try:
+                proc.start()
+            except ServerDied as e:
+                record.update(ok=False, error=str(e).splitlines()[0])
+                self._record_boot(record)
+                raise
+            problem = hooks.random_weights_problem(env, args, log)
+            if problem:
+                proc.stop()
+                record.update(ok=False, error=problem)
+                self._record_boot(record)
+                raise SuiteError(problem)
+        except BaseException:
+            slot.close()
             raise
-        problem = hooks.random_weights_problem(env, args, log)
-        if problem:
-            proc.stop()
-            record.update(ok=False, error=problem)
-            self._record_boot(record)
-            raise SuiteError(problem)
         record.update(ok=True, boot_seconds=round(proc.boot_seconds, 1))
         self._record_boot(record)
-        return RunningServer(proc.url, proc.served_name, target, log, proc, proc.boot_seconds, trace_dir)
+        return RunningServer(proc.url, proc.served_name, target, log, proc, proc.boot_seconds, trace_dir, slot)
 
     def _record_boot(self, record: dict) -> None:
         """boots.json of the run; under xdist each worker writes its own file and the controller merges them.

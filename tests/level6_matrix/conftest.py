@@ -107,7 +107,7 @@ def runner(request: pytest.FixtureRequest, suite: Suite, plan: Plan, level6_dir:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
 
     def slot(timeout_s: float):
-        return parallel.server_slot(suite.run_dir, worker, parallel.all_gpus(config), 1, suite.platform.is_cuda,
+        return parallel.server_slot(worker, parallel.all_gpus(config), 1, suite.platform.is_cuda,
                                     timeout_s=timeout_s)
 
     run = Runner(suite, plan, level6_dir, workload, slot, bool(config.getoption("force_regen")))

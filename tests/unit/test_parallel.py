@@ -11,12 +11,21 @@ from types import SimpleNamespace
 import pytest
 
 from harness.core.errors import SuiteError
+from harness.core.filelock import slot_timeout_s
 from harness.engine import devices
 from harness.plugin import parallel
 from harness.report.listing import run_summary
 from harness.session import suite as suite_mod
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def lock_dir(tmp_path, monkeypatch) -> Path:
+    """The machine-wide slots of these tests in their own folder (not the machine's, which a real run may hold)."""
+    path = tmp_path / "machine-locks"
+    monkeypatch.setenv(devices.LOCK_DIR_ENV, str(path))
+    return path
 
 
 def test_gpus_needed_is_the_product_of_the_parallel_sizes():
@@ -88,12 +97,12 @@ def test_worker_id_and_controller():
 
 
 def test_the_cpu_slot_lets_one_server_run_at_a_time(tmp_path):
-    with parallel.server_slot(tmp_path, "gw0", [], 1, is_cuda=False) as env:
+    with parallel.server_slot("gw0", [], 1, is_cuda=False) as env:
         assert env == {}
         with pytest.raises(SuiteError, match="CPU server slot"):
-            with parallel.server_slot(tmp_path, "gw1", [], 1, is_cuda=False, timeout_s=1):
+            with parallel.server_slot("gw1", [], 1, is_cuda=False, timeout_s=1):
                 pass
-    with parallel.server_slot(tmp_path, "gw1", [], 1, is_cuda=False, timeout_s=1):
+    with parallel.server_slot("gw1", [], 1, is_cuda=False, timeout_s=1):
         pass  # released: free again
 
 
@@ -101,34 +110,153 @@ def test_a_workers_second_server_shares_its_slot_and_other_workers_still_wait(tm
     """The worker's session server holds the slot; its level 6 server asks again from the same process (it waited
     for itself until the slot timeout). Another worker still waits, until both of the first worker's are gone."""
     for cuda, gpus in ((False, []), (True, ["0"])):
-        with parallel.server_slot(tmp_path, "gw0", gpus, 1, is_cuda=cuda, timeout_s=1):
-            with parallel.server_slot(tmp_path, "gw0", gpus, 1, is_cuda=cuda, timeout_s=1):
+        with parallel.server_slot("gw0", gpus, 1, is_cuda=cuda, timeout_s=1):
+            with parallel.server_slot("gw0", gpus, 1, is_cuda=cuda, timeout_s=1):
                 with pytest.raises(SuiteError, match="slot"):
-                    with parallel.server_slot(tmp_path, "gw1", gpus, 1, is_cuda=cuda, timeout_s=1):
+                    with parallel.server_slot("gw1", gpus, 1, is_cuda=cuda, timeout_s=1):
                         pass
             with pytest.raises(SuiteError, match="slot"):  # the inner one gone, the outer still holds it
-                with parallel.server_slot(tmp_path, "gw1", gpus, 1, is_cuda=cuda, timeout_s=1):
+                with parallel.server_slot("gw1", gpus, 1, is_cuda=cuda, timeout_s=1):
                     pass
-        with parallel.server_slot(tmp_path, "gw1", gpus, 1, is_cuda=cuda, timeout_s=1):
+        with parallel.server_slot("gw1", gpus, 1, is_cuda=cuda, timeout_s=1):
             pass  # both released
 
 
-def test_without_xdist_no_slot_is_taken(tmp_path):
-    with parallel.server_slot(tmp_path, None, [], 1, is_cuda=False) as env:
+def test_without_xdist_the_plugin_takes_no_slot(lock_dir):
+    """Without xdist the slots are Suite.boot's (below), taken for every server, not the plugin's."""
+    with parallel.server_slot(None, [], 1, is_cuda=False) as env:
         assert env == {}
-        assert not (tmp_path / "locks").exists()
+        assert not lock_dir.exists()
+
+
+_HOLD_SLOT = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from harness.engine.devices import machine_slot
+with machine_slot({devices!r}, note="pid of the other run (nightly.sh), server cfg-x"):
+    print("held", flush=True)
+    time.sleep({hold})
+"""
+
+
+def _other_run_holding(devices_: list[str], hold: float) -> subprocess.Popen:
+    """Another process (another run of the suite) holding the machine-wide slots of `devices_` for `hold` s."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_SLOT.format(repo=str(REPO), devices=devices_, hold=hold)],
+                            stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_another_runs_server_holds_the_gpu_so_this_run_waits_naming_it(capfd):
+    """Two pytest runs (a nightly job and one started by hand) each booted a server on GPU 0: the second server's
+    memory profiling failed, or both measured half speed and level 4/5 blamed the kernels. The slots are
+    machine-wide now: a run without xdist waits for the other run's server, says who holds it, and times out in
+    one line naming the holder; another GPU is free."""
+    other = _other_run_holding(["0"], 30)
+    try:
+        with pytest.raises(SuiteError, match="GPU 0 slot") as e:
+            with devices.machine_slot(["0"], timeout_s=1):
+                pass
+        assert "held by pid of the other run (nightly.sh), server cfg-x, since " in str(e.value)
+        assert "\n" not in str(e.value)
+        assert "waiting up to 1 s for the GPU 0 slot: held by pid of the other run" in capfd.readouterr().err
+        with devices.machine_slot(["1"], timeout_s=1):
+            pass  # GPU 1 is not the other run's
+        with pytest.raises(SuiteError, match="CPU server slot"):  # an xdist worker of this run waits as well
+            other.kill(), other.wait()
+            other = _other_run_holding([], 30)
+            with parallel.server_slot("gw0", [], 1, is_cuda=False, timeout_s=1):
+                pass
+    finally:
+        other.kill(), other.wait()
+    with devices.machine_slot([], timeout_s=1):
+        pass  # the holder died: its slot is free (the OS drops its lock), with no stale file to clear
+
+
+def test_a_wait_ends_when_the_other_server_stops(lock_dir):
+    other = _other_run_holding(["0"], 1.5)
+    start = time.monotonic()
+    with devices.machine_slot(["0"], timeout_s=60):
+        waited = time.monotonic() - start
+    other.wait(timeout=10)
+    assert 0.5 < waited < 30, waited
+
+
+def test_one_processs_servers_share_its_slot_across_threads_and_the_last_to_leave_releases_it():
+    """A server booted ahead on another thread (harness.session.ahead) while the first still runs shares the
+    process's slot; the first stopping before it must not release the slot under it."""
+    first = devices.machine_slot(["0"], timeout_s=1)
+    first.__enter__()
+    got = threading.Event()
+    leave = threading.Event()
+
+    def second():
+        with devices.machine_slot(["0"], timeout_s=1):
+            got.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=second)
+    t.start()
+    assert got.wait(5)  # shared, no wait for itself
+    first.__exit__(None, None, None)
+    probe = subprocess.run([sys.executable, "-c", _HOLD_SLOT.format(repo=str(REPO), devices=["0"], hold=0)],
+                           capture_output=True, text=True, env={**os.environ, "SUITE_SLOT_TIMEOUT": "1"}, timeout=60)
+    assert probe.returncode != 0 and "GPU 0 slot" in probe.stderr  # still held by the second server
+    leave.set()
+    t.join(10)
+    probe = subprocess.run([sys.executable, "-c", _HOLD_SLOT.format(repo=str(REPO), devices=["0"], hold=0)],
+                           capture_output=True, text=True, env={**os.environ, "SUITE_SLOT_TIMEOUT": "1"}, timeout=60)
+    assert probe.returncode == 0, probe.stderr  # both gone: free
+
+
+def test_suite_boot_holds_the_machine_slot_until_its_server_stops(tmp_path, monkeypatch):
+    """Every server the suite boots (tests and scripts, with or without xdist) holds its GPUs' (here: the CPU's)
+    slot from before its process starts until it stops, and gives it back when the boot fails."""
+    from harness.session.suite import Suite
+
+    class FakeServer:
+        url, served_name, boot_seconds, boot_memory = "http://127.0.0.1:9", "fake", 0.1, None
+
+        def __init__(self, model_path, args, env, log, boot_timeout_s):
+            self.fail = "--fail" in args
+
+        def start(self):
+            probe = subprocess.run([sys.executable, "-c", _HOLD_SLOT.format(repo=str(REPO), devices=[], hold=0)],
+                                   capture_output=True, text=True, timeout=60,
+                                   env={**os.environ, "SUITE_SLOT_TIMEOUT": "1"})
+            assert probe.returncode != 0 and "CPU server slot" in probe.stderr, "started without the slot"
+            if self.fail:
+                raise SuiteError("boot failed")
+            return self
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(suite_mod, "VllmServer", FakeServer)
+    monkeypatch.setattr(suite_mod.hooks, "random_weights_problem", lambda *a: None)
+    suite = Suite.create(None, None, None, None, str(tmp_path), 60)
+    target = next(t for t in suite.targets() if t.runnable)
+    free = lambda: subprocess.run([sys.executable, "-c", _HOLD_SLOT.format(repo=str(REPO), devices=[], hold=0)],  # noqa: E731
+                                  capture_output=True, text=True, timeout=60,
+                                  env={**os.environ, "SUITE_SLOT_TIMEOUT": "1"}).returncode == 0
+    with suite.boot(target):
+        assert not free()
+    assert free()
+    with pytest.raises(SuiteError, match="boot failed"):
+        suite.boot(target, args_extra=["--fail"])
+    assert free()
 
 
 def test_gpu_slots_one_gpu_per_worker_and_a_tensor_parallel_config_takes_two(tmp_path):
     gpus = ["0", "1"]
-    with parallel.server_slot(tmp_path, "gw0", gpus, 1, is_cuda=True) as env0:
+    with parallel.server_slot("gw0", gpus, 1, is_cuda=True) as env0:
         assert env0 == {}  # the worker's own pin (CUDA_VISIBLE_DEVICES=0) is what its server inherits
-        with parallel.server_slot(tmp_path, "gw1", gpus, 1, is_cuda=True, timeout_s=1) as env1:
+        with parallel.server_slot("gw1", gpus, 1, is_cuda=True, timeout_s=1) as env1:
             assert env1 == {}  # the other GPU is free: both boot at once
         with pytest.raises(SuiteError, match="GPU 0 slot"):  # TP=2 on gw1 needs GPU 0 too
-            with parallel.server_slot(tmp_path, "gw1", gpus, 2, is_cuda=True, timeout_s=1):
+            with parallel.server_slot("gw1", gpus, 2, is_cuda=True, timeout_s=1):
                 pass
-    with parallel.server_slot(tmp_path, "gw1", gpus, 2, is_cuda=True, timeout_s=1) as env:
+    with parallel.server_slot("gw1", gpus, 2, is_cuda=True, timeout_s=1) as env:
         assert env == {"CUDA_VISIBLE_DEVICES": "1,0"}
 
 
@@ -139,7 +267,7 @@ def test_multi_gpu_slots_are_taken_in_one_order_so_they_cannot_deadlock(tmp_path
 
     def run(worker):
         try:
-            with parallel.server_slot(tmp_path, worker, gpus, 2, is_cuda=True, timeout_s=20):
+            with parallel.server_slot(worker, gpus, 2, is_cuda=True, timeout_s=20):
                 time.sleep(0.5)
                 done.append(worker)
         except Exception as e:  # noqa: BLE001 - reported below
@@ -275,8 +403,8 @@ def test_a_slot_timeout_that_never_ends_or_is_not_seconds_is_one_line(tmp_path, 
     ValueError traceback when the plugin loaded."""
     monkeypatch.setenv("SUITE_SLOT_TIMEOUT", value)
     with pytest.raises(SuiteError, match=r"SUITE_SLOT_TIMEOUT=.*expected seconds above 0") as e:
-        with parallel.server_slot(tmp_path, "gw0", [], 1, is_cuda=False):
+        with parallel.server_slot("gw0", [], 1, is_cuda=False):
             pass
     assert "\n" not in str(e.value)
     monkeypatch.setenv("SUITE_SLOT_TIMEOUT", "5")
-    assert parallel.slot_timeout_s() == 5.0
+    assert slot_timeout_s() == 5.0
