@@ -5,6 +5,7 @@ pytest groups them so each configuration's server boots once and serves every le
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from harness.core.errors import SuiteError
 from harness.core.platform import detect_platform
 from harness.correctness.goldens import GoldenStore
-from harness.engine.devices import gpus_needed
+from harness.engine.devices import gpus_needed, set_wait_notice
 from harness.engine.server import install_cleanup, tail
 from harness.features.measure import check_rounds
 from harness.features.spec import selected_features
@@ -43,6 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # and they stop their servers (a SIGTERM'd controller's workers used to exit without their cleanup; each
     # server's reaper is the last resort)
     install_cleanup()
+    set_wait_notice(lambda text: _tell_now(config, text))
     try:
         if config.getoption("--allow-unverified") and not config.getoption("force_regen"):
             raise SuiteError("--allow-unverified only widens what --force-regen may record; add --force-regen, or drop it")
@@ -55,6 +57,16 @@ def pytest_configure(config: pytest.Config) -> None:
                               config.getoption("--against"), config.getoption("--config"), config.getoption("--criteria"))
     except SuiteError as e:
         raise pytest.UsageError(str(e)) from None
+
+
+def _tell_now(config: pytest.Config, text: str) -> None:
+    """A line on the terminal now, past pytest's capture (a wait for another run's server slot)."""
+    capture, reporter = (config.pluginmanager.get_plugin(n) for n in ("capturemanager", "terminalreporter"))
+    if capture is None or reporter is None:
+        print(text, file=sys.stderr, flush=True)
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(text)
 
 
 def goldens_of(config: pytest.Config, suite: Suite) -> str | None:

@@ -7,7 +7,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -109,10 +109,18 @@ def server_gpus(env: dict[str, str], args: list[str], is_cuda: bool) -> list[str
     return visible_gpus(env)[:gpus_needed(args)]
 
 
-def _tell(text: str) -> None:
-    # past pytest's capture: a run that waits for another must say so on the terminal, not after the fact
-    stream = sys.__stderr__ or sys.stderr
-    print(text, file=stream, flush=True)
+def _tell_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# How a wait for a slot is told: stderr (scripts); under pytest the root conftest sets one that writes past the
+# capture, so a run that waits for another says so on the terminal while it waits, not after the fact.
+_wait_notice: list[Callable[[str], None]] = [_tell_stderr]
+
+
+def set_wait_notice(tell: Callable[[str], None] | None) -> None:
+    """Where `machine_slot` says that it waits (None: stderr)."""
+    _wait_notice[0] = tell or _tell_stderr
 
 
 @contextmanager
@@ -136,6 +144,6 @@ def machine_slot(devices: list[str], owner: str | None = None, note: str = "", t
                 f"GPU {name.removeprefix('gpu-')} slot"
             held.enter_context(shared_by_owner(
                 owner, machine_lock_dir() / f"{name}.lock", timeout_s, what, note,
-                on_wait=lambda holder, what=what: _tell(f"waiting up to {timeout_s:.0f} s for the {what}: {holder} "
+                on_wait=lambda holder, what=what: _wait_notice[0](f"waiting up to {timeout_s:.0f} s for the {what}: {holder} "
                                                         "(SUITE_SLOT_TIMEOUT sets the limit)")))
         yield

@@ -147,11 +147,13 @@ def _other_run_holding(devices_: list[str], hold: float) -> subprocess.Popen:
     return proc
 
 
-def test_another_runs_server_holds_the_gpu_so_this_run_waits_naming_it(capfd):
+def test_another_runs_server_holds_the_gpu_so_this_run_waits_naming_it(monkeypatch):
     """Two pytest runs (a nightly job and one started by hand) each booted a server on GPU 0: the second server's
     memory profiling failed, or both measured half speed and level 4/5 blamed the kernels. The slots are
     machine-wide now: a run without xdist waits for the other run's server, says who holds it, and times out in
     one line naming the holder; another GPU is free."""
+    told: list[str] = []
+    monkeypatch.setattr(devices, "_wait_notice", [told.append])  # under pytest: the terminal, past the capture
     other = _other_run_holding(["0"], 30)
     try:
         with pytest.raises(SuiteError, match="GPU 0 slot") as e:
@@ -159,7 +161,7 @@ def test_another_runs_server_holds_the_gpu_so_this_run_waits_naming_it(capfd):
                 pass
         assert "held by pid of the other run (nightly.sh), server cfg-x, since " in str(e.value)
         assert "\n" not in str(e.value)
-        assert "waiting up to 1 s for the GPU 0 slot: held by pid of the other run" in capfd.readouterr().err
+        assert len(told) == 1 and told[0].startswith("waiting up to 1 s for the GPU 0 slot: held by pid of the other run")
         with devices.machine_slot(["1"], timeout_s=1):
             pass  # GPU 1 is not the other run's
         with pytest.raises(SuiteError, match="CPU server slot"):  # an xdist worker of this run waits as well
