@@ -102,10 +102,6 @@ def hot_loop(ins, marker: str):
     return best
 
 
-def opcode(txt: str) -> str:
-    return re.sub(r"^@!?U?P\w+\s+", "", txt).split()[0].split(".")[0]
-
-
 def summarize(name: str, ins, marker: str, words: float, cold_lines: set[int]) -> dict:
     """Counts of the hot loop (the one with the most `marker` instructions) per 32-bit weight word, `words` being what
     one pass of it consumes per thread."""
