@@ -76,6 +76,12 @@ def _run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     if unknown:
         ap.error(f"unknown mutation(s) {', '.join(unknown)}; valid: {', '.join(candidates)}")
     runs = [(n, None) for n in names] + [(names[0], m) for m in mutations]
+    # every config resolved before the first boot: one that cannot run here is one line now, not after the boots
+    # before it (a 120b boot each on a GB10)
+    targets = {n: suite.target(suite.catalog.parse(n)) for n in dict.fromkeys(names)}
+    for n, t in targets.items():
+        if not t.runnable:
+            raise SuiteError(f"--configs: {n} cannot run here: {t.reason}")
     if args.resume and (out / "reference.json").is_file():
         try:
             ref = json.loads((out / "reference.json").read_text())
@@ -85,7 +91,7 @@ def _run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         rows.append({"run": f"{names[0]} (reference, from {out / 'reference.json'})"})
         runs = runs[1:]
     for i, (name, mutation) in enumerate(runs, start=len(rows)):
-        target = suite.target(suite.catalog.parse(name))
+        target = targets[name]
         model_path = None
         if mutation:
             model_path = str(out / f"mutant-{mutation}")

@@ -59,8 +59,10 @@ def list_configs(suite: Suite) -> str:
                 verified = "; ".join(f"{tag} {status}" for tag, status in spec.kernels.verification.items()) or "-"
             else:
                 sets, kernels, verified = f"(not mapped: {why_there})", "-", "-"
-            status = "RUNS HERE" if ok_here else f"not here: {why}"
-            lines.append(f"    [{flavour.name} on {example}] {status}")
+            # not runnable here: what follows is the flavour's data for another platform, and the line says which
+            # (a GB10 user read "[upstream on sm_90] not here: ... rejected on sm_121" as sm_90 refusing it)
+            lines.append(f"    [{flavour.name} on {here}] RUNS HERE" if ok_here else
+                         f"    [{flavour.name}] not on {here}: {why}; as declared for {example}:")
             lines.append(f"        sets: {sets}")
             lines.append(f"        must show: {kernels}")
             lines.append(f"        kernel data: {verified}")

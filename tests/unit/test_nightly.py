@@ -203,3 +203,18 @@ def test_the_workflows_commands_run_the_cpu_set_end_to_end(tmp_path):
     assert "## cpu/smoke: PASS" in text and "# Nightly cpu (cpu, flavour cpu): PASS" in text
     assert (out / "merged" / "junit.xml").is_file() and (out / "merged" / "nightly.md").is_file()
     assert (out / "smoke" / "servers").is_dir()  # the run dir the artifact upload takes
+
+
+def test_preflight_of_the_level6_group_checks_its_plans_combinations(monkeypatch):
+    """The matrix group lists no configs (level 6 boots its own combinations), so its preflight checked nothing and
+    gated a GB10 night on kernel patterns no trace had confirmed. It now checks every combination of the plan."""
+    from harness.core.platform import Platform
+
+    monkeypatch.setattr(nightly, "detect_platform", lambda: Platform("sm_121", "NVIDIA GB10", (12, 1)))
+    monkeypatch.delenv(nightly.ALLOW_UNVERIFIED, raising=False)
+    cs = nightly.load_set("gb10")
+    problems = "\n".join(nightly.preflight(cs, cs.group("matrix")))
+    assert "kernel expectations not verified on a real sm_121 trace" in problems, problems
+    plan = nightly.make_plan(nightly.Catalog(), nightly.Catalog().flavour("fork"), "sm_121",
+                             nightly.load_matrix().for_platform("sm_121"), cs.model)
+    assert plan.names() and all(f"\n  {name}: " in problems for name in plan.names()), problems

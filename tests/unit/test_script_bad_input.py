@@ -2,6 +2,7 @@
 and never a server boot first (a typo found after a 15-minute boot of the reference is a wasted boot)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,19 @@ def no_boot(monkeypatch):
         raise AssertionError("the script booted a server before refusing its input")
 
     monkeypatch.setattr(Suite, "boot", refuse)
+
+
+@pytest.fixture(autouse=True)
+def verified_dir_restored():
+    """record_kernels.main sets SUITE_VERIFIED_DIR for its own process (from --verified-dir). Called in-process here,
+    the setting outlived the test, and a later test of the same xdist worker read the catalog from a temporary folder
+    (the listing snapshot then showed every CPU entry unverified)."""
+    before = os.environ.get("SUITE_VERIFIED_DIR")
+    yield
+    if before is None:
+        os.environ.pop("SUITE_VERIFIED_DIR", None)
+    else:
+        os.environ["SUITE_VERIFIED_DIR"] = before
 
 
 def refusal(capsys, main: Callable[[list[str]], int], argv: list[str], script: str) -> str:
@@ -99,6 +113,14 @@ def test_measure_level2_tolerances_checks_every_config_before_the_reference_boot
                    "measure_level2_tolerances")
     assert line.startswith("measure_level2_tolerances: --configs"), line
     assert ("'nonexistent'" in line) if "nonexistent" in configs else ("names no config" in line), line
+
+
+def test_measure_level2_tolerances_refuses_a_config_that_cannot_run_here_before_any_boot(capsys, tmp_path):
+    """A known config this platform cannot run (triton-bf16 on CPU; a sm_90-only backend on a GB10) was refused only
+    when its turn to boot came, after the reference's and the others' boots (`no_boot` fails a boot)."""
+    line = refusal(capsys, measure_level2_tolerances.main, ["--configs", "cpu-bf16,cpu-bf16,triton-bf16", "--out",
+                                                            str(tmp_path)], "measure_level2_tolerances")
+    assert line.startswith("measure_level2_tolerances: --configs: triton-bf16 cannot run here: "), line
 
 
 @pytest.mark.parametrize("script, argv", [("decode_window_gaps", ["--config", "nonexistent"]),
