@@ -503,15 +503,28 @@ def args_to_argv(args: dict[str, Any]) -> list[str]:
     return argv
 
 
-def _installed_vllm_is_fork() -> bool:
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    envs = Path(list(spec.submodule_search_locations)[0]) / "envs.py"
-    try:
-        return "VLLM_MXFP4_MOE_KERNEL" in envs.read_text(encoding="utf-8")
-    except OSError:
-        return False
+# What only the users' fork has, file by file: its MoE kernel variables in envs.py (VLLM_MXFP4_MOE_KERNEL, which its
+# mxfp4.py already calls deprecated, and VLLM_MXFP4_BACKEND that replaces it), its --mxfp4-backend / --mxfp4-layers
+# options in the model config. Any one is enough: a fork that drops the deprecated variable from envs.py must not be
+# read as upstream (the suite would send it upstream's --moe-backend flags).
+FORK_MARKERS = {"envs.py": ("VLLM_MXFP4_MOE_KERNEL", "VLLM_MXFP4_BACKEND"),
+                "config/model.py": ("mxfp4_backend", "mxfp4_layers")}
+
+
+def _installed_vllm_is_fork(root: Path | None = None) -> bool:
+    if root is None:
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            return False
+        root = Path(list(spec.submodule_search_locations)[0])
+    for name, markers in FORK_MARKERS.items():
+        try:
+            text = (root / name).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if any(m in text for m in markers):
+            return True
+    return False
 
 
 def _load_axes(path: Path) -> dict[str, Axis]:

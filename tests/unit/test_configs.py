@@ -336,3 +336,21 @@ def test_server_args_come_after_the_configs_own_and_before_the_suites_perturbati
     assert "--max-num-seqs=7" in args
     assert args.index("--max-num-seqs=7") < args.index("--perturbation=1")
     assert args[:len(target.spec.args)] == list(target.spec.args)
+
+
+@pytest.mark.parametrize("files, fork", [
+    ({"envs.py": "VLLM_MXFP4_MOE_KERNEL: str = 'auto'"}, True),
+    ({"envs.py": "VLLM_MXFP4_BACKEND: str | None = None", "config/model.py": ""}, True),  # the deprecated one dropped
+    ({"envs.py": "VLLM_USE_V1 = 1", "config/model.py": "    mxfp4_backend: str | None = None"}, True),
+    ({"envs.py": "VLLM_USE_V1 = 1", "config/model.py": "    moe_backend: str = 'auto'"}, False),
+    ({}, False),
+])
+def test_the_fork_is_told_from_upstream_by_any_of_its_markers(tmp_path, files, fork):
+    """The fork was told by one variable of envs.py that its own mxfp4.py calls deprecated; a fork without it would have
+    been served upstream's --moe-backend flags."""
+    from harness.config.catalog import _installed_vllm_is_fork
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _installed_vllm_is_fork(tmp_path) is fork
