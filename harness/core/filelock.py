@@ -60,11 +60,11 @@ class FileLock:
     _lock: filelock.BaseFileLock | None = field(default=None, repr=False)
 
     def __enter__(self) -> "FileLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # mode 0o666: a lock directory shared by every user of the machine (another user's run must open it)
-        # thread_local off: one process's servers share a slot across threads, and the last to leave releases it
-        lock = filelock.FileLock(str(self.path), mode=0o666, thread_local=False)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # mode 0o666: a lock directory shared by every user of the machine (another user's run must open it)
+            # thread_local off: one process's servers share a slot across threads, and the last to leave releases it
+            lock = filelock.FileLock(str(self.path), mode=0o666, thread_local=False)
             if self.on_wait is not None:
                 try:
                     lock.acquire(timeout=0)
@@ -76,6 +76,10 @@ class FileLock:
         except filelock.Timeout:
             raise SuiteError(f"waited {self.timeout_s:.0f} s for the {self.what} ({self.path}); "
                              f"{self._held_by()} (a stuck test run? `ps -ef | grep pytest`)") from None
+        except OSError as e:
+            # another user's folder without write access for us, a read-only /tmp: one line naming the folder
+            raise SuiteError(f"cannot take the {self.what}: {self.path} ({e.strerror or e}); make "
+                             f"{self.path.parent} writable, or point SUITE_LOCK_DIR (server slots) elsewhere") from None
         self._lock = lock
         if self.note:
             try:

@@ -25,6 +25,8 @@ def lock_dir(tmp_path, monkeypatch) -> Path:
     """The machine-wide slots of these tests in their own folder (not the machine's, which a real run may hold)."""
     path = tmp_path / "machine-locks"
     monkeypatch.setenv(devices.LOCK_DIR_ENV, str(path))
+    # these tests wait on purpose: their notices would go to the terminal, past the capture (the root conftest's)
+    monkeypatch.setattr(devices, "_wait_notice", [lambda text: None])
     return path
 
 
@@ -410,3 +412,20 @@ def test_a_slot_timeout_that_never_ends_or_is_not_seconds_is_one_line(tmp_path, 
     assert "\n" not in str(e.value)
     monkeypatch.setenv("SUITE_SLOT_TIMEOUT", "5")
     assert slot_timeout_s() == 5.0
+
+
+def test_a_lock_folder_this_user_cannot_write_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+    """The slots' folder is shared by every user of the machine; one created by another user without write access for
+    this one (or a read-only /tmp) was a PermissionError traceback at the first boot."""
+    if os.geteuid() == 0:
+        locked = tmp_path / "file-not-folder"
+        locked.write_text("")  # root writes anywhere: a path under a plain file fails for root too
+        monkeypatch.setenv(devices.LOCK_DIR_ENV, str(locked / "locks"))
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        monkeypatch.setenv(devices.LOCK_DIR_ENV, str(ro))
+    with pytest.raises(SuiteError, match=r"cannot take the GPU 0 slot: .*SUITE_LOCK_DIR") as e:
+        with devices.machine_slot(["0"], timeout_s=1):
+            pass
+    assert "\n" not in str(e.value)
