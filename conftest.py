@@ -228,7 +228,8 @@ def goldens(request: pytest.FixtureRequest, suite: Suite, server: RunningServer)
             # --server-arg changes what runs: a golden recorded with it must not judge the plain config
             "server_args": list(request.config.getoption("--server-arg") or [])}
     return GoldenStore(suite.model.alias, platform.name, golden_config, meta, regen, refusal,
-                       model_fingerprint=suite.model.fingerprint, run_dir=suite.run_dir)
+                       model_fingerprint=suite.model.fingerprint, run_dir=suite.run_dir,
+                       folder=platform.name + suite.flavour.records_suffix)
 
 
 @pytest.hookimpl(hookwrapper=True)

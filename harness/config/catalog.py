@@ -281,6 +281,13 @@ class Flavour:
         self.path = path
         self.name = str(raw.get("name", path.stem))
         self.about = str(raw.get("about", ""))
+        # `records: apart`: this flavour's goldens and baselines live in their own folders (<platform>-<flavour>), so
+        # they coexist with upstream vLLM's of the same config on the same machine (the same name runs other kernels)
+        records = raw.get("records", "shared")
+        if records not in ("shared", "apart"):
+            raise SuiteError(f"{path}: records: {records!r}; expected shared (the platform's folders) or apart "
+                             f"(<platform>-{self.name} folders)")
+        self.records_suffix = f"-{self.name}" if records == "apart" else ""
         self.platforms = _selectors(raw.get("platforms") or [], f"{path}: platforms")
         self.env = _str_map(raw.get("env") or {}, f"{path}: env")
         self.args = _mapping(raw.get("args") or {}, f"{path}: args")

@@ -75,8 +75,10 @@ class GoldenStore:
 
     def __init__(self, model: str, platform: str, config: str, meta: dict, force_regen: bool,
                  regen_refusal: Callable[[], str | None] = lambda: None, root: Path = GOLDEN_ROOT,
-                 model_fingerprint: str | None = None, run_dir: Path | None = None) -> None:
+                 model_fingerprint: str | None = None, run_dir: Path | None = None, folder: str | None = None) -> None:
         self.model, self.platform, self.config, self.model_fingerprint = model, platform, config, model_fingerprint
+        # the platform's folder, or the flavour's own beside it (Flavour.records_suffix: `sm_121-fork`)
+        self.folder = folder or platform
         if model_fingerprint:
             meta = {**meta, "model_fingerprint": model_fingerprint}
         self.meta, self.force_regen, self.root = meta, force_regen, root
@@ -84,7 +86,7 @@ class GoldenStore:
                            {"model_fingerprint": model_fingerprint, "flavour": meta.get("flavour")})
 
     def path(self, kind: str) -> Path:
-        return golden_path(self.model, self.platform, self.config, kind, self.root)
+        return golden_path(self.model, self.folder, self.config, kind, self.root)
 
     def load(self, kind: str, level: str, check=None) -> dict | None:
         """The stored data (validated by `check(data, where)`), or None under --force-regen."""
@@ -123,7 +125,7 @@ class GoldenStore:
             # a comparison run never asked whether it may record: its copy must not read as a checked golden
             meta["kernel_path"] = "not checked (a comparison run's copy; --force-regen records a checked golden)"
         # under --goldens-of this store reads another config's golden; the fresh copy is the running config's own
-        own = golden_path(self.model, self.platform, self.meta.get("config") or self.config, kind, self.root)
+        own = golden_path(self.model, self.folder, self.meta.get("config") or self.config, kind, self.root)
         self.store.obtained(own, golden_text(fresh, meta))
         if stored is None:
             self.save(kind, fresh, extra_meta)

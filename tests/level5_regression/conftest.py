@@ -24,8 +24,9 @@ def thresholds(suite):
 
 @pytest.fixture(scope="session")
 def baseline_file(suite, target):
-    platform = suite.keyed_platform()
-    return baseline_path(BASELINE_ROOT, platform_key(platform.name, platform.device), suite.model.alias, target.name)
+    platform = suite.keyed_platform()  # the flavour's own folder beside the device's where it keeps its records apart
+    return baseline_path(BASELINE_ROOT, platform_key(platform.name, platform.device) + suite.flavour.records_suffix,
+                         suite.model.alias, target.name)
 
 
 @pytest.fixture(scope="session")

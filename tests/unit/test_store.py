@@ -187,3 +187,39 @@ def test_a_comparison_run_with_an_unresolved_metric_is_judged_not_refused_as_a_b
     assert BaselineStore(path, Store(tmp_path / "run", False)).settle(fresh)["config"] == "gemv-bf16"
     with pytest.raises(SuiteError, match="unresolved"):  # recording it is still refused
         BaselineStore(path, Store(tmp_path / "run", True)).settle(fresh)
+
+
+def test_the_forks_records_live_apart_so_both_flavours_records_coexist_on_one_machine(tmp_path):
+    """configs/nightly.yaml runs sets for the fork and for upstream vLLM on the same GB10, sharing config names
+    (marlin-bf16, gemm-mxfp8). In one folder each flavour's records refused the other's, and regenerating one erased
+    the other. The fork's flavour file keeps its records apart (`<platform>-fork`); upstream and cpu keep theirs."""
+    from harness.config.catalog import Catalog
+
+    cat = Catalog()
+    assert cat.flavour("fork").records_suffix == "-fork"
+    assert cat.flavour("upstream").records_suffix == "" and cat.flavour("cpu").records_suffix == ""
+
+    def store(flavour, regen=False):
+        meta = {"model": "tiny", "platform": "sm_121", "flavour": flavour}
+        return GoldenStore("tiny", "sm_121", "marlin-bf16", meta, regen, root=tmp_path / "goldens",
+                           folder="sm_121" + cat.flavour(flavour).records_suffix)
+
+    for flavour, data in (("fork", {"x": 1}), ("upstream", {"x": 2})):
+        with pytest.raises(Regenerated):
+            store(flavour, regen=True).save("level2", data)
+    assert store("fork").load("level2", "level2") == {"x": 1} and store("upstream").load("level2", "level2") == {"x": 2}
+    assert store("fork").path("level2") == tmp_path / "goldens" / "tiny" / "sm_121-fork" / "marlin-bf16" / "level2.json"
+    assert store("upstream").path("level2") == tmp_path / "goldens" / "tiny" / "sm_121" / "marlin-bf16" / "level2.json"
+
+
+def test_a_flavour_files_records_value_other_than_shared_or_apart_is_one_line(tmp_path):
+    import shutil
+
+    from harness.config.catalog import CONFIG_DIR, Catalog
+
+    shutil.copytree(CONFIG_DIR, tmp_path / "configs")
+    fork = tmp_path / "configs" / "flavours" / "fork.yaml"
+    fork.write_text(fork.read_text().replace("records: apart", "records: separate"))
+    with pytest.raises(SuiteError, match=r"fork.yaml: records: 'separate'; expected shared .* or apart") as e:
+        Catalog(tmp_path / "configs", verified_dir=tmp_path / "configs" / "verified")
+    assert "\n" not in str(e.value)
