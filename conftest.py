@@ -6,6 +6,7 @@ pytest groups them so each configuration's server boots once and serves every le
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _tell_now(config: pytest.Config, text: str) -> None:
     """A line on the terminal now, past pytest's capture (a wait for another run's server slot)."""
     capture, reporter = (config.pluginmanager.get_plugin(n) for n in ("capturemanager", "terminalreporter"))
-    if capture is None or reporter is None:
+    # a server booted ahead waits on its own thread: suspending the capture there would race the running test's
+    if capture is None or reporter is None or threading.current_thread() is not threading.main_thread():
         print(text, file=sys.stderr, flush=True)
         return
     with capture.global_and_fixture_disabled():
