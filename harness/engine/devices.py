@@ -86,11 +86,11 @@ def machine_lock_dir() -> Path:
         return Path(given)
     path = Path(tempfile.gettempdir()) / "gpt-oss-suite-locks"
     if not path.exists():
-        path.mkdir(exist_ok=True)
         try:
+            path.mkdir(exist_ok=True)
             path.chmod(0o1777)  # like /tmp: any user may lock, none may remove another's files
         except OSError:
-            pass
+            pass  # taking a slot there says why in one line (harness.core.filelock)
     return path
 
 
@@ -124,26 +124,28 @@ def set_wait_notice(tell: Callable[[str], None] | None) -> None:
 
 
 @contextmanager
-def machine_slot(devices: list[str], owner: str | None = None, note: str = "", timeout_s: float | None = None,
-                 order: list[str] | None = None) -> Iterator[None]:
+def machine_slot(devices: list[str], owner: str | None = None, note: str = "",
+                 timeout_s: float | None = None) -> Iterator[None]:
     """Hold the machine-wide slots of `devices` (GPU names; [] = the CPU slot) for as long as a server runs.
 
-    One process's servers share its slots (`owner`, default this process: its xdist worker id, else its pid). The slots are taken in one global
-    order (`order`, default by name) so two servers needing two GPUs each cannot deadlock; a wait says on the
-    terminal who holds the slot, and one longer than SUITE_SLOT_TIMEOUT is one line naming the holder."""
+    One process's servers share its slots (`owner`, default this process: its xdist worker id, else its pid). The
+    slots are taken in one order for every run (GPU index, then name) so two servers needing two GPUs each cannot
+    deadlock; a wait says on the terminal who holds the slot, and one longer than SUITE_SLOT_TIMEOUT is one line
+    naming the holder."""
     timeout_s = slot_timeout_s() if timeout_s is None else timeout_s
     # an xdist worker's slot (harness.plugin.parallel) and its Suite.boot's are one holder
     owner = owner or os.environ.get("PYTEST_XDIST_WORKER") or f"pid{os.getpid()}"
-    rank = {d: i for i, d in enumerate(order or [])}
-    names = slot_names(sorted(devices, key=lambda d: (rank.get(d, len(rank)), d)))
+    names = slot_names(sorted(devices, key=lambda d: (0, int(d), "") if d.isdigit() else (1, 0, d)))
     note = note or f"pid {os.getpid()} ({' '.join(sys.argv)[:160]})"
     note = f"{note}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
     with ExitStack() as held:
         for name in names:
             what = "CPU server slot (one server at a time on shared cores)" if name == "cpu" else \
                 f"GPU {name.removeprefix('gpu-')} slot"
-            held.enter_context(shared_by_owner(
-                owner, machine_lock_dir() / f"{name}.lock", timeout_s, what, note,
-                on_wait=lambda holder, what=what: _wait_notice[0](f"waiting up to {timeout_s:.0f} s for the {what}: {holder} "
-                                                        "(SUITE_SLOT_TIMEOUT sets the limit)")))
+            def on_wait(holder: str, what: str = what) -> None:
+                _wait_notice[0](f"waiting up to {timeout_s:.0f} s for the {what}: {holder} "
+                                "(SUITE_SLOT_TIMEOUT sets the limit)")
+
+            held.enter_context(shared_by_owner(owner, machine_lock_dir() / f"{name}.lock", timeout_s, what, note,
+                                               on_wait=on_wait))
         yield

@@ -162,7 +162,7 @@ class _GroupSuffix:
 def server_slot(worker: str | None, visible: list[str], need: int, is_cuda: bool,
                 timeout_s: float | None = None) -> Iterator[dict[str, str]]:
     """Hold what one server of this worker runs on, for as long as it runs: the machine-wide slots
-    (harness.engine.devices.machine_slot) of its GPUs, taken in the controller's order, or the CPU slot.
+    (harness.engine.devices.machine_slot) of its GPUs, or the CPU slot.
 
     Yields the environment the server needs on top of the worker's (CUDA_VISIBLE_DEVICES when it takes
     more than the worker's own GPU). Without xdist: nothing here (Suite.boot takes the same slots for every
@@ -171,7 +171,7 @@ def server_slot(worker: str | None, visible: list[str], need: int, is_cuda: bool
         yield {}
         return
     devices = gpu_set(device_for_worker(worker, visible), visible, need) if is_cuda else []
-    with machine_slot(devices, owner=worker, timeout_s=timeout_s, order=visible):
+    with machine_slot(devices, owner=worker, timeout_s=timeout_s):
         yield {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if need > 1 else {}
 
 

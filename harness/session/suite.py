@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import threading
 import time
-import sys
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -429,3 +429,21 @@ def test_a_lock_folder_this_user_cannot_write_is_one_line_naming_the_fix(tmp_pat
         with devices.machine_slot(["0"], timeout_s=1):
             pass
     assert "\n" not in str(e.value)
+
+
+def test_every_run_takes_a_servers_gpu_slots_in_one_order(monkeypatch):
+    """Two runs each booting a two-GPU server must take the slots in the same order, or each holds one and waits
+    for the other's: by GPU index (numerically: 2 before 10), whatever order CUDA_VISIBLE_DEVICES lists them in."""
+    taken: list[str] = []
+    real = devices.shared_by_owner
+
+    def record(owner, path, *args, **kwargs):
+        taken.append(Path(path).stem)
+        return real(owner, path, *args, **kwargs)
+
+    monkeypatch.setattr(devices, "shared_by_owner", record)
+    for listed in (["10", "2"], ["2", "10"]):
+        taken.clear()
+        with devices.machine_slot(listed, timeout_s=1):
+            pass
+        assert taken == ["gpu-2", "gpu-10"], taken
