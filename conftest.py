@@ -231,7 +231,7 @@ def goldens(request: pytest.FixtureRequest, suite: Suite, server: RunningServer)
             "server_args": list(request.config.getoption("--server-arg") or [])}
     return GoldenStore(suite.model.alias, platform.name, golden_config, meta, regen, refusal,
                        model_fingerprint=suite.model.fingerprint, run_dir=suite.run_dir,
-                       folder=platform.name + suite.flavour.records_suffix)
+                       folder=suite.golden_folder())
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -99,7 +99,7 @@ class Runner:
                 "flavour": self.suite.flavour.name, "workload": str(WORKLOAD.relative_to(REPO))}
         return GoldenStore(self.suite.model.alias, platform.name, name, meta, self.force_regen, lambda: self.refusal(name),
                            model_fingerprint=self.suite.model.fingerprint, run_dir=self.suite.run_dir,
-                           folder=platform.name + self.suite.flavour.records_suffix)
+                           folder=self.suite.golden_folder())
 
     def refusal(self, name: str) -> str | None:
         kp = self.stage(name, "kernel_path")["kernel_path"]

@@ -225,6 +225,11 @@ class Suite:
                              "baselines cannot be chosen or written; pass --platform=sm_121 (and --device='NVIDIA GB10')")
         return self.platform
 
+    def golden_folder(self) -> str:
+        """The goldens' platform folder: the keyed platform's, or the flavour's own beside it (`sm_121-fork`) where its
+        flavour file keeps its records apart."""
+        return self.keyed_platform().name + self.flavour.records_suffix
+
     def record_refusal(self, server: "RunningServer", request) -> str | None:
         """Why this config's run may not write goldens or baselines (None: it may).
 

@@ -195,9 +195,16 @@ def test_the_forks_records_live_apart_so_both_flavours_records_coexist_on_one_ma
     the other. The fork's flavour file keeps its records apart (`<platform>-fork`); upstream and cpu keep theirs."""
     from harness.config.catalog import Catalog
 
+    from harness.core.platform import Platform
+    from harness.session.suite import Suite
+
     cat = Catalog()
     assert cat.flavour("fork").records_suffix == "-fork"
     assert cat.flavour("upstream").records_suffix == "" and cat.flavour("cpu").records_suffix == ""
+    gb10 = Platform("sm_121", "NVIDIA GB10", (12, 1))
+    folders = {f: Suite(cat, gb10, cat.flavour(f), SuiteError("no model"), tmp_path, None).golden_folder()
+               for f in ("fork", "upstream")}
+    assert folders == {"fork": "sm_121-fork", "upstream": "sm_121"}  # what level 2 and level 6 record under
 
     def store(flavour, regen=False):
         meta = {"model": "tiny", "platform": "sm_121", "flavour": flavour}
