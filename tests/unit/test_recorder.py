@@ -112,6 +112,7 @@ def test_the_report_shows_families_the_diff_and_a_proposal():
     assert {f.name for f in rec.sibling.only_here} == {"Pregraph bytecode", "Torch-Compiled Region: 0/1"}
     assert "_C::rotary_embedding" in {f.name for f in rec.sibling.only_there}
     assert not rec.sibling.sibling_passes_here and not rec.sibling.here_passes_there
+    assert rec.can_accept() == (True, "")
     prop = recorder.proposal(rec)
     assert "Pregraph bytecode" in prop["graphs=on"]["must"] and "Torch-Compiled Region: 0/1" in prop["graphs=on"]["must"]
     assert "_C::rotary_embedding" in prop["graphs=on"]["must_not"]
@@ -120,6 +121,31 @@ def test_the_report_shows_families_the_diff_and_a_proposal():
                  "observed families no declared pattern covers", "## Against the sibling cpu-bf16-eager (graphs: on here, off in cpu-bf16-eager)",
                  "## Proposed expectation", "--accept"):
         assert part in text, part
+
+
+def test_a_sibling_whose_different_trace_the_patterns_cannot_tell_apart_blocks_accepting(tmp_path):
+    # the sibling ran a family this config did not (_C::other_moe), yet cpu-bf16's patterns pass on both traces: level 1.5
+    # could not see cpu-bf16 fall back to that path, and recording the patterns as verified would vouch for nothing
+    cat = Catalog()
+    rec = _recording(cat, "cpu-bf16", COMPILED, "cpu-bf16-eager", COMPILED + ["_C::other_moe"])
+    assert rec.verdict.ok and rec.sibling.tellable and rec.sibling.here_passes_there
+    ok, why = rec.can_accept()
+    assert not ok and "cannot tell them apart" in why and "cpu-bf16's expectation passes on cpu-bf16-eager's trace" in why
+    assert "Cannot be accepted yet: the traces of cpu-bf16 and its sibling cpu-bf16-eager differ" in recorder.report(rec)
+    with pytest.raises(SuiteError, match="cannot tell them apart"):
+        recorder.accept(rec, tmp_path / "cpu.yaml")
+    assert not (tmp_path / "cpu.yaml").exists()
+
+
+def test_a_sibling_that_ran_the_same_kernels_is_reported_and_does_not_block_accepting(tmp_path):
+    # e.g. upstream GB10, where attention=auto is Triton attention: the recording still verifies the patterns
+    cat = Catalog()
+    rec = _recording(cat, "cpu-bf16", COMPILED, "cpu-bf16-eager", COMPILED)
+    assert not rec.sibling.tellable and rec.sibling.here_passes_there
+    assert rec.can_accept() == (True, "")
+    assert "the two runs launched the same kernel families" in recorder.report(rec)
+    recorder.accept(rec, tmp_path / "cpu.yaml")
+    assert (tmp_path / "cpu.yaml").is_file()
 
 
 def test_declared_patterns_that_matched_nothing_are_listed_and_block_accepting(tmp_path):
