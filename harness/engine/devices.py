@@ -3,6 +3,7 @@ pytest-xdist worker pins its servers to (levels 1-6 and the matrix share these r
 slots that keep two runs' servers off one GPU (or, on CPU, off the shared cores)."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
@@ -12,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from harness.core.filelock import shared_by_owner, slot_timeout_s
+from harness.core.nvml import load as load_nvml
 from harness.core.paths import slug
 from harness.core.platform import detect_platform
 from harness.engine.server import flags
@@ -96,9 +98,50 @@ def machine_lock_dir() -> Path:
 
 def slot_names(devices: list[str]) -> list[str]:
     """Lock file names of the slots a server takes: one per GPU (`gpu-0`, `gpu-GPU-8f2c...`), or `cpu` without GPUs.
-    A GPU is named as CUDA_VISIBLE_DEVICES names it: two runs naming one GPU by index and by UUID are not told
-    apart."""
+    Give them `canonical_gpus` names, so that two runs naming one GPU by index and by UUID take one slot."""
     return [f"gpu-{slug(d)}" for d in devices] if devices else ["cpu"]
+
+
+@functools.lru_cache(maxsize=1)
+def _nvml_gpus() -> tuple[tuple[str, str], ...] | None:
+    """(product name, UUID) of each GPU in NVML's index order (PCI bus order), or None where NVML cannot say."""
+    nvml = load_nvml()
+    if nvml is None:
+        return None
+    try:
+        nvml.nvmlInit()
+        try:
+            out = []
+            for i in range(nvml.nvmlDeviceGetCount()):
+                h = nvml.nvmlDeviceGetHandleByIndex(i)
+                name, uuid = nvml.nvmlDeviceGetName(h), nvml.nvmlDeviceGetUUID(h)
+                out.append((name.decode() if isinstance(name, bytes) else str(name),
+                            uuid.decode() if isinstance(uuid, bytes) else str(uuid)))
+            return tuple(out)
+        finally:
+            nvml.nvmlShutdown()
+    except Exception:  # no driver, no permission: the names stay as given (the worst case is today's behaviour)
+        return None
+
+
+def canonical_gpus(devices: list[str], environ: dict[str, str] | None = None) -> list[str]:
+    """Each GPU by its UUID where NVML says which GPU a CUDA_VISIBLE_DEVICES entry means (an index, a UUID or a
+    unique UUID prefix), else as given (no NVML; a MIG instance; an index on a machine whose CUDA order may differ
+    from NVML's: CUDA lists the fastest GPU first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, which is NVML's order
+    wherever all GPUs are one model)."""
+    gpus = _nvml_gpus() if devices else None
+    if not gpus:
+        return list(devices)
+    env = os.environ if environ is None else environ
+    one_order = env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" or len({name for name, _ in gpus}) == 1
+    out = []
+    for d in devices:
+        if d.isdigit():
+            out.append(gpus[int(d)][1] if one_order and int(d) < len(gpus) else d)
+            continue
+        hits = [uuid for _, uuid in gpus if d.startswith("GPU-") and uuid.startswith(d)]
+        out.append(hits[0] if len(hits) == 1 else d)
+    return out
 
 
 def server_gpus(env: dict[str, str], args: list[str], is_cuda: bool) -> list[str]:
@@ -129,19 +172,20 @@ def machine_slot(devices: list[str], owner: str | None = None, note: str = "",
     """Hold the machine-wide slots of `devices` (GPU names; [] = the CPU slot) for as long as a server runs.
 
     One process's servers share its slots (`owner`, default this process: its xdist worker id, else its pid). The
-    slots are taken in one order for every run (GPU index, then name) so two servers needing two GPUs each cannot
+    slots are taken in one order for every run (by UUID where NVML names the GPUs, else by index, then name) so two servers needing two GPUs each cannot
     deadlock; a wait says on the terminal who holds the slot, and one longer than SUITE_SLOT_TIMEOUT is one line
     naming the holder."""
     timeout_s = slot_timeout_s() if timeout_s is None else timeout_s
     # an xdist worker's slot (harness.plugin.parallel) and its Suite.boot's are one holder
     owner = owner or os.environ.get("PYTEST_XDIST_WORKER") or f"pid{os.getpid()}"
-    names = slot_names(sorted(devices, key=lambda d: (0, int(d), "") if d.isdigit() else (1, 0, d)))
+    # canonical names first, so that a run naming GPU 1 and one naming its UUID take one slot in one order
+    named = sorted(zip(canonical_gpus(devices), devices), key=lambda c: (0, int(c[0]), "") if c[0].isdigit() else (1, 0, c[0]))
     note = note or f"pid {os.getpid()} ({' '.join(sys.argv)[:160]})"
     note = f"{note}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
     with ExitStack() as held:
-        for name in names:
+        for name, (canon, given) in zip(slot_names([c for c, _ in named]), named or [("", "")]):
             what = "CPU server slot (one server at a time on shared cores)" if name == "cpu" else \
-                f"GPU {name.removeprefix('gpu-')} slot"
+                f"GPU {given} slot" + ("" if canon == given else f" ({canon})")
             def on_wait(holder: str, what: str = what) -> None:
                 _wait_notice[0](f"waiting up to {timeout_s:.0f} s for the {what}: {holder} "
                                 "(SUITE_SLOT_TIMEOUT sets the limit)")

@@ -447,3 +447,49 @@ def test_every_run_takes_a_servers_gpu_slots_in_one_order(monkeypatch):
         with devices.machine_slot(listed, timeout_s=1):
             pass
         assert taken == ["gpu-2", "gpu-10"], taken
+
+
+H200S = (("NVIDIA H200", "GPU-aaaa1111-0000"), ("NVIDIA H200", "GPU-bbbb2222-0000"))
+
+
+def _slots_taken(monkeypatch) -> list[str]:
+    taken: list[str] = []
+    real = devices.shared_by_owner
+
+    def record(owner, path, *args, **kwargs):
+        taken.append(Path(path).stem)
+        return real(owner, path, *args, **kwargs)
+
+    monkeypatch.setattr(devices, "shared_by_owner", record)
+    return taken
+
+
+def test_one_gpu_named_by_index_or_by_uuid_is_one_slot(monkeypatch):
+    """A nightly job with CUDA_VISIBLE_DEVICES=1 and a run by hand with CUDA_VISIBLE_DEVICES=GPU-bbbb... name one GPU:
+    with a slot per name both booted a server on it. Where NVML lists the GPUs, every name becomes the UUID."""
+    monkeypatch.setattr(devices, "_nvml_gpus", lambda: H200S)
+    taken = _slots_taken(monkeypatch)
+    for name in ("1", "GPU-bbbb2222-0000", "GPU-bbbb"):  # CUDA takes a unique UUID prefix too
+        taken.clear()
+        with devices.machine_slot([name], timeout_s=1):
+            pass
+        assert taken == ["gpu-gpu-bbbb2222-0000"], (name, taken)
+    other = devices.machine_slot(["GPU-bbbb"], owner="the other run", timeout_s=1)
+    other.__enter__()
+    try:
+        with pytest.raises(SuiteError, match=r"GPU 1 slot \(GPU-bbbb2222-0000\)"):
+            with devices.machine_slot(["1"], timeout_s=1):
+                pass
+    finally:
+        other.__exit__(None, None, None)
+
+
+def test_gpu_names_stay_as_given_where_nvml_cannot_say_which_gpu_they_mean(monkeypatch):
+    assert devices.canonical_gpus(["1"]) == ["1"] or devices._nvml_gpus()  # a CPU machine has no NVML
+    monkeypatch.setattr(devices, "_nvml_gpus", lambda: None)
+    assert devices.canonical_gpus(["0", "GPU-bbbb"]) == ["0", "GPU-bbbb"]
+    mixed = (("NVIDIA H200", "GPU-aaaa1111-0000"), ("NVIDIA L4", "GPU-bbbb2222-0000"))
+    monkeypatch.setattr(devices, "_nvml_gpus", lambda: mixed)
+    # CUDA lists the fastest first unless told to follow the PCI bus: an index may not be NVML's index
+    assert devices.canonical_gpus(["1", "GPU-bbbb", "MIG-1234", "GPU-"], {}) == ["1", "GPU-bbbb2222-0000", "MIG-1234", "GPU-"]
+    assert devices.canonical_gpus(["1", "7"], {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) == ["GPU-bbbb2222-0000", "7"]
