@@ -27,6 +27,8 @@ def lock_dir(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv(devices.LOCK_DIR_ENV, str(path))
     # these tests wait on purpose: their notices would go to the terminal, past the capture (the root conftest's)
     monkeypatch.setattr(devices, "_wait_notice", [lambda text: None])
+    # GPUs by the names the tests give them, on a GPU machine too (NVML would name them by UUID: tested apart below)
+    monkeypatch.setattr(devices, "_nvml_gpus", lambda: None)
     return path
 
 
@@ -134,6 +136,8 @@ def test_without_xdist_the_plugin_takes_no_slot(lock_dir):
 _HOLD_SLOT = """
 import sys, time
 sys.path.insert(0, {repo!r})
+import harness.engine.devices
+harness.engine.devices._nvml_gpus = lambda: None  # the names as given, as in the tests' own process
 from harness.engine.devices import machine_slot
 with machine_slot({devices!r}, note="pid of the other run (nightly.sh), server cfg-x"):
     print("held", flush=True)
@@ -214,9 +218,11 @@ def test_one_processs_servers_share_its_slot_across_threads_and_the_last_to_leav
 
 
 def test_suite_boot_holds_the_machine_slot_until_its_server_stops(tmp_path, monkeypatch):
-    """Every server the suite boots (tests and scripts, with or without xdist) holds its GPUs' (here: the CPU's)
+    """Every server the suite boots (tests and scripts, with or without xdist) holds its GPUs' (on CPU: the CPU's)
     slot from before its process starts until it stops, and gives it back when the boot fails."""
     from harness.session.suite import Suite
+
+    held: list[str] = []  # the slot this machine's server takes: its GPU's, or the CPU's
 
     class FakeServer:
         url, served_name, boot_seconds, boot_memory = "http://127.0.0.1:9", "fake", 0.1, None
@@ -225,10 +231,10 @@ def test_suite_boot_holds_the_machine_slot_until_its_server_stops(tmp_path, monk
             self.fail = "--fail" in args
 
         def start(self):
-            probe = subprocess.run([sys.executable, "-c", _HOLD_SLOT.format(repo=str(REPO), devices=[], hold=0)],
+            probe = subprocess.run([sys.executable, "-c", _HOLD_SLOT.format(repo=str(REPO), devices=held, hold=0)],
                                    capture_output=True, text=True, timeout=60,
                                    env={**os.environ, "SUITE_SLOT_TIMEOUT": "1"})
-            assert probe.returncode != 0 and "CPU server slot" in probe.stderr, "started without the slot"
+            assert probe.returncode != 0 and "slot" in probe.stderr, "started without the slot"
             if self.fail:
                 raise SuiteError("boot failed")
             return self
@@ -240,7 +246,8 @@ def test_suite_boot_holds_the_machine_slot_until_its_server_stops(tmp_path, monk
     monkeypatch.setattr(suite_mod.hooks, "random_weights_problem", lambda *a: None)
     suite = Suite.create(None, None, None, None, str(tmp_path), 60)
     target = next(t for t in suite.targets() if t.runnable)
-    free = lambda: subprocess.run([sys.executable, "-c", _HOLD_SLOT.format(repo=str(REPO), devices=[], hold=0)],  # noqa: E731
+    held += devices.server_gpus(dict(os.environ), [], suite.platform.is_cuda)
+    free = lambda: subprocess.run([sys.executable, "-c", _HOLD_SLOT.format(repo=str(REPO), devices=held, hold=0)],  # noqa: E731
                                   capture_output=True, text=True, timeout=60,
                                   env={**os.environ, "SUITE_SLOT_TIMEOUT": "1"}).returncode == 0
     with suite.boot(target):
