@@ -1613,7 +1613,9 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // per SM fastest on qkv and o_proj, at two CTAs per SM (128 registers) on the MoE; the f16 form serves weights with
 // scale bytes above 128. Dropped after that bench: NT 4 (both forms; the MoE skips empty token tiles instead) and
 // NT 16 RT 1 (one or two CTAs per SM); NT 16 RT 1 again on 2026-11-29 with the unrolled tile loop, MoE 2,287.5 against
-// 1,941.5 us for NT 8 RT 2 (kernels/NOTES.md "Fewer instructions per MMA").
+// 1,941.5 us for NT 8 RT 2 (kernels/NOTES.md "Fewer instructions per MMA"). On 2026-12-04, with no tiling spilling,
+// NT 16 RT 1 (one or two CTAs), NT 12 RT 2 and NT 16 RT 2 at 64, 128 and 256 slots per expert: none faster than the
+// served one at any size (kernels/NOTES.md "Wider prefill tilings").
 #define PF_N 3
 #define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>
 static const int PF_RT[PF_N] = {2, 2, 2};
