@@ -172,14 +172,15 @@ def machine_slot(devices: list[str], owner: str | None = None, note: str = "",
     """Hold the machine-wide slots of `devices` (GPU names; [] = the CPU slot) for as long as a server runs.
 
     One process's servers share its slots (`owner`, default this process: its xdist worker id, else its pid). The
-    slots are taken in one order for every run (by UUID where NVML names the GPUs, else by index, then name) so two servers needing two GPUs each cannot
-    deadlock; a wait says on the terminal who holds the slot, and one longer than SUITE_SLOT_TIMEOUT is one line
-    naming the holder."""
+    slots are taken in one order for every run (by UUID where NVML names the GPUs, else by index, then name) so two
+    servers needing two GPUs each cannot deadlock; a wait says on the terminal who holds the slot, and one longer than
+    SUITE_SLOT_TIMEOUT is one line naming the holder."""
     timeout_s = slot_timeout_s() if timeout_s is None else timeout_s
     # an xdist worker's slot (harness.plugin.parallel) and its Suite.boot's are one holder
     owner = owner or os.environ.get("PYTEST_XDIST_WORKER") or f"pid{os.getpid()}"
     # canonical names first, so that a run naming GPU 1 and one naming its UUID take one slot in one order
-    named = sorted(zip(canonical_gpus(devices), devices), key=lambda c: (0, int(c[0]), "") if c[0].isdigit() else (1, 0, c[0]))
+    named = sorted(zip(canonical_gpus(devices), devices),
+                   key=lambda c: (0, int(c[0]), "") if c[0].isdigit() else (1, 0, c[0]))
     note = note or f"pid {os.getpid()} ({' '.join(sys.argv)[:160]})"
     note = f"{note}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
     with ExitStack() as held:
