@@ -65,7 +65,7 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     f.addoption("--against", default=None, metavar="BASELINE",
                 help="judge --config=CANDIDATE against this config as an ad-hoc feature (criteria from --criteria)")
     f.addoption("--criteria", default=None, metavar="'tg32 >= +5%; used_memory <= +1 GB'",
-                help="criteria of an ad-hoc feature, ';'-separated (default: no regression beyond 3%, memory within 2 GB)")
+                help="criteria of an ad-hoc feature, ';'-separated (default: no regression beyond 3%%, memory within 2 GB)")
     f.addoption("--strict-verdicts", action="store_true", default=False,
                 help="an INCONCLUSIVE criterion fails the feature (the nightly's mode)")
     f.addoption("--feature-rounds", type=positive_number(int), default=None,

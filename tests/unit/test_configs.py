@@ -217,6 +217,15 @@ def test_bad_options_exit_nonzero_with_one_line_and_no_traceback(argv, expect):
     assert len([l for l in out.splitlines() if l.strip()]) <= 2, out
 
 
+def test_pytest_help_lists_every_option_of_the_suite():
+    """argparse %-formats each help string: a bare % in one (e.g. "3%,") crashed `pytest --help` with a ValueError."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback (most recent call last)" not in r.stdout + r.stderr, r.stderr[-2000:]
+    for option in ("--config=", "--force-regen", "--criteria=", "--boot-timeout=", "--goldens-of="):
+        assert option in r.stdout, option
+
+
 @pytest.fixture
 def answering_server():
     """A loopback HTTP server whose answer to every GET is what the test sets (a proxy's page, a wrong API)."""
