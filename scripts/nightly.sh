@@ -21,14 +21,18 @@ export SUITE_SET=${SUITE_SET:-gb10}
 dir=${SUITE_NIGHTLY_DIR:-runs/nightly}
 image=${SUITE_VLLM_IMAGE:-}
 cache=${SUITE_CACHE:-$HOME/.cache/gpt-oss-suite}
+# The workflow passes its repository variables as they are: an empty one is unset, not a path
+[ -n "${TRITON_PTXAS_PATH:-}" ] || unset TRITON_PTXAS_PATH
+[ -n "${CUDA_HOME:-}" ] || unset CUDA_HOME
 
 # Run a command where the vLLM under test lives: inside the image (GPU, this checkout mounted at the same
-# path, caches kept in $cache) or on this machine.
+# path, caches kept in $cache) or on this machine. The GPU slots' locks live in $cache/locks, where every container
+# sees them: in each container's own /tmp a nightly and a run by hand would boot on the one GPU together.
 in_env() {
   if [ -n "$image" ]; then
     mkdir -p "$cache"
     docker run --rm --gpus all --ipc=host --network host --user "$(id -u):$(id -g)" \
-      -e HOME=/suite-cache -v "$cache:/suite-cache" -v "$PWD:$PWD" -w "$PWD" \
+      -e HOME=/suite-cache -e SUITE_LOCK_DIR=/suite-cache/locks -v "$cache:/suite-cache" -v "$PWD:$PWD" -w "$PWD" \
       -e SUITE_SET -e SUITE_GROUP -e SUITE_NIGHTLY_ALLOW_UNVERIFIED -e SUITE_BOOT_TIMEOUT -e HF_TOKEN -e PYTHONUNBUFFERED=1 \
       -e TRITON_PTXAS_PATH -e CUDA_HOME \
       "$image" "$@"

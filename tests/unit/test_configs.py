@@ -8,6 +8,7 @@ import pytest
 
 from harness.config.catalog import CONFIG_DIR, Catalog, args_to_argv
 from harness.core.errors import SuiteError
+from tests.unit.recordings import catalog_unrecorded_on
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,7 +88,8 @@ def test_kernel_expectations_follow_the_platform(catalog):
     assert "_matmul_ogs_*mxfp4*" in spec.kernels.must and "*marlin_moe_wna16*" in spec.kernels.must_not
     assert spec.kernels.source["*marlin_moe_wna16*"] == ["moe=triton"]
     assert spec.kernels.verification["moe=triton"].startswith("verified: NVIDIA H200")
-    gb10 = catalog.flavours["upstream"].resolve(catalog.parse("marlin-bf16"), "sm_121").kernels
+    unrecorded = catalog_unrecorded_on("sm_121")  # GB10's patterns as shipped, before any recording of the users'
+    gb10 = unrecorded.flavours["upstream"].resolve(unrecorded.parse("marlin-bf16"), "sm_121").kernels
     assert gb10.must == ["*marlin_moe_wna16*", "*kernel_unified_attention*", "reshape_and_cache_kernel_flash"]
     assert set(gb10.unverified) == {"moe=marlin", "attention=auto"}
 

@@ -19,6 +19,7 @@ import yaml
 from harness.core.errors import SuiteError
 from harness.core.platform import detect_platform
 from harness.plugin import nightly
+from tests.unit.recordings import verified_dir_without, write_verified_everywhere
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "nightly-gb10.yml"
@@ -153,8 +154,9 @@ def test_a_group_whose_pytest_arguments_cannot_be_made_is_not_run_and_fails(tmp_
     tonight's."""
     stale = tmp_path / "smoke" / "junit.xml"
     _junit(stale, 3, 0)
+    # SUITE_PLATFORM=cpu: the cpu set's preflight refuses a GPU machine first (test.sh runs this file on GPU boxes too)
     env = {**os.environ, "SUITE_SET": "cpu", "SUITE_GROUP": "smoke", "SUITE_NIGHTLY_DIR": str(tmp_path),
-           "SUITE_WORKERS": "two"}
+           "SUITE_WORKERS": "two", "SUITE_PLATFORM": "cpu"}
     r = subprocess.run(["bash", "scripts/nightly.sh", "run"], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode != 0 and "NOT RUN (the pytest arguments could not be made" in r.stdout, r.stdout + r.stderr
@@ -212,9 +214,28 @@ def test_preflight_of_the_level6_group_checks_its_plans_combinations(monkeypatch
 
     monkeypatch.setattr(nightly, "detect_platform", lambda: Platform("sm_121", "NVIDIA GB10", (12, 1)))
     monkeypatch.delenv(nightly.ALLOW_UNVERIFIED, raising=False)
+    monkeypatch.setenv("SUITE_VERIFIED_DIR", str(verified_dir_without("sm_121")))  # GB10 as shipped: nothing recorded
     cs = nightly.load_set("gb10")
     problems = "\n".join(nightly.preflight(cs, cs.group("matrix")))
     assert "kernel expectations not verified on a real sm_121 trace" in problems, problems
     plan = nightly.make_plan(nightly.Catalog(), nightly.Catalog().flavour("fork"), "sm_121",
                              nightly.load_matrix().for_platform("sm_121"), cs.model)
     assert plan.names() and all(f"\n  {name}: " in problems for name in plan.names()), problems
+
+
+@pytest.mark.parametrize("set_name", ["gb10", "gb10-upstream"])
+def test_every_group_gates_once_every_gb10_entry_is_recorded_and_none_before(set_name, monkeypatch, tmp_path):
+    """docs/GB10.md's promise: once steps 3 and 4 recorded every kernel entry of what runs, the nightly gates strictly:
+    no group, level 6's plan included, holds a config that no recording can verify (an entry without patterns fails
+    this test). Level 6's fork plan once varied moe=gemv, which the fork's vLLM cannot select (gemv falls through to
+    CUTLASS): configs/flavours/fork.yaml now rejects it on sm_12x, so the plan leaves it out."""
+    from harness.core.platform import Platform
+
+    monkeypatch.setattr(nightly, "detect_platform", lambda: Platform("sm_121", "NVIDIA GB10", (12, 1)))
+    monkeypatch.delenv(nightly.ALLOW_UNVERIFIED, raising=False)
+    cs = nightly.load_set(set_name)
+    monkeypatch.setattr(nightly.Catalog, "default_flavour", lambda self, platform: self.flavour(cs.flavour))
+    monkeypatch.setenv("SUITE_VERIFIED_DIR", str(verified_dir_without("sm_121")))
+    assert all(nightly.preflight(cs, group) for group in cs.groups)  # GB10 as shipped: every group refused
+    monkeypatch.setenv("SUITE_VERIFIED_DIR", str(write_verified_everywhere("sm_121", tmp_path / "verified")))
+    assert {group.name: nightly.preflight(cs, group) for group in cs.groups} == {group.name: [] for group in cs.groups}
