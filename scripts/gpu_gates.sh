@@ -37,10 +37,11 @@ STATE=$(realpath -m "$STATE")
 case "$STATE/" in "$(pwd -P)/"*) echo "gpu_gates: STATE $STATE is inside the repository, which it copies; pass a folder outside it"; exit 2 ;; esac
 mkdir -p "$STATE" || { echo "gpu_gates: STATE $STATE cannot be created; pass a writable folder"; exit 2; }
 OUT=$(mkdir -p "${OUT:-/tmp/gates-out}" && cd "${OUT:-/tmp/gates-out}" && pwd -P) || { echo "gpu_gates: OUT cannot be created; pass a writable folder"; exit 2; }
+# the run's own copy of the tree; models/.materialized is rebuilt from models/ on use (tests beside a run write it)
 if [ "${GPU_GATES_TREE:-}" != "$(pwd -P)" ]; then
   tree=$STATE/tree
   rm -rf "$tree" && mkdir -p "$tree" || exit 2
-  tar -C . --exclude=./runs --exclude=./.device-bundle --exclude=./.venv -cf - . | tar -C "$tree" -xf - || exit 2
+  tar -C . --exclude=./runs --exclude=./.device-bundle --exclude=./.venv --exclude=./models/.materialized -cf - . | tar -C "$tree" -xf - || exit 2
   GPU_GATES_TREE=$tree STATE=$STATE OUT=$OUT exec bash "$tree/scripts/gpu_gates.sh" "$@"
 fi
 ART=$STATE/gates

@@ -103,6 +103,21 @@ def test_latency_direction(factor, status):
     assert v.status == status, v.message
 
 
+def test_a_latency_is_held_to_latency_rise_and_a_rate_to_throughput_drop():
+    """Each direction has its own threshold: a latency judged by the throughput drop passed a rise beyond a strict
+    latency_rise (and failed one within a loose latency_rise)."""
+    strict_latency = replace(T, latency_rise=T.throughput_drop / 3)
+    loose_latency = replace(T, latency_rise=T.throughput_drop * 3)
+    rise = 1.0 + T.throughput_drop * 2 / 3  # beyond the strict latency_rise, within the throughput drop
+    v = compare_metric("ttft_ms", samples(555.0), samples(555.0 * rise, seed=1), False, strict_latency, unit="ms")
+    assert v.status == "fail", v.message
+    rise = 1.0 + T.throughput_drop * 2  # beyond the throughput drop, within the loose latency_rise
+    v = compare_metric("ttft_ms", samples(555.0), samples(555.0 * rise, seed=1), False, loose_latency, unit="ms")
+    assert v.status == "pass", v.message
+    v = compare_metric("tg32", samples(31.6), samples(31.6 / rise, seed=1), True, loose_latency, unit="tok/s")
+    assert v.status == "fail", v.message  # a rate keeps its throughput_drop whatever latency_rise says
+
+
 def test_thresholds_are_configurable():
     strict = Thresholds(throughput_drop=0.01)
     v = compare_metric("tg32", samples(31.6), samples(31.6 * 0.98, seed=1), True, strict)
@@ -175,6 +190,15 @@ def test_used_memory_gate_is_in_gb(growth_gib, status):
                                        (1_100_000, "improved")])
 def test_kv_capacity_gate(kv, status):
     assert regression.compare_kv_capacity(1_000_000, kv, T).status == status
+
+
+@pytest.mark.parametrize("times, status", [(0.9, "pass"), (1.1, "fail")])
+def test_kv_capacity_drop_just_inside_or_beyond_the_gate(times, status):
+    """KV capacity is one number per boot, judged strictly: a drop just inside kv_capacity_drop passes, one just
+    beyond it fails."""
+    base = 1_000_000
+    v = regression.compare_kv_capacity(base, round(base * (1 - times * T.kv_capacity_drop)), T)
+    assert v.status == status, v.message
 
 
 def test_memory_is_strict_on_cpu_where_timing_is_advisory():

@@ -136,6 +136,14 @@ def test_a_stream_that_ends_inside_the_window_is_an_error(fake):
         profile_decode_window(server, "kernel", window=400, timeout_s=20)
 
 
+def test_a_window_that_caught_some_decode_steps_but_not_all_is_still_an_error(fake):
+    """A window is the `window` decode steps it asks for: one that caught a few hundred steps before the stream
+    ended is as short as one that caught none, and a trace of it would be judged on fewer steps than the rule says."""
+    server, _ = fake(tokens=390)  # the profiler starts early in the stream, which ends before 400 tokens more
+    with pytest.raises(SuiteError, match=r"only [1-9]\d* of 400 tokens arrived while profiling"):
+        profile_decode_window(server, "kernel", window=400, timeout_s=20)
+
+
 def test_a_decode_window_on_the_logged_fallback_marks_the_run_excused(tmp_path, monkeypatch):
     """The fork's GEMV MoE ran in the full trace (say, for the first request) but every step of the decode window
     ran the GEMM it falls back to, and the fallback line is in the log: the kernel path passes, excused, and

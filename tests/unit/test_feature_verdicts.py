@@ -95,6 +95,24 @@ def test_an_unmeasured_metric_is_an_error_not_a_pass():
     assert overall([Status.PASS, Status.PASS]) is Status.PASS and overall([]) is Status.ERROR
 
 
+def test_an_undecided_criterion_leaves_the_feature_undecided_not_passed():
+    """A feature whose criteria passed but one that the run could not decide read PASS when INCONCLUSIVE was not
+    among the statuses that outrank PASS."""
+    assert overall([Status.PASS, Status.INCONCLUSIVE]) is Status.INCONCLUSIVE
+    assert overall([Status.INCONCLUSIVE, Status.PASS, Status.PASS]) is Status.INCONCLUSIVE
+
+
+def test_one_round_on_a_side_gives_no_ci_and_no_verdict():
+    """One sample per side has no spread to bootstrap: a ratio of two single numbers, however far off, is no
+    verdict; two rounds per side are the least that is judged."""
+    c = parse_criterion("tg32 >= +10%")
+    for base, cand in (([50.0], [80.0]), ([50.0], [20.0]), (around(50.0), [80.0]), ([50.0], around(80.0))):
+        v = judge_samples(c, base, cand)
+        assert v.status is Status.INCONCLUSIVE and "at least 2 rounds" in v.why, v.why
+    assert judge_samples(c, around(50.0, n=2), around(80.0, n=2, seed=1)).status is Status.PASS
+    assert judge_samples(parse_criterion("ttft_p50_ms <= 500"), None, [900.0]).status is Status.INCONCLUSIVE
+
+
 def test_absolute_bounds_use_the_candidates_median_ci():
     assert judge_samples(parse_criterion("ttft_p50_ms <= 500"), None, around(420.0)).status is Status.PASS
     assert judge_samples(parse_criterion("ttft_p50_ms <= 500"), None, around(560.0)).status is Status.FAIL
@@ -494,6 +512,22 @@ def test_review_findings_of_the_feature_verdicts_each_fail_the_way_they_should(t
     with pytest.raises(SuiteError, match="drop the @c suffix"):
         parse_criterion("ttft_p50@c4 <= 500")
     assert parse_criterion("tpot_ms@d8192 <= 30").unit == "ms"
+
+
+def test_a_gate_level_that_did_not_run_closes_the_gate():
+    """A level the gate requires that never ran (not in the junit, or every test skipped) is no evidence that it
+    passes: the gate must not open on it, whatever the criteria say."""
+    import dataclasses
+
+    from harness.features.levels import LevelOutcome
+    from harness.features.run import gate_verdicts
+
+    f = dataclasses.replace(load_features()["cpu-compiled-decode"], gate=(), gate_levels=("level2",))
+    for levels in ({}, {"level2": LevelOutcome(skipped=3)}):
+        gate, status = gate_verdicts(f, [], levels, Status.PASS)
+        assert [g.status for g in gate] == [Status.ERROR] and status is Status.ERROR, gate
+    assert gate_verdicts(f, [], {"level2": LevelOutcome(passed=3)}, Status.PASS)[1] is Status.PASS
+    assert gate_verdicts(f, [], {"level2": LevelOutcome(passed=3, failed=1)}, Status.PASS)[1] is Status.FAIL
 
 
 # -- the second review of the feature verdicts (2026-12-03): each rule fails on its fault, and holds on an A/A --

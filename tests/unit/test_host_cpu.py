@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 
+from harness.core import stats
 from harness.perf import host_cpu
 
 
@@ -107,6 +108,21 @@ def test_an_unsteady_host_is_named_only_beyond_a_steady_cpus_spread_and_never_fr
                    {"host_cpu": "noisy"}):
         assert host_cpu.unsteady(broken, broken) is None
         assert "during the baseline's boot" in host_cpu.unsteady(cv(0.3), broken)
+
+
+def test_a_decode_held_steady_only_within_steady_while_the_host_changed_speed():
+    """A decode whose CV over a boot of an unsteady host is just inside STEADY did not follow the host; one just
+    beyond it did, and is not to be judged as a kernel-bound decode that held its speed."""
+    run = {"host_cpu": {"available": True, "median_us": 1000.0, "cv": 2 * host_cpu.UNSTEADY}}
+    unit = [1.0 + d for d in (-1.0, 1.0) * 5]
+
+    def decode(cv: float) -> list[float]:
+        a = cv / stats.cv(unit)
+        return [50.0 * (1.0 + a * (x - 1.0)) for x in unit]
+
+    assert stats.cv(decode(0.9 * host_cpu.STEADY)) < host_cpu.STEADY < stats.cv(decode(1.1 * host_cpu.STEADY))
+    assert host_cpu.held_steady(run, decode(0.9 * host_cpu.STEADY))
+    assert not host_cpu.held_steady(run, decode(1.1 * host_cpu.STEADY))
 
 
 def test_a_section_without_a_usable_median_is_not_summarised_rather_than_a_traceback():

@@ -184,6 +184,21 @@ def test_rounds_below_the_loaded_clock_are_flagged():
     assert (d["loaded_sm_mhz"], d["flag_below_mhz"], d["power_limit_w"]) == (1980.0, 1782.0, 700.0)
 
 
+def test_one_low_clock_sample_flags_its_round_even_when_the_median_is_at_the_loaded_clock():
+    """A round is clean only if the SM clock held the whole time: a throttle dip shorter than half the round
+    leaves its median at the loaded clock, and the round's timings are still not at that clock."""
+    import time
+
+    s = clocks.ClockSampler(interval_s=0.001, nvml=FakeNVML(sm=(1980,)))
+    dip = s.threshold_mhz - 1
+    s.nvml.sm, s.nvml.i = [1980.0] * 4 + [dip] + [1980.0] * 5, 0  # 1 sample in 10 below the threshold
+    with s.round() as rc:
+        while s.nvml.i < 10:
+            time.sleep(0.001)
+    assert rc.n >= 10 and rc.sm_mhz == 1980 and rc.sm_min_mhz == dip
+    assert rc.flagged and f"{dip:.0f} MHz" in rc.why, rc
+
+
 def test_no_nvml_means_no_clocks_and_nothing_flagged(monkeypatch):
     monkeypatch.setattr(clocks, "load_nvml", lambda: None)
     s = clocks.ClockSampler()
@@ -294,10 +309,20 @@ class FlagFirst:
         @contextmanager
         def cm():
             self.n += 1
-            low = self.n <= self.k
+            low = self.low(self.n)
             yield clocks.RoundClocks(sm_mhz=1980.0 if not low else 900.0, sm_min_mhz=345.0 if low else 1980.0, n=3,
                                      flagged=low, why="SM clock fell to 345 MHz" if low else None)
         return cm()
+
+    def low(self, n):
+        return n <= self.k
+
+
+class FlagAfter(FlagFirst):
+    """A clock sampler whose rounds after the first `k` ran below the loaded clock."""
+
+    def low(self, n):
+        return n > self.k
 
 
 def test_each_round_is_warmed_up_right_before_it_and_flagged_rounds_are_measured_again():
@@ -411,6 +436,21 @@ def test_gpu_prefill_with_every_round_below_the_loaded_clock_is_unresolved_and_c
     e = bench.gpu_prefill(c, bench.PromptMaker(c), w, _profiler([1000.0, 2000.0, 3000.0], c), FlagFirst(100))
     assert e["samples"] == [64 / 1e-3, 64 / 2e-3] and len(e["rounds"]) == 2 and "flagged" not in e
     assert e["unresolved"] == "only 0 of 2 profiled rounds ran at the loaded clock"
+
+
+def test_too_few_rounds_at_the_loaded_clock_leave_the_metric_unresolved_not_only_none():
+    """`runs` rounds at the loaded clock are what a verdict needs; one clean round and the rest below the loaded
+    clock is as unresolved as none (the flagged rounds are not counted in)."""
+    c = FakeEngineClient([0.05])
+    w = bench.Workload("prefill", 64, 2, 0, 1, runs=3, warmup=0)
+    m = bench.run_workload(c, bench.PromptMaker(c), w, FlagAfter(1), bench.RoundPolicy())
+    assert m.rounds == 1 and m.flagged.rounds > 0
+    e = bench.metrics_for(w, m)["pp64"]
+    assert len(e["samples"]) == 1
+    assert e["unresolved"].startswith(f"only 1 of {1 + m.flagged.rounds} rounds ran at the loaded clock")
+    g = bench.gpu_prefill(c, bench.PromptMaker(c), w, _profiler([1000.0] * 10, c), FlagAfter(1))
+    assert len(g["samples"]) == 1
+    assert g["unresolved"] == f"only 1 of {1 + len(g['flagged'])} profiled rounds ran at the loaded clock"
 
 
 class FlakyMetrics(FakeEngineClient):

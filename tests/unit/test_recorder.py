@@ -189,6 +189,40 @@ def test_a_recording_goes_stale_when_the_patterns_change(tmp_path):
     assert status.startswith("unverified (the verification recorded in") and "record again" in status
 
 
+def test_a_recording_with_its_rules_still_goes_stale_when_the_patterns_change(tmp_path):
+    """The recorded `rules` (must_not, also_runs, ...) matching the flavour's says nothing of `must`: patterns
+    changed since the recording are not what its trace verified."""
+    entry = Catalog().flavour("cpu").values["moe"]["cpu"]["kernels"]["cpu"]
+    for patterns, verified in ((list(entry["must"]), True), (["_C::old_moe"], False)):
+        (tmp_path / "cpu.yaml").write_text(yaml.safe_dump({"values": {"moe": {"cpu": {"kernels": {"cpu": {
+            "verified": "Old CPU, vLLM 0.31, 2026-01-01", "patterns": patterns, "seen": patterns,
+            "rules": entry_rules(entry)}}}}}}))
+        cat = Catalog(verified_dir=tmp_path)
+        status = cat.flavour("cpu").resolve(cat.parse("cpu-bf16"), "cpu").kernels.verification["moe=cpu"]
+        assert status.startswith("verified") is verified, (patterns, status)
+        assert verified or ("they changed since" in status and "record again" in status), status
+
+
+def test_a_run_that_passed_by_a_logged_fallback_cannot_be_accepted(tmp_path):
+    """A trace whose `must` kernel is missing passes level 1.5 when the documented fallback was logged, but it never
+    showed the pattern match anything: recording it as verified would vouch for a path the run did not take."""
+    import dataclasses
+
+    cat = Catalog()
+    flavour, cfg = cat.flavour("cpu"), cat.parse("cpu-bf16")
+    exp = dataclasses.replace(flavour.resolve(cfg, "cpu").kernels,
+                              excuses={"_C::cpu_fused_moe": "(?i)moe.*fall(ing)? ?back"})
+    fell_back = [n for n in COMPILED if n != "_C::cpu_fused_moe"]
+    rec = recorder.compare(cat, flavour, cfg, "cpu", "Test CPU", "0.32.0", _norm(_summary(fell_back)), exp,
+                           server_log="WARNING fused moe falling back to the reference path\n", date="2026-11-22")
+    assert rec.verdict.ok and rec.verdict.excused  # level 1.5 passes it
+    ok, why = rec.can_accept()
+    assert not ok and "passed only by logged fallbacks' excuses" in why, why
+    with pytest.raises(SuiteError, match="fell back"):
+        recorder.accept(rec, tmp_path / "cpu.yaml")
+    assert not (tmp_path / "cpu.yaml").exists()
+
+
 def test_a_recording_without_its_rules_is_stale_and_with_them_holds():
     """A recording made before `rules` were kept covered the patterns only: moe=gemv on sm_90 was recorded with vLLM's
     Triton MoE as its `also_runs` (before the one-copy plugin), and read as verified after those rules were gone."""

@@ -115,7 +115,7 @@ def test_measure_level2_tolerances_checks_every_config_before_the_reference_boot
     assert ("'nonexistent'" in line) if "nonexistent" in configs else ("names no config" in line), line
 
 
-def test_measure_level2_tolerances_refuses_a_config_that_cannot_run_here_before_any_boot(capsys, tmp_path):
+def test_measure_level2_tolerances_refuses_a_config_that_cannot_run_here_before_any_boot(capsys, tmp_path, on_cpu):
     """A known config this platform cannot run (triton-bf16 on CPU; a sm_90-only backend on a GB10) was refused only
     when its turn to boot came, after the reference's and the others' boots (`no_boot` fails a boot)."""
     line = refusal(capsys, measure_level2_tolerances.main, ["--configs", "cpu-bf16,cpu-bf16,triton-bf16", "--out",
@@ -134,7 +134,7 @@ def test_the_command_line_entry_prints_no_traceback(tmp_path, script, argv):
     assert "Traceback" not in r.stdout + r.stderr
 
 
-def test_a_corrupt_reference_under_resume_and_a_bad_boot_timeout_are_one_line(capsys, tmp_path, monkeypatch):
+def test_a_corrupt_reference_under_resume_and_a_bad_boot_timeout_are_one_line(capsys, tmp_path, monkeypatch, on_cpu):
     """--resume read OUT/reference.json with json.loads and no guard; a zero --boot-timeout (or a bad
     SUITE_BOOT_TIMEOUT) went through to a boot that timed out at once."""
     (tmp_path / "reference.json").write_text("{cut")

@@ -29,7 +29,7 @@ def test_the_embedded_model_needs_no_hook():
     assert Model("m", "path").env == {}
 
 
-def test_the_model_env_reaches_every_config_the_suite_boots(tmp_path):
+def test_the_model_env_reaches_every_config_the_suite_boots(tmp_path, on_cpu):
     """Through the suite, as every level boots its servers (Suite.target -> the server spec's env)."""
     suite = Suite.create("cpu-bf16", "gpt-oss-120b-shape", None, None, str(tmp_path / "run"), 60)
     (target,) = suite.targets()

@@ -6,7 +6,7 @@ import pytest
 
 from harness.core.errors import SuiteError
 from harness.correctness.level2 import Level2Result, check_golden_data, judge
-from harness.correctness.logprobs import Scored, Stream, Tolerance, compare_scored
+from harness.correctness.logprobs import Scored, Stream, Tolerance, compare_scored, perplexity_problem
 
 TOL = Tolerance(max_abs=0.25, mean_abs=0.01, ppl_rel=0.002, margin=0.125, source="test")
 
@@ -72,6 +72,73 @@ def test_positions_after_a_stream_divergence_are_still_judged():
     new[35] = {t: v - 1.0 for t, v in new[35].items()}
     d = compare_scored(_scored(IDS, _dists(40)), _scored(IDS, new), TOL, "x")
     assert not d.ok and d.worst_position == 36
+
+
+def test_the_first_scored_position_is_judged():
+    """Position 0 has no context and is skipped; position 1, the first token with one, is judged like any other."""
+    new = _dists(40)
+    new[0] = {**new[0], 50: -2.0 - 4 * TOL.max_abs}
+    d = compare_scored(_scored(IDS, _dists(40)), _scored(IDS, new), TOL, "x")
+    assert not d.ok and d.worst_position == 1 and d.problems[0].startswith("x position 1: "), d.problems
+
+
+def test_the_golden_token_outside_both_top_ks_is_held_to_max_abs():
+    """The token that is there is often ranked below both top-k lists; its own logprob moving 3 nats at one position
+    among hundreds fails that position, although the mean over all of them stays inside mean_abs."""
+    n = 400
+    ids = [1] + [1000 + i for i in range(n)]
+    top = [{}] + [{50: -0.5, 51: -1.5, 52: -2.5} for _ in range(n)]
+    gold = Scored(ids, [None] + [-6.0] * n, top)
+    moved = [None] + [-6.0] * n
+    moved[200] = -9.0
+    d = compare_scored(gold, Scored(ids, moved, top), TOL, "x")
+    assert d.mean_abs < TOL.mean_abs and d.max_abs == pytest.approx(3.0)
+    assert not d.ok and d.worst_position == 200 and "x position 200: token 1199" in d.problems[0], d.problems
+
+
+@pytest.mark.parametrize("gold5, new5", [
+    ({15: -0.70, 50: -0.75}, {50: -0.55, 15: -0.90}),  # a tie in the golden, a clear preference in the new run
+    ({15: -0.55, 50: -0.90}, {50: -0.70, 15: -0.75}),  # and the other way round
+])
+def test_the_top_1_may_change_only_on_a_near_tie_on_both_sides(gold5, new5):
+    """A top-1 change is a near tie only when neither side prefers its top-1 by more than the margin; every token
+    here moves less than max_abs, so only that rule can see it."""
+    rest = {51: -2.5, 52: -3.0, 53: -3.5}
+    gold, new = _dists(40), _dists(40)
+    gold[5], new[5] = {**gold5, **rest}, {**new5, **rest}
+    d = compare_scored(_scored(IDS, gold), _scored(IDS, new), TOL, "x")
+    assert d.max_abs < TOL.max_abs
+    assert not d.ok and "top-1 changed from 15 to 50 without a near tie" in d.problems[0], d.problems
+    gold[5], new[5] = {15: -0.70, 50: -0.75, **rest}, {50: -0.70, 15: -0.75, **rest}  # a tie on both sides
+    assert compare_scored(_scored(IDS, gold), _scored(IDS, new), TOL, "x").ok
+
+
+@pytest.mark.parametrize("times, ok", [(0.9, True), (1.1, False)])
+def test_a_token_missing_from_the_other_top_k_is_excused_only_within_the_slack(times, ok):
+    """A token near the k-th logprob may drop out of the other side's top-k (the last places swap on noise); one
+    further above the k-th than the slack (twice max_abs: a drift within max_abs on each side) that drops out is a
+    moved distribution."""
+    kth, slack = -5.0, 2 * TOL.max_abs
+    gold, new = _dists(40), _dists(40)
+    gold[5] = {15: -0.2, 50: -2.0, 51: -3.0, 52: kth + times * slack, 53: kth}
+    new[5] = {15: -0.2, 50: -2.0, 51: -3.0, 77: kth + times * slack, 53: kth}
+    d = compare_scored(_scored(IDS, gold), _scored(IDS, new), TOL, "x")
+    assert d.ok is ok and (ok or "token 52 is in the golden top-5" in d.problems[0]), d.problems
+
+
+@pytest.mark.parametrize("times, ok", [(0.9, True), (1.1, False)])
+def test_perplexity_is_held_to_ppl_rel_either_way(times, ok):
+    """Held-out perplexity just inside ppl_rel of the golden's is the same model, just beyond it (higher or lower)
+    is not."""
+    for sign in (1, -1):
+        problem = perplexity_problem(8.0, 8.0 * (1 + sign * times * TOL.ppl_rel), 100, TOL)
+        assert (problem is None) is ok, problem
+
+
+def test_a_perplexity_that_is_not_a_number_fails():
+    """NaN compares False with every tolerance: a run whose held-out perplexity is NaN would pass."""
+    for bad in (math.nan, math.inf):
+        assert "perplexity" in perplexity_problem(8.0, bad, 100, TOL)
 
 
 def test_different_sequences_cannot_be_compared():

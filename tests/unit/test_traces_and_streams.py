@@ -10,7 +10,7 @@ from harness.config.catalog import KernelExpectation
 from harness.core.errors import SuiteError
 from harness.engine import server as server_mod
 from harness.correctness.goldens import golden_text, load_golden
-from harness.correctness.logprobs import Stream, Tolerance, compare_streams
+from harness.correctness.logprobs import MIN_MEAN_POSITIONS, Stream, Tolerance, compare_streams
 from harness.engine.server_metrics import EngineRound
 from harness.kernelpath.traces import check_path, cpu_attention_sinks, parse_trace
 from harness.perf import bench
@@ -78,6 +78,23 @@ def test_the_suites_own_log_header_is_never_read_as_a_logged_fallback(tmp_path, 
     v = check_path(s, exp, header + echo)
     assert not v.ok and not v.excused, v
     # vLLM's own line still excuses it
+    assert check_path(s, exp, header + "WARNING gemv path falling back to GEMM for M=2\n").ok
+
+
+def test_the_suites_argv_and_env_header_lines_never_excuse_even_without_a_path(tmp_path, monkeypatch):
+    """The header's words need not sit in a path: a served model name or an env value of `gemv-fallback-check` is the
+    suite's own text, not vLLM logging a fallback."""
+    monkeypatch.setattr(server_mod.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("no boot")))
+    srv = server_mod.VllmServer(model="m", log_path=tmp_path / "server.log",
+                                env_extra={"SUITE_RUN": "gemv-fallback-check"},
+                                argv_extra=["--served-model-name", "gemv-fallback-check"])
+    with pytest.raises(OSError):
+        srv.start()
+    header = srv.log_path.read_text()
+    s = parse_trace(_trace(tmp_path, [{"cat": "kernel", "name": "cutlass_gemm", "dur": 1}]), "kernel")
+    exp = KernelExpectation(must=["*gemv_fp4*"], excuses={"*gemv_fp4*": "(?i)gemv.*fall(ing)? ?back"})
+    v = check_path(s, exp, header)
+    assert not v.ok and not v.excused, (header, v)
     assert check_path(s, exp, header + "WARNING gemv path falling back to GEMM for M=2\n").ok
 
 
@@ -168,6 +185,64 @@ def test_a_small_systematic_shift_of_the_decoded_logprobs_fails():
     assert compare_streams(g, within, TOL).ok  # 0.005: inside mean_abs
     few = _stream(g.tokens[:4], [{10 + i: -0.55, 50 + i: -3.0} for i in range(4)])
     assert compare_streams(_stream(g.tokens[:4], tops[:4]), few, TOL).ok  # 4 positions: too few for a mean
+
+
+def test_a_decode_shift_before_an_accepted_near_tie_still_fails_by_the_mean():
+    """A near tie ends the stream comparison at the swap; the positions decoded before it are the only sight of a
+    decode-only shift, so their mean is judged before the tie is accepted."""
+    n = 3 * MIN_MEAN_POSITIONS
+    tops = [{10 + i: -0.5, 50 + i: -3.0} for i in range(n)]
+    tie = {2: -0.70, 7: -0.70 - TOL.margin / 2}
+    g = _stream([10 + i for i in range(n)] + [2], tops + [tie])
+    shift = 5 * TOL.mean_abs  # every position within max_abs, their mean far beyond mean_abs
+    assert shift < TOL.max_abs
+    flip = {7: -0.70 - shift, 2: -0.70 - shift - TOL.margin / 2}
+    shifted = _stream(g.tokens[:n] + [7], [{10 + i: -0.5 - shift, 50 + i: -3.0} for i in range(n)] + [flip])
+    v = compare_streams(g, shifted, TOL)
+    assert not v.ok and v.position == n and v.message.startswith(f"before position {n}: mean |delta logprob|"), v
+    unshifted = _stream(g.tokens[:n] + [7], tops + [{7: -0.70, 2: -0.70 - TOL.margin / 2}])
+    assert compare_streams(g, unshifted, TOL).ok  # the same tie without the shift is accepted
+
+
+def test_a_stream_that_stopped_early_or_ran_on_is_not_identical():
+    """Every token both streams hold can agree while one of them is shorter: an EOS the golden never chose (or one it
+    did that the run ran past) is a different completion."""
+    g = _stream([1, 2, 3], [{1: -0.1, 5: -3.0}, {2: -0.1, 6: -3.0}, {3: -0.1, 8: -3.0}])
+    for shorter, longer in ((g, _stream(g.tokens[:2], g.top[:2])), (_stream(g.tokens[:2], g.top[:2]), g)):
+        v = compare_streams(shorter, longer, TOL)
+        assert not v.ok and not v.identical and v.position == 2 and "lengths differ" in v.message, v
+
+
+@pytest.mark.parametrize("times, ok", [(0.9, True), (1.1, False)])
+def test_the_chosen_tokens_logprob_is_held_to_max_abs(times, ok):
+    """The same greedy token with its logprob moved: just inside max_abs is the same model, just beyond it is not,
+    and the failure names the chosen token's logprob."""
+    g = _stream([1, 2], [{1: -0.1}, {2: -0.5}])
+    n = _stream([1, 2], [{1: -0.1}, {2: -0.5 - times * TOL.max_abs}])
+    v = compare_streams(g, n, TOL)
+    assert v.ok is ok, v.message
+    assert ok or v.message.startswith("position 1: same token 2, logprob"), v.message
+
+
+@pytest.mark.parametrize("times, ok", [(0.9, True), (1.1, False)])
+def test_a_swap_is_a_near_tie_only_within_the_margin_on_the_golden_side(times, ok):
+    """The golden's preference for its own token decides a swap as much as the new run's does: just inside the
+    margin is a near tie, just beyond it is a changed model."""
+    g = _stream([1, 2], [{1: -0.1}, {2: -0.70, 7: -0.70 - times * TOL.margin}])
+    n = _stream([1, 7], [{1: -0.1}, {7: -0.70, 2: -0.70}])
+    v = compare_streams(g, n, TOL)
+    assert v.ok is ok and (ok or "golden prefers its token" in v.message), v.message
+
+
+@pytest.mark.parametrize("times, ok", [(0.9, True), (1.1, False)])
+def test_the_decoded_positions_mean_is_held_to_mean_abs(times, ok):
+    """A decode-only shift just inside mean_abs over the decoded positions is noise, just beyond it a fault."""
+    n = 3 * MIN_MEAN_POSITIONS
+    g = _stream([10 + i for i in range(n)], [{10 + i: -0.5, 50 + i: -3.0} for i in range(n)])
+    shifted = _stream(g.tokens, [{10 + i: -0.5 - times * TOL.mean_abs, 50 + i: -3.0} for i in range(n)])
+    v = compare_streams(g, shifted, TOL)
+    assert v.ok is ok and (ok or "mean |delta logprob|" in v.message), v.message
+
 
 def test_golden_files_missing_or_corrupt_name_the_fix(tmp_path):
     with pytest.raises(SuiteError, match="create it with: pytest -m level2"):
