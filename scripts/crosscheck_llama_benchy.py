@@ -38,6 +38,7 @@ from harness.perf import bench, metrics as perf
 from harness.core import stats  # noqa: E402
 from harness.engine.client import Client  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
 
 TOLERANCE = 0.02
 CORPUS_FILES = ("README.md", "docs/DESIGN.md", "models/tiny-gpt-oss/MODEL_CARD.md", "models/tiny-gpt-oss/heldout.txt",
@@ -149,8 +150,10 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="output dir (default runs/crosscheck-<time>)")
     ap.add_argument("--boot-timeout", type=float, default=900)
     a = ap.parse_args()
-    out = Path(a.out or REPO / "runs" / f"crosscheck-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # before anything else: a folder it cannot write was a traceback
+        out = writable_dir(Path(a.out or REPO / "runs" / f"crosscheck-{time.strftime('%Y%m%d-%H%M%S')}"), "--out")
+    except SuiteError as e:
+        fail(str(e))
     if importlib.util.find_spec("llama_benchy") is None:
         fail("llama-benchy is not installed (pip install llama-benchy==0.4.0; the GPU bundle's deps chunk carries it)")
     running, tokenizer = None, a.tokenizer

@@ -17,13 +17,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.perf import host_cpu  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
 from harness.perf.results import UNJUDGED, read_results, results_files  # noqa: E402
 
 
 def _verdicts(run: Path) -> list[dict]:
     out = []
     for p in sorted((run / "verdicts").glob("*.json")):
-        out += json.loads(p.read_text())
+        try:
+            vs = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:  # a phase killed while writing it
+            raise SuiteError(f"cannot read verdicts {p} ({type(e).__name__}); rerun that phase or remove the file") from None
+        # every verdict is read by its status below: a list of objects with one, as level 5 writes them
+        if not isinstance(vs, list) or not all(isinstance(v, dict) and isinstance(v.get("status"), str) for v in vs):
+            raise SuiteError(f"verdicts {p}: expected a list of verdicts, each with a `status`; rerun that phase "
+                             "or remove the file")
+        out += vs
     return out
 
 
@@ -177,13 +186,28 @@ def main(root: Path, out: Path) -> int:
               f"- sensitivity curve: the larger slowdown fails and the smaller passes on decode and prefill: {mark[curve_ok]}",
               f"- +1.5 GiB held fails the used-memory gate: {mark[held_ok]}",
               f"- llama-benchy cross-check: {benchy or 'not run'}"]
-    out.write_text("\n".join(lines) + "\n")
+    try:
+        out.write_text("\n".join(lines) + "\n")
+    except OSError as e:
+        raise SuiteError(f"OUT {out}: cannot write it ({e.strerror}); pass a writable file path") from None
     print("\n".join(lines[-5:]))
     return 0
 
 
-if __name__ == "__main__":
+def cli(argv: list[str]) -> int:
+    """The command line: bad arguments are one line and exit 2, never a traceback."""
     try:
-        raise SystemExit(main(Path(sys.argv[1]), Path(sys.argv[2])))
+        if len(argv) != 2:
+            raise SuiteError("usage: gates_summary.py RUNS_ROOT OUT.md")
+        root, out = Path(argv[0]), Path(argv[1])
+        if not root.is_dir():
+            raise SuiteError(f"RUNS_ROOT {root}: not a directory; pass the folder scripts/gpu_gates.sh wrote")
+        writable_dir(out.parent, "OUT's folder")
+        return main(root, out)
     except SuiteError as e:  # a results file a killed phase left truncated: one line naming it
-        raise SystemExit(f"gates_summary: {e}") from None
+        print(f"gates_summary: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli(sys.argv[1:]))

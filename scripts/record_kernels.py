@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
 from harness.plugin.options import positive_number  # noqa: E402
 
 
@@ -63,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-summaries", default=None, metavar="DIR",
                     help="re-use an earlier recording's kernel summaries (no boot): the run dir of that recording")
     args = ap.parse_args(argv)
-    if args.verified_dir:
-        os.environ["SUITE_VERIFIED_DIR"] = str(Path(args.verified_dir).resolve())
     try:
+        if args.verified_dir:  # checked before any boot: --accept wrote there only after the recording
+            os.environ["SUITE_VERIFIED_DIR"] = str(writable_dir(Path(args.verified_dir), "--verified-dir"))
         return _run(args)
     except SuiteError as e:
         print(f"record_kernels: {e}", file=sys.stderr)

@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV, ROUTES_ENV  # noqa: E402
 from harness.perf import bench  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
@@ -93,10 +94,9 @@ def main() -> int:
                     "collapsed routing (the router bias picks the same top-4 for every token)")
     ap.add_argument("--boot-timeout", type=float, default=900)
     a = ap.parse_args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    routes = out / f"routes-{a.model}-{a.config}.hook.json"
     try:
+        out = writable_dir(Path(a.out), "--out")  # before the boot: a folder it cannot write was a traceback
+        routes = out / f"routes-{a.model}-{a.config}.hook.json"
         suite = Suite.create(a.config, a.model, None, None, str(out / "suite-run"), a.boot_timeout)
         target = next(t for t in suite.targets() if t.name == a.config)
         env = {ROUTES_ENV: str(routes), **({RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else {})}

@@ -138,7 +138,11 @@ class Catalog:
         self.defaults = _str_map(raw.get("defaults") or {}, f"{config_dir / 'configs.yaml'}: defaults")
         _selectors(list(self.defaults), f"{config_dir / 'configs.yaml'}: defaults")  # a typo would match no platform
         self.named: list[Config] = []
-        for i, entry in enumerate(raw.get("configs") or []):
+        named = raw.get("configs") or []
+        if not isinstance(named, list):  # `configs: 5` was a TypeError in pytest --list-configs
+            raise SuiteError(f"{config_dir / 'configs.yaml'}: configs: expected a list of {{axis: value}} mappings, "
+                             f"got {type(named).__name__} {str(named)[:60]}")
+        for i, entry in enumerate(named):
             where = f"{config_dir / 'configs.yaml'}: config #{i + 1}"
             if not isinstance(entry, dict):
                 raise SuiteError(f"{where} is not a mapping of axis: value")
@@ -293,10 +297,16 @@ class Flavour:
         self.args = _mapping(raw.get("args") or {}, f"{path}: args")
         self.values: dict[str, dict[str, dict]] = {}
         self.unsupported = _str_map(raw.get("unsupported") or {}, f"{path}: unsupported")
-        self.combos = list(raw.get("combos") or [])
+        self.combos = raw.get("combos") or []
+        if not isinstance(self.combos, list):
+            raise SuiteError(f"{path}: combos: expected a list of {{when: {{axis: value}}, env, args}}, "
+                             f"got {type(self.combos).__name__} {str(self.combos)[:60]}")
         for i, combo in enumerate(self.combos):  # checked here: Flavour.resolve runs inside pytest's collection
             where = f"{path}: combos #{i + 1}"
             _mapping(_mapping(combo, where).get("args") or {}, f"{where}.args")
+            for a, v in _mapping(combo.get("when") or {}, f"{where}.when").items():  # resolve looks each axis up
+                if str(a) not in catalog.axes or str(v) not in catalog.axes[str(a)].tokens:
+                    raise SuiteError(f"{where}.when: {a}={v} is not an axis value of configs/axes.yaml")
         self.rejects = _rejects(raw.get("rejects") or [], catalog, f"{path}: rejects")
         self.common_seen = {str(k): _str_list(v, f"{path}: common_seen.{k}")
                             for k, v in _mapping(raw.get("common_seen") or {}, f"{path}: common_seen").items()}

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 import requests
+import urllib3
 
 from harness.core.errors import SuiteError
 
@@ -69,16 +70,21 @@ class Client:
 
     def _post(self, path: str, body: dict[str, Any], stream: bool = False) -> requests.Response:
         self._check()
+        deadline = time.monotonic() + self.timeout_s
         try:
-            return self.session.post(self.base_url + path, json=body, timeout=self.timeout_s, stream=stream)
+            r = self.session.post(self.base_url + path, json=body, timeout=self.timeout_s, stream=True)
+            return r if stream else _read_by(r, deadline, self.timeout_s)
         except requests.RequestException as e:
             self._check()  # a dead server explains itself better than the socket error
             raise SuiteError(f"POST {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
 
-    def get(self, path: str, timeout_s: float = 30.0) -> requests.Response:
+    def get(self, path: str, timeout_s: float | None = None) -> requests.Response:
+        """GET within `timeout_s` in all (unless given: 30 s, or the client's own timeout where shorter)."""
+        timeout_s = min(self.timeout_s, 30.0) if timeout_s is None else timeout_s
         self._check()
+        deadline = time.monotonic() + timeout_s
         try:
-            return self.session.get(self.base_url + path, timeout=timeout_s)
+            return _read_by(self.session.get(self.base_url + path, timeout=timeout_s, stream=True), deadline, timeout_s)
         except requests.RequestException as e:
             self._check()
             raise SuiteError(f"GET {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
@@ -226,6 +232,32 @@ class Client:
                 "(use a server that honours stream_options.include_usage)"
             )
         return StreamResult("".join(text), times, counted, usage, t_sent, t_end, finish)
+
+
+def _read_by(r: requests.Response, deadline: float, timeout_s: float) -> requests.Response:
+    """`r` with its whole body read before `deadline` (time.monotonic). requests' timeout bounds each socket read,
+    not the answer: a server that sends its headers and then a byte every few seconds would hang the caller for
+    ever. The body is read one socket read at a time (urllib3's read1), so the clock is checked between reads.
+    urllib3 before 2.1 has no read1: there the body is read whole, bounded per read only, as before."""
+    if not hasattr(r.raw, "read1"):
+        r.content  # noqa: B018 - reads the body into r._content, which r.text / r.json() use
+        return r
+    body = []
+    try:
+        while chunk := r.raw.read1(65536, decode_content=True):
+            body.append(chunk)
+            if time.monotonic() > deadline:
+                raise requests.Timeout(f"the answer was not complete after {timeout_s:g} s (it trickles in)")
+    except requests.RequestException:
+        r.close()
+        raise
+    except (OSError, urllib3.exceptions.HTTPError) as e:  # what requests' own body read wraps
+        r.close()
+        raise requests.ConnectionError(e) from None
+    r._content = b"".join(body)  # r.text / r.json() read this; nothing left on the socket
+    r._content_consumed = True
+    r.raw.release_conn()  # read to the end: the connection goes back to the pool for the next request
+    return r
 
 
 def _raise_for(r: requests.Response, what: str) -> None:

@@ -142,6 +142,8 @@ def read_manifest(src: Path) -> dict:
                                                        # folder this one was made from (checked)
     """
     m = json.loads((src / MANIFEST).read_text())
+    if not isinstance(m, dict) or not isinstance(m.get("sha256", {}), dict):  # else an AttributeError, a traceback
+        raise TypeError(f"{MANIFEST} is not a JSON object with a sha256 object: {str(m)[:60]}")
     if m.get("format") != "compact-gpt-oss/1":
         raise SuiteError(f"{src / MANIFEST}: unknown format {m.get('format')!r}")
     for rel, digest in m.get("sha256", {}).items():

@@ -14,12 +14,13 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Sequence
 
 from harness.core import stats
 from harness.core.errors import SuiteError
-from harness.core.paths import REPO
+from harness.core.paths import REPO, writable_dir
 from harness.features.judge import GIB, CriterionVerdict, Status
 from harness.features.run import FeatureResult
 from harness.features.spec import load_features, parse_criterion
@@ -285,9 +286,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--review-dir", default=str(REPO / "docs" / "porting"))
     ap.add_argument("--artifacts", default=None, help="where the run's artifacts now are (if moved)")
     a = ap.parse_args(argv)
+    try:
+        _rerender(a)
+    except (SuiteError, OSError) as e:  # OSError: a review file it cannot write after all
+        print(f"review: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _rerender(a: argparse.Namespace) -> None:
+    review_dir = writable_dir(Path(a.review_dir), "--review-dir")  # before any file is read: one line, not an OSError
     features = load_features()
     for v in a.verdicts:
-        data = json.loads(Path(v).read_text(encoding="utf-8"))
+        try:
+            data = json.loads(Path(v).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:  # missing, or not JSON: a traceback before
+            raise SuiteError(f"{v}: cannot read it ({type(e).__name__}); pass a runs/<run>/features/<name>/"
+                             "verdict.json") from None
+        if not isinstance(data, dict) or "feature" not in data:
+            raise SuiteError(f"{v}: not a feature verdict (no `feature`); pass a runs/<run>/features/<name>/verdict.json")
         if data["feature"] not in features:
             raise SuiteError(f"{v}: feature {data['feature']} is not in configs/features.yaml")
         # what that run judged (its candidate, baseline, hypothesis and criteria), whatever the file says today
@@ -296,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         result = FeatureResult.from_json(data, feature)
         if a.artifacts:
             result.artifacts = str(Path(a.artifacts) / data["feature"])
-        print(write_review(result, Path(a.review_dir)))
-    return 0
+        print(write_review(result, review_dir))
 
 
 if __name__ == "__main__":

@@ -43,4 +43,9 @@ def read_results(path: Path) -> dict:
         raise SuiteError(f"cannot read results {path} ({type(e).__name__}); rerun level 4 to write it again") from None
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         raise SuiteError(f"results {path} has no metrics mapping: not a level 4 results file")
+    # the names a run is filed and judged under (slugged into baseline paths): a number there was an AttributeError
+    for key in ("platform", "device", "config", "model"):
+        if key in data and not isinstance(data[key], str):
+            raise SuiteError(f"results {path}: `{key}` is {str(data[key])[:40]!r}, not a name; rerun level 4 to write "
+                             "it again")
     return data

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from harness.config.catalog import UNDECLARED, Catalog
 from harness.core.errors import SuiteError
-from harness.core.paths import REPO
+from harness.core.paths import REPO, writable_dir
 from harness.core.platform import detect_platform, platform_matches
 from harness.core.yamlfile import load_mapping
 from harness.matrix.combinations import load_matrix, make_plan
@@ -328,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--title", default=None)
     a = ap.parse_args(argv)
     try:
+        if a.command in ("summary", "merge", "pytest-args"):  # Path(None) was a TypeError traceback
+            if not a.dir:
+                raise SuiteError(f"{a.command} needs --dir (the run folder; scripts/nightly.sh passes one under "
+                                 "$SUITE_NIGHTLY_DIR)")
+            if a.command != "summary":  # both write there: a folder it cannot write is one line, not an OSError
+                writable_dir(Path(a.dir), "--dir (SUITE_NIGHTLY_DIR)")
         if a.command == "summary":
             print(summary(Path(a.dir), a.title or Path(a.dir).name))
             return 0

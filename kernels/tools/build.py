@@ -117,6 +117,22 @@ def gencode(arch: str) -> list[str]:
     return ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
 
 
+def arch_option(arch: str) -> str:
+    """argparse type of --arch: a bad one is argparse's one line and exit 2, not a traceback from gencode."""
+    try:
+        gencode(arch)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return arch
+
+
+def source_option(src: str) -> Path:
+    """argparse type of --src: a file that is not there is argparse's one line, not nvcc's error after the lookup."""
+    if not Path(src).is_file():
+        raise argparse.ArgumentTypeError(f"{src}: no such file; pass a CUDA source such as {SRC}")
+    return Path(src)
+
+
 def _cache_dir() -> Path:
     return Path(os.environ.get("KERNELS_CACHE_DIR", Path.home() / ".cache" / "kernels_mxfp4")) / "cubin"
 
@@ -156,9 +172,10 @@ def disassemble(cubin: Path, tc: Toolchain) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.tools.build", description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", action="append", help=f"real architecture, repeatable (default: {' '.join(ARCHS)})")
+    ap.add_argument("--arch", action="append", type=arch_option,
+                    help=f"real architecture, repeatable (default: {' '.join(ARCHS)})")
     ap.add_argument("--nvcc", help="this nvcc instead of the wheel's")
-    ap.add_argument("--src", default=str(SRC), help="CUDA source (default kernels/csrc/mxfp4_mma.cu)")
+    ap.add_argument("--src", default=str(SRC), type=source_option, help="CUDA source (default kernels/csrc/mxfp4_mma.cu)")
     args = ap.parse_args(argv)
     try:
         tc = find_toolchain(args.nvcc)

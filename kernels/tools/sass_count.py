@@ -301,7 +301,7 @@ def print_rows(rows: list[dict], arch: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.tools.sass_count", description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", action="append", help="e.g. 90, 90a, 121a; repeatable (default 90a)")
+    ap.add_argument("--arch", action="append", type=build.arch_option, help="e.g. 90, 90a, 121a; repeatable (default 90a)")
     ap.add_argument("--cuda", action="store_true", help="only the CUDA kernels")
     ap.add_argument("--triton", action="store_true", help="only the Triton kernels")
     ap.add_argument("--nvcc", help="build with this nvcc instead of the wheel's (kernels/tools/build.py)")

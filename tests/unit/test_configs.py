@@ -114,8 +114,17 @@ def _copy_configs(tmp_path: Path) -> Path:
     ("flavours/cpu.yaml", "args:  #", "args: [--dtype]\nunused:  #", "cpu.yaml: args: expected a mapping of NAME: value, got list"),
     ("flavours/cpu.yaml", '"off": {args: {--no-enable-chunked-prefill: null}}', '"off": {args: [--no-enable-chunked-prefill]}',
      "args: expected a mapping of NAME: value, got list"),
+    ("configs.yaml", "configs:\n", "configs: 5\nconfigs_as_they_were:\n", "configs.yaml: configs: expected a list"),
+    ("flavours/upstream.yaml", "combos:\n", "combos: 5\ncombos_as_they_were:\n", "upstream.yaml: combos: expected a list"),
+    ("flavours/upstream.yaml", "  - when: {moe: gemm, activation: mxfp8}", "  - when: moe=gemm",
+     "upstream.yaml: combos #1.when: expected a mapping of NAME: value, got str"),
+    ("flavours/upstream.yaml", "  - when: {moe: gemm, activation: mxfp8}", "  - when: [moe, gemm]",
+     "upstream.yaml: combos #1.when: expected a mapping of NAME: value, got list"),
+    ("flavours/upstream.yaml", "  - when: {moe: gemm, activation: mxfp8}", "  - when: {moee: gemm}",
+     "upstream.yaml: combos #1.when: moee=gemm is not an axis value"),
 ], ids=["defaults-as-a-list", "a-mistyped-default-selector", "platforms-as-a-string", "args-as-a-list",
-        "a-values-args-as-a-list"])
+        "a-values-args-as-a-list", "configs-a-number", "combos-a-number", "combo-when-a-string", "combo-when-a-list",
+        "combo-when-an-unknown-axis"])
 def test_a_config_file_of_the_wrong_shape_is_one_clear_line(tmp_path, file, old, new, expect):
     """Once INTERNALERRORs (dict() of a list) or a silent miss (a mistyped selector matches no platform, so its
     default is never used); each is now refused when the catalog loads, naming the file and the key."""

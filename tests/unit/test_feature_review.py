@@ -2,6 +2,8 @@
 result, hand-written sections kept byte for byte; the matrix and the verdict JSON."""
 import json
 
+import pytest
+
 from harness.features.judge import Status, judge_number, judge_samples
 from harness.features.levels import LevelOutcome, read_junit
 from harness.features.measure import Side
@@ -139,3 +141,26 @@ def test_a_baseline_row_shows_its_metrics_when_another_feature_leads_the_columns
     assert [c.strip() for c in header.strip("|").split("|")][4:6] == [ttft.metric, "tg32"], header
     row = next(ln for ln in m.splitlines() if ln.startswith("| cpu-bf16-eager | baseline"))
     assert [c.strip() for c in row.strip("|").split("|")][5] == "100.2", row  # the median of the baseline's tg32
+
+
+@pytest.mark.parametrize("case", ["missing", "not-json", "not-a-verdict", "unknown-feature", "review-dir-unwritable"])
+def test_rerendering_bad_input_is_one_line(tmp_path, capsys, case):
+    """A missing or non-JSON verdict file, an unknown feature (a SuiteError raised out of main) and a --review-dir it
+    cannot write were each a traceback."""
+    from harness.features import review
+
+    verdict, review_dir = tmp_path / "verdict.json", str(tmp_path / "out")
+    data = result(tmp_path).to_json()
+    if case == "not-json":
+        verdict.write_text("{cut")
+    elif case == "not-a-verdict":
+        verdict.write_text("[1, 2]")
+    elif case == "unknown-feature":
+        verdict.write_text(json.dumps({**data, "feature": "no-such-feature"}))
+    elif case == "review-dir-unwritable":
+        verdict.write_text(json.dumps(data))
+        review_dir = "/proc/nope"
+    assert review.main([str(verdict), "--review-dir", review_dir]) == 2
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("review: ") and "Traceback" not in err, (out, err)

@@ -119,6 +119,13 @@ def test_corrupt_results_name_the_file(tmp_path, capsys):
     assert "gpt-oss-120b-shape__gemv-bf16.json" in line and "rerun level 4" in line, line
 
 
+@pytest.mark.parametrize("key, value", [("device", 5), ("platform", None), ("config", ["gemv-bf16"])])
+def test_results_whose_names_are_not_strings_name_the_file(tmp_path, capsys, key, value):
+    """`"device": 5` was an AttributeError traceback from slugging it into the baseline's platform key."""
+    line = one_line(capsys, [str(run_dir(tmp_path, rerun(**{key: value}))), "--baseline", str(BASELINE)])
+    assert "gpt-oss-120b-shape__gemv-bf16.json" in line and f"`{key}`" in line and "rerun level 4" in line, line
+
+
 def test_results_of_another_gpu_are_refused_not_judged(tmp_path, capsys):
     line = one_line(capsys, [str(run_dir(tmp_path, rerun(device="NVIDIA H100 80GB HBM3"))), "--baseline", str(BASELINE)])
     assert "nvidia-h100" in line and "nvidia-h200" in line, line

@@ -36,6 +36,14 @@ def test_a_manifest_without_its_weights_list(tiny_copy: Path):
     assert "KeyError" in _one_line_error(tiny_copy)
 
 
+@pytest.mark.parametrize("text", ['["compact-gpt-oss/1"]', '{"format": "compact-gpt-oss/1", "sha256": ["x"]}'],
+                         ids=["a-list", "sha256-a-list"])
+def test_a_manifest_of_the_wrong_shape(tiny_copy: Path, text: str):
+    """A list where the object belongs was an AttributeError traceback (`.get` of a list)."""
+    (tiny_copy / hm.MANIFEST).write_text(text)
+    assert "TypeError" in _one_line_error(tiny_copy)
+
+
 @pytest.mark.parametrize("size", [4, 100], ids=["shorter-than-its-header-length", "header-cut"])
 def test_a_truncated_safetensors_file(tiny_copy: Path, size: int):
     weights = tiny_copy / "model.compact.safetensors"

@@ -58,6 +58,20 @@ def test_bad_sets_are_one_line_errors(tmp_path):
         nightly.load_set("x", bad)
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["summary"], "nightly: summary needs --dir"), (["merge", "--set", "cpu"], "nightly: merge needs --dir"),
+    (["pytest-args", "--set", "cpu", "--group", "smoke"], "nightly: pytest-args needs --dir"),
+    (["merge", "--set", "cpu", "--dir", "/proc/nope"], "nightly: --dir (SUITE_NIGHTLY_DIR) /proc/nope: cannot write"),
+    (["pytest-args", "--set", "cpu", "--group", "smoke", "--dir", "/proc/nope"], "nightly: --dir (SUITE_NIGHTLY_DIR)"),
+], ids=["summary-without-dir", "merge-without-dir", "pytest-args-without-dir", "merge-unwritable", "args-unwritable"])
+def test_a_missing_or_unwritable_dir_is_one_line(capsys, argv, said):
+    """Without --dir, Path(None) was a TypeError traceback; a folder it cannot write, an OSError one."""
+    assert nightly.main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(said) and not out.strip(), (out, err)
+
+
 def test_pytest_args_of_a_group(tmp_path):
     cs = nightly.load_set("gb10")
     args = nightly.pytest_args(cs, cs.group("marlin"), tmp_path, workers=2)

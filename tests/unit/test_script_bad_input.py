@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 import decode_window_gaps  # noqa: E402
+import gates_summary  # noqa: E402
 import measure_level2_tolerances  # noqa: E402
 import plugin_e2e  # noqa: E402
 import record_kernels  # noqa: E402
@@ -168,3 +169,71 @@ def test_record_kernels_replay_stamps_only_the_machine_that_recorded(capsys, tmp
     line = refusal(capsys, record_kernels.main, argv, "record_kernels")
     assert said in line, line
     assert not (tmp_path / "verified").exists() or not any((tmp_path / "verified").iterdir())
+
+
+@pytest.mark.parametrize("case", ["no-args", "missing-root", "root-a-file", "corrupt-verdicts", "verdict-without-status",
+                                  "verdicts-not-a-list", "out-unwritable", "out-a-directory"])
+def test_gates_summary_bad_input_is_one_line(capsys, tmp_path, case):
+    """No arguments was an IndexError, a missing RUNS_ROOT a FileNotFoundError, a truncated verdicts file a
+    JSONDecodeError, a verdict without `status` a KeyError, an OUT it cannot write an OSError: each a traceback."""
+    root, out = tmp_path / "runs", tmp_path / "summary.md"
+    (root / "aa1" / "verdicts").mkdir(parents=True)
+    verdicts = root / "aa1" / "verdicts" / "v.json"
+    verdicts.write_text('[{"name": "tpot", "status": "pass", "message": "ok"}]')
+    argv = [str(root), str(out)]
+    if case == "no-args":
+        argv = []
+    elif case == "missing-root":
+        argv[0] = str(tmp_path / "nope")
+    elif case == "root-a-file":
+        argv[0] = str(verdicts)
+    elif case == "corrupt-verdicts":
+        verdicts.write_text('[{"name": "tpot", "sta')
+    elif case == "verdict-without-status":
+        verdicts.write_text('[{"name": "tpot", "message": "ok"}]')
+    elif case == "verdicts-not-a-list":
+        verdicts.write_text('{"name": "tpot", "status": "pass"}')
+    elif case == "out-unwritable":
+        argv[1] = "/proc/nope/summary.md"
+    elif case == "out-a-directory":
+        argv[1] = str(tmp_path)
+    line = refusal(capsys, gates_summary.cli, argv, "gates_summary")
+    if "verdict" in case:
+        assert str(verdicts) in line, line
+
+
+@pytest.mark.parametrize("script, said", [("routing_spread", "routing_spread: --out /proc/nope"),
+                                          ("crosscheck_llama_benchy", "crosscheck: --out /proc/nope")])
+def test_an_out_that_cannot_be_written_is_one_line_before_anything_runs(script, said):
+    """Both scripts made --out with mkdir before their try: a folder they cannot write was a traceback."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / f"{script}.py"), "--out", "/proc/nope"],
+                       capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(said), r.stdout + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("where", ["/proc/nope", "a-file"])
+def test_record_kernels_verified_dir_it_cannot_write_is_one_line_before_any_boot(capsys, tmp_path, where):
+    """--accept wrote there only after the recording's boots: a file or a read-only place was a traceback at the end."""
+    if where == "a-file":
+        where = str(tmp_path / "a-file")
+        Path(where).write_text("")
+    line = refusal(capsys, record_kernels.main, ["--config", "cpu-bf16", "--accept", "--verified-dir", where,
+                                                "--run-dir", str(tmp_path / "run")], "record_kernels")
+    assert line.startswith(f"record_kernels: --verified-dir {where}: cannot write there"), line
+
+
+@pytest.mark.parametrize("module, argv, said", [
+    ("kernels.tools.build", ["--src", "/nonexistent.cu"], "argument --src: /nonexistent.cu: no such file"),
+    ("kernels.tools.build", ["--arch", "abc"], "argument --arch: arch 'abc' is not like 90, 90a or 121a"),
+    ("kernels.tools.sass_count", ["--cuda", "--arch", "abc"], "argument --arch: arch 'abc' is not like 90"),
+])
+def test_kernel_tools_refuse_a_bad_arch_or_source_in_argparse(capsys, module, argv, said):
+    """A bad --arch was a ValueError traceback from gencode, a missing --src nvcc's error after the toolchain
+    lookup; both are argparse's error line now, exit 2, before any toolchain is looked for."""
+    import importlib
+
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(module).main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err.splitlines()[-1] and "Traceback" not in err, err

@@ -106,3 +106,45 @@ def test_the_benchmarks_stream_this_way_and_record_it():
     bench._measure(client, w, [1, 2, 3, 4])
     assert "logprobs" not in session.bodies[0]
     assert bench.workload_record([w], [])["stream_request"] == perf.STREAM_REQUEST
+
+
+def _trickling_server(request):
+    """A server on 127.0.0.1 that sends its headers, then one body byte every 2 s: each socket read is within
+    requests' per-read timeout, so only an overall deadline ends the request."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+    request.addfinalizer(lambda: (stop.set(), listener.close()))
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+            while not stop.wait(2.0):
+                try:
+                    conn.sendall(b"x")
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("call", ["get", "post"])
+def test_a_trickling_answer_ends_at_the_timeout(request, call):
+    import time
+
+    client = Client(_trickling_server(request), "model", timeout_s=3)
+    started = time.monotonic()
+    with pytest.raises(SuiteError, match="not complete after 3 s"):
+        client.get("/v1/models") if call == "get" else client.complete("hi", 1)
+    assert time.monotonic() - started < 10  # the client's 3 s, plus at most one read's wait
