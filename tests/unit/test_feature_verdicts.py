@@ -620,3 +620,19 @@ def test_criteria_that_hold_nothing_or_would_be_ignored_are_one_line():
     with pytest.raises(SuiteError, match="at least 4 rounds per side"):
         check_rounds(3)
     assert check_rounds(4) == 4
+
+
+def test_feature_rounds_are_set_aside_below_the_thresholds_clock_floor(tmp_path, monkeypatch):
+    """A feature's clock floor is level 5's (baselines/thresholds.yaml loaded_clock_floor), not ClockSampler's own
+    default: it used to ignore the file, so a floor changed for a platform moved the gate and not the features."""
+    from types import SimpleNamespace
+
+    from harness.features import run as feature_run
+
+    thresholds = tmp_path / "thresholds.yaml"
+    thresholds.write_text("defaults:\n  loaded_clock_floor: 0.9\nplatforms:\n  sm_90:\n    loaded_clock_floor: 0.8\n")
+    monkeypatch.setattr(feature_run, "THRESHOLDS_FILE", thresholds)
+    on = lambda name, cuda: SimpleNamespace(platform=SimpleNamespace(name=name, is_cuda=cuda))  # noqa: E731
+    assert feature_run._sampler(on("sm_90", True)).floor == 0.8
+    assert feature_run._sampler(on("sm_121", True)).floor == 0.9
+    assert feature_run._sampler(on("cpu", False)) is None
