@@ -314,6 +314,13 @@ def report(rec: Recording, verified_file: Path | None = None, top: int = 40) -> 
 
 
 # -- accepting --------------------------------------------------------------------------------------
+def verified_entry(verified: str, must: list[str], rules: dict, seen: list[str], config: str) -> dict:
+    """One recorded entry of configs/verified/<flavour>.yaml: the trace it came from (`verified`), the `must`
+    patterns and other rules it was checked against (the catalog counts it only while the flavour's still equal
+    them), the kernel names they matched, and the config that ran."""
+    return {"verified": verified, "patterns": list(must), "rules": rules, "seen": list(seen), "config": config}
+
+
 def accept(rec: Recording, verified_file: Path) -> dict:
     """Record the verification of every checked entry in `verified_file` (created or merged)."""
     ok, why = rec.can_accept()
@@ -323,13 +330,8 @@ def accept(rec: Recording, verified_file: Path) -> dict:
     data.setdefault("values", {})
     for e in rec.entries:
         slot = data["values"].setdefault(e.axis, {}).setdefault(e.value, {}).setdefault("kernels", {})
-        slot[e.selector] = {
-            "verified": rec.device_line,
-            "patterns": list(e.must),
-            "rules": e.rules,
-            "seen": sorted({n for p in e.must for n in e.matched[p]}),
-            "config": rec.config,
-        }
+        slot[e.selector] = verified_entry(rec.device_line, e.must, e.rules,
+                                          sorted({n for p in e.must for n in e.matched[p]}), rec.config)
     verified_file.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# Kernel expectations verified on real traces, written by scripts/record_kernels.py --accept.\n"
               f"# The catalog merges this file over configs/flavours/{rec.flavour}.yaml (never edited by the recorder):\n"

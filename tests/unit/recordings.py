@@ -16,6 +16,7 @@ import yaml
 
 from harness.config.catalog import CONFIG_DIR, Catalog, entry_rules, load_verified
 from harness.core.platform import platform_matches
+from harness.kernelpath.recorder import verified_entry
 
 
 def write_verified_without(platform: str, dest: Path) -> Path:
@@ -63,9 +64,9 @@ def write_verified_everywhere(platform: str, dest: Path) -> Path:
                         continue
                     kernels = (data.setdefault("values", {}).setdefault(axis, {}).setdefault(value, {})
                                .setdefault("kernels", {}))
-                    kernels[selector] = {"verified": f"a simulated {platform} trace, vLLM 0.0.0, 2000-01-01",
-                                         "patterns": list(entry["must"]), "rules": entry_rules(entry),
-                                         "seen": list(entry.get("seen") or []), "config": "simulated"}
+                    kernels[selector] = verified_entry(f"a simulated {platform} trace, vLLM 0.0.0, 2000-01-01",
+                                                       entry["must"], entry_rules(entry), entry.get("seen") or [],
+                                                       "simulated")
         if data:
             file.write_text(yaml.safe_dump(data, sort_keys=False))
     return dest
