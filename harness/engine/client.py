@@ -157,15 +157,30 @@ class Client:
         self._check()
         return self.session.post(self.base_url + path, data=data, headers=headers or {}, timeout=self.timeout_s)
 
-    def _stream_lines(self, r: requests.Response) -> Iterator[bytes]:
-        """The answer's lines as they arrive. A connection that breaks mid-stream (a server that died answering) is
-        ServerDied with the log tail where the suite booted the server, else one line, never a requests traceback."""
+    def _stream_lines(self, r: requests.Response, due: Callable[[], float]) -> Iterator[bytes]:
+        """The answer's lines as they arrive, each one before `due()` (time.monotonic). requests' timeout bounds
+        each socket read, not the stream: a server that keeps sending bytes (a line a byte at a time, or lines
+        without tokens) and no token would hang the caller for ever. So the clock is checked at every received
+        piece; the caller moves `due` on at every token, so a slow stream that makes progress is never cut.
+        A connection that breaks mid-stream (a server that died answering) is ServerDied with the log tail where
+        the suite booted the server, else one line, never a requests traceback."""
+        pending = b""
         try:
-            yield from r.iter_lines(chunk_size=None)  # the default 512-byte reads would batch tokens
+            for piece in r.iter_content(chunk_size=None):  # as it arrives: fixed-size reads would batch tokens
+                *lines, pending = (pending + piece).split(b"\n")
+                for line in lines:
+                    yield line.rstrip(b"\r")
+                if time.monotonic() > due():
+                    r.close()
+                    raise SuiteError(f"the stream from {self.base_url} sent no token for {self.timeout_s:g} s "
+                                     "while its connection stayed open (the server is stalled or not vLLM); "
+                                     "see the server's log")
         except requests.RequestException as e:
             self._await_death()
             raise SuiteError(f"the stream from {self.base_url} broke mid-answer ({type(e).__name__}: "
                              f"{str(e)[:160]}); see the server's log") from None
+        if pending:
+            yield pending.rstrip(b"\r")
 
     def stream(self, prompt: str | list[int], max_tokens: int, ignore_eos: bool = True,
                until: Callable[[int], bool] | None = None, per_chunk_usage: bool = False,
@@ -195,7 +210,8 @@ class Client:
         r = self._post("/v1/completions", body, stream=True)
         _raise_for(r, "/v1/completions (stream)")
         text, times, usage, finish, counted = [], [], {}, None, 0
-        for line in self._stream_lines(r):
+        progress = [time.monotonic()]  # when the last token (or the request) came: the next is due timeout_s later
+        for line in self._stream_lines(r, lambda: progress[0] + self.timeout_s):
             if not line or not line.startswith(b"data: "):
                 continue
             payload = line[6:]
@@ -220,6 +236,7 @@ class Client:
                 if n:
                     counted += n
                     times.append(now)
+                    progress[0] = time.monotonic()
                 text.append(choice.get("text") or "")
                 finish = choice.get("finish_reason") or finish
             if until is not None and counted > counted_before and until(counted):

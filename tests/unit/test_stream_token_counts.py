@@ -21,8 +21,9 @@ class _Response:
     def __init__(self, events: list[dict]) -> None:
         self.lines = [b"data: " + json.dumps(e).encode() for e in events] + [b"data: [DONE]"]
 
-    def iter_lines(self, chunk_size=None):
-        yield from self.lines
+    def iter_content(self, chunk_size=None):
+        for line in self.lines:
+            yield line + b"\n"
 
     def close(self) -> None:
         pass
@@ -148,3 +149,65 @@ def test_a_trickling_answer_ends_at_the_timeout(request, call):
     with pytest.raises(SuiteError, match="not complete after 3 s"):
         client.get("/v1/models") if call == "get" else client.complete("hi", 1)
     assert time.monotonic() - started < 10  # the client's 3 s, plus at most one read's wait
+
+
+def _streaming_server(request, pieces, every_s: float) -> str:
+    """A server on 127.0.0.1 answering a stream in HTTP chunks: `pieces` (bytes, or a callable giving the i-th
+    piece) one every `every_s`, each within requests' per-read timeout."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+    request.addfinalizer(lambda: (stop.set(), listener.close()))
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            i = 0
+            while not stop.wait(every_s):
+                piece = pieces(i) if callable(pieces) else pieces
+                i += 1
+                try:
+                    conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if piece else b"0\r\n\r\n")
+                except OSError:
+                    return
+                if not piece:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def _event(e: dict) -> bytes:
+    return b"data: " + json.dumps(e).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("trickle", [b"d", b": keep-alive\n\n", _event({"choices": [{"text": "", "logprobs": None}]})],
+                         ids=["a-line-a-byte-at-a-time", "comment-lines", "events-without-tokens"])
+def test_a_stream_that_sends_bytes_but_no_token_ends_at_the_timeout(request, trickle):
+    """Each piece comes within requests' per-read timeout, so only the stream's own clock can end the request."""
+    import time
+
+    client = Client(_streaming_server(request, trickle, 0.3), "model", timeout_s=2)
+    started = time.monotonic()
+    with pytest.raises(SuiteError, match="sent no token for 2 s") as e:
+        client.stream("hi", 4, per_chunk_usage=True)
+    assert time.monotonic() - started < 8 and "\n" not in str(e.value)
+
+
+def test_a_slow_stream_that_makes_progress_is_not_cut(request):
+    """The A/A of the rule above: 5 tokens 0.6 s apart take longer than the 1.5 s timeout in all, and pass."""
+    done = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 5}}
+    events = [_event({"choices": [{"text": "a"}], "usage": {"prompt_tokens": 1, "completion_tokens": i + 1}})
+              for i in range(5)] + [_event(done), b"data: [DONE]\n\n", b""]
+    client = Client(_streaming_server(request, lambda i: events[i], 0.6), "model", timeout_s=1.5)
+    r = client.stream("hi", 5, per_chunk_usage=True)
+    assert r.chunk_tokens == 5 and r.usage["completion_tokens"] == 5 and r.t_end - r.t_sent > 3
