@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from harness.core.errors import SuiteError
-from harness.core.platform import detect_platform
-from harness.correctness.goldens import GoldenStore
+from harness.core.paths import TESTS_DIR, shown, writable_dir
+from harness.core.platform import UNKNOWN_PLATFORM, detect_platform
+from harness.core.store import regen_command
+from harness.correctness.goldens import GoldenStore, golden_path, recorded_kinds
 from harness.engine.devices import gpus_needed, set_wait_notice
 from harness.engine.server import install_cleanup, tail
 from harness.features.measure import check_rounds
@@ -50,7 +52,11 @@ def pytest_configure(config: pytest.Config) -> None:
         if config.getoption("--allow-unverified") and not config.getoption("force_regen"):
             raise SuiteError("--allow-unverified only widens what --force-regen may record; add --force-regen, or drop it")
         config.stash[SUITE_KEY] = suite = _create_suite(config)
-        goldens_of(config, suite)  # a wrong --goldens-of stops the run before any server boots
+        of = goldens_of(config, suite)  # a wrong --goldens-of stops the run before any server boots
+        if of and _selects_level(config, "level2", TESTS_DIR / "level2_correctness"):
+            check_goldens_recorded(suite, of)
+        if config.getoption("--review-dir"):  # written after a feature's measurements: an unwritable one is found now
+            writable_dir(Path(config.getoption("--review-dir")), "--review-dir")
         if config.getoption("--feature-rounds"):
             check_rounds(config.getoption("--feature-rounds"))
         if any(config.getoption(o) for o in ("--feature", "--against", "--criteria")):  # a bad name: one line now
@@ -80,6 +86,41 @@ def goldens_of(config: pytest.Config, suite: Suite) -> str | None:
         raise SuiteError(f"--goldens-of={of} judges against another configuration's goldens and never writes them; "
                          f"drop --force-regen, or drop --goldens-of to record a configuration's own")
     return suite.catalog.name(suite.catalog.parse(of, "--goldens-of"))
+
+
+def check_goldens_recorded(suite: Suite, of: str) -> None:
+    """--goldens-of a config with no level 2 goldens for this model and platform: one line now, not a failed test per
+    golden after the boot."""
+    model = suite.model_or_error
+    # not checked: a model that did not resolve (its own error comes at the boot), a shape model (no goldens by
+    # design: level 2 skips), --server-url without --platform (the goldens fixture names that)
+    if isinstance(model, SuiteError) or not model.has_real_weights or suite.platform.name == UNKNOWN_PLATFORM:
+        return
+    folder = suite.golden_folder()
+    if not recorded_kinds(model.alias, folder, of):
+        where = shown(golden_path(model.alias, folder, of, "level2").parent)
+        raise SuiteError(f"--goldens-of={of}: no level 2 goldens of {of} for {model.alias} on {folder} (in {where}/); "
+                         f"record them first: {regen_command('level2', of, model.alias)}")
+
+
+def _selects_level(config: pytest.Config, marker: str, folder: Path) -> bool:
+    """Whether this run's paths and -m expression can select the tests of `folder`, which carry `marker` and
+    `server` (-k is not known before collection: a -k that deselects them all still counts)."""
+    base = config.invocation_params.dir
+    paths = [(base / str(a).split("::", 1)[0]).resolve() for a in config.args]
+    if not any(folder.is_relative_to(p) or p.is_relative_to(folder) for p in paths):
+        return False
+    expr = config.option.markexpr
+    if not expr:
+        return True
+    from _pytest.mark.expression import Expression  # how pytest itself evaluates -m
+
+    try:
+        return Expression.compile(expr).evaluate(lambda name, **kwargs: name in (marker, "server"))
+    except SyntaxError:
+        return False  # pytest names a malformed -m itself
+    except Exception:  # noqa: BLE001 - a private API of pytest that changed: check, as a run of every level would
+        return True
 
 
 def _create_suite(config: pytest.Config) -> Suite:

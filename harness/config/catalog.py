@@ -236,9 +236,16 @@ class Catalog:
         """The configs named by `--config` (comma separated; `all` = every named config)."""
         if not option:
             return [self.default_for(platform_name)]
-        if option.strip() == "all":
+        names = [n.strip() for n in option.split(",") if n.strip()]
+        if names == ["all"]:
             return list(self.named)
-        return [self.parse(n.strip()) for n in option.split(",") if n.strip()]
+        if "all" in names:  # was "unknown config 'all'", which named no fix
+            raise SuiteError(f"--config={option}: all already names every config; pass --config=all alone, or only names")
+        # a name given twice ran its config twice (two servers, two result rows under pytest's id suffixes)
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice:
+            raise SuiteError(f"--config names {twice} twice; name it once")
+        return [self.parse(n) for n in names]
 
     def flavour(self, name: str) -> "Flavour":
         if name not in self.flavours:

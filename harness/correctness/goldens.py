@@ -19,8 +19,17 @@ from harness.core.store import Store, regen_command
 SCHEMA = 2  # 2: teacher-forced scorings (`scored`) and prompt ids in every stream
 
 
+LEVEL2_KINDS = ("level2", "chat", "tasks")  # the goldens level 2's tests load (tests/level2_correctness)
+
+
 def golden_path(model: str, platform: str, config: str, kind: str, root: Path = GOLDEN_ROOT) -> Path:
     return root / model / platform / config / f"{kind}.json"
+
+
+def recorded_kinds(model: str, platform: str, config: str, kinds: tuple[str, ...] = LEVEL2_KINDS,
+                   root: Path = GOLDEN_ROOT) -> list[str]:
+    """Which of `kinds` have a golden file for this model, platform folder and config."""
+    return [k for k in kinds if golden_path(model, platform, config, k, root).is_file()]
 
 
 def _unique_keys(pairs: list) -> dict:

@@ -115,6 +115,8 @@ def _resolve_model(name: str) -> Model:
                      dict(SHAPE_ENV))
     path = Path(name).expanduser()
     if path.exists():
+        if (path / "config.json").is_file():
+            check_config_json(path / "config.json", name)
         if (path / MANIFEST).is_file():
             built = materialize_compact(path)
             return Model(slug(path.name), str(built), fingerprint=built.name.rsplit("-", 1)[-1])
@@ -129,6 +131,22 @@ def _resolve_model(name: str) -> Model:
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):
         return Model(slug(name), name)  # a hub id such as openai/gpt-oss-120b (the users' GB10 has it cached)
     raise SuiteError(f"--model {name}: no such directory; pass a checkpoint directory, a hub id, or one of: {', '.join(ALIASES)}")
+
+
+def check_config_json(path: Path, name: str) -> None:
+    """A local checkpoint's config.json is one JSON object: vLLM reads it only once its server boots, where a corrupt
+    one was a dead server (and its log) minutes into the run instead of one line now."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        problem = f"is not valid JSON ({e})"
+    except OSError as e:
+        problem = f"cannot be read ({e.strerror})"
+    else:
+        if isinstance(data, dict):
+            return
+        problem = f"holds a JSON {type(data).__name__}, not an object"
+    raise SuiteError(f"--model {name}: {path} {problem}; fix or replace that checkpoint's config.json")
 
 
 # ----------------------------------------------------------------------------- compact checkpoints

@@ -16,6 +16,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pytest
+
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 
@@ -105,6 +107,10 @@ def run_levels(levels: tuple[str, ...], candidate: str, baseline: str, flavour: 
         except BaseException:
             _stop(child)
             raise
+    if child.returncode == pytest.ExitCode.USAGE_ERROR and not junit.is_file():
+        # refused before any test (e.g. --goldens-of a baseline with no level 2 goldens): its one line, not "no junit"
+        said = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        raise SuiteError(f"the candidate's level run refused to start: {said[-1] if said else 'no output'} (see {log})")
     return read_junit(junit, levels)
 
 

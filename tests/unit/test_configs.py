@@ -40,6 +40,23 @@ def test_non_canonical_name_suggests_the_canonical_one(catalog):
         catalog.parse("gemm-mxfp8-eager-tile64x128")
 
 
+@pytest.mark.parametrize("option, expect", [
+    ("cpu-bf16,cpu-bf16", "--config names cpu-bf16 twice; name it once"),
+    ("cpu-bf16, cpu-bf16-eager,cpu-bf16 ", "--config names cpu-bf16 twice; name it once"),
+    ("all,cpu-bf16", "--config=all,cpu-bf16: all already names every config; pass --config=all alone, or only names"),
+], ids=["twice", "twice-with-spaces", "all-and-a-name"])
+def test_a_config_named_twice_is_one_line_not_two_servers(catalog, option, expect):
+    """`--config=cpu-bf16,cpu-bf16` booted and judged the same config twice (pytest suffixed the duplicate ids)."""
+    with pytest.raises(SuiteError) as e:
+        catalog.select(option, "cpu")
+    assert str(e.value) == expect
+
+
+def test_distinct_configs_and_all_keep_their_order(catalog):
+    assert [catalog.name(c) for c in catalog.select("cpu-bf16-eager, cpu-bf16", "cpu")] == ["cpu-bf16-eager", "cpu-bf16"]
+    assert catalog.select(" all ", "cpu") == catalog.named
+
+
 def test_unknown_axis_value_names_valid_values(catalog):
     with pytest.raises(SuiteError, match="moe='cutlass' is not one of marlin, gemm"):
         catalog.make({"moe": "cutlass", "activation": "bf16"}, "t")
@@ -227,6 +244,41 @@ def test_bad_options_exit_nonzero_with_one_line_and_no_traceback(argv, expect):
     assert r.returncode != 0
     assert expect in out and "Traceback" not in out
     assert len([l for l in out.splitlines() if l.strip()]) <= 2, out
+
+
+CPU_RUN = {**os.environ, "SUITE_PLATFORM": "cpu"}  # goldens and default model of a CPU machine, wherever it runs
+
+
+@pytest.mark.parametrize("argv, expect", [
+    # the review is written after a feature's measurements
+    (["--review-dir=/proc/no-such-dir", "tests/unit/test_stats.py"],
+     "ERROR: --review-dir /proc/no-such-dir: cannot write there (No such file or directory); pass a writable directory"),
+    # the goldens are looked for after the boot (cpu-bf16-eager has level 6 goldens on cpu, no level 2 ones)
+    (["-m", "level2", "--co", "--config=cpu-bf16", "--goldens-of=cpu-bf16-eager", "tests/level2_correctness"],
+     "ERROR: --goldens-of=cpu-bf16-eager: no level 2 goldens of cpu-bf16-eager for tiny-gpt-oss on cpu (in "
+     "goldens/tiny-gpt-oss/cpu/cpu-bf16-eager/); record them first: pytest -m level2 --config=cpu-bf16-eager "
+     "--force-regen --model=tiny-gpt-oss"),
+    (["--config=cpu-bf16,cpu-bf16", "tests/unit/test_stats.py"], "ERROR: --config names cpu-bf16 twice; name it once"),
+], ids=["review-dir-unwritable", "goldens-of-unrecorded", "config-twice"])
+def test_options_found_wrong_late_are_one_line_before_the_run(argv, expect):
+    """Each was found only after a server booted or a feature was measured; now pytest stops at configure."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env=CPU_RUN)
+    out = r.stdout + r.stderr
+    assert r.returncode == 4 and [line for line in out.splitlines() if line.strip()] == [expect], out
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "level2", "--config=cpu-bf16-eager", "--goldens-of=cpu-bf16", "tests/level2_correctness"],  # recorded
+    ["-m", "level1 or level3", "--config=cpu-bf16", "--goldens-of=cpu-bf16-eager"],  # level 2 not selected by -m
+    ["--config=cpu-bf16", "--goldens-of=cpu-bf16-eager", "tests/level1_smoke"],  # nor by the paths
+    # a shape model has no goldens by design (level 2 skips); a feature's child run passes --goldens-of for it too
+    ["-m", "level2", "--model=gpt-oss-20b-shape", "--config=cpu-bf16", "--goldens-of=cpu-bf16-eager"],
+], ids=["recorded", "other-levels", "other-folder", "shape-model"])
+def test_goldens_of_is_not_refused_where_level_2_has_its_goldens_or_does_not_run(argv):
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--co", *argv],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env=CPU_RUN)
+    assert r.returncode == 0 and "tests collected" in r.stdout, r.stdout[-1500:] + r.stderr[-1500:]
 
 
 def test_pytest_help_lists_every_option_of_the_suite():

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from harness.core.errors import SuiteError
 from harness.features.judge import Status, judge_number, judge_samples
-from harness.features.levels import LevelOutcome, read_junit
+from harness.features.levels import LevelOutcome, read_junit, run_levels
 from harness.features.measure import Side
 from harness.features.review import split_sections, write_matrix, write_review, write_verdicts
 from harness.features.run import FeatureResult
@@ -78,6 +79,18 @@ def test_levels_are_read_per_folder_from_junit(tmp_path):
     out = read_junit(tmp_path / "j.xml", ("level1", "level1_5"))
     assert out["level1"].status == "FAIL" and out["level1"].first_failures == ["b: boom (CUDA out of memory); log x.log:"]  # one line each
     assert out["level1_5"].status == "NOT RUN"  # everything skipped is not a pass
+
+
+def test_a_child_level_run_refused_at_configure_says_why_in_one_line(tmp_path, monkeypatch):
+    """A feature's level run of a baseline without level 2 goldens stops at configure (no junit.xml): its own line,
+    not "wrote no readable junit.xml". --co: nothing may boot if it were not refused."""
+    monkeypatch.setenv("SUITE_PLATFORM", "cpu")  # cpu-bf16-eager has no level 2 goldens on cpu
+    with pytest.raises(SuiteError) as e:
+        run_levels(("level2",), "cpu-bf16", "cpu-bf16-eager", "cpu", None, tmp_path, ["--co"], 300)
+    message = str(e.value)
+    assert message.startswith("the candidate's level run refused to start: ERROR: --goldens-of=cpu-bf16-eager: no "
+                              "level 2 goldens of cpu-bf16-eager") and message.endswith(f"(see {tmp_path / 'pytest.log'})")
+    assert "\n" not in message, message
 
 
 def test_a_rerendered_review_keeps_the_baseline_its_run_judged_against(tmp_path):

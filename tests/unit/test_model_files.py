@@ -58,3 +58,23 @@ def test_an_intact_copy_still_resolves(tiny_copy: Path):
         assert Path(model.path, "model.safetensors").is_file()
     finally:
         shutil.rmtree(model.path, ignore_errors=True)  # the shared cache keeps no copy of this test's model
+
+
+@pytest.mark.parametrize("text, problem", [('{"model_type": "gpt_oss",', "is not valid JSON ("),
+                                           ('["gpt_oss"]', "holds a JSON list, not an object")],
+                         ids=["invalid-json", "a-list"])
+@pytest.mark.parametrize("kind", ["checkpoint", "compact"])
+def test_a_corrupt_config_json_of_a_model_folder_is_one_line_before_any_boot(tmp_path: Path, tiny_copy: Path,
+                                                                            kind: str, text: str, problem: str):
+    """vLLM reads a --model folder's config.json only once its server boots: a plain checkpoint's corrupt one was a dead
+    server minutes in, a compact one's a line that named no file. Suite.create names the file now."""
+    from harness.session.suite import Suite
+
+    folder = tiny_copy if kind == "compact" else tmp_path / "my-ckpt"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(text)
+    with pytest.raises(SuiteError) as e:
+        Suite.create(None, str(folder), None, None, str(tmp_path / "run"), 60)
+    message = str(e.value)
+    assert message.startswith(f"--model {folder}: {folder / 'config.json'} {problem}"), message
+    assert message.endswith("; fix or replace that checkpoint's config.json") and "\n" not in message, message
