@@ -38,6 +38,7 @@ from harness.perf import bench, metrics as perf
 from harness.core import stats  # noqa: E402
 from harness.engine.client import Client  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.plugin.options import positive_number  # noqa: E402
 from harness.core.paths import writable_dir  # noqa: E402
 
 TOLERANCE = 0.02
@@ -137,19 +138,19 @@ def compare(benchy: dict, ours: dict[str, dict], pp: int, tg: int) -> list[dict]
     return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server-url", help="a running server (default: boot the config's server like the suite)")
     ap.add_argument("--served-model", default="model", help="its served model name (the suite serves 'model')")
     ap.add_argument("--tokenizer", help="tokenizer dir or tokenizer.json (default: the suite model's directory)")
     ap.add_argument("--model", default=None, help="suite model alias (boot mode)")
     ap.add_argument("--config", default=None, help="suite config name (boot mode)")
-    ap.add_argument("--pp", type=int, default=2048)
-    ap.add_argument("--tg", type=int, default=32)
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--pp", type=positive_number(int), default=2048)
+    ap.add_argument("--tg", type=positive_number(int), default=32)
+    ap.add_argument("--runs", type=positive_number(int), default=5)
     ap.add_argument("--out", default=None, help="output dir (default runs/crosscheck-<time>)")
-    ap.add_argument("--boot-timeout", type=float, default=900)
-    a = ap.parse_args()
+    ap.add_argument("--boot-timeout", type=positive_number(float), default=900.0)
+    a = ap.parse_args(argv)
     try:  # before anything else: a folder it cannot write was a traceback
         out = writable_dir(Path(a.out or REPO / "runs" / f"crosscheck-{time.strftime('%Y%m%d-%H%M%S')}"), "--out")
     except SuiteError as e:

@@ -21,6 +21,7 @@ from harness.kernelpath.breakdown import breakdown  # noqa: E402
 from harness.kernelpath.check import profile_decode_window  # noqa: E402
 from harness.kernelpath.traces import profile, read_trace  # noqa: E402
 from harness.perf import bench  # noqa: E402
+from harness.plugin.options import positive_number  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-oss-20b-shape")
     ap.add_argument("--config", default="triton-bf16")
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--tokens", type=positive_number(int), default=64)
     ap.add_argument("--out", required=True)
     try:
         return _run(ap.parse_args(argv))

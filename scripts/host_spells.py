@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 import psutil  # noqa: E402
 
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
 from harness.engine.server_metrics import EngineRound, scrape  # noqa: E402
 from harness.perf import bench, host_cpu  # noqa: E402
 from harness.perf.clocks import ClockSampler  # noqa: E402
@@ -215,19 +216,20 @@ def compare(rounds: list[dict]) -> list[str]:
     return lines
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="default: this platform's default config")
     ap.add_argument("--model", default=None)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--server-arg", action="append", default=[], help="a vLLM server argument, e.g. --server-arg=--stream-interval=8")
     ap.add_argument("--out", default=str(REPO / "runs" / "host-spells"))
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.rounds < 4:
         print("host_spells: --rounds must be at least 4 (a fastest quarter of one round or more)")
         return 2
     try:
-        suite = Suite.create(a.config, a.model, None, None, a.out, 900)
+        out = writable_dir(Path(a.out), "--out")  # under its own name: Suite.create's check says --run-dir
+        suite = Suite.create(a.config, a.model, None, None, str(out), 900)
         target = suite.targets()[0]
         if not target.runnable:
             raise SuiteError(f"{target.name} cannot run here: {target.reason}")
@@ -261,8 +263,6 @@ def main() -> int:
     except SuiteError as e:
         print(f"host_spells: {e}")
         return 2
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     lines = compare(rounds)
     (out / "host-spells.json").write_text(json.dumps({"config": target.name, "server_args": a.server_arg,
                                                       "clocks": clocks.describe(), "rounds": rounds,

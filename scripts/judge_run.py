@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness.core.errors import SuiteError  # noqa: E402
-from harness.core.paths import writable_dir  # noqa: E402
+from harness.core.paths import BASELINE_ROOT, shown, writable_dir  # noqa: E402
 from harness.perf.baselines import load_baseline  # noqa: E402
 from harness.perf.regression import (THRESHOLDS_FILE, Thresholds, Verdict, compare_run, gate_failures,  # noqa: E402
                                      load_thresholds)
@@ -47,11 +47,27 @@ def results_of(run_dir: Path, config: str) -> Path:
                      "a baseline is one model's: copy the one you mean into a run dir of its own")
 
 
+def existing_baseline(path: Path) -> Path:
+    """--baseline, when it names no file: load_baseline's own hint records a baseline of a config named after the
+    file's stem (`--config=<typo>`), right for level 5's computed paths but not for a mistyped one."""
+    if path.is_file():
+        return path
+    committed = sorted(BASELINE_ROOT.glob("*/*/*.yaml"))
+    folder = (path if path.is_dir() else path.parent).resolve()
+    # the committed ones of the same config, else those under the folder it named, else any one as the form
+    near = ([p for p in committed if p.stem == path.stem] or [p for p in committed if p.is_relative_to(folder)]
+            or committed[:1])
+    said = "not a file" if path.exists() else "no such file"
+    example = f" (e.g. {', '.join(str(shown(p)) for p in near[:3])})" if near else ""
+    raise SuiteError(f"--baseline {path}: {said}; pass a baseline YAML, "
+                     f"baselines/<platform-key>/<model>/<config>.yaml{example}")
+
+
 def judge(run_dir: Path, baseline_file: Path,
           thresholds_file: Path = THRESHOLDS_FILE) -> tuple[list[Verdict], Thresholds, Path, dict]:
     """Level 5's verdicts of the baseline's config in `run_dir` against the baseline; the thresholds used, the results
     file and its contents."""
-    baseline = load_baseline(baseline_file)
+    baseline = load_baseline(existing_baseline(baseline_file))
     results_file = results_of(run_dir, str(baseline.get("config") or baseline_file.stem))
     current = read_results(results_file)
     thresholds = load_thresholds(thresholds_file, current.get("platform"))

@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "plugins" / "site"))
 
+from harness.plugin.options import positive_number  # noqa: E402
+
 SHAPES = {"lm_head": (201088, 2880), "qkv_proj": (5120, 2880)}
 
 
@@ -46,11 +48,11 @@ def time_calls(fn, calls: int) -> dict:
             "gpu_us_per_call": round(start.elapsed_time(stop) * 1000 / calls, 1)}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--calls", type=positive_number(int), default=300)
     ap.add_argument("--out")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():

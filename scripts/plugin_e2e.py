@@ -395,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plugin_e2e: {e}; or name the stock config first yourself: --configs STOCK,{','.join(PLUGIN_CONFIGS)}")
         return 2
     order = list(dict.fromkeys(c.strip() for c in configs.split(",") if c.strip()))
+    if not order:  # `--configs=,` measured nothing and exited 0, which read as a pass
+        print(f"plugin_e2e: --configs {configs!r} names no config: pass a comma-separated list such as "
+              f"--configs STOCK,{','.join(PLUGIN_CONFIGS)}, or leave --configs out for this platform's default")
+        return 2
     res_file = out / "e2e.json"
     try:
         results = load_results(res_file)

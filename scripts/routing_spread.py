@@ -28,6 +28,7 @@ from harness.core.errors import SuiteError  # noqa: E402
 from harness.core.paths import writable_dir  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV, ROUTES_ENV  # noqa: E402
 from harness.perf import bench  # noqa: E402
+from harness.plugin.options import positive_number  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
 
 
@@ -80,20 +81,20 @@ def _read(path: Path, timeout_s: float = 30.0) -> dict:
     return json.loads(path.read_text())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt-oss-120b-shape")
     ap.add_argument("--config", default="triton-bf16")
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--tokens", type=positive_number(int), default=64)
+    ap.add_argument("--concurrency", type=positive_number(int), default=4)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--gpu-memory-utilization", default=None, help="override the flavour's fraction (0.70 cannot hold "
+    ap.add_argument("--gpu-memory-utilization", type=positive_number(float, most=1), default=None, help="override the flavour's fraction (0.70 cannot hold "
                     "the gpt-oss-120b shape on an 80 GB GPU)")
     ap.add_argument("--vllm-dummy-weights", action="store_true", help="a shape model with vLLM's own dummy weights "
                     "(SUITE_HOOK_RANDOM_MXFP4=0) instead of the valid random ones the shape aliases get: reproduces the "
                     "collapsed routing (the router bias picks the same top-4 for every token)")
-    ap.add_argument("--boot-timeout", type=float, default=900)
-    a = ap.parse_args()
+    ap.add_argument("--boot-timeout", type=positive_number(float), default=900.0)
+    a = ap.parse_args(argv)
     try:
         out = writable_dir(Path(a.out), "--out")  # before the boot: a folder it cannot write was a traceback
         routes = out / f"routes-{a.model}-{a.config}.hook.json"
@@ -101,7 +102,7 @@ def main() -> int:
         target = next(t for t in suite.targets() if t.name == a.config)
         env = {ROUTES_ENV: str(routes), **({RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else {})}
         with suite.boot(target, tag="__routes", env_extra=env,
-                        args_extra=["--enforce-eager"] + (["--gpu-memory-utilization", a.gpu_memory_utilization]
+                        args_extra=["--enforce-eager"] + (["--gpu-memory-utilization", str(a.gpu_memory_utilization)]
                                                           if a.gpu_memory_utilization else [])) as running:
             client = running.client(timeout_s=600)
             maker = bench.PromptMaker(client, seed=7)

@@ -20,22 +20,25 @@ sys.path.insert(0, str(REPO))
 
 from harness.core import stats  # noqa: E402
 from harness.core.errors import SuiteError  # noqa: E402
+from harness.core.paths import writable_dir  # noqa: E402
 from harness.engine.server_metrics import EngineRound, scrape  # noqa: E402
 from harness.perf import bench  # noqa: E402
+from harness.plugin.options import positive_number  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
 
 TOKENS = 32
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="default: this platform's default config")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rounds", type=positive_number(int), default=12)
     ap.add_argument("--out", default=str(REPO / "runs" / "stream-logprobs-cost"))
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     try:
-        suite = Suite.create(a.config, a.model, None, None, a.out, 900)
+        out = writable_dir(Path(a.out), "--out")  # under its own name: Suite.create's check says --run-dir
+        suite = Suite.create(a.config, a.model, None, None, str(out), 900)
         target = suite.targets()[0]
         if not target.runnable:
             raise SuiteError(f"{target.name} cannot run here: {target.reason}")

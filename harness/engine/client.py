@@ -5,6 +5,7 @@ hook runs, so a dead server fails the test at once with its log tail instead of 
 """
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -17,6 +18,11 @@ import requests
 import urllib3
 
 from harness.core.errors import SuiteError
+
+
+class NotAnOpenAIServer(SuiteError):
+    """Something answered at the client's address, but not as an OpenAI-compatible server (no HTTP at all, or no
+    JSON): the fix is the address, not starting a server."""
 
 
 @dataclass
@@ -76,7 +82,7 @@ class Client:
             return r if stream else _read_by(r, deadline, self.timeout_s)
         except requests.RequestException as e:
             self._check()  # a dead server explains itself better than the socket error
-            raise SuiteError(f"POST {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
+            raise _failed(f"POST {self.base_url}{path}", e) from None
 
     def get(self, path: str, timeout_s: float | None = None) -> requests.Response:
         """GET within `timeout_s` in all (unless given: 30 s, or the client's own timeout where shorter)."""
@@ -87,20 +93,23 @@ class Client:
             return _read_by(self.session.get(self.base_url + path, timeout=timeout_s, stream=True), deadline, timeout_s)
         except requests.RequestException as e:
             self._check()
-            raise SuiteError(f"GET {self.base_url}{path} failed: {type(e).__name__}: {e}") from None
+            raise _failed(f"GET {self.base_url}{path}", e) from None
 
     def health(self) -> int:
         return self.get("/health", timeout_s=10).status_code
 
     def models(self) -> list[str]:
         r = self.get("/v1/models")
+        if r.status_code == 404:  # a web server of something else (every OpenAI-compatible server has the listing)
+            raise NotAnOpenAIServer(f"/v1/models of {self.base_url} answered HTTP 404 ({r.text[:80]!r}): not an "
+                                    "OpenAI-compatible server at that address")
         _raise_for(r, "/v1/models")
         listing = self._json(r, "/v1/models")
         try:
             return [m["id"] for m in listing["data"]]
         except (KeyError, TypeError):
-            raise SuiteError(f"/v1/models of {self.base_url} answered without a model list ({str(listing)[:80]}): not "
-                             "an OpenAI-compatible server at that address") from None
+            raise NotAnOpenAIServer(f"/v1/models of {self.base_url} answered without a model list "
+                                    f"({str(listing)[:80]}): not an OpenAI-compatible server at that address") from None
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids as the server's own tokenizer sees them (vLLM's /tokenize)."""
@@ -139,8 +148,8 @@ class Client:
         try:
             return r.json()
         except ValueError:
-            raise SuiteError(f"{path} of {self.base_url} answered HTTP {r.status_code} with no JSON "
-                             f"({r.text[:80]!r}): not an OpenAI-compatible server at that address") from None
+            raise NotAnOpenAIServer(f"{path} of {self.base_url} answered HTTP {r.status_code} with no JSON "
+                                    f"({r.text[:80]!r}): not an OpenAI-compatible server at that address") from None
 
     def _await_death(self, grace_s: float = 3.0) -> None:
         """A crashed engine answers 500 just before the API process exits: give it a moment, so the
@@ -249,6 +258,39 @@ class Client:
                 "(use a server that honours stream_options.include_usage)"
             )
         return StreamResult("".join(text), times, counted, usage, t_sent, t_end, finish)
+
+
+def _causes(e: BaseException) -> Iterator[BaseException]:
+    """`e` and every exception inside it: requests wraps urllib3's, which wraps http.client's or the socket's (in
+    args, `reason` or the exception chain)."""
+    seen: list[BaseException] = []
+    todo = [e]
+    while todo and len(seen) < 20:
+        x = todo.pop(0)
+        if any(x is y for y in seen):
+            continue
+        seen.append(x)
+        yield x
+        inner = [*x.args, getattr(x, "reason", None), x.__cause__, x.__context__]
+        todo += [i for i in inner if isinstance(i, BaseException)]
+
+
+def _failed(call: str, e: requests.RequestException) -> SuiteError:
+    """A failed request as one line that says whether anything listens there: "is the server up?" is the wrong
+    question when something answered that is not an HTTP server (another service's port, a TLS or SSH port)."""
+    causes = list(_causes(e))
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return SuiteError(f"{call} failed: nothing listens there (connection refused)")
+    # RemoteDisconnected is a BadStatusLine: both are answers without an HTTP status line
+    bad = next((c for c in causes if isinstance(c, http.client.BadStatusLine)), None)
+    if isinstance(bad, http.client.RemoteDisconnected):
+        return NotAnOpenAIServer(f"{call} failed: something there accepted the connection and closed it without an "
+                                 "HTTP answer: not an HTTP server (or one that crashed)")
+    if bad is not None:
+        said = str(bad.args[0]) if bad.args else ""
+        return NotAnOpenAIServer(f"{call} failed: something there answered {said[:60]!r}, which is not HTTP: not an "
+                                 "HTTP server, let alone vLLM")
+    return SuiteError(f"{call} failed: {type(e).__name__}: {e}")
 
 
 def _read_by(r: requests.Response, deadline: float, timeout_s: float) -> requests.Response:

@@ -15,16 +15,18 @@ import os
 import pytest
 
 
-def positive_number(kind: type, env: str | None = None):
+def positive_number(kind: type, env: str | None = None, most: float | None = None):
     """An option's type: a number above zero (a zero or negative timeout or round count would wait for nothing).
-    `env`: the variable its default comes from, named in the error (the value may not be on the command line)."""
+    `env`: the variable its default comes from, named in the error (the value may not be on the command line).
+    `most`: an upper bound too (a memory fraction above 1)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not value > 0:  # `not > 0`: nan compares false both ways
-            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number above 0, got {text!r}"
+        if value is None or not value > 0 or (most is not None and not value <= most):  # nan compares false both ways
+            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number above 0"
+                                             + (f" and at most {most:g}" if most is not None else "") + f", got {text!r}"
                                              + (f" (from the option, or from {env})" if env else ""))
         return value
     parse.__name__ = f"positive {kind.__name__}"

@@ -19,7 +19,7 @@ from harness.core.errors import SuiteError
 from harness.core.paths import REPO, slug, writable_dir
 from harness.core.platform import UNKNOWN_PLATFORM, Platform, detect_platform
 from harness.engine import hooks
-from harness.engine.client import Client
+from harness.engine.client import Client, NotAnOpenAIServer
 from harness.engine.devices import machine_slot, server_gpus
 from harness.engine.hub import check_hub_model
 from harness.engine.models import ALIASES, Model, default_alias, resolve_model
@@ -57,9 +57,10 @@ def external_model(url: str, model_option: str | None) -> Model:
     probe = Client(url.rstrip("/"), "", timeout_s=10)
     try:
         names = probe.models()
-    except SuiteError as e:  # the answer of something else at that address names itself; silence asks for a server
-        hint = "check the address" if "OpenAI-compatible" in str(e) else "is the server up?"
-        raise SuiteError(f"--server-url {url}: cannot list models ({e}); {hint}") from None
+    except NotAnOpenAIServer as e:  # something else listens there: starting a server would not help
+        raise SuiteError(f"--server-url {url}: cannot list models ({e}); check the address (its port)") from None
+    except SuiteError as e:  # nothing listens, or it gave no answer in time
+        raise SuiteError(f"--server-url {url}: cannot list models ({e}); is the server up?") from None
     if not names:
         raise SuiteError(f"--server-url {url}: /v1/models lists no model")
     if model_option:

@@ -296,11 +296,11 @@ def answering_server():
     import http.server
     import threading
 
-    answer = {"type": "text/html", "body": b"<html>it works</html>"}
+    answer = {"type": "text/html", "body": b"<html>it works</html>", "status": 200}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200)
+            self.send_response(answer["status"])
             self.send_header("Content-Type", answer["type"])
             self.end_headers()
             self.wfile.write(answer["body"])
@@ -337,6 +337,94 @@ def test_a_server_url_that_is_not_a_vllm_server_or_lacks_its_config_is_one_line(
     out = r.stdout + r.stderr
     assert r.returncode == 4 and expect in out and "Traceback" not in out and "INTERNALERROR" not in out, out
     assert len([line for line in out.splitlines() if line.strip()]) <= 2, out
+
+
+def _raw_tcp_server(request, reply: bytes | None) -> str:
+    """A loopback TCP listener that is no HTTP server: it reads the request, sends `reply` (None: nothing) and closes.
+    Every wait is bounded: accept polls a stop flag, reads time out, the thread is joined with a timeout."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # the accept timeout: look at the flag again
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(65536)
+                    if reply is not None:
+                        conn.sendall(reply)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    def close() -> None:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+    request.addfinalizer(close)
+    return f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def _port_nothing_listens_on() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("reply, said", [
+    (None, "accepted the connection and closed it without an HTTP answer"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "answered 'SSH-2.0-OpenSSH_9.6\\r\\n', which is not HTTP"),
+    (b"\x00\x15garbage\r\n\r\n", "which is not HTTP"),
+], ids=["closes", "another-protocol", "garbage"])
+def test_a_server_url_where_something_that_is_not_http_listens_names_the_address_not_a_dead_server(request, reply,
+                                                                                                  said):
+    """A raw TCP service at --server-url (another program's port, an SSH tunnel's end) was 'is the server up?':
+    something is up there, and the fix is the address."""
+    from harness.session.suite import external_model
+
+    url = _raw_tcp_server(request, reply)
+    with pytest.raises(SuiteError) as e:
+        external_model(url, None)
+    line = str(e.value)
+    assert said in line and line.endswith("check the address (its port)") and "server up" not in line, line
+    assert "\n" not in line, line
+
+
+def test_a_server_url_where_nothing_listens_asks_whether_the_server_is_up():
+    from harness.session.suite import external_model
+
+    url = f"http://127.0.0.1:{_port_nothing_listens_on()}"
+    with pytest.raises(SuiteError) as e:
+        external_model(url, None)
+    line = str(e.value)
+    assert "nothing listens there (connection refused)" in line and line.endswith("is the server up?"), line
+
+
+def test_a_web_server_without_v1_models_is_not_an_openai_server(answering_server):
+    """A 404 on /v1/models is an answer of some other web server, not a server that is down."""
+    from harness.session.suite import external_model
+
+    url, answer = answering_server
+    answer["status"] = 404
+    with pytest.raises(SuiteError) as e:
+        external_model(url, None)
+    line = str(e.value)
+    assert "answered HTTP 404" in line and line.endswith("check the address (its port)"), line
 
 
 @pytest.mark.parametrize("argv, env, expect", [

@@ -104,6 +104,20 @@ def test_results_of_one_config_for_two_models_are_refused(tmp_path, capsys):
     assert "2 models" in one_line(capsys, [str(run), "--baseline", str(BASELINE)])
 
 
+@pytest.mark.parametrize("typo", ["gemv-bf16.yml", "gemv-bf16", "gemv_bf16.yaml"])
+def test_a_mistyped_baseline_path_says_no_such_file_and_names_the_committed_one(tmp_path, capsys, typo):
+    """It said 'no baseline at ...; record one with: pytest -m level5 --config=<the typo's stem> --force-regen
+    --model=<its folder>': a recording of a config that does not exist, for a file that was only mistyped."""
+    line = one_line(capsys, [str(run_dir(tmp_path, rerun())), "--baseline", str(BASELINE.parent / typo)])
+    assert "no such file" in line and "baselines/<platform-key>/<model>/<config>.yaml" in line, line
+    assert "baselines/nvidia-h200/gpt-oss-120b-shape/gemv-bf16.yaml" in line and "--force-regen" not in line, line
+
+
+def test_a_baseline_folder_is_not_a_file_and_its_baselines_are_named(tmp_path, capsys):
+    line = one_line(capsys, [str(run_dir(tmp_path, rerun())), "--baseline", str(BASELINE.parent)])
+    assert "not a file" in line and "gpt-oss-120b-shape/gemv-bf16.yaml" in line, line
+
+
 def test_a_corrupt_baseline_names_the_file_and_the_fix(tmp_path, capsys):
     bad = tmp_path / "gemv-bf16.yaml"
     bad.write_text("metrics: [unclosed\n")

@@ -85,6 +85,13 @@ def test_plugin_e2e_unknown_config_names_its_option_configs(capsys, tmp_path, co
     assert line.startswith("plugin_e2e: --configs: unknown config 'nonexistent'; valid configs: "), line
 
 
+@pytest.mark.parametrize("configs", [",", " , ,"])
+def test_plugin_e2e_configs_that_name_no_config_are_refused_not_an_empty_pass(capsys, tmp_path, configs):
+    """`--configs=,` measured nothing and exited 0."""
+    line = refusal(capsys, plugin_e2e.main, [f"--configs={configs}", "--out", str(tmp_path)], "plugin_e2e")
+    assert line.startswith(f"plugin_e2e: --configs {configs!r} names no config: pass a comma-separated list"), line
+
+
 @pytest.mark.parametrize("text", [None, "{not json", '{"vllm": "0.1"}', '{"summary": {"kernels": []}, "vllm": "0.1"}'])
 def test_record_kernels_unreadable_summaries_name_the_file(capsys, tmp_path, text):
     saved = tmp_path / "recording"  # None: no such directory
@@ -203,13 +210,49 @@ def test_gates_summary_bad_input_is_one_line(capsys, tmp_path, case):
 
 
 @pytest.mark.parametrize("script, said", [("routing_spread", "routing_spread: --out /proc/nope"),
-                                          ("crosscheck_llama_benchy", "crosscheck: --out /proc/nope")])
+                                          ("crosscheck_llama_benchy", "crosscheck: --out /proc/nope"),
+                                          ("host_spells", "host_spells: --out /proc/nope"),
+                                          ("stream_logprobs_cost", "stream_logprobs_cost: --out /proc/nope")])
 def test_an_out_that_cannot_be_written_is_one_line_before_anything_runs(script, said):
-    """Both scripts made --out with mkdir before their try: a folder they cannot write was a traceback."""
+    """routing_spread and crosscheck made --out with mkdir before their try: a folder they cannot write was a
+    traceback. host_spells and stream_logprobs_cost handed --out to Suite.create as the run directory, whose line
+    blamed --run-dir, an option they do not have."""
     r = subprocess.run([sys.executable, str(REPO / "scripts" / f"{script}.py"), "--out", "/proc/nope"],
                        capture_output=True, text=True, timeout=120)
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(said), r.stdout + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script, argv, said", [
+    ("stream_logprobs_cost", ["--rounds", "0"], "argument --rounds: expected a whole number above 0, got '0'"),
+    ("stream_logprobs_cost", ["--rounds", "-2"], "argument --rounds: expected a whole number above 0, got '-2'"),
+    ("routing_spread", ["--boot-timeout", "0"], "argument --boot-timeout: expected a number above 0, got '0'"),
+    ("routing_spread", ["--boot-timeout", "-5"], "argument --boot-timeout: expected a number above 0, got '-5'"),
+    ("routing_spread", ["--tokens", "0"], "argument --tokens: expected a whole number above 0, got '0'"),
+    ("routing_spread", ["--concurrency", "-1"], "argument --concurrency: expected a whole number above 0, got '-1'"),
+    ("routing_spread", ["--gpu-memory-utilization", "1.5"],
+     "argument --gpu-memory-utilization: expected a number above 0 and at most 1, got '1.5'"),
+    ("crosscheck_llama_benchy", ["--boot-timeout", "0"], "argument --boot-timeout: expected a number above 0, got '0'"),
+    ("crosscheck_llama_benchy", ["--boot-timeout", "-1"], "argument --boot-timeout: expected a number above 0, got '-1'"),
+    ("crosscheck_llama_benchy", ["--pp", "0"], "argument --pp: expected a whole number above 0, got '0'"),
+    ("crosscheck_llama_benchy", ["--tg", "-32"], "argument --tg: expected a whole number above 0, got '-32'"),
+    ("crosscheck_llama_benchy", ["--runs", "0"], "argument --runs: expected a whole number above 0, got '0'"),
+    ("decode_window_gaps", ["--tokens", "0"], "argument --tokens: expected a whole number above 0, got '0'"),
+    ("lm_head_host_cost", ["--calls", "0"], "argument --calls: expected a whole number above 0, got '0'"),
+])
+def test_a_count_or_timeout_that_is_not_above_zero_is_argparses_one_line(capsys, monkeypatch, tmp_path, script, argv,
+                                                                        said):
+    """Zero rounds ended in statistics.median's traceback after the boot, a zero or negative --boot-timeout timed the
+    boot out at once, zero tokens or calls measured nothing: each is argparse's usage error now, exit 2, before any
+    boot (`no_boot`)."""
+    import importlib
+
+    monkeypatch.setattr(sys, "path", [*sys.path])  # lm_head_host_cost puts plugins/site on it for its own process
+    main = importlib.import_module(script).main
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err.splitlines()[-1] and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("where", ["/proc/nope", "a-file"])
