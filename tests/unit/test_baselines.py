@@ -136,6 +136,39 @@ def test_wrong_schema(path, doc, needle):
     assert_one_line_naming_fix(e, needle)
 
 
+
+V2 = {**GOOD, "version": 2, "memory_used_gib": 1.0, "kv_capacity_tokens": 10}
+
+
+@pytest.mark.parametrize("doc, needle", [
+    ({**GOOD, "version": 1}, None), ({**GOOD, "version": 0}, "schema version 0"),
+    ({**GOOD, "version": True}, "non-integer 'version'"),  # YAML's `version: yes`: True == 1 in Python
+    ({**V2, "kv_capacity_tokens": 1}, None), ({**V2, "kv_capacity_tokens": 0}, "kv_capacity_tokens"),
+    ({**V2, "kv_capacity_tokens": True}, "kv_capacity_tokens"),
+    ({**GOOD, "memory_peak_gb": 0.0}, None), ({**GOOD, "memory_peak_gb": -0.5}, "memory_peak_gb"),
+    # a metric this suite does not know keeps its declared direction: it must be a real true or false
+    ({**GOOD, "metrics": {"new_metric": {"samples": [1.0], "unit": "x", "higher_is_better": True}}}, None),
+    ({**GOOD, "metrics": {"new_metric": {"samples": [1.0], "unit": "x", "higher_is_better": "no"}}}, "higher_is_better"),
+    ({**GOOD, "metadata": {}, "workload": None}, None), ({**GOOD, "metadata": "vllm 0.26"}, "'metadata' must be a mapping"),
+    ({**GOOD, "workload": ["pp512"]}, "'workload' must be a mapping"),
+    ({**GOOD, "metrics": {"tg32": {"samples": [1.0, float("nan")], "unit": "tok/s", "higher_is_better": True}}},
+     "tg32.samples"),  # NaN compares False with every bound: a gate on it passes any change
+    ({**GOOD, "metrics": {"tg32": {"samples": [float("inf")], "unit": "tok/s", "higher_is_better": True}}}, "tg32.samples"),
+])
+def test_each_bound_of_a_baseline_holds_on_both_sides(path, doc, needle):
+    """Just inside each bound loads, just outside is refused by name: schema versions start at 1 (a 0 or a `yes` is no
+    version this suite wrote); the KV capacity the memory gate divides by is a positive token count (0 or `true` is a
+    broken recording); the peak memory may be 0 but never negative; a metric's direction is a boolean (the string "no"
+    is truthy: a lower-is-better metric read as higher-is-better); metadata and workload are mappings or absent."""
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(doc))
+    if needle is None:
+        assert baselines.load_baseline(path)["version"] == doc["version"]
+    else:
+        with pytest.raises(SuiteError) as e:
+            baselines.load_baseline(path)
+        assert_one_line_naming_fix(e, needle)
+
 def test_good_minimal_schema_loads(path):
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump({**GOOD, "memory_peak_gb": None}))

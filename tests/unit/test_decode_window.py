@@ -190,3 +190,71 @@ def test_a_backend_that_ran_only_in_the_prefill_fails_by_the_decode_window(tmp_p
         if not ok:
             assert any(p.startswith("decode steps: no kernel matches required") and "marlin" in p.lower()
                        for p in kp.verdict.problems), kp.verdict.problems
+
+
+@pytest.mark.parametrize("tokens, ok", [(16, True), (15, False)])
+def test_a_window_holds_exactly_its_tokens_or_is_an_error(monkeypatch, tmp_path, tokens, ok):
+    """The boundary of the window rule, without timing: a stream that delivers exactly `window` tokens after the
+    profiler started is a window; one that ends a token short is not (its trace shows fewer steps than the rule says)."""
+    counting = threading.Event()  # set when the window has read its start count and waits for tokens
+
+    def sleep(seconds: float) -> None:
+        counting.set()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(kernel_path, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+
+    class Client:
+        def get(self, path):
+            return SimpleNamespace(json=lambda: {"data": [{"max_model_len": 4096}]})
+
+        def stream(self, prompt, max_tokens, until, per_chunk_usage):
+            until(1)  # the prefill step's token
+            assert counting.wait(5)  # no race: the window counts from here
+            for n in range(2, 2 + tokens):
+                if until(n):
+                    return None
+            while ok and not until(1 + tokens):  # a long stream: it waits to be closed
+                time.sleep(0.01)
+            return None
+
+    def profile(url, trace_dir, workload, kind, timeout_s):
+        workload()
+        return KernelSummary("synthetic", kind, [KernelStat("decode_kernel", tokens, 1.0, 1.0)])
+
+    monkeypatch.setattr(kernel_path, "profile", profile)
+    server = SimpleNamespace(url="http://127.0.0.1:9", trace_dir=tmp_path, client=lambda timeout_s=None: Client())
+    if ok:
+        window = profile_decode_window(server, "kernel", window=16, timeout_s=10)
+        assert (window.before, window.inside) == (1, 16)
+    else:
+        with pytest.raises(SuiteError, match="only 15 of 16 tokens arrived while profiling"):
+            profile_decode_window(server, "kernel", window=16, timeout_s=10)
+
+
+def test_the_full_trace_is_excused_by_the_log_and_the_artifacts_say_what_the_verdict_says(tmp_path, monkeypatch):
+    """gemv-bf16 whose GEMV MoE fell back everywhere, the fallback line in the log: the full trace lacks the GEMV
+    kernel too, and is excused as the decode window is (the log is read for both). The saved summaries are what the
+    perf levels and reports read: each says valid exactly when the verdict passed, with its excuses; a failed run's
+    (the same traces, no log line) says invalid."""
+    catalog = Catalog()
+    fork, cfg = catalog.flavour("fork"), catalog.parse("gemv-bf16")
+    spec = fork.resolve(cfg, "sm_121")
+    gemm = fork.seen(cfg, "sm_121", replace={"moe": "gemm"})
+    summary = KernelSummary("synthetic", "kernel", [KernelStat(n, 16, 1.0, 0.1) for n in dict.fromkeys(gemm)])
+    monkeypatch.setattr(kernel_path, "profile", lambda *args, **kw: summary)
+    monkeypatch.setattr(kernel_path, "profile_decode_window", lambda *args, **kw: kernel_path.DecodeWindow(summary, 1, 16))
+    suite = Suite(catalog, Platform("sm_121", "NVIDIA GB10", (12, 1)), fork, Model("tiny-gpt-oss-mxfp4", "unused"), tmp_path, None)
+    for line, ok in (("WARNING [mxfp4.py] GEMV MoE falling back to grouped GEMM for M=8192\n", True), ("", False)):
+        log = tmp_path / "server.log"
+        log.write_text("INFO loading\n" + line + "INFO ready\n")
+        server = RunningServer("http://127.0.0.1:9", "fake", Target("gemv-bf16", cfg, spec, True, ""), log_path=log,
+                               process=object(), trace_dir=tmp_path)
+        kp = kernel_path.profile_kernel_path(suite, server)
+        assert kp.verdict.ok is ok, kp.verdict.problems
+        excused_full = [x for x in kp.verdict.excused if not x.startswith("decode steps: ")]
+        assert bool(excused_full) is ok, kp.verdict.excused  # the full trace's own excuse, not only the window's
+        full = json.loads(kp.artifact.read_text())
+        decode = json.loads(kp.artifact.with_name(kp.artifact.stem + "__decode.json").read_text())
+        assert full["valid"] is ok and decode["valid"] is ok and full["excused"] == kp.verdict.excused
+        assert bool(full["problems"]) is not ok

@@ -361,6 +361,77 @@ def test_a_verification_covers_the_entrys_other_rules_and_loosening_one_unverifi
     assert "other must_not, also_runs" in loosened.resolve(cfg, "cpu").kernels.verification["moe=cpu"]
 
 
+
+def _edit(entry: dict, edit: str) -> None:
+    if edit == "must pattern added":
+        entry["must"] = [*entry["must"], "*a_kernel_no_trace_showed*"]
+    elif edit == "allow_excused set":
+        entry["allow_excused"] = True
+    elif edit == "must_not dropped":
+        entry["must_not"] = entry["must_not"][:-1]
+
+
+@pytest.mark.parametrize("edit", ["nothing", "must pattern added", "allow_excused set", "must_not dropped",
+                                  "recorded patterns emptied"])
+def test_a_recording_vouches_for_exactly_the_patterns_and_rules_it_covered(tmp_path, edit):
+    """A recorded verification holds only while the entry is what its trace was judged by: a `must` pattern added
+    since (no trace showed it match), an `allow_excused` turned on (runs passing by a logged fallback may then record
+    goldens), a dropped `must_not`, or a recording whose `patterns` are empty (it covered none of them) is stale."""
+    import copy
+
+    cat = Catalog()
+    flavour, cfg = cat.flavours["cpu"], cat.parse("cpu-bf16")
+    assert flavour.mapping("moe", "cpu")["kernels"]["cpu"].get("must_not"), "the premise: the entry has a must_not"
+    names = flavour.seen(cfg, "cpu")
+    summary = KernelSummary("t", "cpu_op", [KernelStat(n, 1, 1.0, 1.0 / len(names)) for n in names])
+    rec = recorder.compare(cat, flavour, cfg, "cpu", "AMD EPYC (2 cores)", "0.32.0", summary, flavour.resolve(cfg, "cpu").kernels)
+    recorder.accept(rec, tmp_path / "cpu.yaml")
+    if edit == "recorded patterns emptied":
+        data = yaml.safe_load((tmp_path / "cpu.yaml").read_text())
+        data["values"]["moe"]["cpu"]["kernels"]["cpu"]["patterns"] = []
+        (tmp_path / "cpu.yaml").write_text(yaml.safe_dump(data))
+    edited = copy.deepcopy(Catalog(verified_dir=tmp_path).flavours["cpu"])
+    entry = edited.mapping("moe", "cpu")["kernels"]["cpu"]
+    for key in ("stale", "verified", "seen", "verified_from"):  # as the flavour file has it, before the merge
+        entry.pop(key, None)
+    entry["verified"] = "no"
+    _edit(entry, edit)
+    edited._merge_verified(tmp_path / "cpu.yaml")
+    status = edited.resolve(cfg, "cpu").kernels.verification["moe=cpu"]
+    assert status.startswith("verified") is (edit == "nothing"), (edit, status)
+    assert edit == "nothing" or "record again" in status, status
+
+
+@pytest.mark.parametrize("stamp, ok", [("Test CPU (cpu), vLLM 0.32.0, 2026-11-22", True),
+                                       ("Test CPU (cpu), vLLM 0.32.0, 2026-11-22, to redo: pattern unconfirmed", False),
+                                       ("Test CPU (cpu), vLLM 0.32.0, 2026-11-22 TODO", False)])
+def test_a_verification_stamp_ends_with_its_date(tmp_path, stamp, ok):
+    """The stamp is the whole value: '<device>, vLLM <version>, <date>' and nothing after it. A stamp a hand edit
+    extended with a doubt ('..., to redo') was read as verified because it began like one."""
+    entry = Catalog().flavour("cpu").values["moe"]["cpu"]["kernels"]["cpu"]
+    (tmp_path / "cpu.yaml").write_text(yaml.safe_dump({"values": {"moe": {"cpu": {"kernels": {"cpu": {
+        "verified": stamp, "patterns": list(entry["must"]), "seen": [], "rules": entry_rules(entry)}}}}}}))
+    if ok:
+        cat = Catalog(verified_dir=tmp_path)
+        assert cat.flavour("cpu").resolve(cat.parse("cpu-bf16"), "cpu").kernels.verification["moe=cpu"].startswith("verified")
+    else:
+        with pytest.raises(SuiteError, match="names the trace"):
+            Catalog(verified_dir=tmp_path)
+
+
+@pytest.mark.parametrize("written", ["no", False])
+def test_an_entry_written_verified_no_is_unverified_however_yaml_reads_it(written):
+    """`verified: no` reads as false in YAML, `verified: "no"` as the string: both say no trace confirmed the
+    patterns. The string once made the status 'verified: no', which reads as verified."""
+    import copy
+
+    cat = Catalog(verified_dir=Path("/nonexistent"))
+    flavour, cfg = copy.deepcopy(cat.flavours["cpu"]), cat.parse("cpu-bf16")
+    entry = flavour.mapping("moe", "cpu")["kernels"]["cpu"]
+    entry["verified"] = written
+    kernels = flavour.resolve(cfg, "cpu").kernels
+    assert "moe=cpu" in kernels.unverified and kernels.verification["moe=cpu"].startswith("unverified"), kernels.verification
+
 DECODE_WINDOWS = sorted((RECORDED / "sm_90" / "decode").glob("*.json"))
 
 

@@ -47,6 +47,44 @@ def test_a_golden_copied_into_another_models_or_platforms_folder_is_refused_by_n
     assert golden_store(tmp_path, "fork").load("level2", "level2") == {"x": 1}  # where it belongs: loaded
 
 
+
+def test_force_regen_never_reads_the_stored_golden_it_replaces(tmp_path):
+    """Under --force-regen `load` hands back nothing, so `settle` records the fresh result: a store that read the old
+    golden there compared the run with it and recorded nothing, and a missing golden stopped the regeneration."""
+    assert golden_store(tmp_path, "fork", regen=True).load("level2", "level2") is None  # none stored yet: no error
+    with pytest.raises(Regenerated):
+        golden_store(tmp_path, "fork", regen=True).save("level2", {"x": 1})
+    regen = golden_store(tmp_path, "fork", regen=True)
+    assert regen.load("level2", "level2") is None
+    with pytest.raises(Regenerated):
+        regen.settle("level2", regen.load("level2", "level2"), {"x": 2})
+    assert golden_store(tmp_path, "fork").load("level2", "level2") == {"x": 2}
+
+
+def test_a_golden_without_data_or_failing_its_check_is_refused_by_name(tmp_path):
+    """A golden whose `data` is gone (a hand edit) or whose data fails the level's own check (`check`, e.g. a
+    truncated stream) is refused with the regenerate command, never compared with."""
+    import json
+
+    with pytest.raises(Regenerated):
+        golden_store(tmp_path, "fork", regen=True).save("level2", {"x": 1})
+    store = golden_store(tmp_path, "fork")
+
+    def check(data, where):
+        if data != {"x": 1}:
+            raise SuiteError(f"{where}: x is not 1; regenerate it")
+        return data
+    assert store.load("level2", "level2", check) == {"x": 1}  # a good golden passes its check
+    path = store.path("level2")
+    golden = json.loads(path.read_text())
+    path.write_text(json.dumps({**golden, "data": {"x": 2}}))
+    with pytest.raises(SuiteError, match="x is not 1"):
+        store.load("level2", "level2", check)
+    path.write_text(json.dumps({k: v for k, v in golden.items() if k != "data"}))
+    with pytest.raises(SuiteError, match="lacks schema 2 / meta / data.*regenerate: pytest -m level2") as e:
+        store.load("level2", "level2")
+    assert "\n" not in str(e.value)
+
 def results(flavour, **extra):
     tg = {"samples": [50.0, 51.0, 50.5], "unit": "tok/s", "higher_is_better": True}
     return {"config": "gemv-bf16", "flavour": flavour, "model": "tiny", "platform": "cpu", "device": "AMD EPYC",

@@ -58,6 +58,23 @@ def test_a_logged_fallback_excuses_only_its_own_pattern(tmp_path):
     assert check_path(s, exp, "WARNING gemv path falling back to GEMM for M=2").ok
 
 
+
+def test_a_logged_fallback_in_decode_excuses_only_its_own_kernel_another_missing_one_still_fails():
+    """The decode-window check with the GEMV's fallback logged: the GEMV kernel missing and the GEMM it falls back to
+    running are excused, but a decode kernel with no excuse of its own (attention here) missing is still a failure,
+    whatever else was excused."""
+    from harness.kernelpath.traces import KernelStat, KernelSummary, check_decode
+
+    exp = KernelExpectation(must=["*gemv_fp4*", "*FlashAttnFwd*"], excuses={"*gemv_fp4*": "(?i)gemv.*fall(ing)? ?back"},
+                            prefill_only=["*cutlass_gemm*"])
+    log = "WARNING gemv path falling back to GEMM for M=2"
+    decode = lambda *names: KernelSummary("t", "kernel", [KernelStat(n, 16, 1.0, 0.5) for n in names])  # noqa: E731
+    with_attention = check_decode(decode("cutlass_gemm_fp4", "void flash::FlashAttnFwdSm90<x>"), exp, log)
+    assert with_attention.ok and len(with_attention.excused) == 2, with_attention
+    without = check_decode(decode("cutlass_gemm_fp4"), exp, log)
+    assert len(without.excused) == 2  # the same two excuses ...
+    assert not without.ok and len(without.problems) == 1 and "*FlashAttnFwd*" in without.problems[0], without  # ... and a miss
+
 def test_the_suites_own_log_header_is_never_read_as_a_logged_fallback(tmp_path, monkeypatch):
     """A run folder named `gemv-fallback-check` sits in the argv line the suite writes above vLLM's output: it once
     excused a GEMV config whose trace held no GEMV kernel at all."""
@@ -382,3 +399,67 @@ def test_the_workloads_own_error_is_reported_when_stopping_the_profiler_fails_to
         raise SuiteError("request failed: the server answered 500")
     with pytest.raises(SuiteError, match="the server answered 500"):
         traces.profile("http://127.0.0.1:1", tmp_path, workload, "kernel", timeout_s=1)
+
+
+def test_profile_reads_the_workers_new_trace_not_an_older_one_nor_the_front_ends(monkeypatch, tmp_path):
+    """The worker writes its trace a moment after /stop_profile returns. The trace dir already holds the full run's
+    trace when the decode window is profiled, and the API front end writes its own (`async_llm`, no kernels): reading
+    either judged the decode steps by the wrong file (the full run's shows every prefill kernel and every decode one)."""
+    import os
+    import threading
+
+    from harness.kernelpath import traces
+
+    def write(name: str, kernel: str, mtime: float) -> None:
+        path = tmp_path / name
+        with gzip.open(path, "wt") as f:
+            json.dump({"traceEvents": [{"cat": "kernel", "name": kernel, "dur": 1}]}, f)
+        os.utime(path, (mtime, mtime))
+
+    now = __import__("time").time()
+    write("worker_full_run.pt.trace.json.gz", "old_full_run_kernel", now - 60)
+
+    def post(url, timeout):
+        if url.endswith("/stop_profile"):  # the new files appear only after the answer, the front end's last
+            threading.Timer(0.3, lambda: (write("worker_decode.pt.trace.json.gz", "new_decode_kernel", now),
+                                          write("async_llm.pt.trace.json.gz", "front_end_op", now + 30))).start()
+        return SimpleNamespace(status_code=200, text="")
+    monkeypatch.setattr(traces.requests, "post", post)
+    summary = traces.profile("http://127.0.0.1:1", tmp_path, lambda: None, "kernel", timeout_s=10)
+    assert summary.names() == ["new_decode_kernel"] and Path(summary.source).name == "worker_decode.pt.trace.json.gz"
+
+
+def test_a_server_whose_profiler_is_off_is_refused_before_the_workload_runs(monkeypatch, tmp_path):
+    """/start_profile answering anything but 200 (a server booted without --profiler-config answers 404) records
+    nothing: the workload would run unprofiled and the trace read afterwards would be some other run's."""
+    from harness.kernelpath import traces
+
+    ran = []
+    monkeypatch.setattr(traces.requests, "post", lambda url, timeout: SimpleNamespace(
+        status_code=404 if url.endswith("/start_profile") else 200, text=""))
+    with pytest.raises(SuiteError, match="/start_profile answered HTTP 404.*--profiler-config"):
+        traces.profile("http://127.0.0.1:1", tmp_path, lambda: ran.append("workload"), "kernel", timeout_s=1)
+    assert ran == []
+
+
+@pytest.mark.parametrize("dur, ok", [(0, True), (0.0, True), (-0.5, False), (-1e-9, False), (True, False)])
+def test_a_kernel_duration_is_a_non_negative_number(tmp_path, dur, ok):
+    """A zero duration is a kernel that ran (a short one); a negative one, or a boolean (true reads as 1 in Python),
+    is a corrupt trace, not a kernel to count towards a `must` pattern."""
+    path = _trace(tmp_path, [{"cat": "kernel", "name": "marlin_moe_wna16::Marlin<1>", "dur": dur}])
+    if ok:
+        assert parse_trace(path, "kernel").names() == ["marlin_moe_wna16::Marlin<1>"]
+    else:
+        with pytest.raises(SuiteError, match="a duration a finite number.*re-run the level 1.5 profile"):
+            parse_trace(path, "kernel")
+
+
+def test_kernel_patterns_match_names_case_sensitively():
+    """Kernel names are C++ symbols: `*gemv*` must not be satisfied by a `GEMV_reference` kernel of another backend,
+    nor a forbidden `*Marlin*` by vLLM's `marlin_` helpers; only the exact case matches."""
+    from harness.kernelpath.traces import KernelStat, KernelSummary
+
+    s = KernelSummary("t", "kernel", [KernelStat("GEMV_reference_kernel", 3, 1.0, 1.0)])
+    assert not check_path(s, KernelExpectation(must=["*gemv*"])).ok
+    assert check_path(s, KernelExpectation(must=["*GEMV*"])).ok
+    assert check_path(s, KernelExpectation(must=["*GEMV*"], must_not=["*gemv_reference*"])).ok
