@@ -136,7 +136,6 @@ def test_wrong_schema(path, doc, needle):
     assert_one_line_naming_fix(e, needle)
 
 
-
 V2 = {**GOOD, "version": 2, "memory_used_gib": 1.0, "kv_capacity_tokens": 10}
 
 
@@ -168,6 +167,7 @@ def test_each_bound_of_a_baseline_holds_on_both_sides(path, doc, needle):
         with pytest.raises(SuiteError) as e:
             baselines.load_baseline(path)
         assert_one_line_naming_fix(e, needle)
+
 
 def test_good_minimal_schema_loads(path):
     path.parent.mkdir(parents=True)

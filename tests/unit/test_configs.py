@@ -88,7 +88,6 @@ def test_runnable_reports_platform_reasons(catalog):
     assert up.runnable(catalog.parse("triton-bf16"), "sm_90")[0]
 
 
-
 @pytest.mark.parametrize("flavour, platform, ok", [("upstream", "sm_80", True), ("upstream", "sm_75", False),
                                                    ("fork", "sm_121", True), ("fork", "sm_100", True),
                                                    ("fork", "sm_90", False), ("cpu", "sm_90", False)])
@@ -100,6 +99,7 @@ def test_a_flavour_runs_only_on_the_platforms_it_names(catalog, flavour, platfor
     runs, why = catalog.flavours[flavour].runnable(cfg, platform)
     assert runs is ok, why
     assert ok or (f"flavour '{flavour}' runs on" in why and f"not {platform}" in why), why
+
 
 def test_what_a_gb10_flavour_cannot_run_is_skipped_with_its_reason(catalog):
     """What the flavour files themselves say cannot run on GB10 is refused there (a skip naming why), not booted to

@@ -361,7 +361,6 @@ def test_a_verification_covers_the_entrys_other_rules_and_loosening_one_unverifi
     assert "other must_not, also_runs" in loosened.resolve(cfg, "cpu").kernels.verification["moe=cpu"]
 
 
-
 def _edit(entry: dict, edit: str) -> None:
     if edit == "must pattern added":
         entry["must"] = [*entry["must"], "*a_kernel_no_trace_showed*"]

@@ -47,7 +47,6 @@ def test_a_golden_copied_into_another_models_or_platforms_folder_is_refused_by_n
     assert golden_store(tmp_path, "fork").load("level2", "level2") == {"x": 1}  # where it belongs: loaded
 
 
-
 def test_force_regen_never_reads_the_stored_golden_it_replaces(tmp_path):
     """Under --force-regen `load` hands back nothing, so `settle` records the fresh result: a store that read the old
     golden there compared the run with it and recorded nothing, and a missing golden stopped the regeneration."""
@@ -84,6 +83,7 @@ def test_a_golden_without_data_or_failing_its_check_is_refused_by_name(tmp_path)
     with pytest.raises(SuiteError, match="lacks schema 2 / meta / data.*regenerate: pytest -m level2") as e:
         store.load("level2", "level2")
     assert "\n" not in str(e.value)
+
 
 def results(flavour, **extra):
     tg = {"samples": [50.0, 51.0, 50.5], "unit": "tok/s", "higher_is_better": True}

@@ -58,7 +58,6 @@ def test_a_logged_fallback_excuses_only_its_own_pattern(tmp_path):
     assert check_path(s, exp, "WARNING gemv path falling back to GEMM for M=2").ok
 
 
-
 def test_a_logged_fallback_in_decode_excuses_only_its_own_kernel_another_missing_one_still_fails():
     """The decode-window check with the GEMV's fallback logged: the GEMV kernel missing and the GEMM it falls back to
     running are excused, but a decode kernel with no excuse of its own (attention here) missing is still a failure,
@@ -74,6 +73,7 @@ def test_a_logged_fallback_in_decode_excuses_only_its_own_kernel_another_missing
     without = check_decode(decode("cutlass_gemm_fp4"), exp, log)
     assert len(without.excused) == 2  # the same two excuses ...
     assert not without.ok and len(without.problems) == 1 and "*FlashAttnFwd*" in without.problems[0], without  # ... and a miss
+
 
 def test_the_suites_own_log_header_is_never_read_as_a_logged_fallback(tmp_path, monkeypatch):
     """A run folder named `gemv-fallback-check` sits in the argv line the suite writes above vLLM's output: it once
@@ -186,7 +186,6 @@ def test_matching_tokens_with_drifted_logprobs_fail():
     n = _stream([1, 2], [{1: -0.1}, {2: -1.5}])
     v = compare_streams(g, n, TOL)
     assert not v.ok and "same token 2" in v.message
-
 
 
 def test_a_small_systematic_shift_of_the_decoded_logprobs_fails():
