@@ -20,7 +20,7 @@ from harness.kernelpath.breakdown import Breakdown, breakdown, busy_us_per_token
 from harness.kernelpath.check import profile_decode_window
 from harness.perf import host_cpu
 from harness.perf.clocks import ClockSampler
-from harness.perf.regression import HOST_BOUND_DECODE, THRESHOLDS_FILE, load_thresholds
+from harness.perf.regression import HOST_BOUND_DECODE, THRESHOLDS_FILE, Thresholds, load_thresholds
 from harness.session.suite import RunningServer, Suite
 
 
@@ -182,8 +182,9 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
                              order="-", blocked_by=why, seconds=time.monotonic() - started, **common)
     levels = run_levels_fn(f.levels, f.candidate, f.baseline, suite.flavour.name, suite.model.alias,
                            out_dir / "levels", level_args, level_timeout_s)
+    thresholds = load_thresholds(THRESHOLDS_FILE, suite.platform.name)  # the clock floor now, the spreads when judged
     measurer = Measurer(list(f.criteria) + list(f.gate), suite.platform.name, suite.platform.is_cuda,
-                        _sampler(suite))
+                        _sampler(suite, thresholds))
     hooks = hooks or {}
     breakdown: dict[str, dict] = {}
     together = suite.can_boot_secondary()[0]
@@ -238,7 +239,6 @@ def run_feature(suite: Suite, f: Feature, rounds: int, strict: bool, gates: dict
     if len([b for b in breakdown.values() if b]) == 2:
         plot_breakdowns({c: Breakdown.from_json(b) for c, b in breakdown.items()}, out_dir / "breakdown.png")
     save_sides(out_dir / "samples.json", [base_side, cand_side])
-    thresholds = load_thresholds(THRESHOLDS_FILE, suite.platform.name)
     host_bound = host_bound_sides(breakdown, (base_side, cand_side), thresholds.host_bound_ratio)
     spread_of = thresholds.spread_of
 
@@ -295,12 +295,10 @@ def _busy_unprofiled(b: dict | None, side: Side) -> None:
     b["busy_fraction_unprofiled"] = round(min(1.0, busy_us_per_token(b) / step_us), 4)
 
 
-def _sampler(suite: Suite) -> ClockSampler | None:
+def _sampler(suite: Suite, thresholds: Thresholds) -> ClockSampler | None:
     """Level 4's clock check with level 5's floor: a feature's rounds are set aside below the same clock as the
     gate's, so a threshold change in baselines/thresholds.yaml moves both."""
-    if not suite.platform.is_cuda:
-        return None
-    return ClockSampler(floor=load_thresholds(THRESHOLDS_FILE, suite.platform.name).loaded_clock_floor)
+    return ClockSampler(floor=thresholds.loaded_clock_floor) if suite.platform.is_cuda else None
 
 
 def require_runnable(suite: Suite, f: Feature) -> str | None:

@@ -9,6 +9,8 @@ import pytest
 
 from harness.config.catalog import CONFIG_DIR, Catalog, args_to_argv
 from harness.core.errors import SuiteError
+from harness.engine.server import free_port
+from tests.unit.loopback import loopback_server
 from tests.unit.recordings import catalog_unrecorded_on
 
 REPO = Path(__file__).resolve().parents[2]
@@ -353,50 +355,12 @@ def test_a_server_url_that_is_not_a_vllm_server_or_lacks_its_config_is_one_line(
 
 
 def _raw_tcp_server(request, reply: bytes | None) -> str:
-    """A loopback TCP listener that is no HTTP server: it reads the request, sends `reply` (None: nothing) and closes.
-    Every wait is bounded: accept polls a stop flag, reads time out, the thread is joined with a timeout."""
-    import socket
-    import threading
+    """A loopback TCP listener that is no HTTP server: it reads the request, sends `reply` (None: nothing) and closes."""
+    def answer(conn, stop) -> None:
+        if reply is not None:
+            conn.sendall(reply)
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    listener.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # the accept timeout: look at the flag again
-                continue
-            with conn:
-                conn.settimeout(5)
-                try:
-                    conn.recv(65536)
-                    if reply is not None:
-                        conn.sendall(reply)
-                except OSError:
-                    pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-
-    def close() -> None:
-        stop.set()
-        thread.join(timeout=5)
-        listener.close()
-
-    request.addfinalizer(close)
-    return f"http://127.0.0.1:{listener.getsockname()[1]}"
-
-
-def _port_nothing_listens_on() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return loopback_server(request, answer)
 
 
 @pytest.mark.parametrize("reply, said", [
@@ -421,7 +385,7 @@ def test_a_server_url_where_something_that_is_not_http_listens_names_the_address
 def test_a_server_url_where_nothing_listens_asks_whether_the_server_is_up():
     from harness.session.suite import external_model
 
-    url = f"http://127.0.0.1:{_port_nothing_listens_on()}"
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(SuiteError) as e:
         external_model(url, None)
     line = str(e.value)

@@ -632,7 +632,23 @@ def test_feature_rounds_are_set_aside_below_the_thresholds_clock_floor(tmp_path,
     thresholds = tmp_path / "thresholds.yaml"
     thresholds.write_text("defaults:\n  loaded_clock_floor: 0.9\nplatforms:\n  sm_90:\n    loaded_clock_floor: 0.8\n")
     monkeypatch.setattr(feature_run, "THRESHOLDS_FILE", thresholds)
-    on = lambda name, cuda: SimpleNamespace(platform=SimpleNamespace(name=name, is_cuda=cuda))  # noqa: E731
-    assert feature_run._sampler(on("sm_90", True)).floor == 0.8
-    assert feature_run._sampler(on("sm_121", True)).floor == 0.9
-    assert feature_run._sampler(on("cpu", False)) is None
+    floors = {}
+
+    def measurer(*args):  # the sampler run_feature built is what this test reads; nothing is measured
+        floors["sampler"] = args[-1]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(feature_run, "Measurer", measurer)
+
+    def sampler_of(name: str, cuda: bool):
+        suite = SimpleNamespace(platform=SimpleNamespace(name=name, is_cuda=cuda, device="d"), run_dir=tmp_path,
+                                flavour=SimpleNamespace(name="upstream"), model=SimpleNamespace(alias="m"))
+        feature = SimpleNamespace(name="f", baseline="a", candidate="b", requires=(), criteria=(), gate=(), levels=())
+        floors.clear()
+        with pytest.raises(KeyboardInterrupt):
+            feature_run.run_feature(suite, feature, 1, False, {}, None, [], 1.0, run_levels_fn=lambda *args: {})
+        return floors["sampler"]
+
+    assert sampler_of("sm_90", True).floor == 0.8
+    assert sampler_of("sm_121", True).floor == 0.9
+    assert sampler_of("cpu", False) is None

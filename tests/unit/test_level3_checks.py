@@ -4,7 +4,6 @@ import contextlib
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +14,7 @@ from harness.core.errors import SuiteError
 from harness.engine.client import Client
 from harness.engine.server import flag_value, free_port
 from harness.stress.workload import server_limits
+from tests.unit.loopback import STREAM_HEAD, chunk, loopback_server
 
 REPO = Path(__file__).resolve().parents[2]
 SERIAL = REPO / "tests" / "unit" / "fixtures" / "serial_server.py"
@@ -83,24 +83,13 @@ def test_level3_scales_to_the_max_num_seqs_the_server_was_booted_with():
     assert server_limits(server, suite).max_num_seqs == 8
 
 
-def test_a_server_that_dies_mid_stream_is_one_suite_error_not_a_requests_traceback():
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
+def test_a_server_that_dies_mid_stream_is_one_suite_error_not_a_requests_traceback(request):
+    def answer(conn, stop) -> None:
+        conn.sendall(STREAM_HEAD + chunk(b'data: {"choices":[{"text":"a","logprobs":{"tokens":["a"]}}]}\n\n'))
+        conn.sendall(b"ff\r\npartial")  # the process dies mid-chunk
+        conn.shutdown(socket.SHUT_RDWR)
 
-    def serve():
-        c, _ = srv.accept()
-        c.recv(65536)
-        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-        chunk = b'data: {"choices":[{"text":"a","logprobs":{"tokens":["a"]}}]}\n\n'
-        c.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        c.sendall(b"ff\r\npartial")  # the process dies mid-chunk
-        c.shutdown(socket.SHUT_RDWR)
-        c.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    client = Client(f"http://127.0.0.1:{srv.getsockname()[1]}", "model", timeout_s=10)
+    client = Client(loopback_server(request, answer), "model", timeout_s=10)
     with pytest.raises(SuiteError) as e:
         client.stream([1, 2, 3], 8)
     assert "broke mid-answer" in str(e.value) and "\n" not in str(e.value)
-    srv.close()

@@ -13,6 +13,7 @@ from harness.core.errors import SuiteError
 from harness.engine.client import Client
 from harness.perf import bench
 from harness.perf import metrics as perf
+from tests.unit.loopback import STREAM_HEAD, chunk, loopback_server
 
 
 class _Response:
@@ -110,34 +111,14 @@ def test_the_benchmarks_stream_this_way_and_record_it():
 
 
 def _trickling_server(request):
-    """A server on 127.0.0.1 that sends its headers, then one body byte every 2 s: each socket read is within
-    requests' per-read timeout, so only an overall deadline ends the request."""
-    import socket
-    import threading
-    import time
+    """A server that sends its headers, then one body byte every 2 s: each socket read is within requests' per-read
+    timeout, so only an overall deadline ends the request."""
+    def answer(conn, stop) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        while not stop.wait(2.0):
+            conn.sendall(b"x")
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    stop = threading.Event()
-    request.addfinalizer(lambda: (stop.set(), listener.close()))
-
-    def serve() -> None:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
-            while not stop.wait(2.0):
-                try:
-                    conn.sendall(b"x")
-                except OSError:
-                    return
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}"
+    return loopback_server(request, answer)
 
 
 @pytest.mark.parametrize("call", ["get", "post"])
@@ -152,38 +133,19 @@ def test_a_trickling_answer_ends_at_the_timeout(request, call):
 
 
 def _streaming_server(request, pieces, every_s: float) -> str:
-    """A server on 127.0.0.1 answering a stream in HTTP chunks: `pieces` (bytes, or a callable giving the i-th
-    piece) one every `every_s`, each within requests' per-read timeout."""
-    import socket
-    import threading
+    """A server answering a stream in HTTP chunks: `pieces` (bytes, or a callable giving the i-th piece; an empty one
+    ends the body) one every `every_s`, each within requests' per-read timeout."""
+    def answer(conn, stop) -> None:
+        conn.sendall(STREAM_HEAD)
+        i = 0
+        while not stop.wait(every_s):
+            piece = pieces(i) if callable(pieces) else pieces
+            i += 1
+            conn.sendall(chunk(piece))
+            if not piece:
+                return
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    stop = threading.Event()
-    request.addfinalizer(lambda: (stop.set(), listener.close()))
-
-    def serve() -> None:
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-            i = 0
-            while not stop.wait(every_s):
-                piece = pieces(i) if callable(pieces) else pieces
-                i += 1
-                try:
-                    conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if piece else b"0\r\n\r\n")
-                except OSError:
-                    return
-                if not piece:
-                    return
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}"
+    return loopback_server(request, answer)
 
 
 def _event(e: dict) -> bytes:
