@@ -306,8 +306,12 @@ def report(rec: Recording, verified_file: Path | None = None, top: int = 40) -> 
     ok, why = rec.can_accept()
     target = verified_file or Path(f"configs/verified/{rec.flavour}.yaml")
     if ok:
-        lines.append(f"To accept (after review): the same command with `--accept` records `verified: {rec.device_line}` and the "
-                     f"matched names as `seen` for {', '.join(e.tag for e in rec.entries)} in {target}.")
+        # the trace reviewed, not a new one: without --from-summaries the same command boots both servers again
+        run = str(Path(rec.artifact).parent) if rec.artifact else "<this recording's run folder>"
+        lines.append(f"To accept (after review): the same command with `--from-summaries {run} --accept` (this trace; "
+                     f"without `--from-summaries` it boots again and accepts a trace nobody reviewed) records "
+                     f"`verified: {rec.device_line}` and the matched names as `seen` for "
+                     f"{', '.join(e.tag for e in rec.entries)} in {target}.")
     else:
         lines.append(f"Cannot be accepted yet: {why}.")
     return "\n".join(lines) + "\n"

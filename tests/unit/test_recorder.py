@@ -123,6 +123,17 @@ def test_the_report_shows_families_the_diff_and_a_proposal():
         assert part in text, part
 
 
+def test_the_reports_accept_line_accepts_the_trace_it_shows():
+    """docs/GB10.md step 4: accept the reviewed trace with --from-summaries; the report told `the same command with
+    --accept`, which boots both servers again and accepts a trace nobody reviewed."""
+    rec = _recording(Catalog(), "cpu-bf16", COMPILED, "cpu-bf16-eager", EAGER)
+    rec.artifact = "runs/record-cpu-bf16-20261122-010203/cpu-bf16.json"
+    line = next(ln for ln in recorder.report(rec).splitlines() if ln.startswith("To accept"))
+    assert "`--from-summaries runs/record-cpu-bf16-20261122-010203 --accept`" in line, line
+    rec.artifact = ""
+    assert "--from-summaries <this recording's run folder> --accept" in recorder.report(rec)
+
+
 def test_a_sibling_whose_different_trace_the_patterns_cannot_tell_apart_blocks_accepting(tmp_path):
     # the sibling ran a family this config did not (_C::other_moe), yet cpu-bf16's patterns pass on both traces: level 1.5
     # could not see cpu-bf16 fall back to that path, and recording the patterns as verified would vouch for nothing
