@@ -109,6 +109,14 @@ def test_the_nightly_runs_on_gb10_runners_and_only_calls_the_nightly_script():
     assert "schedule" in wf["on"] and "workflow_dispatch" in wf["on"]
 
 
+def test_a_dispatch_without_a_set_runs_the_repositorys_gb10_set():
+    """docs/GB10.md: with upstream vLLM, GB10_SET=gb10-upstream. A dispatch input defaulting to gb10 shadowed it (a
+    first night started by hand then ran the fork's set, whose preflight refuses upstream vLLM)."""
+    wf = _load(NIGHTLY)
+    assert wf["on"]["workflow_dispatch"]["inputs"]["set"].get("default", "") == ""
+    assert wf["env"]["SUITE_SET"] == "${{ inputs.set || vars.GB10_SET || 'gb10' }}"
+
+
 def test_ci_runs_the_ci_script_on_a_cpu_runner_and_requires_the_lint():
     wf = _load(CI)
     assert "pull_request" in wf["on"]
