@@ -289,7 +289,8 @@ def merge(cs: ConfigSet, root: Path) -> tuple[bool, str]:
             c = junit_counts(dirs[g.name] / "junit.xml")
             lines.append(f"| {g.name} | {', '.join(g.configs) or '-'} | {g.levels} | {c.passed} | {c.failures} | {c.errors} | {c.skipped} |")
         else:
-            lines.append(f"| {g.name} | {', '.join(g.configs) or '-'} | {g.levels} | - | - | - | - (no results: the job died before uploading) |")
+            lines.append(f"| {g.name} | {', '.join(g.configs) or '-'} | {g.levels} | - | - | - | - (no results: not run, "
+                         "e.g. its preflight failed, or the job died before uploading; see its log) |")
     lines.append("")
     if unrun:
         lines += ["## Groups that tested nothing", ""] + [f"- {name}: {why}" for name, why in unrun.items()] + [""]

@@ -106,6 +106,8 @@ def test_merge_combines_groups_and_fails_on_a_failed_or_missing_group(tmp_path):
     ok, text = nightly.merge(cs, tmp_path)
     assert not ok and "FAIL" in text.splitlines()[0]
     assert "| matrix |" in text and "no results" in text  # the matrix group never uploaded
+    # a group refused by its preflight leaves no results either (its folder is empty): not "the job died"
+    assert "no results: not run, e.g. its preflight failed, or the job died before uploading" in text
     assert "`c::t0` boom" in text
     merged = nightly.junit_counts(tmp_path / "merged" / "junit.xml")
     assert (merged.tests, merged.failures) == (9, 1)
