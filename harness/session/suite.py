@@ -265,8 +265,10 @@ class Suite:
         parts = ([f"its kernel patterns are not yet confirmed on a {self.platform.name} trace ({', '.join(unconfirmed)})"]
                  if unconfirmed else []) + ([f"no kernel declared for {', '.join(undeclared)} can show it took effect"]
                                             if undeclared else [])
-        fix = (f"confirm them first (python3 scripts/record_kernels.py --config={name} --sibling=OTHER --accept; "
-               "docs/GB10.md)" if unconfirmed else "declare its kernels once a trace shows them")
+        # record, review, then accept that trace: an --accept on the recording command would bless a trace unread
+        fix = (f"confirm them first (python3 scripts/record_kernels.py --config={name} --sibling=OTHER, review its "
+               "recording.md, then accept it with --from-summaries; docs/GB10.md)" if unconfirmed
+               else "declare its kernels once a trace shows them")
         return f"{'; '.join(parts)}, so its level 1.5 pass does not show the configured kernels ran; {fix}, or pass " \
                "--allow-unverified"
 

@@ -48,7 +48,9 @@ def test_a_passed_level1_5_on_unconfirmed_patterns_may_not_record_and_says_how_t
     why = refusal(suite, server)
     assert why is not None and "\n" not in why
     assert "not yet confirmed on a sm_121 trace (moe=marlin, attention=auto)" in why, why
-    assert "scripts/record_kernels.py --config=marlin-bf16" in why and "--accept" in why and "--allow-unverified" in why
+    assert "scripts/record_kernels.py --config=marlin-bf16" in why and "--allow-unverified" in why
+    # the fix accepts the trace the user reviewed, never a fresh one in the same command
+    assert "review its recording.md, then accept it with --from-summaries" in why and "--accept" not in why, why
     # level 6 refuses the same combination by the same rule
     runner = Runner.__new__(Runner)
     runner.suite, runner.plan = suite, SimpleNamespace(combo=lambda name: SimpleNamespace(config=server.target.config))
