@@ -277,6 +277,13 @@ class Verdict:
         return self.status == "fail" and not self.advisory
 
 
+def _beyond(change: float, limit: float) -> bool:
+    """`change` lies beyond the gate `limit`. A change of exactly the gate is within it: the gates fail on more than
+    3% (or 1 GB, or the KV drop), and a ratio's rounding (0.97 / 1.0 - 1 is -0.030000000000000027, 950,000 of
+    1,000,000 KV tokens a 5.0000000000000044% drop) must not push an exact 3% over it."""
+    return change > limit and not math.isclose(change, limit, rel_tol=1e-9)
+
+
 def _pct(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x * 100:.1f}%"
 
@@ -357,10 +364,10 @@ def compare_metric(
                   f"resolve a {threshold * 100:.1f}% change (median change {delta * 100:+.1f}%; the rank test's "
                   f"smallest p with these counts is {min(1.0, smallest_p):.3g}, the gate needs p < {thresholds.alpha:g}); "
                   f"run at least 4 rounds a side (workloads `runs`)")
-    elif worse > threshold and significant and ci_worse:
+    elif _beyond(worse, threshold) and significant and ci_worse:
         status, reason, detail = "fail", Reason.REGRESSION, change
         fix = f"investigate, or if intended re-record with: {regen_command('level5', config)}"
-    elif -worse > threshold and significant and ci_better:
+    elif _beyond(-worse, threshold) and significant and ci_better:
         status, reason, detail = "improved", Reason.IMPROVEMENT, change
         fix = f"record a new baseline with: {regen_command('level5', config)}"
     elif boot_bound and within_edge:
@@ -385,7 +392,7 @@ def compare_metric(
                   f"max_cv {_pct(thresholds.max_cv)} on {sides}, so a {threshold * 100:.1f}% change is not "
                   f"resolvable (median change {delta * 100:+.1f}%, p={p:.3g}, CI [{lo:.3f}, {hi:.3f}]); reduce "
                   f"noise (idle machine, locked clocks, more warmup/runs)")
-    elif worse > threshold:
+    elif _beyond(worse, threshold):
         status, reason = "inconclusive", Reason.NOT_SIGNIFICANT
         need = "a CI excluding 1.0" if worse_edge == 1.0 else f"a CI beyond {worse_edge:.3f}, this metric's spread"
         detail = (f"{change}: beyond the gate but not significant (need p < {thresholds.alpha:g} and {need}); rerun "
@@ -428,7 +435,7 @@ def compare_used_memory(baseline_gib: float, current_gib: float, thresholds: Thr
     delta = cur / base - 1.0 if base > 0 else math.nan
     what = (f"used memory {base:.2f} -> {cur:.2f} GiB ({growth:+.2f} GiB = {growth_gb:+.2f} GB; gate +{limit:g} GB"
             + (f"; {source}" if source else "") + ")")
-    status, reason, fix = _single_number(growth_gb > limit, -growth_gb > limit, config)
+    status, reason, fix = _single_number(_beyond(growth_gb, limit), _beyond(-growth_gb, limit), config)
     return Verdict(USED_MEMORY, status, delta, growth, base, cur, "GiB", False, None, None, None, None, reason, what,
                    fix=fix,
                    kind="memory")
@@ -442,7 +449,7 @@ def compare_kv_capacity(baseline_tokens: int, current_tokens: int, thresholds: T
         raise SuiteError(f"baseline KV capacity is {base:g} tokens; re-record with: {regen_command('level5', config)}")
     delta, limit = cur / base - 1.0, thresholds.kv_capacity_drop
     what = (f"KV cache capacity {base:,.0f} -> {cur:,.0f} tokens ({delta * 100:+.2f}%; gate -{limit * 100:g}%)")
-    status, reason, fix = _single_number(-delta > limit, delta > limit, config)
+    status, reason, fix = _single_number(_beyond(-delta, limit), _beyond(delta, limit), config)
     return Verdict(KV_CAPACITY, status, delta, cur - base, base, cur, "tokens", True, None, None, None, None, reason, what,
                    fix=fix,
                    kind="capacity")

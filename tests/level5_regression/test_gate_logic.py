@@ -177,6 +177,7 @@ def test_compare_run_skips_memory_when_not_measured():
     (0.0, "pass"), (0.5, "pass"), (0.90, "pass"),   # 0.90 GiB = 0.97 GB
     (0.95, "fail"),                                  # 0.95 GiB = 1.02 GB: the gate is in GB, as the seed says
     (1.5, "fail"), (-1.5, "improved"),
+    (1e9 / regression.GIB, "pass"),                  # exactly 1 GB: the gate fails on more than 1 GB
 ])
 def test_used_memory_gate_is_in_gb(growth_gib, status):
     v = regression.compare_used_memory(62.0, 62.0 + growth_gib, T, config="cutlass")
@@ -187,7 +188,9 @@ def test_used_memory_gate_is_in_gb(growth_gib, status):
 
 
 @pytest.mark.parametrize("kv,status", [(1_000_000, "pass"), (960_000, "pass"), (940_000, "fail"),
-                                       (1_100_000, "improved")])
+                                       (1_100_000, "improved"),
+                                       # exactly 5% either way is within the gate (0.95 - 1 rounds past -0.05)
+                                       (950_000, "pass"), (949_999, "fail"), (1_050_000, "pass")])
 def test_kv_capacity_gate(kv, status):
     assert regression.compare_kv_capacity(1_000_000, kv, T).status == status
 
@@ -229,6 +232,8 @@ def test_schema_1_baseline_makes_memory_inconclusive_with_the_regen_command():
         assert "pytest -m level5 --config=cutlass --force-regen" in v.message
     strict = Thresholds(inconclusive_is_failure=True)
     assert {v.name for v in regression.gate_failures(list(verdicts.values()), strict)} == {"memory_used_gib", "kv_capacity_tokens"}
+    # memory is strict everywhere: an unjudged used memory or KV capacity fails where inconclusive timing only warns
+    assert {v.name for v in regression.gate_failures(list(verdicts.values()), T)} == {"memory_used_gib", "kv_capacity_tokens"}
 
 
 def test_a_pass_must_resolve_the_gate():
@@ -240,6 +245,61 @@ def test_a_pass_must_resolve_the_gate():
     # the same change measured with enough rounds (or less noise) passes
     assert compare_metric("pp2048", samples(30000.0, cv=0.004, n=12), samples(30000.0 * 0.985, cv=0.004, n=12, seed=1),
                           True, T).status == "pass"
+
+
+@pytest.mark.parametrize("name,higher_is_better,current,status", [
+    ("tg32", True, 97.0, "pass"), ("tg32", True, 96.9, "fail"),            # exactly -3% is the gate; -3.1% beyond it
+    ("ttft_ms", False, 103.0, "pass"), ("ttft_ms", False, 103.1, "fail"),  # a latency: exactly +3%, +3.1%
+    ("tg32", True, 103.0, "pass"), ("tg32", True, 103.1, "improved"),
+])
+def test_a_change_of_exactly_the_gate_is_within_it(name, higher_is_better, current, status):
+    """The gate fails on more than 3%: a median exactly 3% worse (or better) is within it. 97 / 100 - 1 is
+    -0.030000000000000027 in floating point, which failed an exact 3% drop."""
+    v = compare_metric(name, [100.0] * 8, [current] * 8, higher_is_better, T)
+    assert v.status == status, v.message
+
+
+def test_a_fail_needs_the_rank_test_too():
+    """All three conditions must hold: a median 4.5% lower whose bootstrap CI lies below 1.0, but whose ranks overlap
+    (one slow baseline run at 93.5 leaves Mann-Whitney at p = 0.07), is inconclusive: rerun with more runs."""
+    v = compare_metric("tg32", [100.4, 97.3, 93.5, 99.9, 100.4, 99.7, 99.9], [95.5, 95.3, 96.4, 94.8], True, T)
+    assert v.ci[1] < 1.0 and v.p_value >= T.alpha, v.message
+    assert v.status == "inconclusive" and v.reason is Reason.NOT_SIGNIFICANT, v.message
+
+
+def test_rounds_whose_smallest_p_is_alpha_itself_are_too_few():
+    """At alpha 0.1, 3 rounds a side have a smallest p of 2 / C(6, 3) = 0.1: p < alpha can never hold, so no slowdown
+    could fail and a pass would be a guess."""
+    v = compare_metric("tg32", [100.0, 100.1, 99.9], [100.0, 100.05, 99.95], True, Thresholds(alpha=0.1))
+    assert v.status == "inconclusive" and v.reason is Reason.TOO_FEW_SAMPLES, v.message
+
+
+def test_only_a_cv_above_max_cv_or_a_spread_above_the_gate_loosens_it():
+    """A CV of exactly max_cv is not noisy, and a recorded boot spread of exactly the gate does not widen it: a 4-5%
+    drop still fails at both, and the CV just above max_cv makes it inconclusive."""
+    base, cur = samples(31.6, 0.03, 20), samples(31.6 * 0.96, 0.03, 20, seed=1)
+    at_cv = replace(T, max_cv=max(stats.cv(base), stats.cv(cur)))
+    assert compare_metric("tg32", base, cur, True, at_cv).status == "fail"
+    assert compare_metric("tg32", base, cur, True, replace(at_cv, max_cv=at_cv.max_cv * 0.99)).reason is Reason.NOISY
+    v = compare_metric("tg32", samples(31.6), samples(31.6 * 0.95, seed=1), True, T, boot_spread=T.throughput_drop)
+    assert v.status == "fail", v.message
+
+
+def test_a_latency_is_judged_by_the_end_of_its_ci_that_faces_the_edge():
+    """A latency's CI is read from the other end than a rate's: its pass needs the upper end within +3%, its noisy
+    improvement the upper end below -3%, and its place within a boot spread the upper end within the edge."""
+    # +1.5% over five rounds at CV 2%: the CI reaches past +3%, so a 3% regression is not ruled out
+    v = compare_metric("ttft_ms", samples(555.0, cv=0.02, n=5), samples(555.0 * 1.015, cv=0.02, n=5, seed=1), False, T)
+    assert v.status == "inconclusive" and v.reason is Reason.CI_TOO_WIDE and v.ci[1] > 1 + T.latency_rise, v.message
+    # 7% faster at CV 8%: significant, but the CI's upper end (about 1.0) is not below the 0.97 a noisy run must reach
+    v = compare_metric("ttft_ms", samples(555.0, 0.08, 20), samples(555.0 * 0.93, 0.08, 20, seed=1), False, T)
+    assert v.status == "inconclusive" and v.reason is Reason.NOISY and v.p_value < T.alpha, v.message
+    # a host-bound TPOT from three quiet rounds 1/0.66 slower: the median is inside the 1.53 edge, the CI past it
+    strict = replace(_sm90(), inconclusive_is_failure=True)
+    short = compare_metric("tpot_ms", samples(3.33, 0.01, 16), [3.33 / 0.66 * f for f in (0.97, 1.0, 1.03)], False,
+                           strict, boot_spread=0.5, host_bound="baseline: tg32_gpu is 1.2x its tg32")
+    assert short.ci[1] > 1.53 and not short.within_boot_spread, short.message
+    assert regression.gate_failures([short], strict) == [short]
 
 
 def test_unresolved_samples_are_inconclusive_never_pass_or_fail():
@@ -967,6 +1027,15 @@ def test_host_bound_thresholds_are_checked():
         with pytest.raises(SuiteError, match="host_bound"):
             Thresholds(**bad)
     assert _sm90().host_bound_spread == 0.5 and perf.parse_metric_name("tg128_gpu") == ("tg128_gpu", 0)
+
+
+def test_a_decode_at_exactly_host_bound_ratio_keeps_its_gate():
+    """Host-bound means the kernels' rate exceeds the step's by more than host_bound_ratio: at exactly that ratio the
+    engine-clock decode is not loosened."""
+    base = _decode_run(282.1, 282.1 * 1.2, 3.39, seed=10)
+    ratio = stats.median(base["metrics"]["tg32_gpu"]["samples"]) / stats.median(base["metrics"]["tg32"]["samples"])
+    assert regression.host_bound_decode(base, base, replace(_sm90(), host_bound_ratio=ratio)) == {}
+    assert regression.host_bound_decode(base, base, replace(_sm90(), host_bound_ratio=ratio * 0.999))
 
 
 H200_SHARED = REPO / "docs" / "evidence" / "sm_90-2026-11-30-h200-x2" / "gates-gemv-bf16"

@@ -98,6 +98,13 @@ def test_gpu_log_gives_vllms_breakdown_and_kv_capacity():
     assert len(em.lines) == 7
 
 
+def test_a_log_holding_an_earlier_boot_is_read_for_the_last_one():
+    """The last occurrence of each line wins: a log an earlier boot wrote into first gives the last boot's numbers."""
+    earlier = GPU_LOG.replace("1,758,208 tokens", "999,999 tokens").replace("61.4 GiB for weight", "50.0 GiB for weight")
+    em = memory.parse_engine_memory(earlier + GPU_LOG)
+    assert em.kv_tokens == 1_758_208 and em.weights_gib == 61.4
+
+
 def test_gpu_log_without_the_breakdown_line_keeps_what_it_has():
     partial = "\n".join(l for l in GPU_LOG.splitlines() if "Actual usage" not in l)
     em = memory.parse_engine_memory(partial)
@@ -134,6 +141,9 @@ def test_nvml_per_process_cross_checks_the_engine():
     assert cc["ok"] is True and cc["diff_gib"] == pytest.approx(129.6 - (68.9 + 60.35), abs=1e-3)
     bad = memory.summarize(memory.parse_engine_memory(GPU_LOG), {**snap, "gpu_gib": 100.0}, snap, on_gpu=True)
     assert bad["cross_check"]["ok"] is False
+    # more than vLLM accounts for plus the CUDA context's slack is inconsistent too (another process, a leak)
+    over = memory.summarize(memory.parse_engine_memory(GPU_LOG), {**snap, "gpu_gib": 140.0}, snap, on_gpu=True)
+    assert over["cross_check"]["ok"] is False
 
 
 def test_without_a_breakdown_used_memory_is_process_minus_kv():

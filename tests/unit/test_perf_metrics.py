@@ -56,6 +56,13 @@ def test_to_metrics_names_units_and_directions():
     assert m["itl_ms@d4096"]["samples"] == [pytest.approx(31.25)] * 2
 
 
+def test_an_itl_sample_is_the_requests_median_chunk_gap():
+    """One stalled chunk (100 ms among 10 ms gaps) does not move a request's ITL sample: the gate compares each run's
+    typical gap, not a mean that one stall dominates."""
+    r = perf.TimedRequest(2048, 4, 10.0, 10.5, 10.62, [10.5, 10.51, 10.52, 10.62])
+    assert perf.to_metrics([r, r], pp_tokens=2048, tg_tokens=3)["itl_ms"]["samples"] == [pytest.approx(10.0)] * 2
+
+
 def test_metric_names_round_trip():
     assert perf.metric_name("tg32") == "tg32"
     assert perf.parse_metric_name(perf.metric_name("pp2048", 8192)) == ("pp2048", 8192)

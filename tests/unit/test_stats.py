@@ -47,6 +47,8 @@ def test_mann_whitney_identical_and_separated():
     # complete separation of 5 vs 5: exact two-sided p = 2 / C(10, 5)
     assert stats.mann_whitney_u([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(2 / 252)
     assert stats.mann_whitney_u([1, 3, 5, 7, 9], [2, 4, 6, 8, 10]) > 0.5
+    # each side constant at its own value (a deterministic count that moved): a shift, not a tie
+    assert stats.mann_whitney_u([5, 5, 5, 5, 5], [4, 4, 4, 4, 4]) < 0.05
 
 
 def test_bootstrap_ratio_ci_brackets_true_ratio_and_is_reproducible():
@@ -59,6 +61,15 @@ def test_bootstrap_ratio_ci_brackets_true_ratio_and_is_reproducible():
     assert (lo, hi) == stats.bootstrap_ratio_ci(base, cur)  # seeded
     lo90, hi90 = stats.bootstrap_ratio_ci(base, cur, level=0.90)
     assert lo90 >= lo and hi90 <= hi
+
+
+def test_bootstrap_ratio_ci_level_is_two_sided():
+    """A 95% CI leaves 2.5% of the resampled ratios out on each side: for the mean of 1000 evenly spread samples
+    against a constant 1.0 it spans +-1.96 standard errors (a 90% one, +-1.645, would let a gate fail or pass on less)."""
+    cur = np.linspace(0.5, 1.5, 1000)
+    se = cur.std() / np.sqrt(cur.size)
+    lo, hi = stats.bootstrap_ratio_ci([1.0] * 10, cur, stat=np.mean, level=0.95)
+    assert hi - lo == pytest.approx(2 * 1.96 * se, rel=0.08)
 
 
 def test_bootstrap_of_constant_samples_is_a_point():
