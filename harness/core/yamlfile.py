@@ -42,6 +42,8 @@ def load_mapping(path: Path, fix: str = "fix the file", empty_ok: bool = False) 
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise SuiteError(f"{path}: cannot read ({e.strerror}); restore it from git") from None
+    except UnicodeDecodeError as e:  # binary junk (a bad copy, a disk error): was a UnicodeDecodeError traceback
+        raise SuiteError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); {fix}") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:

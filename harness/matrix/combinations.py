@@ -22,12 +22,11 @@ import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from harness.config.catalog import Catalog, Config, Flavour, KernelExpectation
 from harness.core.errors import SuiteError
 from harness.core.paths import REPO
 from harness.core.platform import best_selector, is_valid_selector
+from harness.core.yamlfile import load_mapping
 from harness.kernelpath.traces import KernelSummary
 
 MATRIX_FILE = REPO / "tests" / "level6_matrix" / "matrix.yaml"
@@ -72,13 +71,9 @@ QUOTE_HINT = 'YAML read an unquoted on/off/yes/no as a boolean: quote the value 
 
 def load_matrix(path: Path = MATRIX_FILE) -> MatrixData:
     """Read and validate the matrix file: every shape or type problem is one SuiteError naming the file and the key."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise SuiteError(f"{path}: cannot read ({e.strerror}); restore it from git") from None
-    except yaml.YAMLError as e:
-        raise SuiteError(f"{path}: malformed YAML ({str(e).splitlines()[0]}); fix the file") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("platforms"), dict):
+    # the suite's one YAML reader: binary junk was a UnicodeDecodeError traceback at collection, a repeated key silent
+    raw = load_mapping(path)
+    if not isinstance(raw.get("platforms"), dict):
         raise SuiteError(f"{path}: needs a `platforms:` mapping of platform selector -> matrix")
     _known_keys(raw, TOP_KEYS, f"{path}")
     platforms = [_platform_matrix(selector, spec, f"{path}: platforms.{selector}") for selector, spec in raw["platforms"].items()]

@@ -63,7 +63,8 @@ class KnownIssue:
 def load(path: Path = FILE) -> list[KnownIssue]:
     entries = load_mapping(path, empty_ok=True).get("issues")
     if not isinstance(entries, list):
-        raise SuiteError(f"{path}: expected `issues:` with a list of entries")
+        raise SuiteError(f"{path}: expected `issues:` with a list of entries (`issues: []` for none); fix the file or "
+                         "restore it from git")
     out = []
     for i, e in enumerate(entries):
         at = f"{path}: issues[{i}]"

@@ -203,6 +203,15 @@ def test_malformed_yaml_is_one_clear_line(tmp_path):
     assert "malformed YAML" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_config_file_of_binary_junk_is_one_clear_line(tmp_path):
+    """Not UTF-8 (a bad copy): a UnicodeDecodeError traceback from `pytest --list-configs` and any run."""
+    d = _copy_configs(tmp_path)
+    (d / "axes.yaml").write_bytes(b"axes:\n  \xc8\x00junk")
+    with pytest.raises(SuiteError) as e:
+        Catalog(d)
+    assert str(e.value) == f"{d / 'axes.yaml'}: not UTF-8 text (byte 0xc8 at offset 8); fix the file", str(e.value)
+
+
 def test_unknown_value_in_a_flavour_file_is_reported(tmp_path):
     d = _copy_configs(tmp_path)
     p = d / "flavours" / "cpu.yaml"

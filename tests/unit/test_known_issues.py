@@ -53,6 +53,8 @@ def test_an_entry_applies_only_to_its_engine_versions_and_platforms(tmp_path):
 
 @pytest.mark.parametrize("broken, expect", [
     ("issues: {}", "expected `issues:` with a list"),
+    ("", r"expected `issues:` with a list of entries \(`issues: \[\]` for none\); fix the file or restore it from git"),
+    ("\udcff", "not UTF-8 text"),  # binary junk: a UnicodeDecodeError traceback (INTERNALERROR) before
     ("issues: [{id: x}]", "needs exactly"),
     ("issues: [{id: x, engine: vllm, versions: 'not a range', platforms: [sm_90], tests: ['a.py::b'], raises: engine-crash, upstream: u, symptom: s, evidence: e}]", "not a version range"),
     ("issues: [{id: x, engine: vllm, versions: '<1', platforms: [sm_90], tests: ['a.py::b'], raises: timeout, upstream: u, symptom: s, evidence: e}]", "is not one of engine-crash"),
@@ -63,7 +65,7 @@ def test_an_entry_applies_only_to_its_engine_versions_and_platforms(tmp_path):
 ])
 def test_a_bad_file_is_one_line(tmp_path, broken, expect):
     p = tmp_path / "k.yaml"
-    p.write_text(broken)
+    p.write_text(broken, errors="surrogateescape")
     with pytest.raises(SuiteError, match=expect) as e:
         known_issues.load(p)
     assert "\n" not in str(e.value)

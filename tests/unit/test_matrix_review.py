@@ -188,6 +188,20 @@ def test_a_malformed_matrix_file_is_one_line_naming_the_key(tmp_path, text, key)
     assert key in message, f"the message does not name {key}: {message}"
 
 
+@pytest.mark.parametrize("data, said", [
+    (b"platforms:\n  \xc8\x00junk", "not UTF-8 text (byte 0xc8 at offset 13); fix the file"),
+    (b"platforms: {}\nplatforms: {}\n", "key 'platforms' appears twice (first on line 1)"),
+], ids=["binary-junk", "repeated-key"])
+def test_a_matrix_file_of_junk_or_a_repeated_key_is_one_line(tmp_path, data, said):
+    """Read through yaml.safe_load of its own: junk was a UnicodeDecodeError traceback at collection, and a second
+    `platforms:` replaced the first in silence."""
+    path = tmp_path / "matrix.yaml"
+    path.write_bytes(data)
+    with pytest.raises(SuiteError) as info:
+        load_matrix(path)
+    assert "\n" not in str(info.value) and said in str(info.value), str(info.value)
+
+
 @pytest.mark.parametrize("text", [CPU + "    vary: {graphs: on}\n", CPU + "    vary: {graphs: [on, off]}\n"])
 def test_unquoted_on_off_says_to_quote_them(tmp_path, text):
     path = tmp_path / "matrix.yaml"
