@@ -123,7 +123,17 @@ def _selects_level(config: pytest.Config, marker: str, folder: Path) -> bool:
         return True
 
 
+# Options whose empty value (`--model=`, an unset shell variable) was taken for no option: the default model, run dir
+# or flavour ran in silence, or nothing at all (`--feature=` under -m feature). --config has its own line (select).
+_NAMED_OPTIONS = ("--model", "--flavour", "--server-url", "--platform", "--device", "--run-dir", "--workloads",
+                  "--goldens-of", "--feature", "--against", "--criteria", "--review-dir")
+
+
 def _create_suite(config: pytest.Config) -> Suite:
+    for option in _NAMED_OPTIONS:
+        value = config.getoption(option)
+        if isinstance(value, str) and not value.strip():
+            raise SuiteError(f"{option}={value!r} is empty; give it a value, or leave the option out for its default")
     suite = Suite.create(
         config.getoption("--config"), config.getoption("--model"), config.getoption("--flavour"),
         config.getoption("--server-url"), config.getoption("--run-dir"), config.getoption("--boot-timeout"),

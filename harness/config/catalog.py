@@ -234,9 +234,12 @@ class Catalog:
 
     def select(self, option: str | None, platform_name: str) -> list[Config]:
         """The configs named by `--config` (comma separated; `all` = every named config)."""
-        if not option:
+        if option is None:
             return [self.default_for(platform_name)]
         names = [n.strip() for n in option.split(",") if n.strip()]
+        if not names:  # `--config=` ran the default config, `--config=,` none (every test skipped as NOTSET)
+            raise SuiteError(f"--config={option!r} names no config; pass --config=NAME[,NAME] or all, or leave the "
+                             "option out for this platform's default")
         if names == ["all"]:
             return list(self.named)
         if "all" in names:  # was "unknown config 'all'", which named no fix

@@ -37,5 +37,7 @@ def writable_dir(path: Path, option: str) -> Path:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
             pass
     except OSError as e:
-        raise SuiteError(f"{option} {path}: cannot write there ({e.strerror}); pass a writable directory") from None
+        # a file there said "cannot write there (File exists)", as if the folder were full or locked
+        why = "a file, not a directory" if path.is_file() else e.strerror
+        raise SuiteError(f"{option} {path}: cannot write there ({why}); pass a writable directory") from None
     return path.resolve()

@@ -115,6 +115,9 @@ def _resolve_model(name: str) -> Model:
                      dict(SHAPE_ENV))
     path = Path(name).expanduser()
     if path.exists():
+        if not path.is_dir():  # was "no config.json in that directory" of a file
+            raise SuiteError(f"--model {name}: a file, not a checkpoint directory; pass the folder that holds its "
+                             f"config.json, or one of: {', '.join(ALIASES)}")
         if (path / "config.json").is_file():
             check_config_json(path / "config.json", name)
         if (path / MANIFEST).is_file():

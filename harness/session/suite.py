@@ -7,6 +7,7 @@ import re
 import sys
 import threading
 import time
+import urllib.parse
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,24 @@ def external_platform(name: str | None, device: str | None) -> Platform:
         raise SuiteError(f"--platform {name}: expected cpu or a compute capability such as sm_90 or sm_121")
     capability = None if name == "cpu" else (int(name[3:-1]), int(name[-1]))
     return Platform(name, device or name, capability)
+
+
+def _check_server_url(url: str) -> None:
+    """A --server-url with no host or a port out of range was "cannot list models (InvalidURL ...); is the server up?",
+    and one ending in /v1 (the OpenAI clients' base URL) asked for /v1/v1/models, whose 404 said "not an
+    OpenAI-compatible server": one line naming the form instead."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # a port that is not a number, or above 65535
+        port_ok = False
+    if not parts.hostname or not port_ok:
+        raise SuiteError(f"--server-url {url}: not a server address; write http://HOST:PORT, e.g. "
+                         "--server-url=http://127.0.0.1:8000")
+    if parts.path.rstrip("/").endswith("/v1"):
+        root = url[:url.rstrip("/").rfind("/v1")]
+        raise SuiteError(f"--server-url {url}: pass the server's root, without /v1 (the suite adds /v1/...): "
+                         f"--server-url={root}")
 
 
 def external_model(url: str, model_option: str | None) -> Model:
@@ -176,6 +195,8 @@ class Suite:
                                  "port, the model under test); drop it, and pick the model with --model")
         if server_url and not server_url.startswith(("http://", "https://")):  # requests' InvalidSchema names no fix
             raise SuiteError(f"--server-url {server_url}: write the scheme too, e.g. --server-url=http://{server_url}")
+        if server_url:
+            _check_server_url(server_url)
         if server_args and server_url:
             raise SuiteError("--server-arg changes servers the suite boots; a --server-url server was started elsewhere")
         if (platform_option or device_option) and not server_url:
@@ -197,7 +218,7 @@ class Suite:
                 check_hub_model(model.path)  # not cached and no hub: one line now, not a dead server later
         suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s,
                     server_args=list(server_args or []), allow_unverified=allow_unverified)
-        if platform.name == UNKNOWN_PLATFORM and not config_option:  # no platform to pick a default config by
+        if platform.name == UNKNOWN_PLATFORM and config_option is None:  # no platform to pick a default config by
             raise SuiteError("--server-url without --config: the server's platform is unknown, so no default config can "
                              "be picked; pass --config=NAME (the config the server was started with) or --platform=...")
         suite.selected()  # validate --config now, at collection time

@@ -246,6 +246,7 @@ def test_a_pattern_list_written_as_a_string_is_one_clear_line(tmp_path, flavour,
     (["--model=/no/such/dir"], "no such directory"),
     (["--flavour=nope"], "unknown flavour 'nope'"),
     (["--run-dir=/proc/no-such-dir"], "--run-dir /proc/no-such-dir: cannot write there"),
+    (["--run-dir=README.md"], "--run-dir README.md: cannot write there (a file, not a directory)"),  # "(File exists)"
     (["--workloads=/no/such/workloads.yaml"], "--workloads /no/such/workloads.yaml: no such file"),
     (["--model=nobody-has/this-model-xyz"], "--model nobody-has/this-model-xyz: "),
     (["--platform=sm_121"], "use them with --server-url"),
@@ -256,6 +257,20 @@ def test_a_pattern_list_written_as_a_string_is_one_clear_line(tmp_path, flavour,
     (["--server-arg=--model=other/model"], "the suite sets --model itself"),
     (["--server-url=http://127.0.0.1:9"], "--server-url http://127.0.0.1:9: cannot list models"),
     (["--server-url=127.0.0.1:9"], "--server-url 127.0.0.1:9: write the scheme too, e.g. --server-url=http://127.0.0.1:9"),
+    # a port out of range or no host was "cannot list models (InvalidURL ...); is the server up?"
+    (["--server-url=http://127.0.0.1:99999"], "--server-url http://127.0.0.1:99999: not a server address; write "
+                                              "http://HOST:PORT"),
+    (["--server-url=http://"], "--server-url http://: not a server address"),
+    # the OpenAI clients' base URL asked for /v1/v1/models, whose 404 said "not an OpenAI-compatible server"
+    (["--server-url=http://127.0.0.1:9/v1/"], "--server-url http://127.0.0.1:9/v1/: pass the server's root, without "
+                                             "/v1 (the suite adds /v1/...): --server-url=http://127.0.0.1:9"),
+    # an empty value (an unset shell variable) ran the default config, or none at all (every test skipped as NOTSET)
+    (["--config="], "--config='' names no config; pass --config=NAME[,NAME] or all, or leave the option out"),
+    (["--config=,"], "--config=',' names no config"),
+    (["--model="], "--model='' is empty; give it a value, or leave the option out for its default"),
+    (["--run-dir="], "--run-dir='' is empty"),
+    (["-m", "feature", "--feature="], "--feature='' is empty"),
+    (["--list-configs", "--flavour="], "--flavour='' is empty"),
     # feature options are checked when the run starts (they once failed inside collection, under pluggy's stack)
     (["-m", "feature", "--feature=nosuch"], "--feature: unknown feature(s) nosuch; known: "),
     (["--config=cpu-bf16", "--against=nosuch"], "--against: unknown config 'nosuch'"),

@@ -78,3 +78,14 @@ def test_a_corrupt_config_json_of_a_model_folder_is_one_line_before_any_boot(tmp
     message = str(e.value)
     assert message.startswith(f"--model {folder}: {folder / 'config.json'} {problem}"), message
     assert message.endswith("; fix or replace that checkpoint's config.json") and "\n" not in message, message
+
+
+def test_a_model_path_that_is_a_file_is_named_a_file_not_a_folder_without_config_json(tmp_path: Path):
+    """It said "no config.json in that directory" of a file."""
+    from harness.session.suite import Suite
+
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(SuiteError) as e:
+        Suite.create(None, str(tmp_path / "model.safetensors"), None, None, str(tmp_path / "run"), 60)
+    assert str(e.value).startswith(f"--model {tmp_path / 'model.safetensors'}: a file, not a checkpoint directory; "
+                                   "pass the folder that holds its config.json"), str(e.value)
