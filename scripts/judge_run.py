@@ -35,6 +35,10 @@ from harness.perf.results import read_results, results_files  # noqa: E402
 def results_of(run_dir: Path, config: str) -> Path:
     """`config`'s level 4 results in a run directory: `results/<model>__<config>.json`. Servers booted beside the
     shared one write `<model>__<config>__<tag>.json` (the n-gram speculator): other boots."""
+    if not run_dir.is_dir():  # was "<path> has no results/<model>__<config>.json (results there: none)"
+        said = "not a directory" if run_dir.exists() else "no such directory"
+        raise SuiteError(f"RUN_DIR {run_dir}: {said}; pass the run directory of a level 4 run of {config} (its "
+                         "--run-dir, or runs/<stamp>)")
     found = results_files(run_dir)
     mine = [p for p in found if p.name.endswith(f"__{config}.json")]
     if len(mine) == 1:

@@ -309,7 +309,7 @@ def check_tasks_golden(data: object, where: str) -> dict:
             # a set the model answers (almost) nowhere right gates nothing: no run can fall below its floor
             raise ValueError(f"its floor {accuracy_floor(data):.3f} cannot fail ({correct} of {n} right); pick tasks "
                              "the model answers")
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: int() of an `n: Infinity`
         raise SuiteError(f"{where} is malformed ({type(e).__name__}: {e}); restore it from git or regenerate it with --force-regen") from None
     return data
 

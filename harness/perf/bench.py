@@ -148,8 +148,10 @@ def _count(path: Path, where: str, value: object, least: int, why: str) -> int:
 
 
 def _counts(path: Path, where: str, value: object, least: int, why: str) -> list[int]:
-    if not isinstance(value, list):
-        raise SuiteError(f"{path}: {where} is {_shown(value)}; it must be a list of integers >= {least}; fix the file")
+    # an empty list measured nothing of its section without a word (`tg: []` dropped every decode metric)
+    if not isinstance(value, list) or not value:
+        raise SuiteError(f"{path}: {where} is {_shown(value)}; it must be a list of integers >= {least}, at least one; "
+                         "fix the file")
     return [_count(path, f"{where}[{i}]", v, least, why) for i, v in enumerate(value)]
 
 

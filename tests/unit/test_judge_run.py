@@ -125,6 +125,17 @@ def test_a_corrupt_baseline_names_the_file_and_the_fix(tmp_path, capsys):
     assert str(bad) in line and "--force-regen" in line, line
 
 
+@pytest.mark.parametrize("where, said", [("nope", "no such directory"), ("file", "not a directory")])
+def test_a_run_dir_that_is_not_a_folder_says_so(tmp_path, capsys, where, said):
+    """It said "<path> has no results/<model>__gemv-bf16.json (results there: none)" of a path that does not exist."""
+    run = tmp_path / where
+    if where == "file":
+        run.write_text("x")
+    line = one_line(capsys, [str(run), "--baseline", str(BASELINE)])
+    assert line == (f"judge_run: RUN_DIR {run}: {said}; pass the run directory of a level 4 run of gemv-bf16 (its "
+                    "--run-dir, or runs/<stamp>)"), line
+
+
 def test_corrupt_results_name_the_file(tmp_path, capsys):
     run = tmp_path / "run"
     (run / "results").mkdir(parents=True)

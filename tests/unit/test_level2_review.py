@@ -137,6 +137,7 @@ def test_a_completion_without_logprobs_is_one_line(completion):
     ({"n": 30, "correct": 1, "accuracy": 1 / 30}, "cannot fail"),
     ({"n": 30, "correct": 3, "accuracy": 0.9}, "is not correct / n"),
     ({"n": 30, "accuracy": 0.7}, "KeyError"),
+    ({"n": float("inf"), "correct": 21, "accuracy": 0.7}, "OverflowError"),  # `"n": Infinity` in the JSON: a traceback
 ])
 def test_a_tasks_golden_whose_floor_cannot_fail_or_does_not_add_up_is_malformed(data, why):
     """accuracy 0 gave a floor of -0.033, which no run can fall below."""

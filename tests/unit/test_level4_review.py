@@ -66,6 +66,24 @@ def test_two_workloads_that_yield_one_metric_are_refused(tmp_path, text, metric)
     assert f"both yield metric {metric}; remove the duplicate from" in message, message
 
 
+@pytest.mark.parametrize("text, where", [
+    ("cpu:\n  runs: 3\n  warmup: 0\n  decode: {prompt: 16, tg: [], depths: [0]}\n", "cpu.decode.tg"),
+    ("cpu:\n  runs: 3\n  warmup: 0\n  decode: {prompt: 16, tg: [8], depths: []}\n", "cpu.decode.depths"),
+    (BASE + "  prefill: {pp: [], depths: [0]}\n", "cpu.prefill.pp"),
+])
+def test_an_empty_list_of_shapes_is_refused_not_a_section_measured_for_nothing(tmp_path, text, where):
+    """`tg: []` loaded as no decode workload at all: level 5 then reported every decode metric only as not measured."""
+    message = refused(workloads_file(tmp_path, text))
+    assert f"{where} is []; it must be a list of integers" in message and "at least one" in message, message
+
+
+def test_a_workloads_file_of_binary_junk_is_one_line(tmp_path):
+    """Not UTF-8 (a bad copy): a UnicodeDecodeError traceback (pytest's INTERNALERROR) before the run."""
+    path = tmp_path / "w.yaml"
+    path.write_bytes(b"cpu:\xff\xfe\x00junk")
+    assert "not UTF-8 text (byte 0xff at offset 4); fix the file" in refused(path)
+
+
 class FakeEngine:
     """A vLLM stand-in: completions and streams of exactly the asked tokens; /metrics counters (the engine's request
     histograms and, with `spec`, the speculator's counters) advance with every finished request. The speculator
