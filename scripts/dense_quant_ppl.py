@@ -13,6 +13,7 @@ against which level 2's "embedded model is trained" bound is set.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -36,7 +37,9 @@ def _round_trip(linear: torch.nn.Linear) -> None:
     linear.weight.data = dequantize_mxfp4(q, s, torch.float32).to(linear.weight.dtype)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # no options: --help says what it measures, anything else is refused before the minutes of loading
+    argparse.ArgumentParser(prog="dense_quant_ppl", description=__doc__.split("\n\n")[0]).parse_args(argv)
     from transformers import AutoTokenizer, GptOssForCausalLM
 
     path = hm.materialize_compact(REPO / "models" / "tiny-gpt-oss")

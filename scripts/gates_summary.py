@@ -196,6 +196,9 @@ def main(root: Path, out: Path) -> int:
 
 def cli(argv: list[str]) -> int:
     """The command line: bad arguments are one line and exit 2, never a traceback."""
+    if argv in (["-h"], ["--help"]):
+        print(f"usage: gates_summary.py RUNS_ROOT OUT.md\n\n{__doc__.split(chr(10) * 2)[0]}")
+        return 0
     try:
         if len(argv) != 2:
             raise SuiteError("usage: gates_summary.py RUNS_ROOT OUT.md")

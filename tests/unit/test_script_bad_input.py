@@ -280,3 +280,16 @@ def test_kernel_tools_refuse_a_bad_arch_or_source_in_argparse(capsys, module, ar
         importlib.import_module(module).main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and said in err.splitlines()[-1] and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("script", sorted(p.stem for p in (REPO / "scripts").glob("*.py")))
+def test_every_script_answers_help_and_refuses_an_unknown_option_without_running(script):
+    """`--help` describes a script and a mistyped option is argparse's exit 2, before any boot or model load: a script
+    without a parser (dense_quant_ppl had none) ran its minutes of work on `--help`."""
+    path = str(REPO / "scripts" / f"{script}.py")
+    helped = subprocess.run([sys.executable, path, "--help"], capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "usage:" in helped.stdout, helped.stdout[-1000:] + helped.stderr[-2000:]
+    # the required arguments' line, or the unknown option's: either way argparse's usage and exit 2, nothing ran
+    refused = subprocess.run([sys.executable, path, "--no-such-option"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "usage: " in refused.stderr, refused.stdout[-1000:] + refused.stderr[-2000:]
+    assert "Traceback" not in helped.stderr + refused.stderr
