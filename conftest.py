@@ -13,7 +13,7 @@ import pytest
 
 from harness.core.errors import SuiteError
 from harness.core.paths import TESTS_DIR, shown, writable_dir
-from harness.core.platform import UNKNOWN_PLATFORM, detect_platform
+from harness.core.platform import UNKNOWN_PLATFORM, detect_platform, forced_platform_problem
 from harness.core.store import regen_command
 from harness.correctness.goldens import GoldenStore, golden_path, recorded_kinds
 from harness.engine.devices import gpus_needed, set_wait_notice
@@ -130,6 +130,9 @@ _NAMED_OPTIONS = ("--model", "--flavour", "--server-url", "--platform", "--devic
 
 
 def _create_suite(config: pytest.Config) -> Suite:
+    problem = forced_platform_problem()
+    if problem:
+        raise SuiteError(problem)
     for option in _NAMED_OPTIONS:
         value = config.getoption(option)
         if isinstance(value, str) and not value.strip():

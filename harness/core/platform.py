@@ -26,10 +26,27 @@ class Platform:
         return self.capability is not None
 
 
+FORCE_PLATFORM = "SUITE_PLATFORM"  # `cpu`: run as a CPU machine on a GPU one (its goldens, model and configs)
+
+
+def forced_platform_problem() -> str | None:
+    """Why SUITE_PLATFORM's value means nothing (None: unset or `cpu`): another value was ignored in silence, so
+    `SUITE_PLATFORM=sm_121` on an H100 ran as the H100."""
+    value = os.environ.get(FORCE_PLATFORM, "")
+    if value.strip().lower() in ("", "cpu"):
+        return None
+    return (f"{FORCE_PLATFORM}={value!r}: only `cpu` is known (it runs a GPU machine as a CPU one); unset it, and "
+            "judge a server of another platform with --server-url and --platform")
+
+
+def forces_cpu() -> bool:
+    return os.environ.get(FORCE_PLATFORM, "").strip().lower() == "cpu"
+
+
 @lru_cache(maxsize=1)
 def detect_platform() -> Platform:
     """Detect the accelerator torch sees; `SUITE_PLATFORM=cpu` forces the CPU platform."""
-    if os.environ.get("SUITE_PLATFORM", "").lower() == "cpu":
+    if forces_cpu():
         return _cpu_platform()
     try:
         import torch

@@ -48,4 +48,8 @@ def read_results(path: Path) -> dict:
         if key in data and not isinstance(data[key], str):
             raise SuiteError(f"results {path}: `{key}` is {str(data[key])[:40]!r}, not a name; rerun level 4 to write "
                              "it again")
+    # the kernel-path check's mark: the gate refuses `valid: false`, and a "no" or 0 there would pass as valid
+    if "valid" in data and not isinstance(data["valid"], bool):
+        raise SuiteError(f"results {path}: `valid` is {str(data['valid'])[:40]!r}, not true or false; rerun level 4 to "
+                         "write it again")
     return data

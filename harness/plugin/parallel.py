@@ -30,6 +30,7 @@ from typing import Iterator
 
 import pytest
 
+from harness.core.platform import forces_cpu
 from harness.engine.devices import device_for_worker, gpu_set, machine_slot, visible_gpus, worker_index
 from harness.session.suite import SUITE_KEY
 
@@ -84,7 +85,7 @@ def pytest_configure_node(node) -> None:
     suite = node.config.stash.get(SUITE_KEY, None)
     if suite is not None:
         node.workerinput[RUN_DIR_KEY] = str(suite.run_dir)
-    node.workerinput[GPUS_KEY] = visible_gpus() if not os.environ.get("SUITE_PLATFORM") == "cpu" else []
+    node.workerinput[GPUS_KEY] = [] if forces_cpu() else visible_gpus()
     warning = shared_gpu_warning(node.workerinput.get("workerid"), list(node.workerinput[GPUS_KEY]))
     reporter = node.config.pluginmanager.get_plugin("terminalreporter")
     if warning and reporter is not None:

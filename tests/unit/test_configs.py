@@ -288,6 +288,22 @@ def test_bad_options_exit_nonzero_with_one_line_and_no_traceback(argv, expect):
 CPU_RUN = {**os.environ, "SUITE_PLATFORM": "cpu"}  # goldens and default model of a CPU machine, wherever it runs
 
 
+@pytest.mark.parametrize("value", ["sm_121", "banana"])
+def test_a_suite_platform_other_than_cpu_is_one_line_not_ignored(value):
+    """SUITE_PLATFORM=sm_121 on an H100 ran as the H100 in silence: only `cpu` means something (run a GPU machine as a
+    CPU one); another platform's server is judged with --server-url and --platform."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--list-configs"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "SUITE_PLATFORM": value})
+    out = r.stdout + r.stderr
+    assert r.returncode == 4 and "Traceback" not in out, out
+    assert [line for line in out.splitlines() if line.strip()] == [
+        f"ERROR: SUITE_PLATFORM='{value}': only `cpu` is known (it runs a GPU machine as a CPU one); unset it, and judge "
+        "a server of another platform with --server-url and --platform"], out
+    assert subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--list-configs"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "SUITE_PLATFORM": "CPU"}
+                          ).returncode == 0  # the one value it knows, in any case
+
+
 @pytest.mark.parametrize("argv, expect", [
     # the review is written after a feature's measurements
     (["--review-dir=/proc/no-such-dir", "tests/unit/test_stats.py"],

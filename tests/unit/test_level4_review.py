@@ -288,6 +288,18 @@ def test_a_truncated_results_file_is_one_line_naming_it_in_the_run_report(tmp_pa
         perf_results.read_results(broken)
 
 
+@pytest.mark.parametrize("valid", ['"no"', "0", '"false"'])
+def test_a_results_validity_that_is_not_true_or_false_is_one_line(tmp_path, valid):
+    """`valid: false` (the kernel-path check failed) stops the level 5 gate; any other non-bool was read as valid."""
+    odd = tmp_path / "tiny__cpu-bf16.json"
+    odd.write_text('{"config": "cpu-bf16", "platform": "cpu", "metrics": {}, "valid": ' + valid + "}")
+    with pytest.raises(SuiteError) as e:
+        perf_results.read_results(odd)
+    assert str(e.value).startswith(f"results {odd}: `valid` is ") and "rerun level 4" in str(e.value), e.value
+    odd.write_text('{"config": "cpu-bf16", "platform": "cpu", "metrics": {}, "valid": true}')
+    assert perf_results.read_results(odd)["valid"] is True
+
+
 def test_the_nightly_merge_notes_a_broken_results_file_instead_of_dying(tmp_path):
     group = tmp_path / "nightly-marlin"
     (group / "results").mkdir(parents=True)
