@@ -54,6 +54,15 @@ def test_a_config_named_twice_is_one_line_not_two_servers(catalog, option, expec
     assert str(e.value) == expect
 
 
+def test_a_config_option_of_only_commas_or_blanks_is_an_error_not_no_config(catalog):
+    """No --config means the platform's default; `--config=,` once selected no config, so nothing ran, and an empty
+    one (an unset shell variable) ran the default in silence."""
+    assert catalog.select(None, "cpu") == [catalog.default_for("cpu")]
+    for option in ("", ",", " , ", " "):
+        with pytest.raises(SuiteError, match="names no config"):
+            catalog.select(option, "cpu")
+
+
 def test_distinct_configs_and_all_keep_their_order(catalog):
     assert [catalog.name(c) for c in catalog.select("cpu-bf16-eager, cpu-bf16", "cpu")] == ["cpu-bf16-eager", "cpu-bf16"]
     assert catalog.select(" all ", "cpu") == catalog.named
@@ -533,3 +542,42 @@ def test_the_fork_is_told_from_upstream_by_any_of_its_markers(tmp_path, files, f
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert _installed_vllm_is_fork(tmp_path) is fork
+
+
+@pytest.mark.parametrize("platform, fork, flavour", [
+    ("cpu", True, "cpu"), ("cpu", False, "cpu"), ("sm_90", True, "fork"), ("sm_90", False, "upstream"),
+])
+def test_the_default_flavour_is_cpu_on_cpu_else_the_fork_where_it_is_installed(catalog, monkeypatch, platform, fork,
+                                                                                flavour):
+    """Upstream's flavour on the fork (or the reverse) would send the other vLLM's flags and expect its kernels."""
+    monkeypatch.setattr("harness.config.catalog._installed_vllm_is_fork", lambda: fork)
+    assert catalog.default_flavour(platform).name == flavour
+
+
+def test_a_value_that_needs_a_model_runs_only_with_that_model(catalog):
+    """The fork's Eagle3 drafts exist only for the real gpt-oss-120b: with any other model they must be skipped."""
+    fork, base = catalog.flavours["fork"], catalog.parse("marlin-bf16")
+    eagle = catalog.make({**base.values, "spec": "eagle3-short"}, "test")
+    ok, why = fork.runnable(eagle, "sm_121", "openai/gpt-oss-20b")
+    assert not ok and "spec=eagle3-short needs --model openai/gpt-oss-120b" in why
+    assert fork.runnable(eagle, "sm_121", "openai/gpt-oss-120b") == (True, "")
+
+
+def test_a_rejected_combination_is_refused_only_on_the_platforms_its_rule_names(tmp_path):
+    """upstream's rule refusing moe=gemm with BF16 activations names sm_12x; narrowed to sm_121, the sm_120 it no
+    longer names runs the combination (a rule must not refuse it on every platform where each value runs)."""
+    shutil.copytree(CONFIG_DIR, tmp_path / "configs")
+    path = tmp_path / "configs" / "flavours" / "upstream.yaml"
+    rule = "  - when: {moe: gemm, activation: bf16}\n    platforms: [sm_12x]\n"
+    assert rule in path.read_text()
+    path.write_text(path.read_text().replace(rule, rule.replace("[sm_12x]", "[sm_121]")))
+    catalog = Catalog(tmp_path / "configs")
+    up, cfg = catalog.flavours["upstream"], catalog.parse("gemm-bf16")
+    assert up.runnable(cfg, "sm_120") == (True, "")
+    ok, why = up.runnable(cfg, "sm_121")
+    assert not ok and "rejected on sm_121" in why
+
+
+def test_a_platform_without_a_default_config_is_one_line_naming_the_fix(catalog):
+    with pytest.raises(SuiteError, match="no default config for platform sm_75: add it under `defaults`"):
+        catalog.default_for("sm_75")

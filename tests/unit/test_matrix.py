@@ -96,6 +96,13 @@ def test_pairwise_reports_value_pairs_only_excluded_combinations_have(catalog):
             assert any(c.config[a] == cfg[a] and c.config[b] == cfg[b] for c in plan.combos)
 
 
+def test_the_base_is_in_the_plan_and_first_even_where_vary_does_not_list_its_value(catalog):
+    """`vary: {graphs: ["off"]}` around cpu-bf16 (graphs on) compares eager with the base, not eager alone."""
+    plan = make_plan(catalog, catalog.flavours["cpu"], "cpu", _spec("cpu", "cpu-bf16", {"graphs": ["off"]}))
+    assert plan.axes == {"graphs": ["on", "off"]} and plan.names() == ["cpu-bf16", "cpu-bf16-eager"]
+    assert [(a.name, b.name, axis) for a, b, axis in plan.pairs()] == [("cpu-bf16", "cpu-bf16-eager", "graphs")]
+
+
 def test_an_unrunnable_base_is_an_error(catalog):
     with pytest.raises(SuiteError, match="the base marlin-bf16 cannot run on cpu"):
         make_plan(catalog, catalog.flavours["cpu"], "cpu", _spec("cpu", "marlin-bf16", {"graphs": None}))
@@ -191,6 +198,9 @@ def test_other_axes_kernels_must_run_equally_often(pair):
     assert "_C::cpu_fused_moe (moe=cpu): 128 calls in cpu-bf16 vs 256 in cpu-bf16-eager (50.0% apart; tolerance 15%)" in d.explain()
     within = _diff(pair, {**COMMON, "Pregraph bytecode": 32}, {**COMMON, "_C::cpu_fused_moe": 120, "_C::rotary_embedding": 128})
     assert within.ok, within.explain()
+    at_tolerance = _diff(pair, {**COMMON, "_C::cpu_fused_moe": 100, "Pregraph bytecode": 32},
+                         {**COMMON, "_C::cpu_fused_moe": 85, "_C::rotary_embedding": 128})  # 15/100 apart
+    assert at_tolerance.ok, "a difference of exactly the tolerance is allowed: " + at_tolerance.explain()
 
 
 def test_tiny_and_listed_ops_are_reported_not_judged(pair):
@@ -200,6 +210,15 @@ def test_tiny_and_listed_ops_are_reported_not_judged(pair):
     assert [o.name for o in d.below_threshold] == ["aten::select"]
     assert d.ignored == [("aten::result_type", "bookkeeping")]
     assert "below the share threshold: aten::select (cpu-bf16-eager)" in d.explain()
+
+
+def test_a_one_sided_op_at_exactly_the_share_threshold_is_judged(pair):
+    """Only ops *below* min_share are listed without a verdict: one at a quarter of op time with min_share 0.25 fails."""
+    anchors = {"_C::cpu_fused_moe": 1, "_C::cpu_attention_with_kv_cache": 1}
+    d = _diff(pair, {**anchors, "Pregraph bytecode": 2}, {**anchors, "_C::rotary_embedding": 1, "_C::mystery": 1},
+              OrthogonalityRules(min_share=0.25, anchor_tolerance=0.15))
+    assert [(o.name, o.share) for o in d.unexplained] == [("_C::mystery", 0.25)]
+    assert not d.below_threshold and not d.ok
 
 
 def test_a_pattern_of_the_wrong_axis_value_explains_nothing(pair):

@@ -16,7 +16,8 @@ import pytest
 from harness.config.catalog import Catalog, Config
 from harness.core.errors import SuiteError
 from harness.core.platform import platform_matches
-from harness.matrix.combinations import MATRIX_FILE, Combo, PlatformMatrix, load_matrix, make_plan, one_axis_pairs, pairwise
+from harness.matrix.combinations import (MATRIX_FILE, Combo, PlatformMatrix, load_matrix, make_plan, one_axis_pairs, pairwise,
+                                      partner_every_value)
 from tests.level6_matrix.pairing import listed_unpaired, pairing_problems
 
 
@@ -162,6 +163,22 @@ def test_pairwise_names_why_a_value_has_no_partner(catalog):
     assert any(c["graphs"] == "off" for c in chosen), "the value still runs; only its orthogonality is unchecked"
 
 
+def test_values_a_partner_pair_brings_along_are_paired_too_or_listed():
+    """The pair that partners c=1 is the only runnable one, (a=3, b=3) with c=1 and c=2: it brings a=3 and b=3 into the
+    plan after their axes were looked at. They must be paired in turn (here: impossible) or listed as unpaired, never
+    run unjudged and unlisted."""
+    axes = ["a", "b", "c"]
+
+    def cfg(a, b, c):
+        return Config((("a", a), ("b", b), ("c", c)))
+    grid = [cfg(a, b, c) for a in "123" for b in "123" for c in "12"]
+    runnable = [cfg("1", "1", "1"), cfg("2", "1", "1"), cfg("1", "2", "1"), cfg("3", "3", "1"), cfg("3", "3", "2")]
+    why_not = {c: "excluded (test)" for c in grid if c not in runnable}
+    chosen, unpaired = partner_every_value(runnable[:3], axes, runnable, grid, why_not)
+    assert chosen == runnable
+    assert [(axis, value) for axis, value, _ in unpaired] == [("a", "3"), ("b", "3")]
+
+
 # -- malformed matrix.yaml: one line naming the file and the key --------------------------------------------------------
 CPU = "platforms:\n  cpu:\n    base: cpu-bf16\n"
 MALFORMED = {
@@ -171,6 +188,8 @@ MALFORMED = {
     "neutral a number": (CPU + "    vary: [graphs]\n    neutral: 3\n", "neutral"),
     "orthogonality a list": (CPU + "    vary: [graphs]\northogonality: [1]\n", "orthogonality"),
     "min_share text": (CPU + "    vary: [graphs]\northogonality: {min_share: small}\n", "min_share"),
+    # a percentage where a fraction is meant: every one-sided op would fall below it, listed and never judged
+    "min_share a percentage": (CPU + "    vary: [graphs]\northogonality: {min_share: 2}\n", "min_share"),
     "ignore a list": (CPU + "    vary: [graphs]\northogonality: {ignore: [a, b]}\n", "ignore"),
     "graphs values unquoted on/off": (CPU + "    vary: {graphs: [on, off]}\n", "vary.graphs"),
     "a misspelled key": (CPU + "    vary: [graphs]\n    nuetral: [graphs]\n", "nuetral"),

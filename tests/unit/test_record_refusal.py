@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.config.catalog import Catalog
+from harness.core.errors import SuiteError
 from harness.core.platform import Platform
 from harness.engine.models import Model
 from harness.matrix.runner import Runner
@@ -118,3 +119,42 @@ def test_allow_unverified_without_force_regen_is_one_line(args):
     assert run.returncode == 4, run.stdout + run.stderr
     lines = [ln for ln in run.stderr.splitlines() if "--allow-unverified" in ln]
     assert lines and "add --force-regen" in lines[0] and "Traceback" not in run.stderr, run.stderr
+
+
+def _level6_runner(suite: Suite, name: str, kernel_path: dict) -> Runner:
+    runner = Runner.__new__(Runner)
+    runner.suite, runner.plan = suite, SimpleNamespace(combo=lambda n: SimpleNamespace(config=CATALOG.parse(name)))
+    runner.stage = lambda n, kind: {"kernel_path": kernel_path}
+    return runner
+
+
+def test_level6_records_a_confirmed_combination_only_when_its_own_kernel_path_passed_unexcused():
+    suite = suite_on("sm_90")
+    assert server_of(suite, "triton-bf16").target.spec.kernels.unverified == []  # the premise: H200 confirmed
+    assert _level6_runner(suite, "triton-bf16", {"ok": True, "problems": [], "excused": []}).refusal("triton-bf16") is None
+    failed = {"ok": False, "problems": ["moe=triton: no kernel matched *_matmul_ogs_*"], "excused": []}
+    assert _level6_runner(suite, "triton-bf16", failed).refusal("triton-bf16") == (
+        "its kernel path failed (moe=triton: no kernel matched *_matmul_ogs_*)")
+    excused = {"ok": True, "problems": [], "excused": ["*_matmul_ogs_*: fell back to Marlin"]}
+    assert "passed only by logged fallbacks' excuses (*_matmul_ogs_*: fell back to Marlin)" in (
+        _level6_runner(suite, "triton-bf16", excused).refusal("triton-bf16") or "")
+
+
+@pytest.mark.parametrize("evidence, said", [
+    ({"errors": {"boot": "did not start in 600 s"}}, "triton-bf16: boot failed: did not start in 600 s"),
+    ({"errors": {"kernel_path": "no trace written"}}, "triton-bf16: kernel_path failed: no trace written"),
+    ({"errors": {}, "log": "x.log"}, "triton-bf16: no kernel_path evidence recorded (see x.log)"),
+])
+def test_a_level6_stage_without_evidence_is_an_error_saying_why(evidence, said):
+    runner = Runner.__new__(Runner)
+    runner.memory = {"triton-bf16": evidence}
+    with pytest.raises(SuiteError) as e:
+        runner.stage("triton-bf16", "kernel_path")
+    assert str(e.value) == said
+
+
+def test_level6_under_force_regen_never_reads_the_golden_it_replaces():
+    runner = Runner.__new__(Runner)
+    runner.force_regen = True
+    runner.store = lambda name: pytest.fail("the stored golden was read under --force-regen")
+    assert runner.golden("triton-bf16") is None
