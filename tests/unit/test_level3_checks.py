@@ -243,3 +243,28 @@ def test_a_failed_warm_up_request_stops_the_run(monkeypatch):
     server = SimpleNamespace(client=lambda **k: client, external=True)
     with pytest.raises(SuiteError, match="warm-up request .* failed: malformed answer"):
         run_sequential(server, False, Limits(4096, None, None), Prompts(list(range(50))))
+
+
+class _Answer(SimpleNamespace):
+    def json(self) -> dict:
+        return self.body
+
+
+@pytest.mark.parametrize("status, body, ok", [
+    (400, {"error": {"message": "max_tokens must be at least 1"}}, True),
+    (422, {"detail": "body is not JSON"}, True),  # FastAPI's own answer to an unparsable body
+    (499, {"error": {"message": "client closed"}}, True),
+    (500, {"error": {"message": "internal error"}}, False),  # the engine failed on it: never a well-handled refusal
+    (399, {"error": {"message": "odd"}}, False),
+    (200, {"choices": []}, False),  # answered the abusive request as if it were fine
+    (400, {"error": {}}, False),  # refused without saying why
+])
+def test_an_abusive_request_must_get_a_4xx_that_says_why(status, body, ok):
+    from tests.level3_stress.conftest import assert_4xx_with_message
+
+    answer = _Answer(status_code=status, body=body, text=str(body))
+    if ok:
+        assert assert_4xx_with_message("case", answer)
+    else:
+        with pytest.raises(AssertionError, match=f"case: .*{status}"):
+            assert_4xx_with_message("case", answer)
