@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.core.errors import SuiteError
+from harness.core.junit import read_cases
 from harness.core.paths import REPO
 
 FOLDER_LEVEL = {"level1_smoke": "level1", "level1_5_kernels": "level1_5", "level2_correctness": "level2",
@@ -49,28 +50,25 @@ def read_junit(path: Path, levels: tuple[str, ...]) -> dict[str, LevelOutcome]:
     """Per-level outcomes from a junit.xml (a test's level is its folder under tests/)."""
     out = {lv: LevelOutcome() for lv in levels}
     try:
-        root = ET.parse(path).getroot()
+        cases = read_cases(path)
     except (OSError, ET.ParseError) as e:
         raise SuiteError(f"the candidate's level run wrote no readable {path} ({e}); see its log beside it") from None
-    for case in root.iter("testcase"):
-        folder = next((p for p in str(case.get("classname", "")).split(".") if p in FOLDER_LEVEL), None)
+    for case in cases:
+        folder = next((p for p in case.classname.split(".") if p in FOLDER_LEVEL), None)
         level = FOLDER_LEVEL.get(folder or "")
         if level not in out:
             continue
         o = out[level]
-        failure = case.find("failure") if case.find("failure") is not None else case.find("error")
-        skipped = case.find("skipped")
-        if failure is not None:
+        if case.outcome == "failed":
             o.failed += 1
             if len(o.first_failures) < 3:
-                first = (failure.get("message") or "").strip().splitlines()[:1]  # the log tail follows
-                o.first_failures.append(f"{case.get('name')}: {(first[0] if first else '')[:200]}")
-        elif skipped is not None:
-            if "xfail" in (skipped.get("type") or "") or "xfail" in (skipped.get("message") or "").lower():
-                o.xfailed += 1
-            else:
-                o.skipped += 1
-                o.skip_reason = o.skip_reason or (skipped.get("message") or "")[:200]
+                first = case.message.strip().splitlines()[:1]  # the log tail follows
+                o.first_failures.append(f"{case.name}: {(first[0] if first else '')[:200]}")
+        elif case.outcome == "xfailed":
+            o.xfailed += 1
+        elif case.outcome == "skipped":
+            o.skipped += 1
+            o.skip_reason = o.skip_reason or case.message[:200]
         else:
             o.passed += 1
     return out

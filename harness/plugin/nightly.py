@@ -25,6 +25,7 @@ from pathlib import Path
 
 from harness.config.catalog import UNDECLARED, Catalog
 from harness.core.errors import SuiteError
+from harness.core.junit import read_cases
 from harness.core.paths import REPO, writable_dir
 from harness.core.platform import detect_platform, platform_matches
 from harness.core.yamlfile import load_mapping
@@ -213,15 +214,11 @@ def merge_junit(paths: list[Path], out: Path) -> Counts:
 
 def failed_tests(path: Path, limit: int = 30) -> list[str]:
     try:
-        root = ET.parse(path).getroot()
+        cases = read_cases(path)
     except (OSError, ET.ParseError):
         return []
-    out = []
-    for case in root.iter("testcase"):
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        if bad is not None:
-            msg = (bad.get("message") or "").splitlines()[0][:160] if bad.get("message") else ""
-            out.append(f"`{case.get('classname')}::{case.get('name')}` {msg}")
+    out = [f"`{c.classname}::{c.name}` {c.message.splitlines()[0][:160] if c.message else ''}"
+           for c in cases if c.outcome == "failed"]
     return out[:limit]
 
 

@@ -74,11 +74,18 @@ def test_levels_are_read_per_folder_from_junit(tmp_path):
         '<testsuites><testsuite>'
         '<testcase classname="tests.level1_smoke.test_smoke" name="a"/>'
         '<testcase classname="tests.level1_smoke.test_smoke" name="b"><failure message="boom (CUDA out of memory); log x.log:&#10;(EngineCore) tail"/></testcase>'
+        '<testcase classname="tests.level1_smoke.test_smoke" name="d"><error message="teardown: server left"/></testcase>'
         '<testcase classname="tests.level1_5_kernels.test_kernel_paths" name="c"><skipped message="why"/></testcase>'
+        '<testcase classname="tests.level1_5_kernels.test_kernel_paths" name="e"><skipped type="pytest.xfail" message=""/></testcase>'
+        '<testcase classname="tests.unit.test_stats" name="f"><failure message="not a level"/></testcase>'
         '</testsuite></testsuites>')
     out = read_junit(tmp_path / "j.xml", ("level1", "level1_5"))
-    assert out["level1"].status == "FAIL" and out["level1"].first_failures == ["b: boom (CUDA out of memory); log x.log:"]  # one line each
+    assert out["level1"].status == "FAIL" and out["level1"].first_failures == [  # one line each; an error fails too
+        "b: boom (CUDA out of memory); log x.log:", "d: teardown: server left"]
+    assert (out["level1"].passed, out["level1"].failed) == (1, 2)
     assert out["level1_5"].status == "NOT RUN"  # everything skipped is not a pass
+    assert (out["level1_5"].skipped, out["level1_5"].xfailed, out["level1_5"].skip_reason) == (1, 1, "why")
+    assert set(out) == {"level1", "level1_5"}  # a test outside the levels' folders counts nowhere
 
 
 def test_a_child_level_run_refused_at_configure_says_why_in_one_line(tmp_path, monkeypatch):
