@@ -194,14 +194,17 @@ def main(root: Path, out: Path) -> int:
     return 0
 
 
+USAGE = "usage: gates_summary.py RUNS_ROOT OUT.md"
+
+
 def cli(argv: list[str]) -> int:
     """The command line: bad arguments are one line and exit 2, never a traceback."""
     if argv in (["-h"], ["--help"]):
-        print(f"usage: gates_summary.py RUNS_ROOT OUT.md\n\n{__doc__.split(chr(10) * 2)[0]}")
+        print(USAGE + "\n\n" + __doc__.split("\n\n")[0])
         return 0
     try:
         if len(argv) != 2:
-            raise SuiteError("usage: gates_summary.py RUNS_ROOT OUT.md")
+            raise SuiteError(USAGE)
         root, out = Path(argv[0]), Path(argv[1])
         if not root.is_dir():
             raise SuiteError(f"RUNS_ROOT {root}: not a directory; pass the folder scripts/gpu_gates.sh wrote")

@@ -29,18 +29,21 @@ class Platform:
 FORCE_PLATFORM = "SUITE_PLATFORM"  # `cpu`: run as a CPU machine on a GPU one (its goldens, model and configs)
 
 
+def _forced() -> str:
+    return os.environ.get(FORCE_PLATFORM, "").strip().lower()
+
+
 def forced_platform_problem() -> str | None:
     """Why SUITE_PLATFORM's value means nothing (None: unset or `cpu`): another value was ignored in silence, so
     `SUITE_PLATFORM=sm_121` on an H100 ran as the H100."""
-    value = os.environ.get(FORCE_PLATFORM, "")
-    if value.strip().lower() in ("", "cpu"):
+    if _forced() in ("", "cpu"):
         return None
-    return (f"{FORCE_PLATFORM}={value!r}: only `cpu` is known (it runs a GPU machine as a CPU one); unset it, and "
-            "judge a server of another platform with --server-url and --platform")
+    return (f"{FORCE_PLATFORM}={os.environ[FORCE_PLATFORM]!r}: only `cpu` is known (it runs a GPU machine as a CPU "
+            "one); unset it, and judge a server of another platform with --server-url and --platform")
 
 
 def forces_cpu() -> bool:
-    return os.environ.get(FORCE_PLATFORM, "").strip().lower() == "cpu"
+    return _forced() == "cpu"
 
 
 @lru_cache(maxsize=1)

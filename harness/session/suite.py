@@ -54,9 +54,11 @@ def external_platform(name: str | None, device: str | None) -> Platform:
 
 
 def _check_server_url(url: str) -> None:
-    """A --server-url with no host or a port out of range was "cannot list models (InvalidURL ...); is the server up?",
-    and one ending in /v1 (the OpenAI clients' base URL) asked for /v1/v1/models, whose 404 said "not an
-    OpenAI-compatible server": one line naming the form instead."""
+    """A --server-url without a scheme (requests' InvalidSchema names no fix), with no host or a port out of range
+    (was "cannot list models (InvalidURL ...); is the server up?"), or ending in /v1 (the OpenAI clients' base URL,
+    which asked for /v1/v1/models, whose 404 said "not an OpenAI-compatible server"): one line naming the form."""
+    if not url.startswith(("http://", "https://")):
+        raise SuiteError(f"--server-url {url}: write the scheme too, e.g. --server-url=http://{url}")
     parts = urllib.parse.urlsplit(url)
     try:
         port_ok = parts.port is None or parts.port > 0
@@ -193,8 +195,6 @@ class Suite:
             if arg.split("=", 1)[0] in SUITE_OWNED_FLAGS:
                 raise SuiteError(f"--server-arg {arg!r}: the suite sets {arg.split('=', 1)[0]} itself (127.0.0.1, a free "
                                  "port, the model under test); drop it, and pick the model with --model")
-        if server_url and not server_url.startswith(("http://", "https://")):  # requests' InvalidSchema names no fix
-            raise SuiteError(f"--server-url {server_url}: write the scheme too, e.g. --server-url=http://{server_url}")
         if server_url:
             _check_server_url(server_url)
         if server_args and server_url:
