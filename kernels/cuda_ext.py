@@ -70,9 +70,26 @@ def source_variants(text: str) -> list[tuple[int, int, int, int]]:
 
 # Prefill kernel table, same order as PF_TABLE in the .cu: (NT, RT, CTAS, FORM) = 8 * NT token rows per CTA, RT row
 # tiles per warp, registers capped for CTAS CTAs per SM; FORM 0 f16 activation fragments (xprep_kernel) with the scale
-# as an FFMA per MX block, FORM 1 bf16 activations as they are with the scale applied to the decoded bf16 weights.
-PF_VARIANTS = [(8, 2, 1, 1), (8, 2, 2, 1), (8, 2, 1, 0)]
-FORM_F16, FORM_BF16 = 0, 1
+# as an FFMA per MX block, FORM 1 bf16 activations as they are with the scale applied to the decoded bf16 weights,
+# FORM 2 the same on Hopper's wgmma (mxfp4_wg_kernel: sm_90a only, GB10 has no wgmma).
+PF_VARIANTS = [(8, 2, 1, 1), (8, 2, 2, 1), (8, 2, 1, 0), (8, 1, 2, 2), (16, 1, 2, 2)]
+FORM_F16, FORM_BF16, FORM_WG = 0, 1, 2
+WG_CAPABILITY = (9, 0)  # wgmma: sm_90a (H100 / H200); the kernel refuses other devices
+
+
+def reads_bf16_rows(variant: int) -> bool:
+    """The prefill variant reads bf16 activation rows as they are (FORM_BF16, FORM_WG), not xprep's f16 fragments."""
+    return PF_VARIANTS[variant][3] != FORM_F16
+
+
+def variant_problem(variant: int) -> str:
+    """Why this device cannot run the prefill variant, or "" when it can."""
+    if PF_VARIANTS[variant][3] == FORM_WG and torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        if cap != WG_CAPABILITY:
+            return (f"prefill variant {variant} uses wgmma, which only sm_90 (H100 / H200) has; this device is "
+                    f"sm_{cap[0]}{cap[1]}")
+    return ""
 # FORM_BF16 multiplies by 2**(b - 1) in bf16 (E8M0 byte b): exact up to b = 128 (weights up to 12 * 2**1); a weight
 # with a larger scale byte is served by FORM_F16 (PackedMXFP4.max_scale).
 BF16_MAX_SCALE = 128
@@ -505,7 +522,7 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
     h fragments [S, kc_h * 32], down float32 [S, N]. FORM_BF16 variants: `frag` bf16 rows [rows, K] (unit stride
     along K, rows 16-byte aligned), gate_up's `out` bf16 h rows [S, N / 2]."""
     lib = _load(src)
-    bf16 = PF_VARIANTS[variant][3] == FORM_BF16
+    bf16 = reads_bf16_rows(variant)
     if bf16 and (frag.dtype != torch.bfloat16 or frag.stride(-1) != 1 or frag.stride(0) % 8 or frag.data_ptr() % 16):
         raise ValueError("the bf16 prefill form reads bf16 rows with unit stride along K, 16-byte aligned")
     if bf16 and frag.shape[1] != p.k:

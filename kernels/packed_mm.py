@@ -286,38 +286,51 @@ def _cuda_prefill(x: torch.Tensor, cfg: dict) -> bool:
 
 
 def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4) -> int:
-    """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else 64 token rows per CTA with
-    the tuning's RT (`cuda_row_tiles`), CTAs per SM (`cuda_ctas_per_sm`, the MoE's `cuda_moe_ctas_per_sm`) and
-    activation form (`cuda_form`). The bf16 form serves weights whose scale bytes it multiplies exactly
-    (cuda_ext.BF16_MAX_SCALE); others take the f16 form at one CTA per SM."""
-    from .cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, PF_VARIANTS
+    """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else the tiling the tuning names:
+    dense layers 64 token rows per CTA, `cuda_row_tiles` row tiles per warp, `cuda_ctas_per_sm` and `cuda_form`; the
+    MoE its own `cuda_moe_*` keys where given (`cuda_moe_tokens`, `cuda_moe_row_tiles`, `cuda_moe_ctas_per_sm`,
+    `cuda_moe_form`; sm_90 serves its MoE on wgmma). The bf16 forms (bf16, wgmma) serve weights whose scale bytes they
+    multiply exactly (cuda_ext.BF16_MAX_SCALE); others take the f16 form at 64 rows, one CTA per SM."""
+    from .cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, FORM_WG, PF_VARIANTS, reads_bf16_rows, variant_problem
 
     if "cuda_variant" in cfg:
         v = int(cfg["cuda_variant"])
-        if PF_VARIANTS[v][3] == FORM_BF16 and any(w.scale_max() > BF16_MAX_SCALE for w in weights):
+        if variant_problem(v):
+            raise ValueError(f"packed_mm cuda_variant {v}: {variant_problem(v)}; unset cuda_variant "
+                             "(KERNELS_PACKED_MM_CUDA_VARIANT) or pick another")
+        if reads_bf16_rows(v) and any(w.scale_max() > BF16_MAX_SCALE for w in weights):
             raise ValueError(f"packed_mm cuda_variant {v} is a bf16-form tiling, which cannot multiply scale bytes above "
                              f"{BF16_MAX_SCALE} (these weights have {max(w.scale_max() for w in weights)}): unset "
                              "cuda_variant (KERNELS_PACKED_MM_CUDA_VARIANT) or pick an f16-form variant")
         return v
-    form = cfg.get("cuda_form", "bf16")
-    if form not in ("bf16", "f16"):
-        raise ValueError(f"packed_mm.cuda_form must be bf16 or f16 (kernels/tuning.yaml), got {form!r}")
-    ctas = int(cfg.get("cuda_moe_ctas_per_sm" if moe else "cuda_ctas_per_sm", 1))
-    if form == "bf16" and all(w.scale_max() <= BF16_MAX_SCALE for w in weights):
-        key = (8, int(cfg.get("cuda_row_tiles", 2)), ctas, FORM_BF16)
+
+    def key(name: str, default):
+        return cfg.get(f"cuda_moe_{name}", cfg.get(f"cuda_{name}", default)) if moe else cfg.get(f"cuda_{name}", default)
+
+    forms = {"bf16": FORM_BF16, "f16": FORM_F16, "wgmma": FORM_WG}
+    form = key("form", "bf16")
+    if form not in forms:
+        raise ValueError(f"packed_mm.cuda_{'moe_' if moe else ''}form must be one of {', '.join(forms)} "
+                         f"(kernels/tuning.yaml), got {form!r}")
+    rt = int(key("row_tiles", 2))
+    if form != "f16" and all(w.scale_max() <= BF16_MAX_SCALE for w in weights):
+        want = (int(key("tokens", 64)) // 8, rt, int(key("ctas_per_sm", 1)), forms[form])
     else:
-        key = (8, int(cfg.get("cuda_row_tiles", 2)), 1, FORM_F16)
-    if key not in PF_VARIANTS:
-        raise ValueError(f"no CUDA prefill tiling (NT, RT, CTAS, FORM) = {key} in cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
-                         "set packed_mm's cuda_row_tiles / cuda_(moe_)ctas_per_sm / cuda_form to one of them")
-    return PF_VARIANTS.index(key)
+        want = (8, int(cfg.get("cuda_row_tiles", 2)), 1, FORM_F16)
+    if want not in PF_VARIANTS:
+        raise ValueError(f"no CUDA prefill tiling (NT, RT, CTAS, FORM) = {want} in cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
+                         "set packed_mm's cuda_(moe_)tokens / row_tiles / ctas_per_sm / form to one of them")
+    v = PF_VARIANTS.index(want)
+    if variant_problem(v):
+        raise ValueError(f"packed_mm cuda_{'moe_' if moe else ''}form {form}: {variant_problem(v)}; set it to bf16")
+    return v
 
 
 def _activation(x: torch.Tensor, k_chunks: int, variant: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What the prefill variant reads: bf16 rows as they are (16-byte aligned), or xprep_kernel's f16 fragments."""
-    from .cuda_ext import FORM_BF16, PF_VARIANTS, activation_frags
+    from .cuda_ext import activation_frags, reads_bf16_rows
 
-    if PF_VARIANTS[variant][3] == FORM_BF16:
+    if reads_bf16_rows(variant):
         return (x if x.data_ptr() % 16 == 0 else x.clone()), None
     return activation_frags(x, k_chunks)
 
@@ -440,8 +453,8 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     form: f16 * 2**8 fragments, the decode kernels' form, |h| <= (limit + 1) * limit < 2**6 for gpt-oss), down one
     fp32 row per slot with its routing weight, and the k slots of a token are summed in a fixed order, as the Triton
     path does."""
-    from .cuda_ext import (FORM_BF16, MODE_DOWN, MODE_GATEUP, PF_VARIANTS, align_supported, combine, combine_supported,
-                           prefill_launch)
+    from .cuda_ext import (MODE_DOWN, MODE_GATEUP, PF_VARIANTS, align_supported, combine, combine_supported,
+                           prefill_launch, reads_bf16_rows)
     from .cuda_ext import align_by_expert as align_by_expert_cuda
 
     m, hdim = x.shape
@@ -463,7 +476,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     one_pass = combine_supported(out, hdim, src)
     # the one-pass combine skips the slots the down kernel never writes (ids < 0); torch's sum needs them zero
     y = (torch.empty if one_pass else torch.zeros)((slots, hdim), dtype=torch.float32, device=x.device)
-    if PF_VARIANTS[v][3] == FORM_BF16:
+    if reads_bf16_rows(v):
         # rows of skipped slots (-1) are never written and are read only into columns that are never stored
         h = torch.empty((slots, gate_up.n // 2), dtype=torch.bfloat16, device=x.device)
         prefill_launch(MODE_GATEUP, v, frag, None, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,

@@ -24,6 +24,8 @@
 //                 slot w / ksp, K slice w % ksp; fixed-order reduction over the 8 warps.
 //   route       : router GEMV in the stored dtype + top-k + softmax, int32 ids; the last CTA to
 //                 finish (atomic ticket) does top-k, so it is one launch.
+//   prefill (M > 16): mxfp4_pf_kernel (mma.sync, every arch) and mxfp4_wg_kernel (wgmma, sm_90a only): the
+//                 same decode and epilogue, the MoE over align_kernel's blocks of one expert's slots.
 // MoE launches use programmatic dependent launch where available: the down kernel prefetches
 // its weights before waiting for gate_up's h.
 #include <cuda_runtime.h>
@@ -1144,6 +1146,102 @@ __device__ __forceinline__ void pick_live_tiles(int n, F& f) {
   }
 }
 
+// bf16 form: step s (0..3) of one weight chunk (k-step s & 1 of MX block s >> 1) of each row tile, decoded and scaled
+// into af. The two scale registers per row tile serve both k-steps of an MX block: made at its first step, kept for
+// the second.
+template <int RT>
+__device__ __forceinline__ void pf_decode_step(const uint4 (&wb)[RT], const uint32_t (&sb)[RT], int s,
+                                               uint32_t (&scl)[RT][2], uint32_t (&af)[RT][4]) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const uint32_t w = s == 0 ? wb[rt].x : s == 1 ? wb[rt].y : s == 2 ? wb[rt].z : wb[rt].w;
+    // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): fragment registers 0, 2 are row g, 1, 3 row g+8
+    if (!(s & 1)) {
+      scl[rt][0] = s >> 1 ? e8m0_bf16x2<2>(sb[rt]) : e8m0_bf16x2<0>(sb[rt]);
+      scl[rt][1] = s >> 1 ? e8m0_bf16x2<3>(sb[rt]) : e8m0_bf16x2<1>(sb[rt]);
+    }
+    decode4_bf16(w, af[rt]);
+    af[rt][0] = bf16x2_mul(af[rt][0], scl[rt][0]);
+    af[rt][1] = bf16x2_mul(af[rt][1], scl[rt][1]);
+    af[rt][2] = bf16x2_mul(af[rt][2], scl[rt][0]);
+    af[rt][3] = bf16x2_mul(af[rt][3], scl[rt][1]);
+  }
+}
+
+// The prefill epilogue: lane (g, t) of a warp holds, per row tile rt (tile0 + rt * tile_step), rows (16 tl + g,
+// 16 tl + g + 8) x columns (8 nt + 2t, 8 nt + 2t + 1): the layout of mma.sync's m16n8 accumulators, and of wgmma's
+// m64nN ones for the warp's 16 rows. BF: the activations were bf16 rows (no per-row 2**L to undo; gate_up writes bf16
+// h rows) rather than f16 fragments.
+template <int MODE, int NT, int RT, bool BF>
+__device__ __forceinline__ void pf_epilogue(const PfArgs& a, float (&acc)[RT][NT][4], int tile0, int tile_step,
+                                            const int* srow, int e, int g, int t) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const int tl = tile0 + rt * tile_step;
+    const bool tile_ok = tl < a.n_tiles;  // the same in all lanes (gate_up's shuffle below needs all of them)
+    if (MODE == MODE_GATEUP) {
+      const int i = tl * 8 + g;  // h column: packed rows g / g + 8 are gate_i / up_i
+      const bool ok = a.bias_kind && tile_ok && i < a.N / 2;
+      const float bg = ok ? load_param(a.bias, a.bias_kind, e * a.bstride_e + 2 * i) : 0.f;
+      const float bu = ok ? load_param(a.bias, a.bias_kind, e * a.bstride_e + 2 * i + 1) : 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float h[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int slot = srow[nt * 8 + 2 * t + j];
+          const float xd = BF ? 1.f : (a.xdown ? a.xdown[max(slot, 0) / a.x_div] : a.xmul);
+          float gate = fmaf(acc[rt][nt][j], xd, bg), up = fmaf(acc[rt][nt][2 + j], xd, bu);
+          gate = fminf(gate, a.limit);
+          up = fminf(fmaxf(up, -a.limit), a.limit);
+          h[j] = (up + 1.f) * (gate / (1.f + expf(-gate * a.alpha)));
+        }
+        // h columns i and i ^ 1 of one token make one u32 (f16 pair): lanes g and g ^ 1 (lane ^ 4) trade halves,
+        // the even lane keeps token 2t, the odd one token 2t + 1.
+        const bool odd = g & 1;
+        const float other = __shfl_xor_sync(0xffffffffu, odd ? h[0] : h[1], 4);
+        const int slot = srow[nt * 8 + 2 * t + (odd ? 1 : 0)];
+        if constexpr (BF) {
+          // bf16 rows [S][so]: columns i & ~1 and (i & ~1) + 1 (N / 2 is a multiple of 8: paired packing needs N % 16 == 0)
+          if (tile_ok && slot >= 0 && i < a.N / 2) {
+            const __nv_bfloat162 v = odd ? __floats2bfloat162_rn(other, h[1]) : __floats2bfloat162_rn(h[0], other);
+            reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(a.out) + (long long)slot * a.so)[i >> 1] = v;
+          }
+        } else if (tile_ok && slot >= 0) {
+          __half2 v = odd ? __floats2half2_rn(other * 256.f, h[1] * 256.f) : __floats2half2_rn(h[0] * 256.f, other * 256.f);
+          reinterpret_cast<uint32_t*>(a.out)[(long long)slot * a.kc_h * 32 + frag_index(i >> 1)] = *reinterpret_cast<uint32_t*>(&v);
+        }
+      }
+      continue;
+    }
+    if (!tile_ok) continue;
+    const int r0 = tl * 16 + g, r1 = r0 + 8;
+    float b0 = 0.f, b1 = 0.f;
+    if (a.bias_kind) {
+      if (r0 < a.N) b0 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r0);
+      if (r1 < a.N) b1 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r1);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int row = srow[nt * 8 + 2 * t + j];
+        if (row < 0) continue;
+        if (MODE == MODE_DENSE) {
+          const float xd = BF ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul);
+          __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(a.out) + row * a.so;
+          if (r0 < a.N) o[r0] = __float2bfloat16_rn(fmaf(acc[rt][nt][j], xd, b0));
+          if (r1 < a.N) o[r1] = __float2bfloat16_rn(fmaf(acc[rt][nt][2 + j], xd, b1));
+        } else {  // down: one fp32 row per slot, routing weight applied; the caller sums a token's slots in order
+          const float xd = BF ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul), w = a.wts[row];
+          float* o = reinterpret_cast<float*>(a.out) + row * a.so;
+          if (r0 < a.N) o[r0] = fmaf(acc[rt][nt][j], xd, b0) * w;
+          if (r1 < a.N) o[r1] = fmaf(acc[rt][nt][2 + j], xd, b1) * w;
+        }
+      }
+  }
+}
+
 // CTAS: CTAs per SM the registers are capped for (2: <= 128 registers, so a CTA waiting at its per-chunk barrier
 // leaves the other one issuing).
 // FORM 0: f16 activation fragments (xprep_kernel's, or gate_up's h), the E8M0 scale as one FFMA per accumulator per
@@ -1251,25 +1349,8 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   // branch between its MMAs). A per-tile `nt >= nt_live` break there made the compiler finish each tile's MMAs before
   // the next tile's (Nsight Compute, H200, gate_up at 2048 tokens: "wait" stalls on NOP / WARPSYNC / BRA between them;
   // kernels/NOTES.md "Where the MoE prefill kernel stalls").
-  // bf16 form: step s (0..3) of weight slot p, i.e. k-step s & 1 of MX block s >> 1, decoded and scaled into af.
-  // The two scale registers per row tile serve both k-steps of an MX block: made at its first step, kept for the second.
   uint32_t scl[RT][2];
-  auto decode_step = [&](int p, int s, uint32_t(&af)[RT][4]) {
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt) {
-      const uint32_t w = s == 0 ? wb[p][rt].x : s == 1 ? wb[p][rt].y : s == 2 ? wb[p][rt].z : wb[p][rt].w;
-      // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): fragment registers 0, 2 are row g, 1, 3 row g+8
-      if (!(s & 1)) {
-        scl[rt][0] = s >> 1 ? e8m0_bf16x2<2>(sb[p][rt]) : e8m0_bf16x2<0>(sb[p][rt]);
-        scl[rt][1] = s >> 1 ? e8m0_bf16x2<3>(sb[p][rt]) : e8m0_bf16x2<1>(sb[p][rt]);
-      }
-      decode4_bf16(w, af[rt]);
-      af[rt][0] = bf16x2_mul(af[rt][0], scl[rt][0]);
-      af[rt][1] = bf16x2_mul(af[rt][1], scl[rt][1]);
-      af[rt][2] = bf16x2_mul(af[rt][2], scl[rt][0]);
-      af[rt][3] = bf16x2_mul(af[rt][3], scl[rt][1]);
-    }
-  };
+  auto decode_step = [&](int p, int s, uint32_t(&af)[RT][4]) { pf_decode_step(wb[p], sb[p], s, scl, af); };
   auto kloop = [&](auto ntl_c) {
     constexpr int NTL = decltype(ntl_c)::value;
     // The fragments of the next k-step are decoded among this step's MMAs (the next chunk's first step among the last
@@ -1359,72 +1440,344 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   if (!wact) return;
 
-  // ---- epilogue: lane (g, t) holds rows (16 tl + g, 16 tl + g + 8) x columns (8 nt + 2t, 8 nt + 2t + 1) ----
+  pf_epilogue<MODE, NT, RT, FORM != 0>(a, acc, tile0, 1, srow, e, g, t);
+}
+
+// ---- The prefill kernel on Hopper's wgmma (sm_90a only; FORM_WG) ----
+// The same packed bytes, decode and epilogue as mxfp4_pf_kernel's bf16 form; what changes is the multiply. Each warp
+// still decodes its 16-row weight tile into registers: that is wgmma's A fragment from registers (m64nNk16, per warp
+// the m16n8k16 A layout of mma.sync), so a warpgroup's 4 warps hold 64 consecutive rows. The token tile is its B
+// operand, read by the tensor cores from shared memory (128-byte swizzled rows of one 64-wide K chunk, the canonical
+// K-major layout wgmma's descriptor names), so one wgmma m64nN replaces N / 8 mma.sync per warp, and the ldmatrix
+// loads of B go. Why: the mma.sync kernel runs at ~42% of mma.sync's measured ceiling, its warps spend about as many
+// issue slots on decode, scales and B loads as the tensor pipe needs (kernels/NOTES.md "Wider prefill tilings"), and
+// Hopper's stock (matmul_ogs) reaches 392 TFLOPS with wgmma on the same layer. Ideas taken: the A-from-registers
+// wgmma of mixed-input GEMMs (CUTLASS's SM90 RS mainloop, lmdeploy TurboMind's gmma_m64k16_rs for W4A16), the
+// 128-byte swizzle and the descriptor fields from the PTX ISA ("Matrix Descriptor Format", "Shared Memory Matrix
+// Layout"). GB10 (sm_121) has no wgmma: there the mma.sync kernel serves.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MXFP4_WGMMA 1
+#endif
+constexpr int FORM_WG = 2;
+constexpr int WG_STAGES = 6;  // staged K chunks: up to 4 in flight ahead of the one multiplied
+constexpr int WG_WPF = 3;     // weight chunks held in registers per warp (the current one and 2 ahead)
+// Fragment sets in flight: 3 (wait_group 2) measured no faster than 2 (H200, bench_prefill --ab, NT 8 RT 1 at two
+// CTAs per SM: 6,028.5 against 6,118.4 us at 8192 tokens, 1,804.3 against 1,794.9 at 2048, both within the spread).
+constexpr int WG_SETS = 2;
+
+#ifdef MXFP4_WGMMA
+// One wrapper per N (16..128 token columns): inline PTX spells out its N / 2 accumulator operands.
+template <int NT>
+__device__ __forceinline__ void wgmma_rs_n16(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <int NT>
+__device__ __forceinline__ void wgmma_rs_n32(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <int NT>
+__device__ __forceinline__ void wgmma_rs_n48(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %29, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <int NT>
+__device__ __forceinline__ void wgmma_rs_n64(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <int NT>
+__device__ __forceinline__ void wgmma_rs_n80(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %45, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, {%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <int NT>
+__device__ __forceinline__ void wgmma_rs_n96(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %53, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <int NT>
+__device__ __forceinline__ void wgmma_rs_n112(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %61, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, {%56, %57, %58, %59}, %60, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <int NT>
+__device__ __forceinline__ void wgmma_rs_n128(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <int N, int NT>
+__device__ __forceinline__ void wgmma_rs(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
+  static_assert(N % 16 == 0 && N / 8 <= NT && N <= 128, "N token columns of the NT tiles held");
+  if constexpr (N == 16) wgmma_rs_n16<NT>(d, a, desc);
+  else if constexpr (N == 32) wgmma_rs_n32<NT>(d, a, desc);
+  else if constexpr (N == 48) wgmma_rs_n48<NT>(d, a, desc);
+  else if constexpr (N == 64) wgmma_rs_n64<NT>(d, a, desc);
+  else if constexpr (N == 80) wgmma_rs_n80<NT>(d, a, desc);
+  else if constexpr (N == 96) wgmma_rs_n96<NT>(d, a, desc);
+  else if constexpr (N == 112) wgmma_rs_n112<NT>(d, a, desc);
+  else wgmma_rs_n128<NT>(d, a, desc);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// The accumulators are written by the tensor cores until the wait: tie them to this point so the compiler reads them
+// after it (CUTLASS's warpgroup_fence_operand).
+template <int RT, int NT>
+__device__ __forceinline__ void wgmma_fence_acc(float (&acc)[RT][NT][4]) {
 #pragma unroll
-  for (int rt = 0; rt < RT; ++rt) {
-    const int tl = tile0 + rt;
-    const bool tile_ok = tl < a.n_tiles;  // the same in all lanes (gate_up's shuffle below needs all of them)
-    if (MODE == MODE_GATEUP) {
-      const int i = tl * 8 + g;  // h column: packed rows g / g + 8 are gate_i / up_i
-      const bool ok = a.bias_kind && tile_ok && i < a.N / 2;
-      const float bg = ok ? load_param(a.bias, a.bias_kind, e * a.bstride_e + 2 * i) : 0.f;
-      const float bu = ok ? load_param(a.bias, a.bias_kind, e * a.bstride_e + 2 * i + 1) : 0.f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        float h[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int slot = srow[nt * 8 + 2 * t + j];
-          const float xd = FORM ? 1.f : (a.xdown ? a.xdown[max(slot, 0) / a.x_div] : a.xmul);
-          float gate = fmaf(acc[rt][nt][j], xd, bg), up = fmaf(acc[rt][nt][2 + j], xd, bu);
-          gate = fminf(gate, a.limit);
-          up = fminf(fmaxf(up, -a.limit), a.limit);
-          h[j] = (up + 1.f) * (gate / (1.f + expf(-gate * a.alpha)));
-        }
-        // h columns i and i ^ 1 of one token make one u32 (f16 pair): lanes g and g ^ 1 (lane ^ 4) trade halves,
-        // the even lane keeps token 2t, the odd one token 2t + 1.
-        const bool odd = g & 1;
-        const float other = __shfl_xor_sync(0xffffffffu, odd ? h[0] : h[1], 4);
-        const int slot = srow[nt * 8 + 2 * t + (odd ? 1 : 0)];
-        if constexpr (FORM == 1) {
-          // bf16 rows [S][so]: columns i & ~1 and (i & ~1) + 1 (N / 2 is a multiple of 8: paired packing needs N % 16 == 0)
-          if (tile_ok && slot >= 0 && i < a.N / 2) {
-            const __nv_bfloat162 v = odd ? __floats2bfloat162_rn(other, h[1]) : __floats2bfloat162_rn(h[0], other);
-            reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(a.out) + (long long)slot * a.so)[i >> 1] = v;
-          }
-        } else if (tile_ok && slot >= 0) {
-          __half2 v = odd ? __floats2half2_rn(other * 256.f, h[1] * 256.f) : __floats2half2_rn(h[0] * 256.f, other * 256.f);
-          reinterpret_cast<uint32_t*>(a.out)[(long long)slot * a.kc_h * 32 + frag_index(i >> 1)] = *reinterpret_cast<uint32_t*>(&v);
-        }
-      }
-      continue;
-    }
-    if (!tile_ok) continue;
-    const int r0 = tl * 16 + g, r1 = r0 + 8;
-    float b0 = 0.f, b1 = 0.f;
-    if (a.bias_kind) {
-      if (r0 < a.N) b0 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r0);
-      if (r1 < a.N) b1 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r1);
-    }
+  for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int row = srow[nt * 8 + 2 * t + j];
-        if (row < 0) continue;
-        if (MODE == MODE_DENSE) {
-          const float xd = FORM ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul);
-          __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(a.out) + row * a.so;
-          if (r0 < a.N) o[r0] = __float2bfloat16_rn(fmaf(acc[rt][nt][j], xd, b0));
-          if (r1 < a.N) o[r1] = __float2bfloat16_rn(fmaf(acc[rt][nt][2 + j], xd, b1));
-        } else {  // down: one fp32 row per slot, routing weight applied; the caller sums a token's slots in order
-          const float xd = FORM ? 1.f : (a.xdown ? a.xdown[row / a.x_div] : a.xmul), w = a.wts[row];
-          float* o = reinterpret_cast<float*>(a.out) + row * a.so;
-          if (r0 < a.N) o[r0] = fmaf(acc[rt][nt][j], xd, b0) * w;
-          if (r1 < a.N) o[r1] = fmaf(acc[rt][nt][2 + j], xd, b1) * w;
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(acc[rt][nt][i])::"memory");
+}
+// Shared-memory matrix descriptor: start address, leading byte offset 16 (unused by swizzled K-major layouts),
+// stride byte offset 1024 (8 rows of 128 bytes), 128-byte swizzle (layout type 1 in bits 62-63).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+#endif
+
+// Warp w is warp w % 4 of warpgroup w / 4; its row tiles are tile0 + 4 rt (rt < RT), tile0 = (blockIdx.y * 8 + 4 (w / 4)) *
+// RT + w % 4, so each wgmma covers 4 consecutive row tiles (64 rows). Tiles past the last are copies of the last tile:
+// multiplied, never stored. Every warpgroup multiplies, even one with no tile of its own (at most one per layer
+// half, ~2% of the work at gpt-oss shapes): a wgmma under a branch on the warp index is one ptxas cannot prove uniform,
+// and it serializes every wgmma of the kernel ("WG.DP in divergent path").
+template <int MODE, int NT, int RT, int CTAS>
+__global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a) {
+#ifdef MXFP4_WGMMA
+  constexpr int BM = NT * 8;
+  constexpr int STAGE_BYTES = BM * 128;  // BM token rows of one K chunk (64 bf16)
+  constexpr int CP = BM * 8 / THREADS;   // 16-byte pieces per thread per chunk
+  static_assert(BM * 8 % THREADS == 0, "every thread stages the same number of pieces");
+  extern __shared__ __align__(16) uint8_t wsm[];
+  __shared__ int srow[BM];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wg = warp >> 2, wi = warp & 3;
+  const int blk = blockIdx.x;
+  int e = 0;
+  if (a.bexp) {
+    e = a.bexp[blk];
+    if (e < 0) return;
+  }
+  bool real = false;
+  if (threadIdx.x < BM) {
+    const int r = a.rows ? a.rows[blk * BM + threadIdx.x] : blk * BM + threadIdx.x;
+    real = r < a.n_rows;
+    srow[threadIdx.x] = real ? r : -1;
+  }
+  const int nt_live = (__syncthreads_count(real) + 7) >> 3;
+  // the swizzle repeats every 1024 bytes and is applied to the address bits: the stages start 1024-byte aligned
+  const uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(wsm) + 1023u) & ~1023u;
+  // This thread's pieces: 16 bytes (t8) of token rows threadIdx.x / 8 + 32 u; row r's piece t8 sits at r * 128 +
+  // ((t8 ^ (r % 8)) * 16), the 128-byte swizzle (r % 8 is the same for every u).
+  constexpr int ROWS_PER_U = THREADS / 8;
+  const int t8 = threadIdx.x & 7, r8 = threadIdx.x >> 3;
+  int xrow[CP];
+#pragma unroll
+  for (int u = 0; u < CP; ++u) {
+    const int r = r8 + u * ROWS_PER_U;
+    xrow[u] = (srow[r] >= 0 ? srow[r] : srow[0]) / a.x_div;
+  }
+  const unsigned long long row_bytes = (unsigned long long)a.sx * 2;
+  const char* xbase = reinterpret_cast<const char*>(a.xfrag) + t8 * 16;
+  const uint32_t dst0 = sbase + r8 * 128 + ((t8 ^ (r8 & 7)) << 4);
+  auto stage = [&](int c) {
+    const uint32_t dst = dst0 + (uint32_t)((c % WG_STAGES) * STAGE_BYTES);
+    const bool in_k = c * 64 + t8 * 8 < a.K;  // pieces past K are zero-filled (src-size 0 reads nothing)
+    const char* col = xbase + (in_k ? c * 128 : 0);
+#pragma unroll
+    for (int u = 0; u < CP; ++u)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + u * ROWS_PER_U * 128),
+                   "l"(col + (unsigned long long)xrow[u] * row_bytes), "r"(in_k ? 16u : 0u));
+  };
+  auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
+
+  const int tile0 = (blockIdx.y * WARPS + 4 * wg) * RT + wi;
+  const uint4* wp[RT];
+  const uint32_t* sp[RT];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const long long tl = min(tile0 + 4 * rt, a.n_tiles - 1);
+    wp[rt] = a.words + e * a.wstride_e + tl * a.kc * 32 + lane;
+    sp[rt] = a.scales + e * a.sstride_e + tl * a.kc * 8 + g;
+  }
+  uint4 wb[WG_WPF][RT];
+  uint32_t sb[WG_WPF][RT];
+#pragma unroll
+  for (int p = 0; p < WG_WPF; ++p)
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      wb[p][rt] = make_uint4(0u, 0u, 0u, 0u);
+      sb[p][rt] = 0u;
+      if (p < a.kc) {
+        wb[p][rt] = __ldg(wp[rt] + p * 32);
+        sb[p][rt] = __ldg(sp[rt] + p * 8);
+      }
+    }
+#pragma unroll
+  for (int s = 0; s < WG_STAGES - 2; ++s) {
+    if (s < a.kc) stage(s);
+    commit();
+  }
+  auto refill = [&](int p, int cw) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+      if (cw < a.kc) {
+        wb[p][rt] = __ldg(wp[rt] + cw * 32);
+        sb[p][rt] = __ldg(sp[rt] + cw * 8);
+      }
+  };
+  float acc[RT][NT][4] = {};
+  uint32_t scl[RT][2];
+  const uint64_t desc0 = wg_desc(sbase);
+
+  auto kloop = [&](auto ntl_c) {
+    constexpr int N = decltype(ntl_c)::value * 8;
+    // WG_SETS fragment sets: step k + 1 is decoded while the wgmmas of steps k - WG_SETS + 2 .. k run; the set step
+    // k - WG_SETS + 1 read is reused only after its group retired (wait_group WG_SETS - 1). Steps are indexed within
+    // one pass of the unrolled loop (WG_WPF chunks of 4 steps, a multiple of WG_SETS): each set is fixed registers.
+    static_assert(WG_WPF * 4 % WG_SETS == 0, "the fragment set of a step is known at compile time");
+    uint32_t af[WG_SETS][RT][4];
+    pf_decode_step(wb[0], sb[0], 0, scl, af[0]);
+    for (int c0 = 0; c0 < a.kc; c0 += WG_WPF) {
+#pragma unroll
+      for (int p = 0; p < WG_WPF; ++p) {
+        const int c = c0 + p;
+        if (c < a.kc) {  // the same in every thread: the barrier below is reached by all
+          // chunk c has landed (one later group may be in flight), and the copies are made visible to the tensor
+          // cores' reads (the async proxy) before the barrier publishes them
+          asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 3) : "memory");
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          __syncthreads();
+          // the buffer refilled is chunk c - 2's: every warpgroup's wgmmas on it retired before this barrier
+          if (c + WG_STAGES - 2 < a.kc) stage(c + WG_STAGES - 2);
+          commit();
+          {
+            const uint64_t dc = desc0 + (uint64_t)(((c % WG_STAGES) * STAGE_BYTES) >> 4);
+#pragma unroll
+            for (int st = 0; st < 4; ++st) {
+              wgmma_fence();
+#pragma unroll
+              for (int rt = 0; rt < RT; ++rt) wgmma_rs<N, NT>(acc[rt], af[(p * 4 + st) % WG_SETS][rt], dc + (uint64_t)(st * 32 >> 4));
+              wgmma_commit();
+              wgmma_wait<WG_SETS - 1>();
+              // the next step: this slot's, or after its last one the next slot's first (chunk c + 1; past K its words
+              // are stale or zero and the fragments are never used)
+              const int pn = st < 3 ? p : (p + 1) % WG_WPF;
+              pf_decode_step(wb[pn], sb[pn], (st + 1) & 3, scl, af[(p * 4 + st + 1) % WG_SETS]);
+              if (st == 2) refill(p, c + WG_WPF);  // this slot's last step is decoded: refill it
+            }
+          }
         }
       }
-  }
+    }
+    wgmma_wait<0>();
+    wgmma_fence_acc(acc);
+  };
+  if constexpr (MODE == MODE_DENSE) kloop(std::integral_constant<int, NT>{});
+  else pick_live_tiles<NT>(nt_live, kloop);
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  pf_epilogue<MODE, NT, RT, true>(a, acc, tile0, 4, srow, e, g, t);
+#endif
 }
 
 // align_by_expert (kernels/packed_mm.py) in one launch: slots s = 0..S-1 (ids[s], < 0 or >= E: not on this rank)
@@ -1513,14 +1866,29 @@ __global__ void __launch_bounds__(THREADS) combine_kernel(const float* y, const 
 
 template <int MODE, int NT, int RT, int CTAS, int FORM>
 cudaError_t pf_launch(const PfArgs& a, int n_blocks, int groups, cudaStream_t stream) {
-  const size_t smem = (size_t)PF_STAGES * NT * 8 * PF_ROW * 4;
-  if (smem > 48 * 1024) {  // NT > 8 tilings: above the default dynamic limit
-    const cudaError_t err = cudaFuncSetAttribute(mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM>,
+  if constexpr (FORM == FORM_WG) {
+    // built for every arch, with a body only for sm_90a: refuse other devices rather than run an empty kernel
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major != 9 || minor != 0) return cudaErrorNotSupported;
+    const size_t smem = (size_t)WG_STAGES * NT * 8 * 128 + 1024;  // + the alignment of the stages to 1024 bytes
+    const cudaError_t err = cudaFuncSetAttribute(mxfp4_wg_kernel<MODE, NT, RT, CTAS>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
+    mxfp4_wg_kernel<MODE, NT, RT, CTAS><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
+    return cudaGetLastError();
+  } else {
+    const size_t smem = (size_t)PF_STAGES * NT * 8 * PF_ROW * 4;
+    if (smem > 48 * 1024) {  // NT > 8 tilings: above the default dynamic limit
+      const cudaError_t err = cudaFuncSetAttribute(mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (err != cudaSuccess) return err;
+    }
+    mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
+    return cudaGetLastError();
   }
-  mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
-  return cudaGetLastError();
 }
 
 template <int MODE, int NT, int RW, int RT, int PF>
@@ -1616,9 +1984,15 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // 1,941.5 us for NT 8 RT 2 (kernels/NOTES.md "Fewer instructions per MMA"). On 2026-12-04, with no tiling spilling,
 // NT 16 RT 1 (one or two CTAs), NT 12 RT 2 and NT 16 RT 2 at 64, 128 and 256 slots per expert: none faster than the
 // served one at any size (kernels/NOTES.md "Wider prefill tilings").
-#define PF_N 3
-#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>
-static const int PF_RT[PF_N] = {2, 2, 2};
+// FORM_WG (sm_90a, kernels/NOTES.md "wgmma"): H200, MoE layer, same process, against the bf16 NT 8 RT 2 at two CTAs:
+// NT 16 RT 1 at two CTAs 0.821x the time at 8192 tokens and 0.851x at 2048, served for the MoE on sm_90; NT 8 RT 1 at
+// two CTAs 0.993x / 0.961x. Dropped after that run: NT 8 RT 2 at one CTA (0.992x / 1.081x), 3 fragment sets in flight
+// (NT 8 RT 1: no faster), NT 16 RT 2 at one CTA (0.788x / 0.944x; in the served 20b model 0.823x stock's pp2048_gpu
+// against NT 16 RT 1's 0.928x).
+#define PF_N 5
+#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>, \
+    pf_launch<MODE, 8, 1, 2, 2>, pf_launch<MODE, 16, 1, 2, 2>
+static const int PF_RT[PF_N] = {2, 2, 2, 1, 1};
 
 int mxfp4_pf_num_variants() { return PF_N; }
 

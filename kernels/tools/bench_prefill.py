@@ -67,7 +67,7 @@ def _cfg(c: tuple) -> dict:
 def _name(c: tuple) -> str:
     if c[0] == "cuda":
         nt, rt, ctas, form = PF_VARIANTS[c[1]]
-        return f"cuda_nt{nt}_rt{rt}_ctas{ctas}_{'bf16' if form else 'f16'}"
+        return f"cuda_nt{nt}_rt{rt}_ctas{ctas}_{('f16', 'bf16', 'bf16_wgmma')[form]}"
     return "bm{}_bt{}_w{}_s{}".format(*c[1:])
 
 

@@ -237,8 +237,50 @@ def _impl_cfg(impl: str, variant: int | None = None) -> dict:
         if not ok:
             pytest.skip(f"CUDA prefill kernel not available: {why}")
         if variant is not None:
+            if cuda_ext.variant_problem(variant):
+                pytest.skip(cuda_ext.variant_problem(variant))
             cfg["cuda_variant"] = variant
     return cfg
+
+
+def test_sm_90_serves_the_moe_prefill_on_wgmma_and_gb10_on_mma_sync(monkeypatch):
+    """The tiling each architecture's tuning serves: on sm_90 the MoE on wgmma (128 token rows, one row tile per warp,
+    two CTAs per SM) and the dense layers on mma.sync; on sm_121 (no wgmma) both on mma.sync; weights with scale bytes
+    above 128 on the f16 form everywhere. A wgmma tiling asked of a device without wgmma is one line naming the fix."""
+    from kernels import cuda_ext
+    from kernels.cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, FORM_WG
+    from kernels.packed import PackedMXFP4
+    from kernels.packed_mm import _cuda_variant
+
+    g = generator(fresh_seed(), "cpu")
+
+    def packed(top: int) -> PackedMXFP4:
+        w, s = random_mxfp4((16, 64), g, top - 3, top + 1)
+        s[0, 0] = top
+        return pack_mxfp4(w, s)
+
+    ok, big = packed(BF16_MAX_SCALE), packed(BF16_MAX_SCALE + 1)
+
+    def tiling(arch: str, moe: bool, *ws: PackedMXFP4, **over) -> tuple[int, int, int, int]:
+        cfg = {**{k: v for k, v in get_config("packed_mm", arch).items() if k != "cuda_variant"}, **over}
+        return PF_VARIANTS[_cuda_variant(cfg, moe, *ws)]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert tiling("sm_90", True, ok, ok) == (16, 1, 2, FORM_WG)
+    assert tiling("sm_90", False, ok) == (8, 2, 1, FORM_BF16), "the dense layers stay on mma.sync"
+    assert tiling("sm_90", True, ok, big)[3] == FORM_F16, "wgmma is a bf16 form: a scale byte of 129 overflows it"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 1))
+    assert tiling("sm_121", True, ok, ok) == (8, 2, 2, FORM_BF16)
+    assert tiling("sm_121", False, ok) == (8, 2, 1, FORM_BF16)
+    wg = PF_VARIANTS.index((16, 1, 2, FORM_WG))
+    assert "only sm_90" in cuda_ext.variant_problem(wg)
+    with pytest.raises(ValueError, match="cuda_moe_form wgmma: .*only sm_90.*; set it to bf16"):
+        tiling("sm_121", True, ok, ok, cuda_moe_form="wgmma", cuda_moe_tokens=128, cuda_moe_row_tiles=1)
+    with pytest.raises(ValueError, match="cuda_variant .*only sm_90"):
+        tiling("sm_121", True, ok, ok, cuda_variant=wg)
+    with pytest.raises(ValueError, match="cuda_moe_form must be one of bf16, f16, wgmma"):
+        tiling("sm_90", True, ok, ok, cuda_moe_form="wmma")
 
 
 @pytest.mark.gpu
