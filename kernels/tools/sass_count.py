@@ -170,20 +170,29 @@ def template_args(mangled: str) -> tuple[int, ...]:
     return tuple(int(a) for a in re.findall(r"Li(\d+)E", mangled))
 
 
+# The wgmma prefill kernel mxfp4_wg_kernel<MODE, NT, RT, CTAS> (sm_90a only): the MoE tiling sm_90 serves (tuning.yaml
+# sm_90 packed_mm cuda_moe_*).
+WG_VARIANTS = {
+    "ILi1ELi16ELi1ELi2EE": "prefill moe gate_up NT=16 RT=1 wgmma 2 CTAs/SM (sm_90 default)",
+    "ILi2ELi16ELi1ELi2EE": "prefill moe down NT=16 RT=1 wgmma 2 CTAs/SM (sm_90 default)",
+}
+
+
 def words_per_pass(kernel: str, args: tuple[int, ...], src_text: str) -> int:
     """32-bit weight words one thread consumes per pass of the kernel's chunk loop, from its template arguments.
     A chunk is one uint4 (4 words) per row tile (chunk_mma; the prefill's wb[PF_W][RT]). mxfp4_kernel<MODE, NT, RW,
     RT, PF>: PF chunks per pass (`for (int i0 = 0; i0 < np; i0 += PF)`) of RT row tiles. mxfp4_pf_kernel<MODE, NT,
     RT, CTAS, FORM>: PF_W chunks per pass (`for (int c0 = 0; c0 < a.kc; c0 += PF_W)`, PF_W read from the source) of
-    RT row tiles. NT (token tiles) multiplies the MMAs, not the words: each decoded word feeds NT of them."""
+    RT row tiles; mxfp4_wg_kernel<MODE, NT, RT, CTAS>: WG_WPF chunks per pass of RT row tiles. NT (token tiles)
+    multiplies the MMAs, not the words: each decoded word feeds NT of them."""
     if kernel == "mxfp4_kernel":
         _, _, _, rt, pf = args
         return rt * pf * 4
-    m = re.search(r"constexpr int PF_W = (\d+);", src_text)
+    const = "WG_WPF" if kernel == "mxfp4_wg_kernel" else "PF_W"
+    m = re.search(rf"constexpr int {const} = (\d+);", src_text)
     if not m:
-        raise RuntimeError("the kernel source no longer defines `constexpr int PF_W`: update sass_count.words_per_pass")
-    _, _, rt, _, _ = args
-    return rt * int(m.group(1)) * 4
+        raise RuntimeError(f"the kernel source no longer defines `constexpr int {const}`: update sass_count.words_per_pass")
+    return args[2] * int(m.group(1)) * 4
 
 
 def variant_id(mangled: str, kernel: str = "mxfp4_kernel") -> str:
@@ -214,19 +223,25 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
                  ("auto issue = [&]", "  };"), ("    for (int i0 = 0; i0 < np; i0 += PF) {", "issue(wb[p], sb[p]);"),
                  # prefill: the chunk loop and the activation staging it calls
                  ("  auto stage = [&](int c) {", "  };"),
-                 ("  for (int c0 = 0; c0 < a.kc; c0 += PF_W) {", 'asm volatile("cp.async.wait_all;')):
+                 ("  for (int c0 = 0; c0 < a.kc; c0 += PF_W) {", 'asm volatile("cp.async.wait_all;'),
+                 ("__device__ __forceinline__ void pf_decode_step", "^}"),
+                 # the wgmma prefill: its chunk loop and the wgmma wrappers, fence, commit and wait it calls
+                 ("    for (int c0 = 0; c0 < a.kc; c0 += WG_WPF) {", "wgmma_wait<0>();"),
+                 ("// One wrapper per N (16..128 token columns)", "// Shared-memory matrix descriptor")):
         hot |= _lines_matching(src, a, b)
     text = src.read_text()
     all_lines = set(range(1, len(text.splitlines()) + 1))
     cold = all_lines - hot
     out = []
-    for kernel, table in (("mxfp4_kernel", CUDA_VARIANTS), ("mxfp4_pf_kernel", PF_VARIANTS)):
+    for kernel, table, marker in (("mxfp4_kernel", CUDA_VARIANTS, "HMMA"), ("mxfp4_pf_kernel", PF_VARIANTS, "HMMA"),
+                                  ("mxfp4_wg_kernel", WG_VARIANTS, "HGMMA")):
         for key, desc in table.items():
             name = next((f for f in funcs if f"{kernel}{key}" in f), None)
-            if name:
+            # the wgmma kernel is built empty for archs without wgmma (sm_121a): nothing to count there
+            if name and any(marker in t for _, t, _ in funcs[name]):
                 words = words_per_pass(kernel, template_args(key), text)
                 out.append({"variant": variant_id(key, kernel),
-                            **summarize(f"cuda {desc}", funcs[name], "HMMA", words, cold)})
+                            **summarize(f"cuda {desc}", funcs[name], marker, words, cold)})
     return out
 
 
