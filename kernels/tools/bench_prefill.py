@@ -92,11 +92,14 @@ def _time_entry(c: tuple, call, reps: int, inner: int) -> float:
     """call(cfg) timed for grid entry c; a CUDA entry where the prefill kernel cannot be built is NaN (with the
     reason), never the Triton fallback under a CUDA name."""
     if c[0] == "cuda":
-        from ..cuda_ext import prefill_available
+        from ..cuda_ext import prefill_available, variant_problem
 
         ok, why = prefill_available()
         if not ok:
             print(f"  {_name(c)}: not built ({why[:200]})", file=sys.stderr, flush=True)
+            return float("nan")
+        if variant_problem(c[1]):  # a wgmma tiling off Hopper: not this device's, not a failure
+            print(f"  {_name(c)}: not run ({variant_problem(c[1])})", file=sys.stderr, flush=True)
             return float("nan")
     cfg = _cfg(c)
     return _timed(_name(c), [lambda: call(cfg)], reps, inner)
