@@ -1146,6 +1146,83 @@ __device__ __forceinline__ void pick_live_tiles(int n, F& f) {
   }
 }
 
+// The CTA's token rows, shared by both prefill kernels: srow[i] is the activation slot of row i of the block (-1:
+// padding), e its expert. false: the block has no expert (bexp -1) and the whole CTA returns before any barrier.
+// nt_live counts the token tiles with a real row: padding sits at the end of a block (align_by_expert pads an expert's
+// run at its end; dense blocks end at M), so the MMAs of the tiles past them are skipped. An expert's run of 70 slots
+// in blocks of 64 made the second block a full block's MMAs for 6 tokens: about half of all MoE blocks at 2048 tokens
+// and top-4 of 128 experts. The weights are still decoded per block; the tensor pipe does only the real tiles.
+template <int BM>
+__device__ __forceinline__ bool pf_block_rows(const PfArgs& a, int* srow, int& e, int& nt_live) {
+  const int blk = blockIdx.x;
+  e = 0;
+  if (a.bexp) {
+    e = a.bexp[blk];
+    if (e < 0) return false;
+  }
+  bool real = false;
+  if (threadIdx.x < BM) {
+    const int r = a.rows ? a.rows[blk * BM + threadIdx.x] : blk * BM + threadIdx.x;
+    real = r < a.n_rows;
+    srow[threadIdx.x] = real ? r : -1;
+  }
+  nt_live = (__syncthreads_count(real) + 7) >> 3;
+  return true;
+}
+
+// The activation row of each of this thread's CP staging pieces: 16 bytes (threadIdx.x % 8) of token rows
+// threadIdx.x / 8 + (THREADS / 8) u. Padding rows copy the block's first row (always a real one: align_by_expert pads an
+// expert's run at its end): their columns are computed and never stored. Only the row index is kept per piece: the
+// earlier form (a 64-bit source pointer, a shared address and a flag per piece) did not fit the 2-CTA build's 128
+// registers, and ptxas spilled or recomputed it every chunk, ~14% of the MoE loop's instructions (sm_90a SASS).
+template <int CP>
+__device__ __forceinline__ void pf_stage_rows(const PfArgs& a, const int* srow, int (&xrow)[CP]) {
+  constexpr int ROWS_PER_U = THREADS / 8;
+#pragma unroll
+  for (int u = 0; u < CP; ++u) {
+    const int r = (threadIdx.x >> 3) + u * ROWS_PER_U;
+    xrow[u] = (srow[r] >= 0 ? srow[r] : srow[0]) / a.x_div;
+  }
+}
+
+// A warp's weight stream: its RT row tiles (tile0 + rt * tile_step; past the last tile, the last, whose products are
+// never stored), WPF chunks of each held in registers (words wb, scale words sb), loaded at construction when act.
+template <int RT, int WPF>
+struct PfWeights {
+  const uint4* wp[RT];
+  const uint32_t* sp[RT];
+  uint4 wb[WPF][RT];
+  uint32_t sb[WPF][RT];
+  __device__ __forceinline__ PfWeights(const PfArgs& a, int e, int tile0, int tile_step, bool act, int lane, int g) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const long long tl = min(tile0 + rt * tile_step, a.n_tiles - 1);
+      wp[rt] = a.words + e * a.wstride_e + tl * a.kc * 32 + lane;
+      sp[rt] = a.scales + e * a.sstride_e + tl * a.kc * 8 + g;
+    }
+#pragma unroll
+    for (int p = 0; p < WPF; ++p)
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        wb[p][rt] = make_uint4(0u, 0u, 0u, 0u);
+        sb[p][rt] = 0u;
+        if (act && p < a.kc) {
+          wb[p][rt] = __ldg(wp[rt] + p * 32);
+          sb[p][rt] = __ldg(sp[rt] + p * 8);
+        }
+      }
+  }
+  // slot p of every row tile <- chunk cw (once the slot's words are decoded)
+  __device__ __forceinline__ void refill(int p, int cw, int kc) {
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt)
+      if (cw < kc) {
+        wb[p][rt] = __ldg(wp[rt] + cw * 32);
+        sb[p][rt] = __ldg(sp[rt] + cw * 8);
+      }
+  }
+};
+
 // bf16 form: step s (0..3) of one weight chunk (k-step s & 1 of MX block s >> 1) of each row tile, decoded and scaled
 // into af. The two scale registers per row tile serve both k-steps of an MX block: made at its first step, kept for
 // the second.
@@ -1258,38 +1335,15 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   extern __shared__ __align__(16) uint32_t smem[];  // [PF_STAGES][BM][PF_ROW]
   __shared__ int srow[BM];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int blk = blockIdx.x;
-  int e = 0;
-  if (a.bexp) {
-    e = a.bexp[blk];
-    if (e < 0) return;  // the whole CTA: no barrier is reached
-  }
-  bool real = false;
-  if (threadIdx.x < BM) {
-    const int r = a.rows ? a.rows[blk * BM + threadIdx.x] : blk * BM + threadIdx.x;
-    real = r < a.n_rows;
-    srow[threadIdx.x] = real ? r : -1;
-  }
-  // Token tiles with a real row: padding sits at the end of a block (align_by_expert pads an expert's run at its end;
-  // dense blocks end at M), so the MMAs of the tiles past them are skipped. An expert's run of 70 slots in blocks of
-  // 64 made the second block a full block's MMAs for 6 tokens: about half of all MoE blocks at 2048 tokens and top-4
-  // of 128 experts. The weights are still decoded per block; the tensor pipe does only the real tiles.
-  const int nt_live = (__syncthreads_count(real) + 7) >> 3;
-  // This thread's staging pieces: 16 bytes (t8 = threadIdx.x % 8) of rows threadIdx.x / 8 + 32 u, u < CP. Padding rows
-  // copy the block's first row (always a real one: align_by_expert pads an expert's run at its end): their columns are
-  // computed and never stored. A chunk of a row is 128 bytes in both forms (32 f16 pairs, or 64 bf16 values). Per
-  // piece only the activation row index is kept; the shared address is one register plus compile-time offsets. The
-  // earlier form (a 64-bit source pointer, a shared address and a flag per piece) did not fit the 2-CTA build's 128
-  // registers: ptxas spilled or recomputed it every chunk, ~14% of the MoE loop's instructions (sm_90a SASS).
+  int e, nt_live;
+  if (!pf_block_rows<BM>(a, srow, e, nt_live)) return;
+  // A chunk of a row is 128 bytes in both forms (32 f16 pairs, or 64 bf16 values); the shared address of a piece is
+  // one register plus compile-time offsets.
   static_assert(PIECES % THREADS == 0, "every thread stages the same number of pieces");
   constexpr int ROWS_PER_U = THREADS / 8;
   const int t8 = threadIdx.x & 7;
   int xrow[CP];
-#pragma unroll
-  for (int u = 0; u < CP; ++u) {
-    const int r = (threadIdx.x >> 3) + u * ROWS_PER_U;
-    xrow[u] = (srow[r] >= 0 ? srow[r] : srow[0]) / a.x_div;
-  }
+  pf_stage_rows(a, srow, xrow);
   const unsigned long long row_bytes = FORM ? (unsigned long long)a.sx * 2 : (unsigned long long)a.kc * 128;
   const char* xbase = reinterpret_cast<const char*>(a.xfrag) + t8 * 16;
   const uint32_t dst0 = (uint32_t)__cvta_generic_to_shared(smem + (threadIdx.x >> 3) * PF_ROW + t8 * 4);
@@ -1308,41 +1362,12 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
 
   const int tile0 = (blockIdx.y * WARPS + warp) * RT;
   const bool wact = tile0 < a.n_tiles;
-  const uint4* wp[RT];
-  const uint32_t* sp[RT];
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) {
-    const long long tl = min(tile0 + rt, a.n_tiles - 1);
-    wp[rt] = a.words + e * a.wstride_e + tl * a.kc * 32 + lane;
-    sp[rt] = a.scales + e * a.sstride_e + tl * a.kc * 8 + g;
-  }
-  uint4 wb[PF_W][RT];
-  uint32_t sb[PF_W][RT];
-#pragma unroll
-  for (int p = 0; p < PF_W; ++p)
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt) {
-      wb[p][rt] = make_uint4(0u, 0u, 0u, 0u);
-      sb[p][rt] = 0u;
-      if (wact && p < a.kc) {
-        wb[p][rt] = __ldg(wp[rt] + p * 32);
-        sb[p][rt] = __ldg(sp[rt] + p * 8);
-      }
-    }
+  PfWeights<RT, PF_W> w(a, e, tile0, 1, wact, lane, g);
 #pragma unroll
   for (int s = 0; s < PF_STAGES - 1; ++s) {
     if (s < a.kc) stage(s);
     commit();
   }
-  // Weight slot p of every row tile <- chunk cw (both forms, once the slot's words are decoded).
-  auto refill = [&](int p, int cw) {
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-      if (cw < a.kc) {
-        wb[p][rt] = __ldg(wp[rt] + cw * 32);
-        sb[p][rt] = __ldg(sp[rt] + cw * 8);
-      }
-  };
   float acc[RT][NT][4] = {};
 
   // The K loop for the first NTL token tiles of the block (a compile-time count, so the tile loop is unrolled without a
@@ -1350,7 +1375,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   // the next tile's (Nsight Compute, H200, gate_up at 2048 tokens: "wait" stalls on NOP / WARPSYNC / BRA between them;
   // kernels/NOTES.md "Where the MoE prefill kernel stalls").
   uint32_t scl[RT][2];
-  auto decode_step = [&](int p, int s, uint32_t(&af)[RT][4]) { pf_decode_step(wb[p], sb[p], s, scl, af); };
+  auto decode_step = [&](int p, int s, uint32_t(&af)[RT][4]) { pf_decode_step(w.wb[p], w.sb[p], s, scl, af); };
   auto kloop = [&](auto ntl_c) {
     constexpr int NTL = decltype(ntl_c)::value;
     // The fragments of the next k-step are decoded among this step's MMAs (the next chunk's first step among the last
@@ -1387,7 +1412,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
                 // words are stale or zero and the fragments are never used)
                 if (nt == 0) decode_step(st < 3 ? p : (p + 1) % PF_W, (st + 1) & 3, an);
               }
-              if (st == 2) refill(p, c + PF_W);  // this slot's last step is decoded (into an): refill it
+              if (st == 2) w.refill(p, c + PF_W, a.kc);  // this slot's last step is decoded (into an): refill it
 #pragma unroll
               for (int rt = 0; rt < RT; ++rt)
 #pragma unroll
@@ -1405,14 +1430,14 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
               float s0[RT], s1[RT];
 #pragma unroll
               for (int rt = 0; rt < RT; ++rt) {
-                decode4(bh ? wb[p][rt].z : wb[p][rt].x, af[rt][0]);
-                decode4(bh ? wb[p][rt].w : wb[p][rt].y, af[rt][1]);
+                decode4(bh ? w.wb[p][rt].z : w.wb[p][rt].x, af[rt][0]);
+                decode4(bh ? w.wb[p][rt].w : w.wb[p][rt].y, af[rt][1]);
                 // scale bytes (row g, blk 0), (g+8, 0), (g, 1), (g+8, 1): see chunk_mma
-                const uint32_t sv = bh ? sb[p][rt] >> 16 : sb[p][rt];
+                const uint32_t sv = bh ? w.sb[p][rt] >> 16 : w.sb[p][rt];
                 s0[rt] = __uint_as_float((sv << 23) & 0x7F800000u);
                 s1[rt] = __uint_as_float((sv << 15) & 0x7F800000u);
               }
-              if (bh == 1) refill(p, c + PF_W);  // this weight slot is decoded: refill it with chunk c + PF_W
+              if (bh == 1) w.refill(p, c + PF_W, a.kc);  // this weight slot is decoded: refill it with chunk c + PF_W
 #pragma unroll
               for (int nt = 0; nt < NTL; ++nt) {
                 const uint4 u = *reinterpret_cast<const uint4*>(xs + nt * 8 * PF_ROW + 4 * bh);
@@ -1652,19 +1677,8 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   __shared__ int srow[BM];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wg = warp >> 2, wi = warp & 3;
-  const int blk = blockIdx.x;
-  int e = 0;
-  if (a.bexp) {
-    e = a.bexp[blk];
-    if (e < 0) return;
-  }
-  bool real = false;
-  if (threadIdx.x < BM) {
-    const int r = a.rows ? a.rows[blk * BM + threadIdx.x] : blk * BM + threadIdx.x;
-    real = r < a.n_rows;
-    srow[threadIdx.x] = real ? r : -1;
-  }
-  const int nt_live = (__syncthreads_count(real) + 7) >> 3;
+  int e, nt_live;
+  if (!pf_block_rows<BM>(a, srow, e, nt_live)) return;
   // the swizzle repeats every 1024 bytes and is applied to the address bits: the stages start 1024-byte aligned
   const uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(wsm) + 1023u) & ~1023u;
   // This thread's pieces: 16 bytes (t8) of token rows threadIdx.x / 8 + 32 u; row r's piece t8 sits at r * 128 +
@@ -1672,11 +1686,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   constexpr int ROWS_PER_U = THREADS / 8;
   const int t8 = threadIdx.x & 7, r8 = threadIdx.x >> 3;
   int xrow[CP];
-#pragma unroll
-  for (int u = 0; u < CP; ++u) {
-    const int r = r8 + u * ROWS_PER_U;
-    xrow[u] = (srow[r] >= 0 ? srow[r] : srow[0]) / a.x_div;
-  }
+  pf_stage_rows(a, srow, xrow);
   const unsigned long long row_bytes = (unsigned long long)a.sx * 2;
   const char* xbase = reinterpret_cast<const char*>(a.xfrag) + t8 * 16;
   const uint32_t dst0 = sbase + r8 * 128 + ((t8 ^ (r8 & 7)) << 4);
@@ -1692,40 +1702,12 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 
   const int tile0 = (blockIdx.y * WARPS + 4 * wg) * RT + wi;
-  const uint4* wp[RT];
-  const uint32_t* sp[RT];
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) {
-    const long long tl = min(tile0 + 4 * rt, a.n_tiles - 1);
-    wp[rt] = a.words + e * a.wstride_e + tl * a.kc * 32 + lane;
-    sp[rt] = a.scales + e * a.sstride_e + tl * a.kc * 8 + g;
-  }
-  uint4 wb[WG_WPF][RT];
-  uint32_t sb[WG_WPF][RT];
-#pragma unroll
-  for (int p = 0; p < WG_WPF; ++p)
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt) {
-      wb[p][rt] = make_uint4(0u, 0u, 0u, 0u);
-      sb[p][rt] = 0u;
-      if (p < a.kc) {
-        wb[p][rt] = __ldg(wp[rt] + p * 32);
-        sb[p][rt] = __ldg(sp[rt] + p * 8);
-      }
-    }
+  PfWeights<RT, WG_WPF> w(a, e, tile0, 4, true, lane, g);
 #pragma unroll
   for (int s = 0; s < WG_STAGES - 2; ++s) {
     if (s < a.kc) stage(s);
     commit();
   }
-  auto refill = [&](int p, int cw) {
-#pragma unroll
-    for (int rt = 0; rt < RT; ++rt)
-      if (cw < a.kc) {
-        wb[p][rt] = __ldg(wp[rt] + cw * 32);
-        sb[p][rt] = __ldg(sp[rt] + cw * 8);
-      }
-  };
   float acc[RT][NT][4] = {};
   uint32_t scl[RT][2];
   const uint64_t desc0 = wg_desc(sbase);
@@ -1737,7 +1719,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
     // one pass of the unrolled loop (WG_WPF chunks of 4 steps, a multiple of WG_SETS): each set is fixed registers.
     static_assert(WG_WPF * 4 % WG_SETS == 0, "the fragment set of a step is known at compile time");
     uint32_t af[WG_SETS][RT][4];
-    pf_decode_step(wb[0], sb[0], 0, scl, af[0]);
+    pf_decode_step(w.wb[0], w.sb[0], 0, scl, af[0]);
     for (int c0 = 0; c0 < a.kc; c0 += WG_WPF) {
 #pragma unroll
       for (int p = 0; p < WG_WPF; ++p) {
@@ -1763,8 +1745,8 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
               // the next step: this slot's, or after its last one the next slot's first (chunk c + 1; past K its words
               // are stale or zero and the fragments are never used)
               const int pn = st < 3 ? p : (p + 1) % WG_WPF;
-              pf_decode_step(wb[pn], sb[pn], (st + 1) & 3, scl, af[(p * 4 + st + 1) % WG_SETS]);
-              if (st == 2) refill(p, c + WG_WPF);  // this slot's last step is decoded: refill it
+              pf_decode_step(w.wb[pn], w.sb[pn], (st + 1) & 3, scl, af[(p * 4 + st + 1) % WG_SETS]);
+              if (st == 2) w.refill(p, c + WG_WPF, a.kc);  // this slot's last step is decoded: refill it
             }
           }
         }
