@@ -16,7 +16,7 @@ from harness.core.paths import TESTS_DIR, shown, writable_dir
 from harness.core.platform import UNKNOWN_PLATFORM, detect_platform, forced_platform_problem
 from harness.core.store import regen_command
 from harness.correctness.goldens import GoldenStore, golden_path, recorded_kinds
-from harness.engine.devices import gpus_needed, set_wait_notice
+from harness.engine.devices import check_slot_settings, gpus_needed, set_wait_notice
 from harness.engine.server import install_cleanup, tail
 from harness.features.measure import check_rounds
 from harness.features.spec import selected_features
@@ -27,7 +27,7 @@ from harness.plugin import known_issues, parallel
 from harness.plugin.parallel import configure_worker
 from harness.report.listing import list_configs, run_summary
 from harness.report.run_report import write_run_report
-from harness.session.suite import SUITE_KEY, RunningServer, Suite, Target, merge_boots
+from harness.session.suite import SUITE_KEY, RunningServer, Suite, Target, merge_boots, refuse_empty
 
 # The suite's command-line options live in a plugin that an editable install (scripts/setup.sh) also
 # registers as a pytest entry point, so `--run-dir /some/dir` parses before pytest picks its rootdir.
@@ -51,6 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         if config.getoption("--allow-unverified") and not config.getoption("force_regen"):
             raise SuiteError("--allow-unverified only widens what --force-regen may record; add --force-regen, or drop it")
+        check_slot_settings()
         config.stash[SUITE_KEY] = suite = _create_suite(config)
         of = goldens_of(config, suite)  # a wrong --goldens-of stops the run before any server boots
         if of and _selects_level(config, "level2", TESTS_DIR / "level2_correctness"):
@@ -133,10 +134,7 @@ def _create_suite(config: pytest.Config) -> Suite:
     problem = forced_platform_problem()
     if problem:
         raise SuiteError(problem)
-    for option in _NAMED_OPTIONS:
-        value = config.getoption(option)
-        if isinstance(value, str) and not value.strip():
-            raise SuiteError(f"{option}={value!r} is empty; give it a value, or leave the option out for its default")
+    refuse_empty({option: config.getoption(option) for option in _NAMED_OPTIONS})
     suite = Suite.create(
         config.getoption("--config"), config.getoption("--model"), config.getoption("--flavour"),
         config.getoption("--server-url"), config.getoption("--run-dir"), config.getoption("--boot-timeout"),

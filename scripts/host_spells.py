@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "probe_us": host_cpu.loop_us(host1.get("engine", {}).get("cpu")), "sm_mhz": rc.sm_mhz,
                                    "sm_min_mhz": rc.sm_min_mhz, "clock_reasons": rc.reasons})
     except SuiteError as e:
-        print(f"host_spells: {e}")
+        print(f"host_spells: {e}", file=sys.stderr)
         return 2
     lines = compare(rounds)
     (out / "host-spells.json").write_text(json.dumps({"config": target.name, "server_args": a.server_arg,

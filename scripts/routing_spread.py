@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.run_workload(client, maker, bench.Workload("decode", 16, 1, runs=1, warmup=0))  # flushes the last step
             after = _read(routes)
     except SuiteError as e:
-        print(f"routing_spread: {e}")
+        print(f"routing_spread: {e}", file=sys.stderr)
         return 2
     per_layer = {name: spread(c) for name, c in window(before, after).items()}
     if not per_layer:

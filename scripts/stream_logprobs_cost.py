@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 for logprobs in (True, False) if i % 2 == 0 else (False, True):
                     samples[logprobs].append(one(logprobs))
     except SuiteError as e:
-        print(f"stream_logprobs_cost: {e}")
+        print(f"stream_logprobs_cost: {e}", file=sys.stderr)
         return 2
     for logprobs, name in ((True, "logprobs=1"), (False, "no logprobs")):
         v = samples[logprobs]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.core.filelock import shared_by_owner, slot_timeout_s
 from harness.core.nvml import load as load_nvml
-from harness.core.paths import slug
+from harness.core.paths import slug, writable_dir
 from harness.core.platform import detect_platform
 from harness.engine.server import flags
 
@@ -94,6 +94,15 @@ def machine_lock_dir() -> Path:
         except OSError:
             pass  # taking a slot there says why in one line (harness.core.filelock)
     return path
+
+
+def check_slot_settings() -> None:
+    """SUITE_SLOT_TIMEOUT and SUITE_LOCK_DIR as the first server's slot will read them: checked when the run starts, so
+    that a bad value is one line then, not after every test before the first boot has run."""
+    slot_timeout_s()
+    given = os.environ.get(LOCK_DIR_ENV)
+    if given:
+        writable_dir(Path(given), LOCK_DIR_ENV)
 
 
 def slot_names(devices: list[str]) -> list[str]:

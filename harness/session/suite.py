@@ -165,6 +165,14 @@ class StopAfterFolder:
                 self._stops.pop()()
 
 
+def refuse_empty(options: dict[str, str | None]) -> None:
+    """An empty value (`--model=`, `--model ""`, an unset shell variable) was taken for no option: the default model,
+    run dir or flavour ran in silence, in pytest and in every script that boots through Suite.create."""
+    for option, value in options.items():
+        if isinstance(value, str) and not value.strip():
+            raise SuiteError(f"{option}={value!r} is empty; give it a value, or leave the option out for its default")
+
+
 @dataclass
 class Suite:
     catalog: Catalog
@@ -187,6 +195,8 @@ class Suite:
         server_args: list[str] | None = None, allow_unverified: bool = False,
     ) -> "Suite":
         """Validate every option now (collection time, one line each) and describe the run."""
+        refuse_empty({"--model": model_option, "--flavour": flavour_option, "--server-url": server_url,
+                      "--run-dir": run_dir, "--platform": platform_option, "--device": device_option})
         catalog = Catalog()
         for arg in server_args or []:
             if not arg.startswith("--"):

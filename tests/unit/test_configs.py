@@ -332,6 +332,20 @@ def test_options_found_wrong_late_are_one_line_before_the_run(argv, expect):
     assert r.returncode == 4 and [line for line in out.splitlines() if line.strip()] == [expect], out
 
 
+@pytest.mark.parametrize("env, expect", [
+    ({"SUITE_SLOT_TIMEOUT": "12h"}, "ERROR: SUITE_SLOT_TIMEOUT='12h': expected seconds above 0 (e.g. 43200 for 12 hours)"),
+    ({"SUITE_LOCK_DIR": "/proc/no-such-dir"},
+     "ERROR: SUITE_LOCK_DIR /proc/no-such-dir: cannot write there (No such file or directory); pass a writable directory"),
+], ids=["slot-timeout-not-seconds", "lock-dir-unwritable"])
+def test_slot_settings_found_wrong_at_the_first_boot_are_one_line_before_the_run(env, expect):
+    """Both were read when the first server took its slot, after every test before that boot had run (a level 1.5
+    kernel run, the unit tests): now pytest stops at configure, and a run with good values goes on."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_stats.py"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env={**CPU_RUN, **env})
+    out = r.stdout + r.stderr
+    assert r.returncode == 4 and [line for line in out.splitlines() if line.strip()] == [expect], out
+
+
 @pytest.mark.parametrize("argv", [
     ["-m", "level2", "--config=cpu-bf16-eager", "--goldens-of=cpu-bf16", "tests/level2_correctness"],  # recorded
     ["-m", "level1 or level3", "--config=cpu-bf16", "--goldens-of=cpu-bf16-eager"],  # level 2 not selected by -m

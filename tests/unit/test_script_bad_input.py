@@ -14,9 +14,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 import decode_window_gaps  # noqa: E402
 import gates_summary  # noqa: E402
+import host_spells  # noqa: E402
 import measure_level2_tolerances  # noqa: E402
 import plugin_e2e  # noqa: E402
 import record_kernels  # noqa: E402
+import routing_spread  # noqa: E402
+import stream_logprobs_cost  # noqa: E402
 
 from harness.session.suite import Suite  # noqa: E402
 
@@ -293,3 +296,17 @@ def test_every_script_answers_help_and_refuses_an_unknown_option_without_running
     refused = subprocess.run([sys.executable, path, "--no-such-option"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "usage: " in refused.stderr, refused.stdout[-1000:] + refused.stderr[-2000:]
     assert "Traceback" not in helped.stderr + refused.stderr
+
+
+@pytest.mark.parametrize("script, module, out", [
+    ("plugin_e2e", plugin_e2e, True), ("routing_spread", routing_spread, True), ("host_spells", host_spells, True),
+    ("stream_logprobs_cost", stream_logprobs_cost, True), ("decode_window_gaps", decode_window_gaps, True),
+    ("measure_level2_tolerances", measure_level2_tolerances, True), ("record_kernels", record_kernels, False),
+])
+@pytest.mark.parametrize("model", ["", " "])
+def test_an_empty_model_is_refused_not_the_default_model_in_silence(capsys, tmp_path, script, module, out, model):
+    """`--model "$MODEL"` with MODEL unset booted the script's default model (the CPU's tiny one, or the 120b shape) and
+    reported it as the model asked for; pytest refused it, the scripts did not."""
+    argv = ["--model", model, "--configs" if script == "plugin_e2e" else "--config", "cpu-bf16"]
+    line = refusal(capsys, module.main, argv + (["--out", str(tmp_path / "out")] if out else []), script)
+    assert line == f"{script}: --model={model!r} is empty; give it a value, or leave the option out for its default"
