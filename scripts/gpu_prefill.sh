@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The plugin's prefill on a lent Hopper GPU, in phases that each fit one call (run under scripts/gpu_bg.sh):
+#
+#   export PYTHONPATH=/tmp/vllm-site SUITE_GIT_SHA=<sha>      # vLLM staged as in docs/gpu-lab.md
+#   bash scripts/gpu_prefill.sh PHASE [PHASE...]               # results under $OUT (default /tmp/prefill-out)
+#
+# Phases:
+#   kernels   the prefill kernels' CUDA reference tests (every tiling, every live token-tile count, the MoE and
+#             packed_mm tests under the tiling this GPU's tuning serves), then the MoE layer of the 120b shape
+#             against a previous build of kernels/csrc/mxfp4_mma.cu in one process (`bench_prefill --ab`: 5
+#             alternating rounds, outputs compared bit for bit). PREV names that build's source (default
+#             .gpu-prev/mxfp4_mma.cu: the tool copies the working tree without .git, so write it before the call,
+#             e.g. `mkdir -p .gpu-prev && git show 716179f:kernels/csrc/mxfp4_mma.cu > .gpu-prev/mxfp4_mma.cu`);
+#             without it the A/B is against the mma.sync tiling (@1). Exit 1 when a test fails or the served build
+#             is slower than PREV in every round (`--expect not-slower`).
+#   e2e       stock and the plugin's MXFP4 config on MODEL (default gpt-oss-20b-shape) in one plugin_e2e run:
+#             tg32 / tg128 at batch 1, tg32 at 4 and 32 concurrent requests, pp2048 on both clocks, memory.
+#             The tiling comes from kernels/tuning.yaml (nothing forced): what users get.
+#   e2e-aa    the plugin config twice in one run (its second entry with a no-op variable): the run-to-run spread
+#             of every workload, which the ratios of `e2e` must exceed to mean anything.
+# Each phase writes a line `PHASE rc N` to $OUT/phases.txt; the phases after a failed `kernels` are skipped.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/prefill-out}
+MODEL=${MODEL:-gpt-oss-20b-shape}
+PREV=${PREV:-.gpu-prev/mxfp4_mma.cu}
+PLUGIN=${PLUGIN:-gemv-bf16-mxfp4-all}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -c "import vllm" 2>/dev/null || { echo "gpu_prefill: vLLM is not importable; stage it (docs/gpu-lab.md)"; exit 2; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
+
+kernels() {
+  local rc=0
+  timeout 420 python3 -m pytest -p no:cacheprovider --noconftest -q -m gpu \
+    tests/level1_5_kernels/test_kernel_packed_mm.py tests/level1_5_kernels/test_kernel_moe.py \
+    > "$OUT/kernel_tests.log" 2>&1 || rc=1
+  tail -3 "$OUT/kernel_tests.log"
+  local ab="served,@1"
+  [ -f "$PREV" ] && ab="served,$PREV"
+  timeout 420 python3 -m kernels.tools.bench_prefill --ab "$ab" --ab-m 8192,2048 --rounds 5 --expect not-slower \
+    --out "$OUT/ab.json" > "$OUT/ab.log" 2>&1 || rc=1
+  grep -v "^NVIDIA" "$OUT/ab.log" | tail -12
+  return $rc
+}
+
+e2e() {
+  local stock
+  # stock on this platform: configs/features.yaml baselines.upstream (triton-bf16 on Hopper)
+  stock=$(python3 -c 'from harness.core.platform import detect_platform
+from harness.features.spec import flavour_baseline
+print(flavour_baseline("upstream", detect_platform().name))') || return 2
+  timeout 1500 python3 scripts/plugin_e2e.py --model "$MODEL" --warm --configs "$stock,$PLUGIN" \
+    --out "$OUT/e2e-$MODEL" > "$OUT/e2e-$MODEL.log" 2>&1
+  local rc=$?
+  grep -A8 "^| config | boot" "$OUT/e2e-$MODEL/e2e.md" 2>/dev/null | head -10
+  return $rc
+}
+
+e2e_aa() {
+  # SUITE_AA=1 is read by nothing: the second boot is the same config, named apart in the table
+  timeout 1500 python3 scripts/plugin_e2e.py --model "$MODEL" --warm --configs "$PLUGIN,$PLUGIN+SUITE_AA=1" \
+    --out "$OUT/aa-$MODEL" > "$OUT/aa-$MODEL.log" 2>&1
+  local rc=$?
+  grep -A6 "^| config | boot" "$OUT/aa-$MODEL/e2e.md" 2>/dev/null | head -8
+  return $rc
+}
+
+[ $# -gt 0 ] || { echo "gpu_prefill: name a phase: kernels, e2e, e2e-aa"; exit 2; }
+for phase in "$@"; do
+  case $phase in
+    kernels) kernels; rc=$? ;;
+    e2e) e2e; rc=$? ;;
+    e2e-aa) e2e_aa; rc=$? ;;
+    *) echo "gpu_prefill: unknown phase '$phase'; phases: kernels, e2e, e2e-aa"; exit 2 ;;
+  esac
+  echo "$phase rc $rc" | tee -a "$OUT/phases.txt"
+  if [ "$phase" = kernels ] && [ $rc -ne 0 ]; then
+    echo "gpu_prefill: the kernels phase failed; the served model is not measured on a kernel that failed its tests"
+    exit 1
+  fi
+done
