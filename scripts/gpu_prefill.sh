@@ -11,8 +11,9 @@
 #             alternating rounds, outputs compared bit for bit). PREV names that build's source (default
 #             .gpu-prev/mxfp4_mma.cu: the tool copies the working tree without .git, so write it before the call,
 #             e.g. `mkdir -p .gpu-prev && git show 716179f:kernels/csrc/mxfp4_mma.cu > .gpu-prev/mxfp4_mma.cu`);
-#             without it the A/B is against the mma.sync tiling (@1). Exit 1 when a test fails or the served build
-#             is slower than PREV in every round (`--expect not-slower`).
+#             without it the A/B is against the mma.sync tiling (@1). Exit 1 when a test fails, or the served build
+#             is slower than PREV's (every round beyond every round of it) or its output differs from PREV's by a bit
+#             (`--expect not-slower,identical`).
 #   e2e       stock and the plugin's MXFP4 config on MODEL (default gpt-oss-20b-shape) in one plugin_e2e run:
 #             tg32 / tg128 at batch 1, tg32 at 4 and 32 concurrent requests, pp2048 on both clocks, memory.
 #             The tiling comes from kernels/tuning.yaml (nothing forced): what users get.
@@ -36,9 +37,10 @@ kernels() {
     tests/level1_5_kernels/test_kernel_packed_mm.py tests/level1_5_kernels/test_kernel_moe.py \
     > "$OUT/kernel_tests.log" 2>&1 || rc=1
   tail -3 "$OUT/kernel_tests.log"
-  local ab="served,@1"
-  [ -f "$PREV" ] && ab="served,$PREV"
-  timeout 420 python3 -m kernels.tools.bench_prefill --ab "$ab" --ab-m 8192,2048 --rounds 5 --expect not-slower \
+  # the previous build first: the served one is judged against it (not slower in any round, output bit for bit)
+  local ab=(--ab @1,served)
+  [ -f "$PREV" ] && ab=(--ab "$PREV,served" --expect not-slower,identical)
+  timeout 420 python3 -m kernels.tools.bench_prefill "${ab[@]}" --ab-m 8192,2048 --rounds 5 \
     --out "$OUT/ab.json" > "$OUT/ab.log" 2>&1 || rc=1
   grep -v "^NVIDIA" "$OUT/ab.log" | tail -12
   return $rc
