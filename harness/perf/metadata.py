@@ -1,7 +1,8 @@
 """Reproducibility metadata every benchmark run records (the users' plan asks for it), filled rather than present:
 
 - `git_shas.suite`: `SUITE_GIT_SHA` where the tree was copied from a checkout (the GPU machines), else this
-  suite's commit (`git rev-parse HEAD`, "+dirty" with uncommitted changes), else "not a git checkout";
+  suite's commit (`git rev-parse HEAD`, "+dirty" with uncommitted changes, and `suite_git.changed` the tracked files
+  that differ), else "not a git checkout";
 - `engine`: the vLLM package, its version and commit where one is knowable (a source checkout, pip's
   direct_url.json, or +g<sha> in the version), else `sha: null` and the reason;
 - `gpu`: driver, CUDA driver version, SM / memory clocks now and at most, power draw and limit (NVML, and
@@ -71,8 +72,13 @@ DOCKER_IMAGE_ENV = "SUITE_DOCKER_IMAGE"
 GIT_SHA_ENV = "SUITE_GIT_SHA"
 
 
+CHANGED_LISTED = 20  # a rebase in progress lists hundreds; the first ones say enough
+
+
 def suite_git(repo: Path = REPO) -> dict[str, Any]:
-    """This suite's commit: {"sha", "dirty", "source"}; sha is "not a git checkout" where it cannot be known."""
+    """This suite's commit: {"sha", "dirty", "source"}, and with uncommitted changes "changed": the tracked files that
+    differ from it (a hand-edited or cut-short config, golden or baseline that still parses is named there, not only
+    "+dirty"); sha is "not a git checkout" where it cannot be known."""
     if os.environ.get(GIT_SHA_ENV):  # set by whoever copied the tree (its .git, if any, may be stale)
         return {"sha": os.environ[GIT_SHA_ENV], "dirty": None,
                 "source": f"{GIT_SHA_ENV} (set where the working tree was copied from a checkout)"}
@@ -80,7 +86,12 @@ def suite_git(repo: Path = REPO) -> dict[str, Any]:
     if sha:
         status = _run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"])
         dirty = bool(status)
-        return {"sha": sha + ("+dirty" if dirty else ""), "dirty": dirty, "source": "git rev-parse HEAD"}
+        out = {"sha": sha + ("+dirty" if dirty else ""), "dirty": dirty, "source": "git rev-parse HEAD"}
+        if dirty:
+            changed = sorted((_run(["git", "-C", str(repo), "diff", "--name-only", "HEAD"]) or "").splitlines())
+            out["changed"] = changed[:CHANGED_LISTED] + ([f"... {len(changed) - CHANGED_LISTED} more"]
+                                                         if len(changed) > CHANGED_LISTED else [])
+        return out
     return {"sha": "not a git checkout", "dirty": None,
             "source": f"{repo} has no .git and {GIT_SHA_ENV} is not set"}
 

@@ -256,6 +256,25 @@ def test_suite_sha_outside_a_checkout(tmp_path, monkeypatch):
     assert metadata.suite_git()["sha"] not in (None, "")  # this checkout (or SUITE_GIT_SHA where .git is absent)
 
 
+def test_a_dirty_checkout_names_the_files_that_differ_from_its_commit(tmp_path, monkeypatch):
+    """A config or baseline cut short or edited by hand may still parse: "+dirty" alone did not say which file a
+    recorded baseline's run had changed."""
+    import subprocess
+    monkeypatch.delenv(metadata.GIT_SHA_ENV, raising=False)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for name in ("a.yaml", "b.yaml"):
+        (tmp_path / name).write_text("x: 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    clean = metadata.suite_git(tmp_path)
+    assert clean["dirty"] is False and "changed" not in clean and "+dirty" not in clean["sha"]
+    (tmp_path / "b.yaml").write_text("x: ")  # cut short, still YAML
+    (tmp_path / "new.yaml").write_text("")  # untracked: not the commit's, not listed
+    g = metadata.suite_git(tmp_path)
+    assert g["dirty"] is True and g["sha"].endswith("+dirty") and g["changed"] == ["b.yaml"]
+
+
 def test_engine_identity_is_a_sha_or_a_version_with_the_reason():
     e = metadata.engine_source()
     assert e["version"] and (e["sha"] or "release wheel" in e["reason"])
