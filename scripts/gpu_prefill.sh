@@ -19,7 +19,8 @@
 #             The tiling comes from kernels/tuning.yaml (nothing forced): what users get.
 #   e2e-aa    the plugin config twice in one run (its second entry with a no-op variable): the run-to-run spread
 #             of every workload, which the ratios of `e2e` must exceed to mean anything.
-# Each phase writes a line `PHASE rc N` to $OUT/phases.txt; the phases after a failed `kernels` are skipped.
+# Each phase writes a line `PHASE rc N` to $OUT/phases.txt; the phases after a failed `kernels` are skipped, and the
+# job exits 1 when any phase failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/prefill-out}
@@ -69,16 +70,21 @@ e2e_aa() {
 }
 
 [ $# -gt 0 ] || { echo "gpu_prefill: name a phase: kernels, e2e, e2e-aa"; exit 2; }
+for phase in "$@"; do  # all checked before any runs: a typo after a 20-minute phase would be found after it
+  case $phase in kernels|e2e|e2e-aa) ;; *) echo "gpu_prefill: unknown phase '$phase'; phases: kernels, e2e, e2e-aa"; exit 2 ;; esac
+done
+status=0
 for phase in "$@"; do
   case $phase in
     kernels) kernels; rc=$? ;;
     e2e) e2e; rc=$? ;;
     e2e-aa) e2e_aa; rc=$? ;;
-    *) echo "gpu_prefill: unknown phase '$phase'; phases: kernels, e2e, e2e-aa"; exit 2 ;;
   esac
   echo "$phase rc $rc" | tee -a "$OUT/phases.txt"
+  [ $rc -eq 0 ] || status=1
   if [ "$phase" = kernels ] && [ $rc -ne 0 ]; then
     echo "gpu_prefill: the kernels phase failed; the served model is not measured on a kernel that failed its tests"
     exit 1
   fi
 done
+exit $status

@@ -1,0 +1,95 @@
+"""scripts/gpu_prefill.sh, the prefill's GPU job, with a stand-in `python3` that logs each command and exits as the test
+says: which commands each phase runs, that a failed `kernels` phase stops the job before any server boots (device time
+is scarce, and a served number from a kernel that failed its tests means nothing), and bad phases. What the commands
+measure is tested where they live (bench_prefill, plugin_e2e)."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_prefill.sh"
+
+# The stand-in: `-c` with flavour_baseline prints Hopper's stock, `import vllm` passes, pytest / bench_prefill /
+# plugin_e2e exit with $PYTEST_RC / $AB_RC / $E2E_RC (0 by default); every call is logged one line each.
+SHIM = """#!/bin/bash
+echo "$*" >> "$LOG"
+case "$*" in
+  *flavour_baseline*) echo triton-bf16 ;;
+  *"import vllm"*) exit 0 ;;
+  *"-m pytest"*) exit "${PYTEST_RC:-0}" ;;
+  *kernels.tools.bench_prefill*) exit "${AB_RC:-0}" ;;
+  *scripts/plugin_e2e.py*) exit "${E2E_RC:-0}" ;;
+esac
+"""
+
+
+def _job(tmp_path: Path, *phases: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").write_text(SHIM)
+    (bin_dir / "python3").chmod(0o755)
+    r = subprocess.run(["bash", str(SCRIPT), *phases], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "LOG": str(log),
+                            "OUT": str(tmp_path / "out"), **env})
+    calls = log.read_text().splitlines() if log.exists() else []
+    return r, [c for c in calls if "import vllm" not in c]
+
+
+def test_kernels_judges_the_served_build_against_the_previous_one_bit_for_bit(tmp_path):
+    prev = tmp_path / "prev.cu"
+    prev.write_text("// the build before the change\n")
+    r, calls = _job(tmp_path, "kernels", PREV=str(prev))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert calls[0].startswith("-m pytest") and "test_kernel_packed_mm.py" in calls[0] and "test_kernel_moe.py" in calls[0]
+    ab = calls[1].split()
+    assert ab[:2] == ["-m", "kernels.tools.bench_prefill"]
+    # the previous build first: the served one is the spec judged against it
+    assert ab[ab.index("--ab") + 1] == f"{prev},served"
+    assert ab[ab.index("--expect") + 1] == "not-slower,identical"
+    assert (tmp_path / "out" / "phases.txt").read_text() == "kernels rc 0\n"
+
+
+def test_kernels_without_a_previous_build_compares_with_the_mma_sync_tiling_and_judges_nothing(tmp_path):
+    r, calls = _job(tmp_path, "kernels", PREV=str(tmp_path / "absent.cu"))
+    ab = calls[1].split()
+    assert r.returncode == 0 and ab[ab.index("--ab") + 1] == "@1,served" and "--expect" not in ab
+
+
+@pytest.mark.parametrize("failing", ["PYTEST_RC", "AB_RC"])
+def test_a_failed_kernels_phase_stops_the_job_before_any_server_boots(tmp_path, failing):
+    r, calls = _job(tmp_path, "kernels", "e2e", "e2e-aa", **{failing: "1"})
+    assert r.returncode == 1
+    assert not [c for c in calls if "plugin_e2e" in c], calls
+    assert (tmp_path / "out" / "phases.txt").read_text() == "kernels rc 1\n"
+    assert "not measured" in r.stdout
+
+
+def test_e2e_runs_stock_and_the_plugin_in_one_run_and_the_aa_the_plugin_twice(tmp_path):
+    r, calls = _job(tmp_path, "e2e", "e2e-aa", MODEL="gpt-oss-120b-shape")
+    assert r.returncode == 0, r.stdout + r.stderr
+    e2e = [c.split() for c in calls if "plugin_e2e" in c]
+    assert len(e2e) == 2
+    for argv in e2e:
+        assert argv[argv.index("--model") + 1] == "gpt-oss-120b-shape" and "--warm" in argv
+        assert "--prefill-gpu-only" not in argv and "--decode-only" not in argv  # concurrency 4 and 32 are measured
+    assert e2e[0][e2e[0].index("--configs") + 1] == "triton-bf16,gemv-bf16-mxfp4-all"
+    first, second = e2e[1][e2e[1].index("--configs") + 1].split(",")
+    assert second.split("+")[0] == first == "gemv-bf16-mxfp4-all" and second != first
+    assert (tmp_path / "out" / "phases.txt").read_text() == "e2e rc 0\ne2e-aa rc 0\n"
+
+
+def test_a_failed_e2e_is_its_phase_line_and_the_next_phase_still_runs(tmp_path):
+    r, calls = _job(tmp_path, "e2e", "e2e-aa", E2E_RC="1")
+    assert r.returncode == 1
+    assert len([c for c in calls if "plugin_e2e" in c]) == 2
+    assert (tmp_path / "out" / "phases.txt").read_text() == "e2e rc 1\ne2e-aa rc 1\n"
+
+
+@pytest.mark.parametrize("phases, expect", [((), "name a phase"), (("kernel",), "unknown phase 'kernel'"),
+                                            (("kernels", "e2e", "e2e-aaa"), "unknown phase 'e2e-aaa'")])
+def test_no_phase_or_an_unknown_one_is_one_line_and_exit_2_before_any_phase_runs(tmp_path, phases, expect):
+    r, calls = _job(tmp_path, *phases)
+    assert r.returncode == 2 and expect in r.stdout and "kernels, e2e, e2e-aa" in r.stdout
+    assert not calls
