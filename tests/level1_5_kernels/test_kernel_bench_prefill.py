@@ -3,11 +3,14 @@ it cannot measure (no GPU) instead of printing numbers."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
 import torch
 
+from kernels import cuda_ext
+from kernels.cuda_ext import FORM_WG, PF_VARIANTS
 from kernels.packed_mm import _cuda_variant
 from kernels.tools import bench_prefill
 from kernels.tuning import get_config
@@ -138,3 +141,79 @@ def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
         assert bench_prefill.main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert why in err and len(err.splitlines()) == 1, err
+
+
+# The wgmma tilings' host glue, on CPU: a wgmma tiling is timed only where the device has wgmma (sm_90), elsewhere it is
+# 'not run' with the reason (NaN, never a number, never a FAILED line), and each CUDA tiling's result key names its
+# form. The device is faked (torch.cuda capability, the prefill kernel's availability) and nothing is launched.
+WG = [v for v, t in enumerate(PF_VARIANTS) if t[3] == FORM_WG]
+MMA_SYNC = [v for v, t in enumerate(PF_VARIANTS) if t[3] != FORM_WG]
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """-> set(capability): this process as a GPU of that capability with the prefill kernel built."""
+    monkeypatch.setattr(cuda_ext, "prefill_available", lambda: (True, ""))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def set_capability(cap: tuple[int, int]) -> None:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
+
+    return set_capability
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    """bench_prefill's timer replaced: each timed entry's calls run once and take 1.0 us; -> the names timed."""
+    names: list[str] = []
+
+    def fake(what, calls, reps, inner):
+        names.append(what)
+        for c in calls:
+            c()
+        return 1.0
+
+    monkeypatch.setattr(bench_prefill, "_timed", fake)
+    return names
+
+
+def test_the_wgmma_tilings_are_listed():
+    assert WG and MMA_SYNC and all(("cuda", v) in bench_prefill.GRID for v in WG + MMA_SYNC)
+
+
+def test_a_wgmma_tiling_off_hopper_is_not_run_with_the_reason(device, timed, capsys):
+    """GB10 (sm_121) has no wgmma: its entries are NaN with a 'not run (<why>)' line, their call never made; a FAILED
+    line there would read as a broken kernel, and a number (0.0) would make the entry the grid's 'best'. The mma.sync
+    tilings are still timed."""
+    device((12, 1))
+    called = []
+    for v in WG:
+        us = bench_prefill._time_entry(("cuda", v), lambda cfg: called.append(cfg), 1, 1)
+        assert math.isnan(us), f"variant {v}: {us} us on a device without wgmma"
+        err = capsys.readouterr().err
+        assert f"{bench_prefill._name(('cuda', v))}: not run ({cuda_ext.variant_problem(v)})" in err, err
+        assert "FAILED" not in err, err
+    assert not called and not timed, "a wgmma tiling was launched on sm_121"
+    for v in MMA_SYNC:
+        assert bench_prefill._time_entry(("cuda", v), lambda cfg: called.append(cfg["cuda_variant"]), 1, 1) == 1.0
+    assert called == MMA_SYNC
+
+
+def test_a_wgmma_tiling_on_hopper_is_timed_with_its_variant(device, timed, capsys):
+    device((9, 0))
+    called = []
+    for v in WG:
+        assert bench_prefill._time_entry(("cuda", v), lambda cfg: called.append(cfg["cuda_variant"]), 1, 1) == 1.0
+    assert called == WG and timed == [bench_prefill._name(("cuda", v)) for v in WG]
+    assert "not run" not in capsys.readouterr().err
+
+
+def test_each_cuda_tiling_is_named_by_its_tiling_and_form():
+    """The result keys (us_<name>, best) tell the tilings apart and say which run on wgmma: a wgmma tiling named like
+    an mma.sync bf16 one would credit that kernel with the other's time."""
+    names = {v: bench_prefill._name(("cuda", v)) for v in range(len(PF_VARIANTS))}
+    assert len(set(names.values())) == len(names), names
+    for v, name in names.items():
+        nt, rt, ctas, _ = PF_VARIANTS[v]
+        assert f"nt{nt}_rt{rt}_ctas{ctas}" in name, name
+        assert ("wgmma" in name) == (v in WG), name

@@ -283,6 +283,129 @@ def test_sm_90_serves_the_moe_prefill_on_wgmma_and_gb10_on_mma_sync(monkeypatch)
         tiling("sm_90", True, ok, ok, cuda_moe_form="wmma")
 
 
+def _on_hopper(monkeypatch) -> None:
+    """This process as an sm_90 device (wgmma available) for the host-side checks; no kernel runs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+
+
+def test_the_bf16_and_wgmma_forms_read_the_activation_rows_as_they_are(monkeypatch):
+    """Both bf16 forms (mma.sync and wgmma) take the bf16 activation rows as they are and only the f16 form takes
+    xprep's fragments: a wgmma tiling handed fragments (or an f16 tiling handed bf16 rows) would read int32 words as
+    bf16 activations (CPU: the fragment prep is faked, nothing is launched)."""
+    from kernels import cuda_ext
+    from kernels.cuda_ext import FORM_BF16, FORM_F16, FORM_WG, reads_bf16_rows
+    from kernels.packed_mm import _activation
+
+    assert {v[3] for v in PF_VARIANTS} == {FORM_F16, FORM_BF16, FORM_WG}, "a form this test does not know"
+    x = torch.randn(24, 64, generator=generator(fresh_seed(), "cpu")).to(torch.bfloat16)
+    frags, scale = torch.zeros(24, 64, dtype=torch.int32), torch.ones(24)
+    prepped = []
+    monkeypatch.setattr(cuda_ext, "activation_frags", lambda x, kc, src="": prepped.append(kc) or (frags, scale))
+    for v, (_, _, _, form) in enumerate(PF_VARIANTS):
+        rows = form in (FORM_BF16, FORM_WG)
+        assert reads_bf16_rows(v) is rows, f"variant {v} (form {form})"
+        prepped.clear()
+        frag, xdown = _activation(x, 2, v)
+        if rows:
+            assert not prepped and frag.data_ptr() == x.data_ptr() and xdown is None, f"variant {v}: not x's own rows"
+        else:
+            assert prepped == [2] and frag is frags and xdown is scale, f"variant {v}: not xprep's fragments"
+
+
+def test_a_forced_wgmma_variant_refuses_scale_bytes_its_bf16_multiply_overflows(monkeypatch):
+    """cuda_variant (KERNELS_PACKED_MM_CUDA_VARIANT) set to a wgmma tiling on Hopper: wgmma multiplies the decoded
+    weights by their scale in bf16 like the mma.sync bf16 form, so weights with a scale byte above 128 are refused
+    with the fix named, not served wrong; below that the forced variant is served."""
+    from kernels.cuda_ext import BF16_MAX_SCALE, FORM_WG
+    from kernels.packed_mm import _cuda_variant
+
+    _on_hopper(monkeypatch)
+    g = generator(fresh_seed(), "cpu")
+
+    def packed(top: int):
+        w, s = random_mxfp4((16, 64), g, top - 3, top + 1)
+        s[0, 0] = top
+        return pack_mxfp4(w, s)
+
+    ok, big = packed(BF16_MAX_SCALE), packed(BF16_MAX_SCALE + 1)
+    cfg = {k: v for k, v in get_config("packed_mm", "sm_90").items() if k != "cuda_variant"}
+    for wg in [i for i, v in enumerate(PF_VARIANTS) if v[3] == FORM_WG]:
+        assert _cuda_variant({**cfg, "cuda_variant": wg}, True, ok, ok) == wg
+        for ws in ((ok, big), (big, ok)):
+            with pytest.raises(ValueError, match=f"cuda_variant {wg} .*cannot multiply scale bytes above 128"):
+                _cuda_variant({**cfg, "cuda_variant": wg}, True, *ws)
+
+
+def test_the_moe_tiling_keys_fall_back_to_the_dense_layers_keys(monkeypatch):
+    """The MoE reads cuda_moe_<key> where the tuning gives one, else the dense layers' cuda_<key> (form, token rows,
+    row tiles, CTAs per SM): a section or an override (KERNELS_PACKED_MM_CUDA_FORM=f16) that sets only cuda_<key>
+    must reach the MoE too, and a cuda_moe_<key> must not reach the dense layers."""
+    from kernels.cuda_ext import FORM_BF16, FORM_F16, FORM_WG
+    from kernels.packed_mm import _cuda_variant
+
+    _on_hopper(monkeypatch)
+    w, s = random_mxfp4((16, 64), generator(fresh_seed(), "cpu"))
+    p = pack_mxfp4(w, s)
+
+    def tiling(moe: bool, **cfg) -> tuple[int, int, int, int]:
+        return PF_VARIANTS[_cuda_variant(cfg, moe, *((p, p) if moe else (p,)))]
+
+    two = {"cuda_row_tiles": 2, "cuda_ctas_per_sm": 2}
+    assert tiling(True, **two) == tiling(False, **two) == (8, 2, 2, FORM_BF16)
+    assert tiling(True, **two, cuda_form="f16")[3] == FORM_F16
+    wg = {"cuda_form": "wgmma", "cuda_tokens": 128, "cuda_row_tiles": 1, "cuda_ctas_per_sm": 2}
+    assert tiling(True, **wg) == (16, 1, 2, FORM_WG)
+    moe_only = {"cuda_moe_" + k.removeprefix("cuda_"): v for k, v in wg.items()}
+    assert tiling(True, cuda_ctas_per_sm=1, **moe_only) == (16, 1, 2, FORM_WG)
+    assert tiling(False, cuda_ctas_per_sm=1, **moe_only) == (8, 2, 1, FORM_BF16)
+    assert tiling(True, cuda_form="f16", cuda_moe_form="bf16", **two)[3] == FORM_BF16
+    assert tiling(False, cuda_form="f16", cuda_moe_form="bf16", **two)[3] == FORM_F16
+
+
+def test_the_moe_on_each_tiling_hands_its_kernels_their_own_rows_and_blocks(monkeypatch):
+    """_moe_cuda for every prefill variant, the launches recorded instead of run (CPU): the slots are sorted into
+    blocks of the variant's 8 * NT token rows, each block one expert's (a tiling of 128 rows fed 64-row blocks reads
+    the next expert's slots as its own); the bf16 forms (mma.sync, wgmma) read x's bf16 rows and hand down bf16 h rows,
+    the f16 form xprep's fragments and int32 h fragments."""
+    from kernels import cuda_ext
+    from kernels.cuda_ext import FORM_BF16, FORM_WG, MODE_DOWN, MODE_GATEUP
+    from kernels.packed_mm import _moe_cuda
+
+    _on_hopper(monkeypatch)
+    seed = fresh_seed()
+    x, ids, wts, gu, dn, pm, _ = _packed_case(40, 6, 64, 96, 3, seed, 1.0, True, dev="cpu")
+    frags = torch.zeros(40, gu.k_chunks * 32, dtype=torch.int32)
+    launches = []
+    monkeypatch.setattr(cuda_ext, "align_supported", lambda *a: False)  # packed_mm.align_by_expert: torch, on CPU
+    monkeypatch.setattr(cuda_ext, "combine_supported", lambda *a: False)
+    monkeypatch.setattr(cuda_ext, "activation_frags", lambda x, kc, src="": (frags, torch.ones(x.shape[0])))
+    monkeypatch.setattr(cuda_ext, "prefill_launch", lambda mode, v, frag, xdown, xmul, p, bias, out, **kw:
+                        launches.append(dict(mode=mode, v=v, frag=frag, xdown=xdown, p=p, out=out, **kw)))
+    for v, (nt, _, _, form) in enumerate(PF_VARIANTS):
+        launches.clear()
+        _moe_cuda(x, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], None, {"cuda_variant": v}, 1.702, 7.0)
+        up, down = launches
+        assert (up["mode"], up["p"], down["mode"], down["p"]) == (MODE_GATEUP, gu, MODE_DOWN, dn)
+        assert up["v"] == down["v"] == v
+        bm, n_blocks = 8 * nt, up["n_blocks"]
+        for launch in (up, down):
+            assert launch["rows"].numel() == n_blocks * bm, f"variant {v}: blocks are not {bm} rows"
+            assert torch.equal(launch["rows"], up["rows"]) and launch["n_blocks"] == n_blocks
+        flat = ids.reshape(-1)
+        for b, e in enumerate(up["bexp"].tolist()):
+            slots = up["rows"][b * bm:(b + 1) * bm].long()
+            slots = slots[slots < flat.numel()]  # padding rows hold S
+            assert (flat[slots] == e).all(), f"variant {v} (seed={seed}): block {b} mixes experts"
+        if form in (FORM_BF16, FORM_WG):
+            assert up["frag"].data_ptr() == x.data_ptr() and up["xdown"] is None, f"variant {v}: not x's bf16 rows"
+            assert up["out"].dtype == torch.bfloat16 and up["out"].shape == (ids.numel(), gu.n // 2), \
+                f"variant {v}: gate_up does not write bf16 h rows"
+        else:
+            assert up["frag"] is frags and up["out"].dtype == torch.int32, f"variant {v}: not xprep's fragments"
+        assert down["frag"] is up["out"], f"variant {v}: down does not read gate_up's h"
+
+
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
