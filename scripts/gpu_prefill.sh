@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The plugin's prefill on a lent Hopper GPU, in phases that each fit one call (run under scripts/gpu_bg.sh):
+# The plugin's prefill on a lent Hopper GPU, in phases. A phase runs longer than one call of our lab's device tool (a
+# warm boot plus two configs is ~15 minutes): start it under scripts/gpu_bg.sh and poll, e.g.
 #
 #   export PYTHONPATH=/tmp/vllm-site SUITE_GIT_SHA=<sha>      # vLLM staged as in docs/gpu-lab.md
-#   bash scripts/gpu_prefill.sh PHASE [PHASE...]               # results under $OUT (default /tmp/prefill-out)
+#   bash scripts/gpu_bg.sh prefill 540 /tmp/prefill-out -- bash scripts/gpu_prefill.sh kernels e2e
+#
+# Results go to PREFILL_DIR (default /tmp/prefill-out), never to $OUT: the device tool empties $OUT before every call,
+# which deleted a phase's files (plugin_e2e's resume file among them) under the job still writing them. The job runs
+# from its own copy of the tree ($PREFILL_DIR-tree beside it, made once per invocation, so that packing
+# $PREFILL_DIR leaves it out): the tool copies the working tree again at every call, under a job that spans calls.
 #
 # Phases:
 #   kernels   the prefill kernels' CUDA reference tests (every tiling, every live token-tile count, the MoE and
@@ -11,39 +17,51 @@
 #             alternating rounds, outputs compared bit for bit). PREV names that build's source (default
 #             .gpu-prev/mxfp4_mma.cu: the tool copies the working tree without .git, so write it before the call,
 #             e.g. `mkdir -p .gpu-prev && git show 716179f:kernels/csrc/mxfp4_mma.cu > .gpu-prev/mxfp4_mma.cu`);
-#             without it the A/B is against the mma.sync tiling (@1). Exit 1 when a test fails, or the served build
-#             is slower than PREV's (every round beyond every round of it) or its output differs from PREV's by a bit
-#             (`--expect not-slower,identical`).
+#             without it the A/B is against the mma.sync tiling (@1). Exit 1 when a test fails (then no A/B: its
+#             verdict could not change that), or the served build is slower than PREV's (every round beyond every
+#             round of it) or its output differs from PREV's by a bit (`--expect not-slower,identical`).
 #   e2e       stock and the plugin's MXFP4 config on MODEL (default gpt-oss-20b-shape) in one plugin_e2e run:
 #             tg32 / tg128 at batch 1, tg32 at 4 and 32 concurrent requests, pp2048 on both clocks, memory.
 #             The tiling comes from kernels/tuning.yaml (nothing forced): what users get.
 #   e2e-aa    the plugin config twice in one run (its second entry with a no-op variable): the run-to-run spread
 #             of every workload, which the ratios of `e2e` must exceed to mean anything.
-# Each phase writes a line `PHASE rc N` to $OUT/phases.txt; the phases after a failed `kernels` are skipped, and the
-# job exits 1 when any phase failed.
+# Each phase writes a line `PHASE rc N` to $PREFILL_DIR/phases.txt; the phases after a failed `kernels` are skipped,
+# and the job exits 1 when any phase failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/prefill-out}
+RES=$(realpath -m "${PREFILL_DIR:-/tmp/prefill-out}")
 MODEL=${MODEL:-gpt-oss-20b-shape}
 PREV=${PREV:-.gpu-prev/mxfp4_mma.cu}
 PLUGIN=${PLUGIN:-gemv-bf16-mxfp4-all}
-mkdir -p "$OUT"
+[ $# -gt 0 ] || { echo "gpu_prefill: name a phase: kernels, e2e, e2e-aa"; exit 2; }
+for phase in "$@"; do  # all checked before any runs: a typo after a 20-minute phase would be found after it
+  case $phase in kernels|e2e|e2e-aa) ;; *) echo "gpu_prefill: unknown phase '$phase'; phases: kernels, e2e, e2e-aa"; exit 2 ;; esac
+done
+case "$RES/" in "$(pwd -P)/"*) echo "gpu_prefill: PREFILL_DIR $RES is inside the repository, which it copies; pass a folder outside it"; exit 2 ;; esac
+mkdir -p "$RES" || { echo "gpu_prefill: PREFILL_DIR $RES cannot be created; pass a writable folder"; exit 2; }
+if [ "${GPU_PREFILL_TREE:-}" != "$(pwd -P)" ]; then
+  tree=$RES-tree
+  rm -rf "$tree" && mkdir -p "$tree" || exit 2
+  tar -C . --exclude=./runs --exclude=./.device-bundle --exclude=./.venv --exclude=./models/.materialized -cf - . | tar -C "$tree" -xf - || exit 2
+  GPU_PREFILL_TREE=$tree PREFILL_DIR=$RES exec bash "$tree/scripts/gpu_prefill.sh" "$@"
+fi
 export PYTHONUNBUFFERED=1
 python3 -c "import vllm" 2>/dev/null || { echo "gpu_prefill: vLLM is not importable; stage it (docs/gpu-lab.md)"; exit 2; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv > "$RES/gpu.txt" 2>&1
 
 kernels() {
   local rc=0
   timeout 420 python3 -m pytest -p no:cacheprovider --noconftest -q -m gpu \
     tests/level1_5_kernels/test_kernel_packed_mm.py tests/level1_5_kernels/test_kernel_moe.py \
-    > "$OUT/kernel_tests.log" 2>&1 || rc=1
-  tail -3 "$OUT/kernel_tests.log"
+    > "$RES/kernel_tests.log" 2>&1 || rc=1
+  tail -3 "$RES/kernel_tests.log"
+  [ $rc -eq 0 ] || return $rc
   # the previous build first: the served one is judged against it (not slower in any round, output bit for bit)
   local ab=(--ab @1,served)
   [ -f "$PREV" ] && ab=(--ab "$PREV,served" --expect not-slower,identical)
   timeout 420 python3 -m kernels.tools.bench_prefill "${ab[@]}" --ab-m 8192,2048 --rounds 5 \
-    --out "$OUT/ab.json" > "$OUT/ab.log" 2>&1 || rc=1
-  grep -v "^NVIDIA" "$OUT/ab.log" | tail -12
+    --out "$RES/ab.json" > "$RES/ab.log" 2>&1 || rc=1
+  grep -v "^NVIDIA" "$RES/ab.log" | tail -12
   return $rc
 }
 
@@ -54,25 +72,21 @@ e2e() {
 from harness.features.spec import flavour_baseline
 print(flavour_baseline("upstream", detect_platform().name))') || return 2
   timeout 1500 python3 scripts/plugin_e2e.py --model "$MODEL" --warm --configs "$stock,$PLUGIN" \
-    --out "$OUT/e2e-$MODEL" > "$OUT/e2e-$MODEL.log" 2>&1
+    --out "$RES/e2e-$MODEL" > "$RES/e2e-$MODEL.log" 2>&1
   local rc=$?
-  grep -A8 "^| config | boot" "$OUT/e2e-$MODEL/e2e.md" 2>/dev/null | head -10
+  grep -A8 "^| config | boot" "$RES/e2e-$MODEL/e2e.md" 2>/dev/null | head -10
   return $rc
 }
 
 e2e_aa() {
   # SUITE_AA=1 is read by nothing: the second boot is the same config, named apart in the table
   timeout 1500 python3 scripts/plugin_e2e.py --model "$MODEL" --warm --configs "$PLUGIN,$PLUGIN+SUITE_AA=1" \
-    --out "$OUT/aa-$MODEL" > "$OUT/aa-$MODEL.log" 2>&1
+    --out "$RES/aa-$MODEL" > "$RES/aa-$MODEL.log" 2>&1
   local rc=$?
-  grep -A6 "^| config | boot" "$OUT/aa-$MODEL/e2e.md" 2>/dev/null | head -8
+  grep -A6 "^| config | boot" "$RES/aa-$MODEL/e2e.md" 2>/dev/null | head -8
   return $rc
 }
 
-[ $# -gt 0 ] || { echo "gpu_prefill: name a phase: kernels, e2e, e2e-aa"; exit 2; }
-for phase in "$@"; do  # all checked before any runs: a typo after a 20-minute phase would be found after it
-  case $phase in kernels|e2e|e2e-aa) ;; *) echo "gpu_prefill: unknown phase '$phase'; phases: kernels, e2e, e2e-aa"; exit 2 ;; esac
-done
 status=0
 for phase in "$@"; do
   case $phase in
@@ -80,7 +94,7 @@ for phase in "$@"; do
     e2e) e2e; rc=$? ;;
     e2e-aa) e2e_aa; rc=$? ;;
   esac
-  echo "$phase rc $rc" | tee -a "$OUT/phases.txt"
+  echo "$phase rc $rc" | tee -a "$RES/phases.txt"
   [ $rc -eq 0 ] || status=1
   if [ "$phase" = kernels ] && [ $rc -ne 0 ]; then
     echo "gpu_prefill: the kernels phase failed; the served model is not measured on a kernel that failed its tests"

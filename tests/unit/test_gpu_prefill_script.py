@@ -15,6 +15,7 @@ SCRIPT = REPO / "scripts" / "gpu_prefill.sh"
 # plugin_e2e exit with $PYTEST_RC / $AB_RC / $E2E_RC (0 by default); every call is logged one line each.
 SHIM = """#!/bin/bash
 echo "$*" >> "$LOG"
+pwd >> "$LOG.cwd"
 case "$*" in
   *flavour_baseline*) echo triton-bf16 ;;
   *"import vllm"*) exit 0 ;;
@@ -25,14 +26,17 @@ esac
 """
 
 
-def _job(tmp_path: Path, *phases: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _job(tmp_path: Path, *phases: str, copy: bool = False, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run the job with the stand-in; `copy`: from its own copy of the tree as on the GPU (else from this checkout,
+    GPU_PREFILL_TREE naming it, which skips the copy)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "python3").write_text(SHIM)
     (bin_dir / "python3").chmod(0o755)
-    r = subprocess.run(["bash", str(SCRIPT), *phases], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    r = subprocess.run(["bash", str(SCRIPT), *phases], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "LOG": str(log),
-                            "OUT": str(tmp_path / "out"), **env})
+                            "PREFILL_DIR": str(tmp_path / "out"), "OUT": str(tmp_path / "tool-out"),
+                            **({} if copy else {"GPU_PREFILL_TREE": str(REPO.resolve())}), **env})
     calls = log.read_text().splitlines() if log.exists() else []
     return r, [c for c in calls if "import vllm" not in c]
 
@@ -62,6 +66,8 @@ def test_a_failed_kernels_phase_stops_the_job_before_any_server_boots(tmp_path, 
     r, calls = _job(tmp_path, "kernels", "e2e", "e2e-aa", **{failing: "1"})
     assert r.returncode == 1
     assert not [c for c in calls if "plugin_e2e" in c], calls
+    # failed tests: no A/B, whose verdict could not change the phase's
+    assert bool([c for c in calls if "bench_prefill" in c]) == (failing == "AB_RC"), calls
     assert (tmp_path / "out" / "phases.txt").read_text() == "kernels rc 1\n"
     assert "not measured" in r.stdout
 
@@ -93,3 +99,23 @@ def test_no_phase_or_an_unknown_one_is_one_line_and_exit_2_before_any_phase_runs
     r, calls = _job(tmp_path, *phases)
     assert r.returncode == 2 and expect in r.stdout and "kernels, e2e, e2e-aa" in r.stdout
     assert not calls
+
+
+def test_the_job_runs_from_its_own_copy_of_the_tree_and_writes_outside_the_tools_out(tmp_path):
+    """The device tool re-copies the working tree and empties $OUT before every call, under a job that spans calls:
+    the job runs from a copy beside PREFILL_DIR and writes nothing to $OUT (a phase's files, plugin_e2e's resume file
+    among them, were deleted under it)."""
+    r, calls = _job(tmp_path, "e2e", copy=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tree = tmp_path / "out-tree"
+    cwds = set((tmp_path / "calls.log.cwd").read_text().split())
+    assert cwds == {str(tree.resolve())}, cwds
+    assert (tree / "scripts" / "gpu_prefill.sh").read_bytes() == SCRIPT.read_bytes()
+    assert not (tree / ".venv").exists() and not (tree / "runs").exists()
+    assert (tmp_path / "out" / "phases.txt").read_text() == "e2e rc 0\n"
+    assert not (tmp_path / "tool-out").exists()
+
+
+def test_a_results_folder_inside_the_repository_is_refused(tmp_path):
+    r, calls = _job(tmp_path, "kernels", copy=True, PREFILL_DIR=str(REPO / "runs" / "prefill"))
+    assert r.returncode == 2 and "inside the repository" in r.stdout and not calls
