@@ -42,7 +42,11 @@ mkdir -p "$RES" || { echo "gpu_prefill: PREFILL_DIR $RES cannot be created; pass
 if [ "${GPU_PREFILL_TREE:-}" != "$(pwd -P)" ]; then
   tree=$RES-tree
   rm -rf "$tree" && mkdir -p "$tree" || exit 2
-  tar -C . --exclude=./runs --exclude=./.device-bundle --exclude=./.venv --exclude=./models/.materialized -cf - . | tar -C "$tree" -xf - || exit 2
+  # GNU tar's exit 1 is "a file changed as it was read" (a test run writing beside the job): the copy still stands
+  tar -C . --exclude=./runs --exclude=./.device-bundle --exclude=./.venv --exclude=./models/.materialized \
+    --exclude=__pycache__ -cf - . | tar -C "$tree" -xf -
+  made=("${PIPESTATUS[@]}")
+  [ "${made[0]}" -le 1 ] && [ "${made[1]}" -eq 0 ] || { echo "gpu_prefill: cannot copy the tree to $tree"; exit 2; }
   GPU_PREFILL_TREE=$tree PREFILL_DIR=$RES exec bash "$tree/scripts/gpu_prefill.sh" "$@"
 fi
 export PYTHONUNBUFFERED=1
