@@ -124,10 +124,10 @@ def _selects_level(config: pytest.Config, marker: str, folder: Path) -> bool:
         return True
 
 
-# Options whose empty value (`--model=`, an unset shell variable) was taken for no option: the default model, run dir
-# or flavour ran in silence, or nothing at all (`--feature=` under -m feature). --config has its own line (select).
-_NAMED_OPTIONS = ("--model", "--flavour", "--server-url", "--platform", "--device", "--run-dir", "--workloads",
-                  "--goldens-of", "--feature", "--against", "--criteria", "--review-dir")
+# Options whose empty value (an unset shell variable) was taken for no option: the default ran in silence, or nothing
+# at all (`--feature=` under -m feature). Suite.create refuses its own (--model, --flavour, --server-url, --run-dir,
+# --platform, --device) for the scripts too; --config has its own line (select).
+_NAMED_OPTIONS = ("--workloads", "--goldens-of", "--feature", "--against", "--criteria", "--review-dir")
 
 
 def _create_suite(config: pytest.Config) -> Suite:
