@@ -156,6 +156,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         print(f"ERROR: {e}")
         return 4
     print(list_configs(suite))
+    suite.drop_run_dir_if_empty()  # configure and unconfigure do not run after a cmdline_main that answered
     return 0
 
 
@@ -317,6 +318,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         suite.report_files = write_run_report(suite.run_dir)
     except SuiteError as e:  # a report problem must not hide the test outcome
         suite.report_files = [f"(report not written: {e})"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    suite = config.stash.get(SUITE_KEY, None)
+    # the controller's, after every worker ended: a worker joins the controller's run dir through --run-dir
+    if suite is not None and not parallel.worker_id(config):
+        suite.drop_run_dir_if_empty()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

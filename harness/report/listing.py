@@ -111,7 +111,10 @@ def run_summary(suite: Suite, stats: dict) -> str:
             p, f, s = levels.get(lv, [0, 0, 0])
             cells.append((f"{p}ok" + (f" {f}F" if f else "") + (f" {s}s" if s else "")).rjust(12) if (p or f or s) else "-".rjust(12))
         rows.append(config.ljust(34) + (f"{boot:.0f}" if boot else "-").rjust(8) + "".join(cells))
-    rows.append("cells: ok = passed, F = failed or errored, s = skipped; artifacts: " + str(suite.run_dir))
+    # an empty run dir the suite named itself is removed when the run ends: no path to a folder that will be gone
+    wrote = suite.run_dir.is_dir() and any(suite.run_dir.iterdir())
+    artifacts = str(suite.run_dir) if wrote or not suite.run_dir_default else "none written"
+    rows.append("cells: ok = passed, F = failed or errored, s = skipped; artifacts: " + artifacts)
     return "\n".join(rows)
 
 

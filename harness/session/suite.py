@@ -43,6 +43,15 @@ def _run_dir(option: str | None) -> Path:
     return writable_dir(Path(option) if option else REPO / "runs" / time.strftime("%Y%m%d-%H%M%S"), "--run-dir")
 
 
+def drop_if_empty(run_dir: Path) -> None:
+    """Remove a run dir the suite named itself (runs/<time>) when nothing was written there: every pytest run,
+    `--list-configs` and a refused option included, left an empty one behind (a CI run left hundreds)."""
+    try:
+        run_dir.rmdir()  # succeeds only on an empty folder: anything written there keeps it
+    except OSError:
+        pass
+
+
 def external_platform(name: str | None, device: str | None) -> Platform:
     """What --platform / --device say about a server started elsewhere (UNKNOWN_PLATFORM without them)."""
     if name is None:
@@ -186,6 +195,7 @@ class Suite:
     boots: list[dict] = field(default_factory=list)
     server_args: list[str] = field(default_factory=list)  # --server-arg: appended to every boot's arguments
     allow_unverified: bool = False  # --allow-unverified: --force-regen records what level 1.5 cannot vouch for
+    run_dir_default: bool = False  # named by the suite (runs/<time>), not by --run-dir: dropped when left empty
 
     @classmethod
     def create(
@@ -215,23 +225,29 @@ class Suite:
         platform = external_platform(platform_option, device_option) if server_url else detect_platform()
         flavour = catalog.flavour(flavour_option) if flavour_option else catalog.default_flavour(platform.name)
         rdir = _run_dir(run_dir)
-        if server_url:
-            model: Model | SuiteError = external_model(server_url, model_option)
-        else:
-            try:
-                model = resolve_model(model_option or default_alias(platform.name), rdir)
-            except SuiteError as e:
-                if model_option:  # an explicit bad --model fails the run at once
-                    raise
-                model = e  # the default model is only needed once a server boots (unit tests run without it)
-            if isinstance(model, Model) and model_option and not Path(model.path).exists():
-                check_hub_model(model.path)  # not cached and no hub: one line now, not a dead server later
-        suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s,
-                    server_args=list(server_args or []), allow_unverified=allow_unverified)
-        if platform.name == UNKNOWN_PLATFORM and config_option is None:  # no platform to pick a default config by
-            raise SuiteError("--server-url without --config: the server's platform is unknown, so no default config can "
-                             "be picked; pass --config=NAME (the config the server was started with) or --platform=...")
-        suite.selected()  # validate --config now, at collection time
+        try:
+            if server_url:
+                model: Model | SuiteError = external_model(server_url, model_option)
+            else:
+                try:
+                    model = resolve_model(model_option or default_alias(platform.name), rdir)
+                except SuiteError as e:
+                    if model_option:  # an explicit bad --model fails the run at once
+                        raise
+                    model = e  # the default model is only needed once a server boots (unit tests run without it)
+                if isinstance(model, Model) and model_option and not Path(model.path).exists():
+                    check_hub_model(model.path)  # not cached and no hub: one line now, not a dead server later
+            suite = cls(catalog, platform, flavour, model, rdir, config_option, server_url, boot_timeout_s,
+                        server_args=list(server_args or []), allow_unverified=allow_unverified,
+                        run_dir_default=run_dir is None)
+            if platform.name == UNKNOWN_PLATFORM and config_option is None:  # no platform to pick a default config by
+                raise SuiteError("--server-url without --config: the server's platform is unknown, so no default config can "
+                                 "be picked; pass --config=NAME (the config the server was started with) or --platform=...")
+            suite.selected()  # validate --config now, at collection time
+        except SuiteError:
+            if run_dir is None:  # refused before anything ran there
+                drop_if_empty(rdir)
+            raise
         return suite
 
     @property
@@ -239,6 +255,11 @@ class Suite:
         if isinstance(self.model_or_error, SuiteError):
             raise self.model_or_error
         return self.model_or_error
+
+    def drop_run_dir_if_empty(self) -> None:
+        """At the end of a run: the run dir the suite named itself goes when nothing was written there."""
+        if self.run_dir_default:
+            drop_if_empty(self.run_dir)
 
     def selected(self) -> list[Config]:
         return self.catalog.select(self.config_option, self.platform.name)

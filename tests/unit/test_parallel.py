@@ -304,7 +304,7 @@ def test_summary_reads_configs_from_xdist_group_suffixed_ids():
 
     suite = SimpleNamespace(catalog=Catalog(), platform=Platform("cpu", "test cpu", None), flavour=SimpleNamespace(name="cpu"),
                             model_or_error=SimpleNamespace(alias="tiny-gpt-oss"), boots=[{"config": "cpu-bf16", "boot_seconds": 42.0}],
-                            run_dir=Path("/tmp/x"))
+                            run_dir=Path("/tmp/x"), run_dir_default=False)
     # the root conftest's makereport sets param_id from the test's parameters; the node id's `@group` suffix
     # (xdist's loadgroup) is no longer parsed
     rep = SimpleNamespace(when="call", keywords={"level1": 1}, param_id="cpu-bf16",
@@ -322,7 +322,7 @@ def test_the_summary_shows_each_configs_own_server_boot_not_a_checks():
              {"config": "cpu-bf16", "tag": "__fault", "boot_seconds": 170.0},
              {"config": "cpu-bf16-eager", "tag": "__level6", "boot_seconds": 88.0}]
     suite = SimpleNamespace(catalog=Catalog(), platform=Platform("cpu", "test cpu", None), flavour=SimpleNamespace(name="cpu"),
-                            model_or_error=SimpleNamespace(alias="tiny-gpt-oss"), boots=boots, run_dir=Path("/tmp/x"))
+                            model_or_error=SimpleNamespace(alias="tiny-gpt-oss"), boots=boots, run_dir=Path("/tmp/x"), run_dir_default=False)
     reps = [SimpleNamespace(when="call", keywords={"level1": 1}, param_id=c, nodeid=f"t.py::t[{c}]")
             for c in ("cpu-bf16", "cpu-bf16-eager")]
     rows = {line.split()[0]: line.split()[1] for line in run_summary(suite, {"passed": reps}).splitlines()[2:-1]}
