@@ -180,12 +180,25 @@ class ChatWorkload:
         raise SuiteError(f"{self.path}: no task set matches model {model_alias}; add one under tasks.files or set SUITE_TASKS")
 
 
+MATCH_RULES = ("exact", "contains", "regex")
+
+
+def _compiled(pattern: str, what: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"{what} /{pattern}/ is not a regular expression ({e})") from None
+
+
 def load_chat_workload(path: Path = CHAT_FILE) -> ChatWorkload:
     try:
         raw = load_mapping(path, fix="restore it from git or fix the file")
         tools = raw.get("tools") or {}
         convs = [Conversation(name, list(c["messages"]), [tools[t] for t in c.get("tools") or []] or None, dict(c.get("expect") or {}))
                  for name, c in raw["conversations"].items()]
+        for conv in convs:
+            if conv.expect.get("content"):
+                _compiled(str(conv.expect["content"]), f"conversation {conv.name!r} expect.content")
         files = {str(g): REPO / str(f) for g, f in raw["tasks"]["files"].items()}
         return ChatWorkload(convs, int(raw["max_tokens"]), int(raw["top_logprobs"]), files, int(raw["tasks"]["max_tokens"]), path)
     except OSError as e:
@@ -232,6 +245,10 @@ def load_tasks(path: Path) -> list[Task]:
                                   d.get("tools"), d.get("tool")))
                 if not tasks[-1].answer and not tasks[-1].tool:
                     raise ValueError("neither an answer nor an expected tool call")
+                if tasks[-1].match not in MATCH_RULES:  # an unknown rule was judged as "exact" in silence
+                    raise ValueError(f"match {tasks[-1].match!r} is none of {', '.join(MATCH_RULES)}")
+                if tasks[-1].match == "regex":  # a bad pattern raised re.error mid-run, a traceback after the boot
+                    _compiled(tasks[-1].answer, "answer")
     except (OSError, UnicodeDecodeError) as e:
         raise SuiteError(f"{path}: cannot read the task set ({e}); restore it from git or pass another") from None
     except (ValueError, KeyError, TypeError) as e:

@@ -184,3 +184,81 @@ def test_rerendering_bad_input_is_one_line(tmp_path, capsys, case):
     out, err = capsys.readouterr()
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("review: ") and "Traceback" not in err, (out, err)
+
+
+# -- mutation audit: what the review tells its reader, each with the fault it guards against --------------------------
+def test_each_criterion_row_shows_its_own_verdict_and_the_change_with_its_sign(tmp_path):
+    """Guards the evaluation table's per-criterion mark (a criterion that failed read as the feature's overall PASS) and
+    the sign of the Actual column's change (a 20% slowdown read +20%)."""
+    from harness.features.review import render
+
+    text = render(result(tmp_path, tg_ratio=0.8, status=Status.PASS), None, tmp_path / "FEATURE_x.md")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| tg32 >="))
+    assert "❌ FAIL" in row, f"the tg32 criterion failed: {row}"
+    assert "| used_memory <= +1 GB | ✅ PASS |" in text
+    actual = next(ln for ln in text.splitlines() if ln.startswith("| tg32 |"))
+    assert "(-20.0%)" in actual, f"a slowdown reads negative: {actual}"
+    assert "**Verdict: ✅ PASS**" in text
+
+
+def test_the_verdict_gate_and_level_lines_say_what_happened(tmp_path):
+    """Guards the review's verdict line (it once always read PASS), the gate rows for the next phase, a level's skip
+    reason shown only when it did not run, and the 'blocked by' line of a blocked feature without levels."""
+    from dataclasses import replace
+
+    from harness.features.levels import LevelOutcome
+    from harness.features.review import render
+
+    r = result(tmp_path, tg_ratio=0.8, status=Status.FAIL)
+    r.gate.append(r.criteria[0])
+    r.levels["level2"] = LevelOutcome(skipped=3, skip_reason="no level 2 goldens")
+    r.levels["level1"] = LevelOutcome(passed=5, skip_reason="not shown")
+    text = render(r, None, tmp_path / "FEATURE_x.md")
+    assert "**Verdict: ❌ FAIL**" in text, "the feature failed"
+    assert "| gate for the next phase: tg32 >= +10% | ❌ FAIL |" in text, "the gate's rows are listed"
+    assert "- Level 2 (Correctness): NOT RUN (0 passed, 0 failed, 3 skipped): no level 2 goldens" in text
+    assert "- Level 1 (Smoke): PASS (5 passed, 0 failed, 0 skipped)\n" in text, "a level that ran shows no skip reason"
+    blocked = replace(result(tmp_path, status=Status.BLOCKED), levels={}, blocked_by="phase-1")
+    text = render(blocked, None, tmp_path / "FEATURE_x.md")
+    assert "- not run: blocked by phase-1" in text and "no level required" not in text
+
+
+def test_the_benchmark_table_shows_the_median_and_the_matrix_the_candidates_number(tmp_path):
+    """Guards the Benchmark Results cell (the median of the side's samples, not another statistic) and the matrix's
+    candidate cell (the candidate's value, not its baseline's)."""
+    from harness.features.review import render
+
+    r = result(tmp_path, tg_ratio=1.2)
+    r.sides[1].value("tg32").append(1000.0)  # an outlier round: the median stays, a max or mean would not
+    text = render(r, None, tmp_path / "FEATURE_x.md")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| cpu-bf16 | candidate |"))
+    assert "120.50 (n=5)" in row.replace("120.5 (", "120.50 ("), row
+    m = write_matrix([result(tmp_path, tg_ratio=1.2)], tmp_path / "matrix.md").read_text()
+    cand = next(ln for ln in m.splitlines() if ln.startswith("| cpu-bf16 | candidate"))
+    assert "120.2 ✅" in cand or "120 ✅" in cand, cand
+
+
+def test_a_regenerated_last_section_keeps_a_final_newline(tmp_path):
+    """Guards _keep_spacing's minimum of one newline: a review whose last (measured) section lost its final newline was
+    rewritten without one, and the next section appended after it started on the same line."""
+    from harness.features.review import render
+
+    first = render(result(tmp_path), None, tmp_path / "FEATURE_x.md")
+    again = render(result(tmp_path), first.rstrip("\n"), tmp_path / "FEATURE_x.md")
+    assert again.endswith("\n") and again == first, repr(again[-80:])
+
+
+def test_a_rerendered_review_keeps_its_runs_phase_and_moved_artifacts(tmp_path):
+    """Guards _as_run's phase (a re-rendered review named today's phase) and --artifacts (a run's folder moved, e.g. a
+    GPU machine's results copied here: the review must name where they now are)."""
+    from harness.features import review
+
+    data = result(tmp_path).to_json()
+    data["phase"] = "9"
+    (tmp_path / "verdict.json").write_text(json.dumps(data))
+    moved = tmp_path / "elsewhere"
+    assert review.main([str(tmp_path / "verdict.json"), "--review-dir", str(tmp_path / "out"),
+                        "--artifacts", str(moved)]) == 0
+    text = (tmp_path / "out" / "FEATURE_cpu-compiled-decode.md").read_text()
+    assert "Phase 9. " in text, "the run's phase"
+    assert f"`{moved / 'cpu-compiled-decode'}`" in text, "the artifacts' new place"

@@ -178,6 +178,49 @@ def test_external_server_has_no_memory_to_read():
     assert out["used_gib"] is None and "--server-url" in out["why_not"]
 
 
+def test_without_a_breakdown_the_graph_memory_and_kv_come_from_their_own_lines():
+    """Guards parse_engine_memory's fallbacks: without the breakdown, the CUDA graph size is the pool's actual number
+    (else the capture line's GiB, not its seconds), and the KV cache is what is in use after graph capture (not the
+    earlier 'Available' figure). The suite's logs give equal numbers to both lines, which hid a swap."""
+    log = "\n".join(l for l in GPU_LOG.splitlines() if "Actual usage" not in l).replace(
+        "took 0.62 GiB", "took 0.55 GiB").replace("Available KV cache memory: 60.35", "Available KV cache memory: 61.0")
+    log += "\nINFO [gpu_worker.py:835] Current kv cache memory in use is 60.35 GiB.\n"
+    em = memory.parse_engine_memory(log)
+    assert em.cuda_graph_gib == 0.62, f"the pool's actual number first: {em.cuda_graph_gib}"
+    assert em.kv_cache_gib == 60.35, f"the KV cache in use after capture, not 'Available': {em.kv_cache_gib}"
+    v2 = memory.parse_engine_memory("INFO Model loading took 61.4 GiB and 3.1 seconds\n"
+                                    "INFO Graph capturing finished in 20 secs, took 0.55 GiB\n")
+    assert (v2.weights_gib, v2.cuda_graph_gib) == (61.4, 0.55), f"the capture line's GiB, not its seconds: {v2}"
+
+
+def test_without_breakdown_or_nvml_used_memory_is_weights_plus_graph():
+    """Guards summarize's last GPU fallback: weights + CUDA graph (the graph's memory was once left out)."""
+    em = memory.parse_engine_memory("INFO Model loading took 61.4 GiB and 3.1 seconds\n"
+                                    "INFO Graph capturing finished in 20 secs, took 0.55 GiB\n")
+    boot = {"rss_gib": 3.0, "gpu_gib": None, "gpu_source": "unavailable", "gpu_notes": ["nvmlDeviceGetMemoryInfo: NOT_SUPPORTED"]}
+    out = memory.summarize(em, boot, boot, on_gpu=True)
+    assert out["used_gib"] == pytest.approx(61.95), f"weights + CUDA graph: {out['used_gib']}"
+
+
+def test_the_cross_checks_lower_bound_allows_the_handed_back_peak_activation():
+    """Guards cross_check's low bound: vLLM may hand the profile run's peak activation back to the driver, so a
+    process holding used - peak + KV is consistent (a bound without the peak flagged healthy servers)."""
+    snap = process_memory.process_snapshot([7], FakeNVML([7], per_proc_gib=125.0))  # 68.9 + 60.35 - 5.71 + 1.46
+    out = memory.summarize(memory.parse_engine_memory(GPU_LOG), snap, snap, on_gpu=True)
+    assert out["cross_check"]["ok"] is True, out["cross_check"]
+    assert out["cross_check"]["expected_gib"] == [pytest.approx(68.9 - 5.71 + 60.35 - 1.0, abs=1e-3),
+                                                  pytest.approx(68.9 + 60.35 + 2.0, abs=1e-3)]
+
+
+def test_a_booted_server_without_a_boot_snapshot_is_read_now():
+    """Guards server_memory: a process with no boot_memory is measured by the reading taken now (dropping that
+    fallback left used memory None on CPU, and the level 5 memory gate had nothing to judge)."""
+    proc = SimpleNamespace(pids=lambda: [os.getpid()])
+    out = memory.server_memory(SimpleNamespace(process=proc, log_text=lambda: CPU_LOG), on_gpu=False)
+    assert out["used_gib"] is not None and out["used_gib"] > 0, out
+    assert out["process_at_boot"] is out["process_now"] or out["process_at_boot"] == out["process_now"]
+
+
 # ------------------------------------------------------------------------------------------------ clocks
 
 

@@ -255,3 +255,103 @@ def test_every_group_gates_once_every_gb10_entry_is_recorded_and_none_before(set
     assert all(nightly.preflight(cs, group) for group in cs.groups)  # GB10 as shipped: every group refused
     monkeypatch.setenv("SUITE_VERIFIED_DIR", str(write_verified_everywhere("sm_121", tmp_path / "verified")))
     assert {group.name: nightly.preflight(cs, group) for group in cs.groups} == {group.name: [] for group in cs.groups}
+
+
+# -- mutation audit: the gate's remaining decisions, each with the fault it guards against ---------------------------
+def test_a_set_with_two_groups_of_one_name_is_refused(tmp_path):
+    """Guards load_set's uniqueness check: two groups named alike write one run folder (nightly-<group>), and one
+    group's results silently replaced the other's."""
+    bad = tmp_path / "n.yaml"
+    bad.write_text(yaml.safe_dump({"sets": {"x": {"platform": "cpu", "flavour": "cpu", "levels": "level1",
+                                                   "groups": [{"name": "a", "configs": ["cpu-bf16"]},
+                                                              {"name": "a", "configs": ["cpu-bf16"]}]}}}))
+    with pytest.raises(SuiteError, match="group names must be unique"):
+        nightly.load_set("x", bad)
+
+
+def test_workers_are_capped_at_the_groups_config_count(tmp_path):
+    """Guards pytest_args' min(): four GPUs for a two-config group start two xdist workers, not four idle ones."""
+    cs = nightly.load_set("gb10")
+    args = nightly.pytest_args(cs, cs.group("marlin"), tmp_path, workers=4)
+    assert args[-2:] == ["-n", "2"], f"two configs, two workers: {args}"
+
+
+def _gb10_here(monkeypatch, flavour: str | None = "fork"):
+    from harness.core.platform import Platform
+
+    monkeypatch.setattr(nightly, "detect_platform", lambda: Platform("sm_121", "NVIDIA GB10", (12, 1)))
+    if flavour:
+        monkeypatch.setattr(nightly.Catalog, "default_flavour", lambda self, platform: self.flavour(flavour))
+
+
+def test_preflight_refuses_another_flavour_and_a_config_the_platform_cannot_run(monkeypatch, tmp_path):
+    """Guards preflight's flavour check (upstream vLLM installed where the set expects the fork) and its runnable check
+    (a config the platform cannot run is a data error at night, never a skip)."""
+    _gb10_here(monkeypatch, "upstream")
+    monkeypatch.setenv("SUITE_VERIFIED_DIR", str(write_verified_everywhere("sm_121", tmp_path / "verified")))
+    cs = nightly.load_set("gb10")
+    problems = nightly.preflight(cs, cs.group("marlin"))
+    assert any("expects the 'fork' flavour" in p and "'upstream'" in p for p in problems), problems
+    _gb10_here(monkeypatch, "fork")
+    problems = nightly.preflight(cs, nightly.Group("g", ["triton-bf16"], "level1"))
+    assert any(p.startswith("triton-bf16 cannot run here:") for p in problems), problems
+
+
+def test_preflight_refuses_a_config_that_declares_no_kernel_pattern(monkeypatch, tmp_path):
+    """Guards preflight's `must` check: a config whose kernel entry is verified but names no pattern gates nothing."""
+    import dataclasses
+
+    _gb10_here(monkeypatch)
+    monkeypatch.delenv(nightly.ALLOW_UNVERIFIED, raising=False)
+    monkeypatch.setenv("SUITE_VERIFIED_DIR", str(write_verified_everywhere("sm_121", tmp_path / "verified")))
+    cs = nightly.load_set("gb10")
+    assert nightly.preflight(cs, cs.group("marlin")) == []
+    resolve = nightly.Catalog().flavour("fork").resolve.__func__
+    monkeypatch.setattr(type(nightly.Catalog().flavour("fork")), "resolve", lambda self, cfg, platform: dataclasses.replace(
+        resolve(self, cfg, platform), kernels=dataclasses.replace(resolve(self, cfg, platform).kernels, must=[])))
+    problems = "\n".join(nightly.preflight(cs, cs.group("marlin")))
+    assert "marlin-bf16: declares no kernel patterns for sm_121" in problems, problems
+
+
+def test_only_allow_unverified_1_lifts_the_kernel_gate(monkeypatch):
+    """Guards the `== "1"` of SUITE_NIGHTLY_ALLOW_UNVERIFIED: `=0` (or any other value) keeps the strict gate."""
+    _gb10_here(monkeypatch)
+    monkeypatch.setenv("SUITE_VERIFIED_DIR", str(verified_dir_without("sm_121")))
+    cs = nightly.load_set("gb10")
+    monkeypatch.setenv(nightly.ALLOW_UNVERIFIED, "0")
+    assert any("not verified on a real sm_121 trace" in p for p in nightly.preflight(cs, cs.group("marlin"))), \
+        "=0 must not lift the gate"
+    monkeypatch.setenv(nightly.ALLOW_UNVERIFIED, "1")
+    assert not any("not verified" in p for p in nightly.preflight(cs, cs.group("marlin")))
+
+
+def test_a_groups_summary_of_only_skipped_tests_is_not_a_pass(tmp_path):
+    """Guards Counts.ok's `passed > 0` as the job summary uses it: a group whose every test skipped tested nothing."""
+    (tmp_path / "junit.xml").write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="2" failures="0" '
+                                        'errors="0" skipped="2"><testcase classname="c" name="a"><skipped message="x"/>'
+                                        '</testcase><testcase classname="c" name="b"><skipped message="y"/></testcase>'
+                                        '</testsuite></testsuites>')
+    first = nightly.summary(tmp_path, "cpu/smoke").splitlines()[0]
+    assert first == "## cpu/smoke: FAIL", first
+    _junit(tmp_path / "junit.xml", 3, 0)
+    assert nightly.summary(tmp_path, "cpu/smoke").splitlines()[0] == "## cpu/smoke: PASS"
+
+
+def test_a_missing_group_or_one_with_errors_fails_the_night_and_the_exit_code(tmp_path, monkeypatch):
+    """Guards merge's verdict: a group that uploaded nothing (the others all passed) fails the night, a group whose
+    tests errored (pytest `errors=`, not failures) is not a pass, and `merge` / `preflight` exit non-zero with it."""
+    cs = nightly.load_set("gb10")
+    _junit(tmp_path / "nightly-marlin" / "junit.xml", 5, 0)
+    _junit(tmp_path / "nightly-cutlass" / "junit.xml", 4, 0)
+    ok, text = nightly.merge(cs, tmp_path)
+    assert not ok and "FAIL" in text.splitlines()[0], "the matrix group is missing: the night must fail"
+    assert nightly.main(["merge", "--set", "gb10", "--dir", str(tmp_path)]) == 1, "a failed night must exit 1"
+    _junit(tmp_path / "nightly-matrix" / "junit.xml", 3, 0)
+    assert nightly.merge(cs, tmp_path)[0]
+    errored = tmp_path / "nightly-matrix" / "junit.xml"
+    errored.write_text(errored.read_text().replace('errors="0"', 'errors="1"').replace(
+        '<testcase classname="c" name="t0"></testcase>', '<testcase classname="c" name="t0"><error message="x"/></testcase>'))
+    ok, text = nightly.merge(cs, tmp_path)
+    assert not ok and "1 errors" in text, text
+    monkeypatch.setattr(nightly, "preflight", lambda cs, group: ["set gb10 is for sm_121"])
+    assert nightly.main(["preflight", "--set", "gb10", "--group", "marlin"]) == 1, "a refused preflight must exit 1"
