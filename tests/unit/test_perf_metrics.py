@@ -101,3 +101,28 @@ def test_more_chunks_than_tokens_always_raises(allow):
 def test_fewer_chunks_without_speculation_raises():
     with pytest.raises(SuiteError, match="usage.completion_tokens=32"):
         perf.check_token_accounting(30, 32, allow_multi_token_chunks=False)
+
+
+def test_end_of_stream_before_last_token_raises():
+    """Guards against dropping `t_last_token <= t_end` from the timestamp check: an end-of-stream time taken before
+    the last chunk arrived (a clock mix-up) would give an e2e shorter than the decode, silently."""
+    with pytest.raises(SuiteError, match="out-of-order"):
+        perf.TimedRequest(10, 3, 0.0, 0.1, 0.3, [0.1, 0.2, 0.3], t_end=0.25)
+
+
+def test_concurrency_suffix_parses_and_keeps_its_direction():
+    """Guards against the metric-name pattern losing the `@cC` concurrency suffix: every concurrent workload's
+    metric (`tg32@c2`, `pp2048@d4096@c4`) would then be refused as an unknown name."""
+    assert perf.parse_metric_name("tg32@c2") == ("tg32", 0), "tg32@c2 must parse with depth 0"
+    assert perf.parse_metric_name("pp2048@d4096@c4") == ("pp2048", 4096), "depth must be read before @c"
+    assert perf.higher_is_better("tg32@c2") and not perf.higher_is_better("ttft_ms@c2"), "direction lost with @c"
+
+
+def test_to_metrics_puts_each_latency_under_its_own_name():
+    """Guards against to_metrics filing one latency's samples under another's name (e.g. TTFT samples as
+    `tpot_ms`): the level 5 gate would then judge TPOT on prefill latency."""
+    m = perf.to_metrics([request(), request()], pp_tokens=2048, tg_tokens=32)
+    assert m["ttft_ms"]["samples"] == [pytest.approx(500.0)] * 2, m["ttft_ms"]
+    assert m["tpot_ms"]["samples"] == [pytest.approx(1000 / 32)] * 2, m["tpot_ms"]
+    assert m["e2e_ms"]["samples"] == [pytest.approx(1600.0)] * 2, m["e2e_ms"]
+    assert m["pp2048"]["samples"] == [pytest.approx(4096.0)] * 2, m["pp2048"]

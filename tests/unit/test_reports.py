@@ -156,3 +156,69 @@ def test_the_shared_servers_results_are_told_from_side_servers_by_one_rule(tmp_p
     assert [p.name for p in results_files(tmp_path, side_servers=True)] == [
         "m__gemv-bf16.json", "m__gemv-bf16__ngram.json", "m__triton-bf16.json"]
     assert results_files(tmp_path / "absent") == []
+
+
+def test_run_report_reads_verdicts_named_model__config(tmp_path, runs):
+    """Guards against the run report keying a verdicts file by its whole stem: level 5 writes
+    verdicts/<model>__<config>.json, and a row must find its verdicts under the config name, not read "no baseline"."""
+    import json
+
+    from harness.perf.results import results_name
+    base, results = runs
+    (tmp_path / "results").mkdir()
+    (tmp_path / "verdicts").mkdir()
+    (tmp_path / "results" / results_name("tiny-gpt-oss-mxfp4", "baseline")).write_text(json.dumps(results[0]))
+    verdicts = compare_run(base, results[0], Thresholds())
+    (tmp_path / "verdicts" / "tiny-gpt-oss-mxfp4__baseline.json").write_text(json.dumps([v.to_json() for v in verdicts]))
+    paths = reports.write_run_report(tmp_path)
+    row = next(l for l in paths[0].read_text(encoding="utf-8").splitlines() if l.startswith("| **baseline** |"))
+    assert "no baseline" not in row and row.rstrip().endswith("❌ FAIL |"), row
+
+
+def test_verdicts_keyed_by_platform_go_to_that_platforms_row(tmp_path, runs):
+    """Guards against ignoring "<platform>/<config>" keys: when two platforms share a config name, each row must
+    carry its own platform's verdicts, not the other's or none."""
+    base, results = runs
+    gpu = results[0]
+    cpu = result("baseline", "cpu", "AMD EPYC", tg=2.1, pp=150.0, mem=None)
+    fail = compare_run(base, gpu, Thresholds())
+    same = compare_run(gpu, gpu, Thresholds())
+    verdicts = {"sm_121/baseline": fail, "cpu/baseline": same}
+    lines = reports.write_markdown_summary([gpu, cpu], verdicts, tmp_path / "s.md").read_text(encoding="utf-8").splitlines()
+    rows = [l for l in lines if l.startswith("| **baseline** |")]
+    assert "sm_121" in rows[0] and rows[0].rstrip().endswith("❌ FAIL |"), rows[0]
+    assert "cpu (" in rows[1] and not rows[1].rstrip().endswith("❌ FAIL |") and "no baseline" not in rows[1], rows[1]
+
+
+def test_without_any_verdict_the_report_claims_no_pass(tmp_path, runs):
+    """Guards against a "No gating failure" headline on a report that judged nothing (no baseline for any row): the
+    reader would take an ungated run for a passing one."""
+    _, results = runs
+    text = reports.write_markdown_summary(results, {}, tmp_path / "s.md").read_text(encoding="utf-8")
+    assert "No gating failure" not in text and "## ❌ Failed" not in text, text.split("| Config |")[0]
+
+
+def test_matrix_columns_are_depth_zero_and_latency_is_the_median(tmp_path):
+    """Guards against depth-suffixed metrics (tg32@d4096) getting their own columns in the main matrix (they belong to
+    the llama-bench view) and against the latency cell showing another percentile than p50."""
+    r = result("baseline", "cpu", "AMD EPYC", mem=None)
+    r["metrics"]["ttft_ms"] = {"samples": [100.0, 100.0, 100.0, 100.0, 900.0], "unit": "ms", "higher_is_better": False}
+    lines = reports.write_markdown_summary([r], {}, tmp_path / "s.md").read_text(encoding="utf-8").splitlines()
+    header = next(l for l in lines if l.startswith("| Config |"))
+    assert "@d" not in header, header
+    cells = [c.strip() for c in next(l for l in lines if l.startswith("| **baseline** |")).strip("|").split("|")]
+    titles = [c.strip() for c in header.strip("|").split("|")]
+    assert float(cells[titles.index("TTFT p50 (ms)")]) == 100.0, cells
+
+
+def test_a_failure_whose_detail_has_no_ci_gets_it_appended(tmp_path, runs):
+    """Guards against dropping the CI from a failure line whose detail does not state it (DETAIL_WITHOUT_CI
+    reasons): the reader must still see the interval the verdict rests on."""
+    import dataclasses
+
+    from harness.perf.regression import DETAIL_WITHOUT_CI
+    base, results = runs
+    v = next(v for v in compare_run(base, results[0], Thresholds()) if v.name == "tg32")
+    v = dataclasses.replace(v, reason=next(iter(DETAIL_WITHOUT_CI)), ci=(0.9123, 0.9456), detail="tg32 dropped")
+    text = reports.write_markdown_summary([results[0]], {"baseline": [v]}, tmp_path / "s.md").read_text(encoding="utf-8")
+    assert "95% CI of ratio [0.912, 0.946]" in text.split("| Config |")[0], text.split("| Config |")[0]
