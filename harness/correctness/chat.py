@@ -198,7 +198,7 @@ def load_chat_workload(path: Path = CHAT_FILE) -> ChatWorkload:
                  for name, c in raw["conversations"].items()]
         for conv in convs:
             if conv.expect.get("content"):
-                _compiled(str(conv.expect["content"]), f"conversation {conv.name!r} expect.content")
+                _compiled(conv.expect["content"], f"conversation {conv.name!r} expect.content")
         files = {str(g): REPO / str(f) for g, f in raw["tasks"]["files"].items()}
         return ChatWorkload(convs, int(raw["max_tokens"]), int(raw["top_logprobs"]), files, int(raw["tasks"]["max_tokens"]), path)
     except OSError as e:

@@ -43,7 +43,7 @@ def _run_dir(option: str | None) -> Path:
     return writable_dir(Path(option) if option else REPO / "runs" / time.strftime("%Y%m%d-%H%M%S"), "--run-dir")
 
 
-def drop_if_empty(run_dir: Path) -> None:
+def _drop_if_empty(run_dir: Path) -> None:
     """Remove a run dir the suite named itself (runs/<time>) when nothing was written there: every pytest run,
     `--list-configs` and a refused option included, left an empty one behind (a CI run left hundreds)."""
     try:
@@ -246,7 +246,7 @@ class Suite:
             suite.selected()  # validate --config now, at collection time
         except SuiteError:
             if run_dir is None:  # refused before anything ran there
-                drop_if_empty(rdir)
+                _drop_if_empty(rdir)
             raise
         return suite
 
@@ -259,7 +259,7 @@ class Suite:
     def drop_run_dir_if_empty(self) -> None:
         """At the end of a run: the run dir the suite named itself goes when nothing was written there."""
         if self.run_dir_default:
-            drop_if_empty(self.run_dir)
+            _drop_if_empty(self.run_dir)
 
     def selected(self) -> list[Config]:
         return self.catalog.select(self.config_option, self.platform.name)

@@ -386,3 +386,13 @@ def test_a_conversation_whose_content_pattern_does_not_compile_is_refused_when_t
     path.write_text(CHAT_FILE.read_text().replace('content: "Paris"}', 'content: "Par(is"}'))
     with pytest.raises(SuiteError, match=r"malformed chat workload .*expect.content /Par\(is/ is not a regular expression"):
         load_chat_workload(path)
+
+
+def test_a_conversation_whose_content_pattern_is_not_text_is_refused_when_the_workload_loads(tmp_path):
+    """A number or list as expect.content passed the load when it was turned into text first, then failed in re.search."""
+    from harness.correctness.chat import CHAT_FILE, load_chat_workload
+
+    path = tmp_path / "chat.yaml"
+    path.write_text(CHAT_FILE.read_text().replace('content: "Paris"}', 'content: [Paris]}'))
+    with pytest.raises(SuiteError, match=r"malformed chat workload \(TypeError"):
+        load_chat_workload(path)
