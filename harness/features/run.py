@@ -99,7 +99,8 @@ def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side,
     for c in criteria:
         if c.kind in ("memory", "boot"):
             b, k = baseline.numbers.get(c.metric), candidate.numbers.get(c.metric)
-            out.append(judge_number(c, sum(b) / len(b) if b else None, max(k) if k else None))
+            out.append(judge_number(c, sum(b) / len(b) if b else None, max(k) if k else None,
+                                    max(b) - min(b) if b else 0.0))
         else:
             spread, spread_why = (spread_of(c.metric) if c.kind == "timing" else 0.0), None
             if host_bound and c.kind == "timing" and HOST_BOUND_DECODE.fullmatch(c.metric) and "@d" not in c.metric \

@@ -87,6 +87,33 @@ def test_memory_is_strict_and_in_decimal_gb():
     assert judge_number(kv, 958_000, 950_000).status is Status.PASS
 
 
+def test_memory_within_the_baselines_own_boot_to_boot_range_of_the_bound_is_inconclusive():
+    """Stock's two boots of the 120b shape on an H100 at 0.92 (2026-12-06): 62.88 / 63.42 GiB used, 146,584 / 138,724
+    KV tokens, nothing changed. Judged strictly against one of them, a third stock boot could fail `kv_capacity >= -5%`
+    (138,724 against 146,584 is -5.4%): an A/A the memory criterion lost."""
+    from harness.features.measure import Side
+    from harness.features.run import judge_all
+
+    kv, used = parse_criterion("kv_capacity >= -5%"), parse_criterion("used_memory <= +1 GB")
+    base = Side("baseline", "triton-bf16", numbers={"kv_capacity": [146_584, 138_724], "used_memory": [62.88, 63.42]})
+
+    def judged(kv_tokens: float, used_gib: float) -> tuple[Status, Status]:
+        cand = Side("candidate", "gemv-bf16", numbers={"kv_capacity": [kv_tokens], "used_memory": [used_gib]})
+        got = judge_all((kv, used), base, cand)
+        return got[0].status, got[1].status
+
+    # the plugin's boot that day: -1.0% of the baseline's mean, within the baseline's 5.5% of the -5% bound
+    assert judged(141_243, 63.09) == (Status.INCONCLUSIVE, Status.PASS)
+    assert judged(138_724, 63.15) == (Status.INCONCLUSIVE, Status.PASS)  # A/A: stock's own low boot is not a FAIL
+    assert judged(100_000, 65.0) == (Status.FAIL, Status.FAIL)  # beyond the bound by more than the boots differ
+    assert judged(178_176, 60.55) == (Status.PASS, Status.PASS)  # the MXFP4 config: more KV, less memory
+    assert judged(141_243, 64.40)[1] is Status.INCONCLUSIVE  # +1.34 GB, within the boots' 0.58 GB of +1 GB
+    why = judge_all((kv,), base, Side("candidate", "x", numbers={"kv_capacity": [141_243]}))[0].why
+    assert "the baseline's boots differ by 7860 (5.5%)" in why and "not judged" in why, why
+    one = Side("baseline", "triton-bf16", numbers={"kv_capacity": [146_584]})  # one boot: no range, strict as before
+    assert judge_all((kv,), one, Side("candidate", "x", numbers={"kv_capacity": [138_724]}))[0].status is Status.FAIL
+
+
 def test_an_unmeasured_metric_is_an_error_not_a_pass():
     assert judge_samples(parse_criterion("pp2048_gpu >= -3%"), around(100.0), []).status is Status.ERROR
     assert judge_number(parse_criterion("used_memory <= +1 GB"), 60.0, None).status is Status.ERROR
