@@ -807,10 +807,12 @@ def unshared_metrics(baseline: Mapping, current: Mapping) -> tuple[list[str], li
 
 def gate_failures(verdicts: Sequence[Verdict], thresholds: Thresholds) -> list[Verdict]:
     """The verdicts that fail the gate: every non-advisory "fail", plus "inconclusive" when thresholds say so,
-    except an inconclusive that is only the metric's recorded boot spread (its message says what would fail)."""
+    except an inconclusive that is only the metric's recorded boot spread (its message says what would fail). A
+    slowdown beyond the platform's A/A family fails too: advisory platforms warn of it, and a strict one with
+    `inconclusive_is_failure: false` let a 3x slower decode through with neither a failure nor a warning."""
     bad = {"fail", "inconclusive"} if thresholds.inconclusive_is_failure else {"fail"}
-    return [v for v in verdicts if (v.status in bad or _unjudged_memory(v)) and not v.advisory
-            and not v.within_boot_spread]
+    return [v for v in verdicts if (v.status in bad or _unjudged_memory(v) or _out_of_family_slowdown(v))
+            and not v.advisory and not v.within_boot_spread]
 
 
 def _unjudged_memory(v: Verdict) -> bool:
