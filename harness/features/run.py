@@ -99,7 +99,8 @@ def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side,
     for c in criteria:
         if c.kind in ("memory", "boot"):
             b, k = baseline.numbers.get(c.metric), candidate.numbers.get(c.metric)
-            out.append(judge_number(c, sum(b) / len(b) if b else None, max(k) if k else None,
+            worst = min if c.higher_is_better else max  # the candidate's worst boot: the least KV, the most memory
+            out.append(judge_number(c, sum(b) / len(b) if b else None, worst(k) if k else None,
                                     max(b) - min(b) if b else 0.0))
         else:
             spread, spread_why = (spread_of(c.metric) if c.kind == "timing" else 0.0), None

@@ -679,3 +679,16 @@ def test_feature_rounds_are_set_aside_below_the_thresholds_clock_floor(tmp_path,
     assert sampler_of("sm_90", True).floor == 0.8
     assert sampler_of("sm_121", True).floor == 0.9
     assert sampler_of("cpu", False) is None
+
+
+def test_a_candidate_booted_more_than_once_is_judged_by_its_worst_boot():
+    """Memory criteria took the candidate's largest number: its worst boot for used memory, but its best for KV
+    capacity, so one good boot hid a bad one."""
+    from harness.features.measure import Side
+    from harness.features.run import judge_all
+
+    base = Side("baseline", "a", numbers={"kv_capacity": [100_000, 100_000], "used_memory": [60.0, 60.0]})
+    cand = Side("candidate", "b", numbers={"kv_capacity": [90_000, 100_000], "used_memory": [62.0, 60.0]})
+    kv, used = judge_all((parse_criterion("kv_capacity >= -5%"), parse_criterion("used_memory <= +1 GB")), base, cand)
+    assert (kv.status, kv.candidate) == (Status.FAIL, 90_000), kv.why
+    assert (used.status, used.candidate) == (Status.FAIL, 62.0), used.why
