@@ -141,7 +141,11 @@ def _create_suite(config: pytest.Config) -> Suite:
         platform_option=config.getoption("--platform"), device_option=config.getoption("--device"),
         server_args=config.getoption("--server-arg"), allow_unverified=config.getoption("--allow-unverified"),
     )
-    check_workloads_option(config.getoption("--workloads"), suite.platform.name)
+    try:
+        check_workloads_option(config.getoption("--workloads"), suite.platform.name)
+    except SuiteError:
+        suite.drop_run_dir_if_empty()  # refused before the suite is stashed, so unconfigure cannot drop it
+        raise
     return suite
 
 

@@ -44,14 +44,14 @@ def report():
 '''
 
 
-def _probe_run(tmp_path: Path, argv: list[str], write: bool) -> dict:
+def _probe_run(tmp_path: Path, argv: list[str], write: bool, refused: bool = False) -> dict:
     (tmp_path / "run_dir_probe.py").write_text(PROBE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO), env.get("PYTHONPATH", "")]),
                PROBE_OUT=str(tmp_path / "probe.json"), **({"PROBE_WRITE": "1"} if write else {}))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "run_dir_probe", *argv],
                        cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (r.returncode != 0) == refused, r.stdout[-2000:] + r.stderr[-2000:]
     made = json.loads((tmp_path / "probe.json").read_text())
     assert len(made) == 1, made  # one Suite per pytest run
     return made[0]
@@ -63,6 +63,14 @@ def test_a_run_that_wrote_nothing_leaves_no_run_dir(tmp_path, argv):
     seen = _probe_run(tmp_path, argv, write=False)
     assert seen["default"] and Path(seen["run_dir"]).parent == REPO / "runs", seen
     assert not seen["exists"], f"{seen['run_dir']} was left behind, empty"
+
+
+def test_an_option_refused_after_the_suite_exists_leaves_no_run_dir(tmp_path):
+    """--workloads is checked once the Suite (and its run dir) exists, before conftest stashes it: pytest_unconfigure
+    found no suite to drop the dir of, and the CI's refused-option test left one empty run dir per run."""
+    seen = _probe_run(tmp_path, ["--workloads=/no/such/workloads.yaml", "tests/unit/test_stats.py"], write=False,
+                      refused=True)
+    assert seen["default"] and not seen["exists"], f"{seen['run_dir']} was left behind, empty"
 
 
 def test_a_run_that_wrote_artifacts_keeps_its_run_dir(tmp_path):
