@@ -169,7 +169,7 @@ def judge_number(c: Criterion, baseline: float | None, candidate: float | None,
         why = (f"{c.metric} {baseline:.2f} -> {candidate:.2f} GiB ({growth_gb:+.2f} GB vs {c.op} {c.value:+g} GB; "
                f"vLLM's accounting, one number per boot)")
         if spread:
-            why += f"{_spread_note(status, f'{spread:.2f} GiB')}"
+            why += _spread_note(status, f"{spread:.2f} GiB")
         return CriterionVerdict(c.text, c.metric, status, why, baseline, candidate,
                                 candidate / baseline if baseline else None, None, c.value)
     ratio = candidate / baseline if baseline else math.inf
