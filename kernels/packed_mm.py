@@ -285,14 +285,12 @@ def _cuda_prefill(x: torch.Tensor, cfg: dict) -> bool:
     return prefill_available()[0]
 
 
-def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4, slots_per_expert: float = 0.0) -> int:
+def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4) -> int:
     """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else the tiling the tuning names:
     dense layers 64 token rows per CTA, `cuda_row_tiles` row tiles per warp, `cuda_ctas_per_sm` and `cuda_form`; the
     MoE its own `cuda_moe_*` keys where given (`cuda_moe_tokens`, `cuda_moe_row_tiles`, `cuda_moe_ctas_per_sm`,
-    `cuda_moe_form`; sm_90 serves its MoE on wgmma), and from `cuda_moe_wide_from` slots per expert (the call's mean:
-    tokens x top-k / experts) the `cuda_moe_wide_*` keys first: a block of more token rows decodes each expert's weights
-    for more tokens. The bf16 forms (bf16, wgmma) serve weights whose scale bytes they multiply exactly
-    (cuda_ext.BF16_MAX_SCALE); others take the f16 form at 64 rows, one CTA per SM."""
+    `cuda_moe_form`; sm_90 serves its MoE on wgmma). The bf16 forms (bf16, wgmma) serve weights whose scale bytes they
+    multiply exactly (cuda_ext.BF16_MAX_SCALE); others take the f16 form at 64 rows, one CTA per SM."""
     from .cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, FORM_WG, PF_VARIANTS, reads_bf16_rows, variant_problem
 
     if "cuda_variant" in cfg:
@@ -306,13 +304,8 @@ def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4, slots_per_expert:
                              "cuda_variant (KERNELS_PACKED_MM_CUDA_VARIANT) or pick an f16-form variant")
         return v
 
-    wide = moe and "cuda_moe_wide_from" in cfg and slots_per_expert >= float(cfg["cuda_moe_wide_from"])
-
     def key(name: str, default):
-        if not moe:
-            return cfg.get(f"cuda_{name}", default)
-        moe_value = cfg.get(f"cuda_moe_{name}", cfg.get(f"cuda_{name}", default))
-        return cfg.get(f"cuda_moe_wide_{name}", moe_value) if wide else moe_value
+        return cfg.get(f"cuda_moe_{name}", cfg.get(f"cuda_{name}", default)) if moe else cfg.get(f"cuda_{name}", default)
 
     forms = {"bf16": FORM_BF16, "f16": FORM_F16, "wgmma": FORM_WG}
     form = key("form", "bf16")
@@ -326,8 +319,7 @@ def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4, slots_per_expert:
         want = (8, int(cfg.get("cuda_row_tiles", 2)), 1, FORM_F16)
     if want not in PF_VARIANTS:
         raise ValueError(f"no CUDA prefill tiling (NT, RT, CTAS, FORM) = {want} in cuda_ext.PF_VARIANTS {PF_VARIANTS}; "
-                         f"set packed_mm's cuda_{'moe_wide_' if wide else '(moe_)'}tokens / row_tiles / ctas_per_sm / "
-                         "form to one of them")
+                         "set packed_mm's cuda_(moe_)tokens / row_tiles / ctas_per_sm / form to one of them")
     v = PF_VARIANTS.index(want)
     if variant_problem(v):
         raise ValueError(f"packed_mm cuda_{'moe_' if moe else ''}form {form}: {variant_problem(v)}; set it to bf16")
@@ -471,7 +463,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     slots = m * top_k
     n_exp = gate_up.words.shape[0]
     src = cfg.get("cuda_src", "")  # an earlier kernel source, for a same-process A/B (bench_prefill --cuda-src-before)
-    v = _cuda_variant(cfg, True, gate_up, down, slots_per_expert=slots / n_exp)
+    v = _cuda_variant(cfg, True, gate_up, down)
     bm = 8 * PF_VARIANTS[v][0]
     if align_supported(n_exp, src):  # one launch instead of torch's ~20 (same result)
         rows, bexp, n_blocks = align_by_expert_cuda(expert_ids, n_exp, bm, src)

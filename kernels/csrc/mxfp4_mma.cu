@@ -1639,19 +1639,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[NT][4], const uint32_t (&a)[
   else if constexpr (N == 112) wgmma_rs_n112<NT>(d, a, desc);
   else wgmma_rs_n128<NT>(d, a, desc);
 }
-// N above 128 (up to 256 token columns): two wgmmas on the same A registers, the second on token rows 128.. of the
-// staged tile (16 KB further: 128 rows of 128 bytes, a multiple of the swizzle's 1024-byte period). One m64n256k16 would
-// spell out 128 accumulator operands; the tensor cores split an instruction's N in any case.
-template <int N, int NT>
-__device__ __forceinline__ void wgmma_rs_any(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (N <= 128) {
-    wgmma_rs<N, NT>(d, a, desc);
-  } else {
-    static_assert(N <= 256 && NT >= 16, "at most 256 token columns");
-    wgmma_rs<128, NT>(d, a, desc);
-    wgmma_rs<N - 128, NT - 16>(*reinterpret_cast<float(*)[NT - 16][4]>(&d[16][0]), a, desc + (uint64_t)((128 * 128) >> 4));
-  }
-}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -1686,7 +1673,6 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   constexpr int STAGE_BYTES = BM * 128;  // BM token rows of one K chunk (64 bf16)
   constexpr int CP = BM * 8 / THREADS;   // 16-byte pieces per thread per chunk
   static_assert(BM * 8 % THREADS == 0, "every thread stages the same number of pieces");
-  static_assert(BM <= THREADS, "pf_block_rows reads one token row per thread");
   extern __shared__ __align__(16) uint8_t wsm[];
   __shared__ int srow[BM];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -1753,7 +1739,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
             for (int st = 0; st < 4; ++st) {
               wgmma_fence();
 #pragma unroll
-              for (int rt = 0; rt < RT; ++rt) wgmma_rs_any<N, NT>(acc[rt], af[(p * 4 + st) % WG_SETS][rt], dc + (uint64_t)(st * 32 >> 4));
+              for (int rt = 0; rt < RT; ++rt) wgmma_rs<N, NT>(acc[rt], af[(p * 4 + st) % WG_SETS][rt], dc + (uint64_t)(st * 32 >> 4));
               wgmma_commit();
               wgmma_wait<WG_SETS - 1>();
               // the next step: this slot's, or after its last one the next slot's first (chunk c + 1; past K its words
@@ -1985,10 +1971,10 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // two CTAs 0.993x / 0.961x. Dropped after that run: NT 8 RT 2 at one CTA (0.992x / 1.081x), 3 fragment sets in flight
 // (NT 8 RT 1: no faster), NT 16 RT 2 at one CTA (0.788x / 0.944x; in the served 20b model 0.823x stock's pp2048_gpu
 // against NT 16 RT 1's 0.928x).
-#define PF_N 6
+#define PF_N 5
 #define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>, \
-    pf_launch<MODE, 8, 1, 2, 2>, pf_launch<MODE, 16, 1, 2, 2>, pf_launch<MODE, 32, 1, 1, 2>
-static const int PF_RT[PF_N] = {2, 2, 2, 1, 1, 1};
+    pf_launch<MODE, 8, 1, 2, 2>, pf_launch<MODE, 16, 1, 2, 2>
+static const int PF_RT[PF_N] = {2, 2, 2, 1, 1};
 
 int mxfp4_pf_num_variants() { return PF_N; }
 

@@ -170,13 +170,11 @@ def template_args(mangled: str) -> tuple[int, ...]:
     return tuple(int(a) for a in re.findall(r"Li(\d+)E", mangled))
 
 
-# The wgmma prefill kernel mxfp4_wg_kernel<MODE, NT, RT, CTAS> (sm_90a only): the MoE tilings sm_90 serves (tuning.yaml
-# sm_90 packed_mm cuda_moe_*, and cuda_moe_wide_* from many slots per expert).
+# The wgmma prefill kernel mxfp4_wg_kernel<MODE, NT, RT, CTAS> (sm_90a only): the MoE tiling sm_90 serves (tuning.yaml
+# sm_90 packed_mm cuda_moe_*).
 WG_VARIANTS = {
     "ILi1ELi16ELi1ELi2EE": "prefill moe gate_up NT=16 RT=1 wgmma 2 CTAs/SM (sm_90 default)",
     "ILi2ELi16ELi1ELi2EE": "prefill moe down NT=16 RT=1 wgmma 2 CTAs/SM (sm_90 default)",
-    "ILi1ELi32ELi1ELi1EE": "prefill moe gate_up NT=32 RT=1 wgmma 1 CTA/SM (sm_90, from cuda_moe_wide_from slots per expert)",
-    "ILi2ELi32ELi1ELi1EE": "prefill moe down NT=32 RT=1 wgmma 1 CTA/SM (sm_90, from cuda_moe_wide_from slots per expert)",
 }
 
 

@@ -283,43 +283,6 @@ def test_sm_90_serves_the_moe_prefill_on_wgmma_and_gb10_on_mma_sync(monkeypatch)
         tiling("sm_90", True, ok, ok, cuda_moe_form="wmma")
 
 
-def test_sm_90_serves_a_prefill_with_many_slots_per_expert_on_256_token_rows(monkeypatch):
-    """From cuda_moe_wide_from slots per expert (the call's tokens x top-k / experts) the sm_90 MoE takes the wide
-    wgmma tiling (256 token rows, one CTA per SM: each expert's weights decoded once per 256 tokens); below it, and for
-    the dense layers at any size, the usual tiling; weights with scale bytes above 128 still take the f16 form; GB10's
-    tuning has no wide keys (no wgmma there); a wide tiling not in the table is one line naming the keys to fix."""
-    from kernels.cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, FORM_WG
-    from kernels.packed_mm import _cuda_variant
-
-    _on_hopper(monkeypatch)
-    g = generator(fresh_seed(), "cpu")
-
-    def packed(top: int):
-        w, s = random_mxfp4((16, 64), g, top - 3, top + 1)
-        s[0, 0] = top
-        return pack_mxfp4(w, s)
-
-    ok, big = packed(BF16_MAX_SCALE), packed(BF16_MAX_SCALE + 1)
-    cfg = {k: v for k, v in get_config("packed_mm", "sm_90").items() if k != "cuda_variant"}
-    start = float(cfg["cuda_moe_wide_from"])
-
-    def tiling(moe: bool, slots: float, *ws, **over) -> tuple[int, int, int, int]:
-        return PF_VARIANTS[_cuda_variant({**cfg, **over}, moe, *(ws or (ok, ok)), slots_per_expert=slots)]
-
-    assert 64 < start <= 256, "the 20b's 2048-token prefill (256 slots per expert) is wide, the 120b's (64) is not"
-    assert tiling(True, start) == tiling(True, 256.0) == (32, 1, 1, FORM_WG)
-    assert tiling(True, start - 0.5) == tiling(True, 64.0) == tiling(True, 0.0) == (16, 1, 2, FORM_WG)
-    assert tiling(False, 1e6, ok) == (8, 2, 1, FORM_BF16), "the dense layers never take the MoE's wide tiling"
-    assert tiling(True, 256.0, ok, big)[3] == FORM_F16, "a scale byte of 129 overflows the bf16 multiply, wide or not"
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 1))
-    gb10 = {k: v for k, v in get_config("packed_mm", "sm_121").items() if k != "cuda_variant"}
-    assert not any(k.startswith("cuda_moe_wide_") for k in gb10)
-    assert PF_VARIANTS[_cuda_variant(gb10, True, ok, ok, slots_per_expert=256.0)] == (8, 2, 2, FORM_BF16)
-    _on_hopper(monkeypatch)
-    with pytest.raises(ValueError, match=r"\(24, 1, 1, 2\) .*set packed_mm's cuda_moe_wide_tokens"):
-        tiling(True, 256.0, cuda_moe_wide_tokens=192)
-
-
 def _on_hopper(monkeypatch) -> None:
     """This process as an sm_90 device (wgmma available) for the host-side checks; no kernel runs."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -419,14 +382,9 @@ def test_the_moe_on_each_tiling_hands_its_kernels_their_own_rows_and_blocks(monk
     monkeypatch.setattr(cuda_ext, "activation_frags", lambda x, kc, src="": (frags, torch.ones(x.shape[0])))
     monkeypatch.setattr(cuda_ext, "prefill_launch", lambda mode, v, frag, xdown, xmul, p, bias, out, **kw:
                         launches.append(dict(mode=mode, v=v, frag=frag, xdown=xdown, p=p, out=out, **kw)))
-    wide = {k: v for k, v in get_config("packed_mm", "sm_90").items() if k != "cuda_variant"}
-    wide["cuda_moe_wide_from"] = ids.numel() / gu.words.shape[0]  # this call's slots per expert: the wide tiling
-    cases = [(v, {"cuda_variant": v}) for v in range(len(PF_VARIANTS))]
-    cases.append((PF_VARIANTS.index((32, 1, 1, FORM_WG)), wide))
-    for v, cfg in cases:
-        nt, form = PF_VARIANTS[v][0], PF_VARIANTS[v][3]
+    for v, (nt, _, _, form) in enumerate(PF_VARIANTS):
         launches.clear()
-        _moe_cuda(x, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], None, cfg, 1.702, 7.0)
+        _moe_cuda(x, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], None, {"cuda_variant": v}, 1.702, 7.0)
         up, down = launches
         assert (up["mode"], up["p"], down["mode"], down["p"]) == (MODE_GATEUP, gu, MODE_DOWN, dn)
         assert up["v"] == down["v"] == v
@@ -469,12 +427,10 @@ def test_cuda_prefill_tilings_match_reference(variant):
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE")
 
 
-# Slots per expert whose blocks (8 * NT rows) have every live token-tile count, 1..NT, once or more, for NT up to 32,
+# Slots per expert whose blocks (8 * NT rows) have every live token-tile count, 1..NT, once or more, for NT up to 16,
 # even after the test's one skipped slot (the prefill kernel runs a loop unrolled for 2, 4, 6, ... tiles, chosen per
-# block): at NT 8, 3 -> 1 tile, 12 -> 2, ... 60 -> 8, 73 -> 8 + 2, 140 -> 8 + 8 + 2; 135..253 give NT 32's 17..32 tiles
-# (wgmma's second instruction, token rows 128..); one expert gets none. The total is even (k = 2 slots per token).
-LIVE_TILE_COUNTS = [3, 12, 20, 30, 37, 44, 52, 60, 64, 70, 73, 78, 86, 91, 100, 110, 118, 128, 140, 0,
-                    135, 150, 158, 166, 174, 182, 190, 198, 206, 214, 222, 230, 238, 246, 253]
+# block): at NT 8, 3 -> 1 tile, 12 -> 2, ... 60 -> 8, 73 -> 8 + 2, 140 -> 8 + 8 + 2; one expert gets none.
+LIVE_TILE_COUNTS = [3, 12, 20, 30, 37, 44, 52, 60, 64, 70, 73, 78, 86, 91, 100, 110, 118, 128, 140, 0]
 
 
 def live_tiles_per_block(slots_per_expert: list[int], nt: int) -> set[int]:
