@@ -1970,7 +1970,8 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // NT 16 RT 1 at two CTAs 0.821x the time at 8192 tokens and 0.851x at 2048, served for the MoE on sm_90; NT 8 RT 1 at
 // two CTAs 0.993x / 0.961x. Dropped after that run: NT 8 RT 2 at one CTA (0.992x / 1.081x), 3 fragment sets in flight
 // (NT 8 RT 1: no faster), NT 16 RT 2 at one CTA (0.788x / 0.944x; in the served 20b model 0.823x stock's pp2048_gpu
-// against NT 16 RT 1's 0.928x).
+// against NT 16 RT 1's 0.928x). H100, 2026-12-06: NT 32 RT 1 at one CTA (two wgmmas per k-step) 1.04-2.16x the time
+// of NT 16 RT 1 at 192-64 slots per expert, 1.16x at 256 (kernels/NOTES.md "256 token rows per CTA").
 #define PF_N 5
 #define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>, \
     pf_launch<MODE, 8, 1, 2, 2>, pf_launch<MODE, 16, 1, 2, 2>

@@ -190,6 +190,10 @@ def stall_profile(out: Path, ncu: str, tag: str, driver_args: list[str], labels:
     (out / f"{tag}_stalls_by_opcode.json").write_text(json.dumps(stalls_by_opcode(src_page.stdout), indent=1))
     (out / f"{tag}_hot_loops.txt").write_text(format_hot_loops(hot_loops(src_page.stdout)))
     rows, units = raw_rows(raw.stdout)
+    if len(rows) != len(labels):  # labels go by launch order: one kernel missed shifts every name after it
+        print(f"ncu profiled {len(rows)} kernels where the driver launches {len(labels)} ({', '.join(labels)}): the "
+              f"kernel-name filter misses or adds one (a new kernel name?); see {tag}_raw.csv and fix kernel_regex")
+        return 1
     summary = []
     for label, row in zip(labels, rows):
         rec = {"case": label, "kernel": row.get("Kernel Name", "")[:120], **metric_values(row, units)}
@@ -342,7 +346,7 @@ def main(argv=None) -> int:
         return small_main(out, ncu, srcs)
     if args.prefill:
         return stall_profile(out, ncu, "prefill", ["--prefill-driver"], ["moe_gate_up", "moe_down", "qkv"],
-                             kernel_regex="mxfp4_pf_kernel")
+                             kernel_regex="mxfp4_(pf|wg)_kernel")
     cmd = [ncu, "--clock-control", "none", "--kernel-name", "regex:rows_kernel|mxfp4_kernel|route_kernel",
            "--metrics", ",".join(METRICS), "--csv", "--page", "raw", sys.executable, "-m", "kernels.tools.ncu_profile",
            "--driver"]

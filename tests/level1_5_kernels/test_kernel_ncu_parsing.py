@@ -77,3 +77,31 @@ def test_the_hot_loop_is_the_backward_branch_around_the_most_mmas_with_its_sampl
 def test_a_kernel_without_an_mma_loop_is_left_out():
     block = '"Kernel Name","void k<2>(Args)",\n"Address","Source","stall_wait"\n"0x10","NOP","7"\n"0x20","@P0 BRA 0x10","1"\n'
     assert hot_loops(block) == []
+
+
+@pytest.mark.parametrize("kernels", [2, 3, 4])
+def test_a_profile_whose_kernel_count_differs_from_the_driver_s_launches_is_refused(tmp_path, monkeypatch, capsys,
+                                                                                    kernels):
+    """The summary names each profiled kernel by launch order. The prefill profile's name filter once missed the
+    wgmma MoE kernels on sm_90, so the one kernel left (qkv) was reported as the MoE's gate_up: a count that is not the
+    driver's must stop the run with the reason, not shift every label (synthetic ncu output, CPU)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from kernels.tools import ncu_profile
+
+    rows = "".join(f'"{i}","kernel{i}","10","1","128"\n' for i in range(kernels))
+    raw = ('"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","launch__registers_per_thread"\n'
+           '"","","us","byte","register/thread"\n' + rows)
+
+    def run(cmd, **kw):
+        out = raw if "raw" in cmd else ""
+        return SimpleNamespace(returncode=0, stdout=out, stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    rc = ncu_profile.stall_profile(tmp_path, "ncu", "prefill", [], ["moe_gate_up", "moe_down", "qkv"], "x")
+    if kernels == 3:
+        assert rc == 0 and (tmp_path / "prefill_summary.json").exists()
+    else:
+        assert rc == 1 and not (tmp_path / "prefill_summary.json").exists()
+        assert f"ncu profiled {kernels} kernels where the driver launches 3" in capsys.readouterr().out

@@ -644,9 +644,36 @@ def test_criteria_that_hold_nothing_or_would_be_ignored_are_one_line():
         ad_hoc("gemv-bf16", "triton-bf16", " ; ", cat, "upstream")
     with pytest.raises(SuiteError, match="use it with --config=CANDIDATE --against=BASELINE"):
         selected_features(cat, "sm_90", "upstream", "kernels-moe", None, None, "tg32 >= +50%")
-    with pytest.raises(SuiteError, match="at least 4 rounds per side"):
-        check_rounds(3)
-    assert check_rounds(4) == 4
+    with pytest.raises(SuiteError, match="at least 5 rounds per side"):
+        check_rounds(4)
+    assert check_rounds(5) == 5
+
+
+def _aa_misses(rounds: int, noise: str, trials: int = 1000) -> float:
+    """How often judge_samples' 95% CI of the ratio misses a true ratio of 1 over simulated A/As: both sides drawn from
+    one distribution (2% log-normal, or t(3) tails), seeded so the rate is the same on every run."""
+    from harness.features.judge import judge_samples
+    from harness.features.spec import parse_criterion
+
+    c = parse_criterion("tg32 >= +0%")
+    rng = np.random.default_rng(1)
+    draw = (lambda: np.exp(rng.normal(0, 0.02, rounds))) if noise == "normal" else \
+        (lambda: np.exp(0.02 * rng.standard_t(3, rounds)))
+    misses = 0
+    for t in range(trials):
+        v = judge_samples(c, draw().tolist(), draw().tolist(), seed=t)
+        misses += not (v.ci[0] <= 1.0 <= v.ci[1])
+    return misses / trials
+
+
+@pytest.mark.parametrize("noise", ["normal", "t3"])
+def test_the_fewest_feature_rounds_give_a_ci_that_covers_an_unchanged_ratio_as_often_as_it_says(noise):
+    """At MIN_ROUNDS per side the 95% CI misses an A/A's true ratio at most 5% of the time (1,000 simulated A/As); at one
+    round fewer, what the floor refuses, it misses more (the test of the floor: at 4, 7.1% / 7.6%)."""
+    from harness.features.measure import MIN_ROUNDS
+
+    assert _aa_misses(MIN_ROUNDS, noise) <= 0.05
+    assert _aa_misses(MIN_ROUNDS - 1, noise) > 0.06
 
 
 def test_feature_rounds_are_set_aside_below_the_thresholds_clock_floor(tmp_path, monkeypatch):
