@@ -259,10 +259,11 @@ def stalls_by_opcode(source_csv: str, top: int = 6) -> list[dict]:
     return out
 
 
-def hot_loops(source_csv: str, marker: str = "HMMA") -> list[dict]:
-    """Per kernel, the backward-branch loop with the most `marker` instructions (sass_count.hot_loop, the loop the
-    static counts measure) and its warp-state samples instruction by instruction: which MMA waits for its ldmatrix,
-    which no-op sits between two dependent MMAs. Kernels without such a loop are left out."""
+def hot_loops(source_csv: str, markers: tuple[str, ...] = ("HMMA", "HGMMA")) -> list[dict]:
+    """Per kernel, the backward-branch loop with the most instructions of the first of `markers` it has
+    (sass_count.hot_loop: mma.sync's HMMA, else wgmma's HGMMA; of loops with as many, the most sampled) and its warp-state
+    samples instruction by instruction: which MMA waits for its ldmatrix, which no-op sits between two dependent MMAs,
+    which decode waits for its weight load. Kernels without such a loop are left out."""
     out = []
     for name, rows in _kernel_tables(source_csv):
         ins, samples = [], {}
@@ -273,7 +274,10 @@ def hot_loops(source_csv: str, marker: str = "HMMA") -> list[dict]:
                 continue
             ins.append((addr, (row.get("Source") or "").strip(), addr))
             samples[addr] = {k: _samples(row, k) for k in STALLS}
-        found = hot_loop(ins, marker)
+        # the MoE kernels compile one copy of the loop per live token-tile count, each with as many MMAs: the most
+        # sampled copy is the one the profiled call ran (at 2048 tokens of the 120b shape, not the widest)
+        heaviest = lambda body: sum(sum(samples[a].values()) for a, _, _ in body)  # noqa: E731
+        found = next((f for f in (hot_loop(ins, m, heaviest) for m in markers) if f), None)
         if not found:
             continue
         n, body = found

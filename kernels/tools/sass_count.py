@@ -85,8 +85,9 @@ def parse_nvdisasm(text: str) -> dict[str, list[tuple[int, str, int]]]:
     return funcs
 
 
-def hot_loop(ins, marker: str):
-    """The backward-branch loop containing the most `marker` instructions."""
+def hot_loop(ins, marker: str, weight=None):
+    """The backward-branch loop containing the most `marker` instructions; among loops with as many, the shortest, or
+    with `weight` (body -> number) the heaviest: a profile's most sampled of a kernel's per-tile-count copies."""
     best = None
     for addr, txt, _ in ins:
         m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", txt)
@@ -97,7 +98,11 @@ def hot_loop(ins, marker: str):
             continue
         body = [(a, t, ln) for a, t, ln in ins if tgt <= a <= addr]
         n = sum(1 for _, t, _ in body if marker in t)
-        if n and (best is None or n > best[0] or (n == best[0] and len(body) < len(best[1]))):
+        if not n:
+            continue
+        if best is None or n > best[0]:
+            best = (n, body)
+        elif n == best[0] and (weight(body) > weight(best[1]) if weight else len(body) < len(best[1])):
             best = (n, body)
     return best
 

@@ -74,6 +74,24 @@ def test_the_hot_loop_is_the_backward_branch_around_the_most_mmas_with_its_sampl
     assert "2 markers" in text and "short_sb=300 wait=20" in text and "barrier=1000" in text
 
 
+def test_a_wgmma_kernel_s_hot_loop_is_its_most_sampled_copy_found_by_its_hgmma_instructions():
+    """The served MoE prefill on sm_90 multiplies with wgmma (SASS HGMMA, no HMMA): its loop must be in the hot-loop
+    file like the mma.sync kernels' (a profile on an H100 left it out). It compiles one copy of the loop per live
+    token-tile count, each with as many MMAs: the copy the profiled call ran, the most sampled, is the one to read (the
+    shortest, the static counts' choice, held 1.3% of that kernel's samples)."""
+    head = '"Kernel Name","void mxfp4_wg_kernel<1, 16, 1, 2>(PfArgs)",\n"Address","Source","stall_long_sb"\n'
+    rows = [("0x00", "LDC R0, c[0x0][0x0]", "5"),
+            ("0x10", "HGMMA.64x16x16.F32.BF16 R24, R4, gdesc[UR4], R24", "2"),   # a copy for 2 live tiles, shorter
+            ("0x20", "@P0 BRA 0x10", "0"),
+            ("0x30", "IMAD.SHL.U32 R57, R8, 0x40, RZ", "1,171"),                 # the copy for 16 tiles
+            ("0x40", "HGMMA.64x128x16.F32.BF16 R24, R4, gdesc[UR4], R24", "3"),
+            ("0x50", "WARPGROUP.DEPBAR.LE gsb0, 0x1", "0"),
+            ("0x60", "@P0 BRA 0x30", "0")]
+    (lp,) = hot_loops(head + "".join(f'"{a}","{t}","{n}"\n' for a, t, n in rows))
+    assert (lp["instructions"], lp["markers"]) == (4, 1)
+    assert lp["lines"][0]["samples"] == 1171.0 and lp["lines"][0]["top"] == [("stall_long_sb", 1171.0)]
+
+
 def test_a_kernel_without_an_mma_loop_is_left_out():
     block = '"Kernel Name","void k<2>(Args)",\n"Address","Source","stall_wait"\n"0x10","NOP","7"\n"0x20","@P0 BRA 0x10","1"\n'
     assert hot_loops(block) == []
