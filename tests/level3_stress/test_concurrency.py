@@ -4,16 +4,14 @@ Every concurrent greedy output must equal the sequential one: bitwise where the 
 deterministic (CPU, measured), else within the level 2 stream rule (harness/correctness/logprobs.py compare_streams,
 with the level 2 tolerance of this platform).
 """
-import threading
-import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from harness.core.errors import SuiteError
 from harness.correctness.level2 import load_workload
 from harness.correctness.logprobs import Stream, compare_streams
+from harness.stress.burst import Burst, bursts_until_together, run_burst
 
 pytestmark = [pytest.mark.level3, pytest.mark.server]
 
@@ -27,6 +25,10 @@ QUEUED_MIN_S = 0.05  # summed engine queue time that counts as "requests waited 
 # /metrics read outlasted a 1.3 s burst. The slack covers a preempted request, whose running time counts its wait.
 MIN_OVERLAP = 1.3
 OVERLAP_SLACK = 0.25
+# Bursts tried until one runs its requests together (harness/stress/burst.py bursts_until_together): a one-at-a-time
+# server fails all of them; a burst whose requests reached the engine one after the other on a starved machine
+# (once, in CI) gets two more chances. Every burst tried is held to the other checks.
+BURSTS = 3
 LEVELS = ["2", "4", "max-num-seqs+4"]
 
 
@@ -52,37 +54,6 @@ def sequential_streams(server, prompts, limits):
     return [_greedy(client, prompts, i, f"sequential-{uuid.uuid4()}") for i in range(n)]
 
 
-class SchedulerWatch:
-    """Polls /metrics while a burst runs: the most requests seen running and waiting at once, and how many readings
-    saw the burst (some request running or waiting): with none, "never more than --max-num-seqs" was not observed."""
-
-    def __init__(self, read_metric, interval_s: float = 0.05):
-        self.read, self.interval = read_metric, interval_s
-        self.max_running = self.max_waiting = 0.0
-        self.samples = self.busy_samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                running, waiting = self.read("vllm:num_requests_running"), self.read("vllm:num_requests_waiting")
-                self.max_running, self.max_waiting = max(self.max_running, running), max(self.max_waiting, waiting)
-                self.samples += 1
-                self.busy_samples += running + waiting > 0
-            except Exception:  # a slow /metrics answer must not kill the watcher; the burst is the test
-                pass
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=15)
-
-
 @pytest.fixture(scope="module")
 def prefix_cache(read_metric) -> bool:
     """Whether the server counts prefix-cache hits (vLLM with prefix caching on)."""
@@ -99,59 +70,48 @@ def test_concurrent_requests_all_succeed_and_match_sequential(level, live_server
     tolerance = load_workload().tolerance(suite.platform.name)
     n = _count(level, limits)
     client = live_server.client(timeout_s=120)
-    start = threading.Barrier(n, timeout=30)
-
-    def one(i: int) -> tuple[Stream, float]:
-        start.wait()
-        t = time.monotonic()
-        return _greedy(client, prompts, i, salt), time.monotonic() - t
-
-    salt = f"concurrent-{level}-{uuid.uuid4()}"
-    queued0, count0 = read_metric("vllm:request_queue_time_seconds_sum"), read_metric("vllm:request_queue_time_seconds_count")
-    running0 = read_metric("vllm:request_inference_time_seconds_sum")
-    hits0 = read_metric("vllm:prefix_cache_hits_total") if prefix_cache else None
-    t0 = time.monotonic()
-    with SchedulerWatch(read_metric) as watch, ThreadPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(one, i) for i in range(n)]
-        done = [f.result(timeout=300) for f in futures]  # a failed request raises here
-    wall = time.monotonic() - t0
-    results, latencies = [d[0] for d in done], [d[1] for d in done]
-    live_server.ensure_alive()
-    deadline = time.monotonic() + 10  # finished-request stats reach /metrics right after the answers
-    while read_metric("vllm:request_queue_time_seconds_count") - count0 < n and time.monotonic() < deadline:
-        time.sleep(0.1)
-    queued = read_metric("vllm:request_queue_time_seconds_sum") - queued0
-    # summed time the engine spent running these requests (prefill + decode) over the burst's wall time: at most 1 for
-    # a server that runs one request at a time, ~n for n requests run together
-    overlap = (read_metric("vllm:request_inference_time_seconds_sum") - running0) / wall
-    hits = read_metric("vllm:prefix_cache_hits_total") - hits0 if prefix_cache else None
-    print(f"\n{n} concurrent requests in {wall:.1f} s (fastest {min(latencies):.2f} s); time spent queued, summed: "
-          f"{queued:.2f} s; engine running time / wall {overlap:.2f}; prefix-cache hits {hits}; /metrics polled "
-          f"{watch.samples}x ({watch.busy_samples} during the burst): at most {watch.max_running:.0f} running, "
-          f"{watch.max_waiting:.0f} waiting (max-num-seqs {limits.max_num_seqs})")
     seqs = limits.max_num_seqs
-    if seqs is None or seqs >= 2:
-        assert overlap >= MIN_OVERLAP, (f"the engine ran these {n} requests for {overlap:.2f}x the burst's wall time, "
-                                        f"below {MIN_OVERLAP}: it did not run them together")
+    must_overlap = seqs is None or seqs >= 2
+
+    def burst() -> Burst:
+        salt = f"concurrent-{level}-{uuid.uuid4()}"
+        b = run_burst(lambda i: _greedy(client, prompts, i, salt), n, read_metric, prefix_cache)
+        live_server.ensure_alive()
+        print(f"\n{b.line(seqs)}")
+        return b
+
+    bursts = bursts_until_together(burst, MIN_OVERLAP, BURSTS if must_overlap else 1)
+    if must_overlap:
+        assert bursts[-1].overlap >= MIN_OVERLAP, (
+            f"the engine ran these {n} requests for {', '.join(f'{b.overlap:.2f}' for b in bursts)}x the burst's wall "
+            f"time in {len(bursts)} bursts, below {MIN_OVERLAP}: it did not run them together")
+    for b in bursts:
+        _assert_burst(b, n, seqs, sequential_streams, deterministic, tolerance, suite.platform.name)
+
+
+def _assert_burst(b: Burst, n: int, seqs: int | None, sequential_streams, deterministic: bool, tolerance,
+                  platform: str) -> None:
+    """What every burst must show, whether or not it was the one that ran its requests together."""
+    hits, overlap, queued = b.prefix_hits, b.overlap, b.queued_s
     assert not hits, f"{hits:.0f} prompt tokens of the burst came from the prefix cache: its prefill was not exercised"
     if seqs:
         assert overlap <= seqs + OVERLAP_SLACK, (f"the engine ran these {n} requests for {overlap:.2f}x the burst's wall "
                                                  f"time: more than --max-num-seqs {seqs} ran at once")
-        assert watch.max_running <= seqs, f"{watch.max_running:.0f} requests ran at once, above --max-num-seqs {seqs}"
+        assert b.max_running <= seqs, f"{b.max_running:.0f} requests ran at once, above --max-num-seqs {seqs}"
         if n > seqs:
             # Over the limit, requests beyond it usually wait in the scheduler's queue (0.5-2 s measured
             # on a busy machine), but on an idle one the API process can hand them to the engine so
             # staggered that none waits (0.000 s seen in a full CI-like run): reported, not asserted.
             # What must hold is asserted above (never more than max-num-seqs running) and below (all
             # requests complete with the sequential outputs).
-            print(f"  over max-num-seqs: engine queue time {queued:.3f} s, {watch.max_waiting:.0f} seen waiting")
+            print(f"  over max-num-seqs: engine queue time {queued:.3f} s, {b.max_waiting:.0f} seen waiting")
         else:
             assert queued < QUEUED_MIN_S, f"{n} requests within max-num-seqs {seqs} spent {queued:.3f} s queued"
-    for i, (seq, conc) in enumerate(zip(sequential_streams, results)):
+    for i, (seq, conc) in enumerate(zip(sequential_streams, b.results)):
         assert len(conc.tokens) == MAX_TOKENS
         if deterministic:
             assert conc.tokens == seq.tokens and conc.logprobs == seq.logprobs, (
-                f"request {i} of {n} differs from its sequential run on {suite.platform.name}, where greedy decoding "
+                f"request {i} of {n} differs from its sequential run on {platform}, where greedy decoding "
                 f"is deterministic: {compare_streams(seq, conc, tolerance).message}")
         else:
             v = compare_streams(seq, conc, tolerance)

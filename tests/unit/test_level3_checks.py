@@ -13,6 +13,7 @@ import pytest
 from harness.core.errors import SuiteError
 from harness.engine.client import Client, StreamResult
 from harness.engine.server import flag_value, free_port
+from harness.stress.burst import Burst, bursts_until_together
 from harness.stress.workload import (
     Limits,
     Outcome,
@@ -65,6 +66,31 @@ def test_a_server_that_runs_one_request_at_a_time_fails_every_concurrency_level(
     with serial_server() as url:
         out = _level3(url, "test_concurrent_requests", tmp_path)
     assert out.count("did not run them together") >= 3 and "3 failed" in out, out[-3000:]
+
+
+def _bursts(overlaps: list[float]):
+    """A burst source whose k-th burst has overlap overlaps[k] (two requests, 1 s of wall time)."""
+    it = iter(overlaps)
+    return lambda: Burst(results=[None, None], latencies_s=[0.5, 0.5], wall_s=1.0, queued_s=0.0,
+                         running_s=next(it), prefix_hits=None)
+
+
+@pytest.mark.parametrize("overlaps, tried, together", [
+    ([1.8], 1, True),  # the usual burst: no retry
+    ([0.9, 1.8], 2, True),  # the CI burst whose second request reached the engine late, then a normal one
+    ([0.9, 0.95, 1.7], 3, True),
+    ([0.99, 0.98, 0.97, 1.9], 3, False),  # a one-at-a-time server never passes: the fourth burst is never tried
+])
+def test_bursts_are_retried_until_one_runs_its_requests_together_at_most_three_times(overlaps, tried, together):
+    bursts = bursts_until_together(_bursts(overlaps), 1.3, 3)
+    assert len(bursts) == tried
+    assert (bursts[-1].overlap >= 1.3) is together
+
+
+def test_a_single_attempt_is_one_burst_whatever_its_overlap():
+    assert len(bursts_until_together(_bursts([0.5, 1.9]), 1.3, 1)) == 1
+    with pytest.raises(ValueError):
+        bursts_until_together(_bursts([1.9]), 1.3, 0)
 
 
 def test_requests_that_fail_partway_leave_drift_unjudged_not_improved(tmp_path):
