@@ -163,10 +163,11 @@ def compile_all(src: Path, archs: tuple[str, ...] | list[str], tc: Toolchain) ->
 
 
 def disassemble(cubin: Path, tc: Toolchain) -> str:
-    """nvdisasm --print-line-info of a cubin (the wheel's nvdisasm, which knows every arch its nvcc builds)."""
+    """nvdisasm --print-line-info -hex of a cubin (the wheel's nvdisasm, which knows every arch its nvcc builds); -hex
+    adds each instruction's encoding, whose control code kernels/tools/scoreboard.py reads."""
     if tc.nvdisasm is None:
         raise ToolchainMissing(f"nvdisasm not found beside {tc.nvcc} or on PATH; {INSTALL_HINT}")
-    return subprocess.run([str(tc.nvdisasm), "--print-line-info", str(cubin)], check=True, capture_output=True,
+    return subprocess.run([str(tc.nvdisasm), "--print-line-info", "-hex", str(cubin)], check=True, capture_output=True,
                           text=True, timeout=300).stdout
 
 

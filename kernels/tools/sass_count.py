@@ -12,7 +12,9 @@ predicated-off and branched-over hot code is counted). `python -m kernels.tools.
 the real number on a GPU. The words per pass come from the kernel's configuration (the CUDA variants' template
 arguments, the Triton cases' `words_per_pass`), never from the instructions counted: derived from the MMA count, a
 loop that issued more MMAs per weight word would have counted as consuming more words, so cheaper per word. The MMA
-instructions per word (`mma_per_word`) are counted too and budgeted for the CUDA kernels.
+instructions per word (`mma_per_word`) are counted too and budgeted for the CUDA kernels. For the CUDA kernels each
+row also says how many MMAs after its issue the least-covered weight load of the loop is waited on
+(kernels/tools/scoreboard.py: a wait on a scoreboard drains every load on it), reported, not budgeted.
 
 The CUDA source is built by kernels/tools/build.py (the nvcc wheel of requirements-kernels-build.txt when
 installed, one `-gencode` per --arch); the Triton kernels are compiled by the installed Triton for the same arches,
@@ -32,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import build, sass_budget
+from . import build, sass_budget, scoreboard
 
 
 def _tool(name: str) -> str:
@@ -208,11 +210,12 @@ def variant_id(mangled: str, kernel: str = "mxfp4_kernel") -> str:
 def cuda_counts(arch: str = "90a", tc: build.Toolchain | None = None, src: Path = build.SRC) -> list[dict]:
     """Hot-loop counts of every CUDA_VARIANTS kernel in `src` built for sm_<arch> (BuildError if nvcc refuses it)."""
     tc = tc or build.find_toolchain()
-    funcs = parse_nvdisasm(build.disassemble(build.compile_cubin(Path(src), arch, tc), tc))
-    return count_cuda_functions(funcs, Path(src))
+    text = build.disassemble(build.compile_cubin(Path(src), arch, tc), tc)
+    return count_cuda_functions(parse_nvdisasm(text), Path(src), scoreboard.control_words(text))
 
 
-def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path) -> list[dict]:
+def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path,
+                         controls: dict[str, dict[int, scoreboard.Control]] | None = None) -> list[dict]:
     # Hot = source lines that run per chunk: the decode, mma, loads, scale FFMAs, the x-fragment
     # loads, the prefetch `issue` and the chunk loop itself. Other lines inside the loop body are
     # the next item's address setup (`set_item`, item_info, tile_of), run once per item.
@@ -245,8 +248,12 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
             # the wgmma kernel is built empty for archs without wgmma (sm_121a): nothing to count there
             if name and any(marker in t for _, t, _ in funcs[name]):
                 words = words_per_pass(kernel, template_args(key), text)
-                out.append({"variant": variant_id(key, kernel),
-                            **summarize(f"cuda {desc}", funcs[name], marker, words, cold)})
+                row = {"variant": variant_id(key, kernel), **summarize(f"cuda {desc}", funcs[name], marker, words, cold)}
+                if controls is not None and name in controls:
+                    cover = scoreboard.load_cover(hot_loop(funcs[name], marker)[1], controls[name])
+                    row["load_cover_mma"] = None if cover is None else cover.mma
+                    row["load_cover_instructions"] = None if cover is None else cover.instructions
+                out.append(row)
     return out
 
 
@@ -316,7 +323,9 @@ def print_rows(rows: list[dict], arch: str) -> None:
     for r in rows:
         top = ", ".join(f"{k} {v}" for k, v in list(r["ops"].items())[:8])
         print(f"sm_{arch:5s} {r['kernel']:52s} {r['instr_per_word']:6.2f} instr/word hot, {r['loop_instr_per_word']:6.2f} "
-              f"whole loop, {r['mma_per_word']:g} MMA/word ({r['words']:g} words/thread/pass; {top})")
+              f"whole loop, {r['mma_per_word']:g} MMA/word ({r['words']:g} words/thread/pass; {top})"
+              + (f"; a weight load waited on {r['load_cover_mma']} MMAs ({r['load_cover_instructions']} instructions) "
+                 "after issue" if r.get("load_cover_mma") is not None else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

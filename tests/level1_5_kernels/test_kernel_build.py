@@ -80,6 +80,32 @@ def test_words_per_pass_give_one_mma_per_word_and_token_tile(counts):
             assert r["mma_per_word"] == want, f"sm_{arch} {r['variant']}: {r['mma_per_word']} MMA per word, want {want}"
 
 
+def test_every_served_loop_s_weight_loads_are_read_from_real_control_codes(counts, toolchain):
+    """kernels/tools/scoreboard.py against ptxas' own output: in every served hot loop each global load names one of
+    the six scoreboards and some instruction of the loop waits on it (a wrong bit layout reads 7, "none", or a
+    scoreboard nothing waits on), and the loads' cover is found. What it prints (sass_count rows) is the static side of
+    the Nsight Compute stall that cover explains: the served wgmma MoE prefill waits on its weight loads two wgmmas
+    after the newest was issued (docs/evidence/sm_90-2026-12-06-h100-wide-tiling-120b-ncu/)."""
+    from kernels.tools import scoreboard
+
+    for arch in build.ARCHS:
+        text = build.disassemble(build.compile_cubin(build.SRC, arch, toolchain), toolchain)
+        funcs, controls = sass_count.parse_nvdisasm(text), scoreboard.control_words(text)
+        for r in counts[arch]:
+            kernel, args = r["variant"].split("<")
+            mangled = "I" + "".join(f"Li{a}E" for a in args.rstrip(">").split(",")) + "E"
+            name = next(f for f in funcs if f"{kernel}{mangled}" in f)
+            loop = sass_count.hot_loop(funcs[name], "HGMMA" if kernel == "mxfp4_wg_kernel" else "HMMA")[1]
+            ctl = [controls[name][a] for a, _, _ in loop]
+            loads = [(c, t) for c, (_, t, _) in zip(ctl, loop) if scoreboard.is_global_load(t)]
+            assert loads, f"sm_{arch} {r['variant']}: no global load in its hot loop"
+            for c, t in loads:
+                assert c.write_sb < 6, f"sm_{arch} {r['variant']}: {t} names no scoreboard (control {c})"
+                assert any(o.waits_on(c.write_sb) for o in ctl) or f"SB{c.write_sb}," in " ".join(
+                    t2 for _, t2, _ in loop if "DEPBAR" in t2), f"sm_{arch} {r['variant']}: nothing waits on {t}"
+            assert r["load_cover_mma"] is not None, f"sm_{arch} {r['variant']}: no wait drains its weight loads"
+
+
 def test_the_mma_throughput_probe_builds_for_every_shipped_arch(toolchain):
     # kernels.tools.mma_peak times mma.sync bf16 on a GPU to read a Hopper prefill gate; the instruction is GB10's only
     # tensor-core MMA, so the probe must build for sm_121a as well as for the Hopper stand-in
