@@ -103,8 +103,8 @@ def _handler(engine: FakeEngine):
 
 @pytest.fixture
 def fake(tmp_path):
-    def start(tokens: int) -> tuple[RunningServer, FakeEngine]:
-        engine = FakeEngine(tmp_path, tokens)
+    def start(tokens: int, step_s: float = 0.004) -> tuple[RunningServer, FakeEngine]:
+        engine = FakeEngine(tmp_path, tokens, step_s)
         httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(engine))
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         servers.append(httpd)
@@ -139,7 +139,9 @@ def test_a_stream_that_ends_inside_the_window_is_an_error(fake):
 def test_a_window_that_caught_some_decode_steps_but_not_all_is_still_an_error(fake):
     """A window is the `window` decode steps it asks for: one that caught a few hundred steps before the stream
     ended is as short as one that caught none, and a trace of it would be judged on fewer steps than the rule says."""
-    server, _ = fake(tokens=390)  # the profiler starts early in the stream, which ends before 400 tokens more
+    # the profiler starts early in the stream, which ends before 400 tokens more; 10 ms a token (3.9 s) so that a
+    # starved client still starts the profiler before the stream's end, the case this test is not about
+    server, _ = fake(tokens=390, step_s=0.01)
     with pytest.raises(SuiteError, match=r"only [1-9]\d* of 400 tokens arrived while profiling"):
         profile_decode_window(server, "kernel", window=400, timeout_s=20)
 
