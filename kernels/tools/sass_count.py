@@ -87,10 +87,8 @@ def parse_nvdisasm(text: str) -> dict[str, list[tuple[int, str, int]]]:
     return funcs
 
 
-def hot_loop(ins, marker: str, weight=None):
-    """The backward-branch loop containing the most `marker` instructions; among loops with as many, the shortest, or
-    with `weight` (body -> number) the heaviest: a profile's most sampled of a kernel's per-tile-count copies."""
-    best = None
+def loops(ins, marker: str):
+    """Every backward-branch loop with `marker` instructions in it: (how many, body)."""
     for addr, txt, _ in ins:
         m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", txt)
         if not m:
@@ -100,8 +98,15 @@ def hot_loop(ins, marker: str, weight=None):
             continue
         body = [(a, t, ln) for a, t, ln in ins if tgt <= a <= addr]
         n = sum(1 for _, t, _ in body if marker in t)
-        if not n:
-            continue
+        if n:
+            yield n, body
+
+
+def hot_loop(ins, marker: str, weight=None):
+    """The backward-branch loop containing the most `marker` instructions; among loops with as many, the shortest, or
+    with `weight` (body -> number) the heaviest: a profile's most sampled of a kernel's per-tile-count copies."""
+    best = None
+    for n, body in loops(ins, marker):
         if best is None or n > best[0]:
             best = (n, body)
         elif n == best[0] and (weight(body) > weight(best[1]) if weight else len(body) < len(best[1])):
@@ -250,7 +255,12 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
                 words = words_per_pass(kernel, template_args(key), text)
                 row = {"variant": variant_id(key, kernel), **summarize(f"cuda {desc}", funcs[name], marker, words, cold)}
                 if controls is not None and name in controls:
-                    cover = scoreboard.load_cover(hot_loop(funcs[name], marker)[1], controls[name])
+                    # the least over the kernel's copies of its hot loop (one per live token-tile count for the wgmma
+                    # kernel): which copy a call runs depends on its tokens
+                    most = hot_loop(funcs[name], marker)[0]
+                    found = [c for n, body in loops(funcs[name], marker) if n == most
+                             for c in [scoreboard.load_cover(body, controls[name])] if c is not None]
+                    cover = min(found, key=lambda c: c.mma) if found else None
                     row["load_cover_mma"] = None if cover is None else cover.mma
                     row["load_cover_instructions"] = None if cover is None else cover.instructions
                 out.append(row)

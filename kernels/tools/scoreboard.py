@@ -10,7 +10,8 @@ docs/evidence/sm_90-2026-12-06-h100-wide-tiling-120b-ncu/). A ring of weight reg
 buys nothing when a wait drains the ring.
 
 `load_cover(loop, controls)`: the fewest MMA instructions issued between a global load and the wait that drains it,
-over every wait in the loop (the loop read as a cycle). Decoded from nvdisasm -hex: bits 105.. of each 128-bit
+over every wait in the loop (the loop read as a cycle); sass_count reports the least over a kernel's copies of its hot
+loop. Decoded from nvdisasm -hex: bits 105.. of each 128-bit
 instruction are the stall count (4 bits), yield (1), write scoreboard (3, 7 = none), read scoreboard (3) and the
 wait mask (6), as in the published Volta-to-Hopper encodings (Jia et al., "Dissecting the NVIDIA Volta GPU
 Architecture via Microbenchmarking", 2018; the control-code layout maxas and CuAssembler read).
