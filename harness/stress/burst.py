@@ -82,8 +82,9 @@ class Burst:
 
 
 def run_burst(request: Callable[[int], Any], n: int, read_metric: ReadMetric, prefix_cache: bool,
-              timeout_s: float = 300) -> Burst:
-    """Releases `request(0..n-1)` together (a barrier) and reads the engine's counters before and after."""
+              alive: Callable[[], None] = lambda: None, timeout_s: float = 300) -> Burst:
+    """Releases `request(0..n-1)` together (a barrier) and reads the engine's counters before and after; `alive`
+    (raises for a dead server, with its log) runs before the reads after, so a server that died says so."""
     start = threading.Barrier(n, timeout=30)
 
     def one(i: int) -> tuple[Any, float]:
@@ -99,6 +100,7 @@ def run_burst(request: Callable[[int], Any], n: int, read_metric: ReadMetric, pr
         futures = [pool.submit(one, i) for i in range(n)]
         done = [f.result(timeout=timeout_s) for f in futures]  # a failed request raises here
     wall = time.monotonic() - t0
+    alive()
     deadline = time.monotonic() + 10  # finished-request stats reach /metrics right after the answers
     while read_metric("vllm:request_queue_time_seconds_count") - count0 < n and time.monotonic() < deadline:
         time.sleep(0.1)

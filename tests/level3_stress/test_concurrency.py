@@ -75,8 +75,7 @@ def test_concurrent_requests_all_succeed_and_match_sequential(level, live_server
 
     def burst() -> Burst:
         salt = f"concurrent-{level}-{uuid.uuid4()}"
-        b = run_burst(lambda i: _greedy(client, prompts, i, salt), n, read_metric, prefix_cache)
-        live_server.ensure_alive()
+        b = run_burst(lambda i: _greedy(client, prompts, i, salt), n, read_metric, prefix_cache, live_server.ensure_alive)
         print(f"\n{b.line(seqs)}")
         return b
 
