@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from . import build, sass_budget, scoreboard
+from .scoreboard import MMA_OPCODES, opcode
 
 
 def _tool(name: str) -> str:
@@ -120,7 +121,7 @@ def summarize(name: str, ins, marker: str, words: float, cold_lines: set[int]) -
     _, body = hot_loop(ins, marker)
     hot = [(a, t, ln) for a, t, ln in body if ln not in cold_lines]
     ops = collections.Counter(opcode(t) for _, t, _ in hot)
-    mma = sum(1 for _, t, _ in body if opcode(t).startswith(("HMMA", "HGMMA")))
+    mma = sum(1 for _, t, _ in body if opcode(t).startswith(MMA_OPCODES))
     return {"kernel": name, "loop_instructions": len(body), "hot_instructions": len(hot), "words": words,
             "instr_per_word": round(len(hot) / words, 2), "loop_instr_per_word": round(len(body) / words, 2),
             "mma_per_word": round(mma / words, 2), "ops": dict(ops.most_common())}
@@ -257,8 +258,9 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
                 if controls is not None and name in controls:
                     # the least over the kernel's copies of its hot loop (one per live token-tile count for the wgmma
                     # kernel): which copy a call runs depends on its tokens
-                    most = hot_loop(funcs[name], marker)[0]
-                    found = [c for n, body in loops(funcs[name], marker) if n == most
+                    copies = list(loops(funcs[name], marker))
+                    most = max(n for n, _ in copies)  # the hot loop's count (hot_loop)
+                    found = [c for n, body in copies if n == most
                              for c in [scoreboard.load_cover(body, controls[name])] if c is not None]
                     cover = min(found, key=lambda c: c.mma) if found else None
                     row["load_cover_mma"] = None if cover is None else cover.mma
@@ -305,11 +307,6 @@ def triton_sass(case, arch: int, nvdisasm: str | None = None) -> str:
         Path(cubin).write_bytes(k.asm["cubin"])
         return subprocess.run([nvdisasm or _tool("nvdisasm"), "--print-line-info", cubin], check=True,
                               capture_output=True, text=True).stdout
-
-
-def opcode(ins: str) -> str:
-    """A SASS instruction's opcode with its modifiers, its predicate dropped: '@!P0 STG.E.128 [R2], R4' -> 'STG.E.128'."""
-    return next((w for w in ins.split() if not w.startswith("@")), "")
 
 
 def memory_ops(sass_text: str) -> dict[str, int]:

@@ -65,13 +65,14 @@ def control_words(text: str) -> dict[str, dict[int, Control]]:
     return out
 
 
-def _opcode(ins: str) -> str:
+def opcode(ins: str) -> str:
+    """A SASS instruction's opcode with its modifiers, its predicate dropped: '@!P0 STG.E.128 [R2], R4' -> 'STG.E.128'."""
     return next((w for w in ins.split() if not w.startswith("@")), "")
 
 
 def is_global_load(ins: str) -> bool:
     """LDG and its forms; not LDGSTS (cp.async: counted by its commit groups, LDGDEPBAR / DEPBAR.LE SB0)."""
-    op = _opcode(ins)
+    op = opcode(ins)
     return op.startswith("LDG") and not op.startswith(("LDGSTS", "LDGDEPBAR"))
 
 
@@ -97,12 +98,13 @@ def covers(loop: list[tuple[int, str, int]], controls: dict[int, Control]) -> li
     on its scoreboard since the previous wait on it; `DEPBAR.LE SBk, N` leaves the newest N in flight."""
     n = len(loop)
     ctl = [controls.get(a) for a, _, _ in loop]
+    partials = [_partial_wait(t) for _, t, _ in loop]
     out = []
     for i, (addr, ins, _) in enumerate(loop):
         c = ctl[i]
         if c is None:
             continue
-        partial = _partial_wait(ins)
+        partial = partials[i]
         sbs = [sb for sb in range(6) if c.waits_on(sb)] + ([partial[0]] if partial else [])
         for sb in sbs:
             skip = partial[1] if partial and partial[0] == sb else 0  # loads allowed to stay in flight
@@ -117,9 +119,9 @@ def covers(loop: list[tuple[int, str, int]], controls: dict[int, Control]) -> li
                         if is_global_load(ins_j):
                             out.append(Cover(mma, back - 1, ins_j, ins, loop[j][0], addr))
                         break
-                if (cj is not None and cj.waits_on(sb)) or (_partial_wait(ins_j) or (None,))[0] == sb:
+                if (cj is not None and cj.waits_on(sb)) or (partials[j] or (None,))[0] == sb:
                     break  # drained there: nothing older is waited on here
-                if _opcode(ins_j).startswith(MMA_OPCODES):
+                if opcode(ins_j).startswith(MMA_OPCODES):
                     mma += 1
     return out
 
