@@ -230,7 +230,8 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
                  ("__device__ __forceinline__ void chunk_mma", "^}"), ("__device__ __forceinline__ void load_xb", "^}"),
                  ("auto issue = [&]", "  };"), ("    for (int i0 = 0; i0 < np; i0 += PF) {", "issue(wb[p], sb[p]);"),
                  # prefill: the chunk loop and the activation staging it calls
-                 ("  auto stage = [&](int c) {", "  };"),
+                 ("  auto stage = [&](int c) {", "  };"), ("  auto stage_weights = [&](int c) {", "  };"),
+                 ("  auto load_slot = [&](int p, int c) {", "  };"),
                  ("  for (int c0 = 0; c0 < a.kc; c0 += PF_W) {", 'asm volatile("cp.async.wait_all;'),
                  ("__device__ __forceinline__ void pf_decode_step", "^}"),
                  # the wgmma prefill: its chunk loop and the wgmma wrappers, fence, commit and wait it calls
