@@ -1484,8 +1484,14 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
 #define MXFP4_WGMMA 1
 #endif
 constexpr int FORM_WG = 2;
-constexpr int WG_STAGES = 6;  // staged K chunks: up to 4 in flight ahead of the one multiplied
-constexpr int WG_WPF = 3;     // weight chunks held in registers per warp (the current one and 2 ahead)
+// Staged K chunks, activations and weights together: up to 3 in flight ahead of the one multiplied. The weights come
+// through shared memory with the activations' cp.async groups, whose wait is counted (cp.async.wait_group N leaves the
+// newest N in flight): loaded straight into registers, every weight load of the loop sat on one scoreboard and a wait
+// on it drained them all, two wgmmas after the newest was issued (kernels/NOTES.md "Why one weight word waits").
+// 5 stages of 16 KB of activations and 4.25 KB of weights (RT 1) fit two CTAs per SM; 6 do not.
+constexpr int WG_STAGES = 5;
+constexpr int WG_WPF = 4;    // chunks per pass of the unrolled loop
+constexpr int WG_SLOTS = 2;  // weight chunks held in registers per warp: the one decoded and the next (from its stage)
 // Fragment sets in flight: 3 (wait_group 2) measured no faster than 2 (H200, bench_prefill --ab, NT 8 RT 1 at two
 // CTAs per SM: 6,028.5 against 6,118.4 us at 8192 tokens, 1,804.3 against 1,794.9 at 2048, both within the spread).
 constexpr int WG_SETS = 2;
@@ -1671,6 +1677,8 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
 #ifdef MXFP4_WGMMA
   constexpr int BM = NT * 8;
   constexpr int STAGE_BYTES = BM * 128;  // BM token rows of one K chunk (64 bf16)
+  constexpr int WSTAGE_WORDS = WARPS * RT * 32 * 16;  // each warp's uint4 per lane, per row tile
+  constexpr int WSTAGE_BYTES = WSTAGE_WORDS + WARPS * RT * 8 * 4;  // + each row tile's 8 scale words
   constexpr int CP = BM * 8 / THREADS;   // 16-byte pieces per thread per chunk
   static_assert(BM * 8 % THREADS == 0, "every thread stages the same number of pieces");
   extern __shared__ __align__(16) uint8_t wsm[];
@@ -1681,6 +1689,8 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   if (!pf_block_rows<BM>(a, srow, e, nt_live)) return;
   // the swizzle repeats every 1024 bytes and is applied to the address bits: the stages start 1024-byte aligned
   const uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(wsm) + 1023u) & ~1023u;
+  const uint32_t wbase = sbase + WG_STAGES * STAGE_BYTES;  // the weight stages, after the activations'
+  const uint8_t* wgen = wsm + (wbase - (uint32_t)__cvta_generic_to_shared(wsm));  // the same, for plain loads
   // This thread's pieces: 16 bytes (t8) of token rows threadIdx.x / 8 + 32 u; row r's piece t8 sits at r * 128 +
   // ((t8 ^ (r % 8)) * 16), the 128-byte swizzle (r % 8 is the same for every u).
   constexpr int ROWS_PER_U = THREADS / 8;
@@ -1690,7 +1700,23 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   const unsigned long long row_bytes = (unsigned long long)a.sx * 2;
   const char* xbase = reinterpret_cast<const char*>(a.xfrag) + t8 * 16;
   const uint32_t dst0 = sbase + r8 * 128 + ((t8 ^ (r8 & 7)) << 4);
+  const int tile0 = (blockIdx.y * WARPS + 4 * wg) * RT + wi;
+  PfWeights<RT, 1> w(a, e, tile0, 4, false, lane, g);  // this warp's weight pointers; nothing loaded into registers
+  // chunk c's weights of this thread (its lane's uint4 of each row tile) and, from lanes 0 and 1, its row tiles' 8
+  // scale words (two 16-byte pieces): the thread stages what it reads, but for the scales, published by the barrier
+  auto stage_weights = [&](int c) {
+    const uint32_t wdst = wbase + (uint32_t)((c % WG_STAGES) * WSTAGE_BYTES);
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wdst + ((warp * RT + rt) * 32 + lane) * 16),
+                   "l"(w.wp[rt] + c * 32));
+      if (lane < 2)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wdst + WSTAGE_WORDS + ((warp * RT + rt) * 8 + 4 * lane) * 4),
+                     "l"(w.sp[rt] - g + c * 8 + 4 * lane));
+    }
+  };
   auto stage = [&](int c) {
+    stage_weights(c);
     const uint32_t dst = dst0 + (uint32_t)((c % WG_STAGES) * STAGE_BYTES);
     const bool in_k = c * 64 + t8 * 8 < a.K;  // pieces past K are zero-filled (src-size 0 reads nothing)
     const char* col = xbase + (in_k ? c * 128 : 0);
@@ -1701,13 +1727,26 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 
-  const int tile0 = (blockIdx.y * WARPS + 4 * wg) * RT + wi;
-  PfWeights<RT, WG_WPF> w(a, e, tile0, 4, true, lane, g);
 #pragma unroll
   for (int s = 0; s < WG_STAGES - 2; ++s) {
     if (s < a.kc) stage(s);
     commit();
   }
+  // chunk c's weights from its stage into weight slot p
+  uint4 wb[WG_SLOTS][RT];
+  uint32_t sb[WG_SLOTS][RT];
+  auto load_slot = [&](int p, int c) {
+    const uint8_t* src = wgen + (c % WG_STAGES) * WSTAGE_BYTES;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      wb[p][rt] = *reinterpret_cast<const uint4*>(src + ((warp * RT + rt) * 32 + lane) * 16);
+      sb[p][rt] = *reinterpret_cast<const uint32_t*>(src + WSTAGE_WORDS + ((warp * RT + rt) * 8 + g) * 4);
+    }
+  };
+  // chunk 0 landed (the two after it may be in flight) and its scale words published
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 3) : "memory");
+  __syncthreads();
+  load_slot(0, 0);
   float acc[RT][NT][4] = {};
   uint32_t scl[RT][2];
   const uint64_t desc0 = wg_desc(sbase);
@@ -1717,22 +1756,24 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
     // WG_SETS fragment sets: step k + 1 is decoded while the wgmmas of steps k - WG_SETS + 2 .. k run; the set step
     // k - WG_SETS + 1 read is reused only after its group retired (wait_group WG_SETS - 1). Steps are indexed within
     // one pass of the unrolled loop (WG_WPF chunks of 4 steps, a multiple of WG_SETS): each set is fixed registers.
-    static_assert(WG_WPF * 4 % WG_SETS == 0, "the fragment set of a step is known at compile time");
+    static_assert(WG_WPF * 4 % WG_SETS == 0 && WG_WPF % WG_SLOTS == 0, "each step's fragment set and weight slot are known at compile time");
     uint32_t af[WG_SETS][RT][4];
-    pf_decode_step(w.wb[0], w.sb[0], 0, scl, af[0]);
+    pf_decode_step(wb[0], sb[0], 0, scl, af[0]);
     for (int c0 = 0; c0 < a.kc; c0 += WG_WPF) {
 #pragma unroll
       for (int p = 0; p < WG_WPF; ++p) {
         const int c = c0 + p;
         if (c < a.kc) {  // the same in every thread: the barrier below is reached by all
-          // chunk c has landed (one later group may be in flight), and the copies are made visible to the tensor
-          // cores' reads (the async proxy) before the barrier publishes them
-          asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 3) : "memory");
+          // chunks c and c + 1 have landed (one later group may be in flight: chunk c + 2), and the copies are made
+          // visible to the tensor cores' reads (the async proxy) before the barrier publishes them
+          asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 4) : "memory");
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
           __syncthreads();
-          // the buffer refilled is chunk c - 2's: every warpgroup's wgmmas on it retired before this barrier
+          // the buffer refilled is chunk c - 2's: every warpgroup's wgmmas on it retired before this barrier, and its
+          // weights were read into registers in chunk c - 3
           if (c + WG_STAGES - 2 < a.kc) stage(c + WG_STAGES - 2);
           commit();
+          if (c + 1 < a.kc) load_slot((p + 1) % WG_SLOTS, c + 1);  // decoded from this chunk's last step on
           {
             const uint64_t dc = desc0 + (uint64_t)(((c % WG_STAGES) * STAGE_BYTES) >> 4);
 #pragma unroll
@@ -1744,9 +1785,8 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
               wgmma_wait<WG_SETS - 1>();
               // the next step: this slot's, or after its last one the next slot's first (chunk c + 1; past K its words
               // are stale or zero and the fragments are never used)
-              const int pn = st < 3 ? p : (p + 1) % WG_WPF;
-              pf_decode_step(w.wb[pn], w.sb[pn], (st + 1) & 3, scl, af[(p * 4 + st + 1) % WG_SETS]);
-              if (st == 2) w.refill(p, c + WG_WPF, a.kc);  // this slot's last step is decoded: refill it
+              const int pn = (st < 3 ? p : p + 1) % WG_SLOTS;
+              pf_decode_step(wb[pn], sb[pn], (st + 1) & 3, scl, af[(p * 4 + st + 1) % WG_SETS]);
             }
           }
         }
@@ -1855,7 +1895,8 @@ cudaError_t pf_launch(const PfArgs& a, int n_blocks, int groups, cudaStream_t st
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (major != 9 || minor != 0) return cudaErrorNotSupported;
-    const size_t smem = (size_t)WG_STAGES * NT * 8 * 128 + 1024;  // + the alignment of the stages to 1024 bytes
+    // activations and weights per stage (mxfp4_wg_kernel), + the alignment of the stages to 1024 bytes
+    const size_t smem = (size_t)WG_STAGES * (NT * 8 * 128 + WARPS * RT * (32 * 16 + 8 * 4)) + 1024;
     const cudaError_t err = cudaFuncSetAttribute(mxfp4_wg_kernel<MODE, NT, RT, CTAS>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
