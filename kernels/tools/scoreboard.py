@@ -7,7 +7,8 @@ every weight load of the served wgmma MoE prefill loop on one scoreboard (SB5, s
 weight word per 3-chunk pass waits on it two wgmmas after the newest weight load was issued, and that one instruction
 held 28% of gate_up's and 38% of down's samples in Nsight Compute on an H100 (long scoreboard; the evidence folder
 docs/evidence/sm_90-2026-12-06-h100-wide-tiling-120b-ncu/). A ring of weight registers refilled three chunks ahead
-buys nothing when a wait drains the ring.
+buys nothing when a wait drains the ring; that kernel now stages its weights with the activations' cp.async groups
+(kernels/NOTES.md), and sass_count says so for a loop with no weight load on a register scoreboard.
 
 `load_cover(loop, controls)`: the fewest MMA instructions issued between a global load and the wait that drains it,
 over every wait in the loop (the loop read as a cycle); sass_count reports the least over a kernel's copies of its hot

@@ -36,14 +36,14 @@ BACK = ("@!P0 BRA 0x0", {})
 
 
 def test_the_control_code_of_a_real_instruction_decodes_to_its_scoreboards():
-    # IMAD.SHL.U32 R57, R8, 0x40 of the served wgmma MoE prefill (sm_90a, nvcc 13): waits on SB5, writes none
+    # IMAD.SHL.U32 R57, R8, 0x40 of the wgmma MoE prefill before its weights moved to cp.async (sm_90a, nvcc 13): waits on SB5, writes none
     c = Control.decode(0x020FE200078E00FF)
     assert (c.stall, c.write_sb, c.read_sb, c.wait_mask) == (1, 7, 7, 1 << 5)
     assert c.waits_on(5) and not c.waits_on(4)
 
 
 def test_a_ring_whose_first_use_waits_on_the_newest_load_is_covered_by_the_mmas_between_them_only():
-    """The served loop's shape: three slots refilled in turn, all on SB5; one use per pass waits on SB5 two wgmmas
+    """The register-ring wgmma loop's shape (before cp.async): three slots refilled in turn, all on SB5; one use per pass waits on SB5 two wgmmas
     after the newest refill, so the three-chunk ring hides no more than those two."""
     body = [("HGMMA.64x64x16.F32.BF16 R24, R56, gdesc[UR4], R24", {}),
             ("@!P0 LDG.E.128.CONSTANT R8, desc[UR28][R64.64]", {"write": 5, "read": 1}),
