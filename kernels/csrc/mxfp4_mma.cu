@@ -1495,6 +1495,11 @@ constexpr int WG_SLOTS = 2;  // weight chunks held in registers per warp: the on
 // Fragment sets in flight: 3 (wait_group 2) measured no faster than 2 (H200, bench_prefill --ab, NT 8 RT 1 at two
 // CTAs per SM: 6,028.5 against 6,118.4 us at 8192 tokens, 1,804.3 against 1,794.9 at 2048, both within the spread).
 constexpr int WG_SETS = 2;
+// One stage of mxfp4_wg_kernel's shared memory, which its launch sizes from the same functions: NT * 8 token rows of
+// one K chunk (64 bf16 each), then each warp's weights (a uint4 per lane per row tile) and each row tile's 8 scale words.
+__host__ __device__ constexpr int wg_act_stage_bytes(int nt) { return nt * 8 * 128; }
+__host__ __device__ constexpr int wg_weight_words_bytes(int rt) { return WARPS * rt * 32 * 16; }
+__host__ __device__ constexpr int wg_weight_stage_bytes(int rt) { return wg_weight_words_bytes(rt) + WARPS * rt * 8 * 4; }
 
 #ifdef MXFP4_WGMMA
 // One wrapper per N (16..128 token columns): inline PTX spells out its N / 2 accumulator operands.
@@ -1676,9 +1681,9 @@ template <int MODE, int NT, int RT, int CTAS>
 __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a) {
 #ifdef MXFP4_WGMMA
   constexpr int BM = NT * 8;
-  constexpr int STAGE_BYTES = BM * 128;  // BM token rows of one K chunk (64 bf16)
-  constexpr int WSTAGE_WORDS = WARPS * RT * 32 * 16;  // each warp's uint4 per lane, per row tile
-  constexpr int WSTAGE_BYTES = WSTAGE_WORDS + WARPS * RT * 8 * 4;  // + each row tile's 8 scale words
+  constexpr int STAGE_BYTES = wg_act_stage_bytes(NT);  // BM token rows of one K chunk (64 bf16)
+  constexpr int WSTAGE_WORDS = wg_weight_words_bytes(RT);  // each warp's uint4 per lane, per row tile
+  constexpr int WSTAGE_BYTES = wg_weight_stage_bytes(RT);  // + each row tile's 8 scale words
   constexpr int CP = BM * 8 / THREADS;   // 16-byte pieces per thread per chunk
   static_assert(BM * 8 % THREADS == 0, "every thread stages the same number of pieces");
   extern __shared__ __align__(16) uint8_t wsm[];
@@ -1896,7 +1901,7 @@ cudaError_t pf_launch(const PfArgs& a, int n_blocks, int groups, cudaStream_t st
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (major != 9 || minor != 0) return cudaErrorNotSupported;
     // activations and weights per stage (mxfp4_wg_kernel), + the alignment of the stages to 1024 bytes
-    const size_t smem = (size_t)WG_STAGES * (NT * 8 * 128 + WARPS * RT * (32 * 16 + 8 * 4)) + 1024;
+    const size_t smem = (size_t)WG_STAGES * (wg_act_stage_bytes(NT) + wg_weight_stage_bytes(RT)) + 1024;
     const cudaError_t err = cudaFuncSetAttribute(mxfp4_wg_kernel<MODE, NT, RT, CTAS>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
