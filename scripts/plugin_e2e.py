@@ -53,7 +53,7 @@ from harness.plugin.options import positive_number  # noqa: E402
 from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_breakdowns, tokens_note  # noqa: E402
 from harness.perf.regression import HOST_BOUND_RATIO  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
-from harness.features.run import BREAKDOWN_TOKENS, decode_breakdown  # noqa: E402
+from harness.features.run import BREAKDOWN_TOKENS, decode_breakdown, prefill_breakdown  # noqa: E402
 from harness.features.spec import flavour_baseline  # noqa: E402
 from harness.perf import bench  # noqa: E402
 from harness.perf import metrics as perf  # noqa: E402
@@ -189,7 +189,9 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
                                          **{k: entry[k] for k in ("unresolved", "flagged") if k in entry}}
             except SuiteError as e:  # the decode metrics above stay measured
                 metrics["pp2048_gpu"] = {"error": str(e).splitlines()[0][:300]}
-        kernels, notes = None, []
+        kernels, notes, prefill = None, [], None
+        if running.trace_dir is not None and mode != DECODE_ONLY_MODE:
+            prefill = prefill_breakdown(suite, running, maker.make(PREFILL_GPU.pp), notes)
         if mode != PREFILL_GPU_ONLY:
             # decode steps only: a profiled request would hold its prompt's prefill and its warm-up request's, which
             # at 16 tokens read ~50 of 128 experts per layer (the plugin on the 120b shape, H200: 342 us per token of GPU
@@ -199,6 +201,7 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
         mem = server_memory(running, suite.platform.is_cuda)
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
                 "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": kernels, "breakdown_notes": notes,
+                "prefill_breakdown": prefill,
                 "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")},
                 "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40],
                 # whether vLLM overlapped the host's next step with the GPU's current one: the first thing to know
@@ -317,6 +320,33 @@ def moe_per_call(results: dict[str, dict], order: list[str]) -> list[str]:
             "|---|---|---|---|---|"] + rows
 
 
+def prefill_table(results: dict[str, dict], order: list[str]) -> list[str]:
+    """Where one profiled 2048-token prefill's kernel time goes, per config (ms), and each config's costliest kernels:
+    `pp2048_gpu` says how far a config's prefill is from the first config's, this says in which kernels."""
+    drawn = [(c, b) for c in order if (b := (results.get(c) or {}).get("prefill_breakdown"))]
+    if not drawn:
+        return []
+    first = drawn[0][1]
+    md = ["", f"Kernel time of one profiled {PREFILL_GPU.pp}-token prefill (ms, overlaps counted once; in brackets the "
+          f"difference from {drawn[0][0]}):", "",
+          "| config | MoE | dense | attention | other | busy | launches |", "|---|---|---|---|---|---|---|"]
+
+    def cell(b: dict, cat: str) -> str:
+        ms, ms0 = b["exclusive_us_per_token"][cat] / 1e3, first["exclusive_us_per_token"][cat] / 1e3
+        return f"{ms:.2f}" if b is first else f"{ms:.2f} ({ms - ms0:+.2f})"
+    for c, b in drawn:
+        busy, busy0 = b["busy_us_per_token"] / 1e3, first["busy_us_per_token"] / 1e3
+        md.append(f"| {c} | " + " | ".join(cell(b, cat) for cat in ("moe", "dense", "attention", "other")) +
+                  f" | {busy:.2f}{'' if b is first else f' ({busy - busy0:+.2f})'} | {b['launches_per_token']:.0f} |")
+    md += ["", "Costliest kernels of that prefill (us, summed over its calls; overlaps counted once):", "",
+           "| config | kernel | category | calls | us |", "|---|---|---|---|---|"]
+    for c, b in drawn:
+        md += [f"| {c} | {t['name'][:90]} | {t['category']} | {t['calls']} | "
+               f"{t['exclusive_us_per_token'] if t.get('exclusive_us_per_token') is not None else t['us_per_token']:.0f} |"
+               for t in b["top"][:6]]
+    return md
+
+
 def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str]:
     """e2e.md's lines: the speed table, then each config's decode-time breakdown and host ranges."""
     md = [f"# Kernels plugin end to end: {title}", "",
@@ -344,6 +374,7 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
                       f"{_cell(b, 'host_wait_us_per_token')} | {_cell(b, 'launches_per_token')} |"
                       if tg else f"| {c} | n/a | | | | | | | | | |")
     md += moe_per_call(results, order)
+    md += prefill_table(results, order)
     notes = [f"- {n}" for c in order for n in (results.get(c) or {}).get("breakdown_notes") or []]
     notes += [f"- {c}: {note}." for c in order
               if (note := tokens_note((results.get(c) or {}).get("kernel_breakdown") or {}))]

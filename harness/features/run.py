@@ -6,6 +6,7 @@ import json
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 from harness.core import stats
@@ -18,6 +19,7 @@ from harness.features.measure import Measurer, Side, bracketed, interleaved, sav
 from harness.features.spec import Criterion, Feature
 from harness.kernelpath.breakdown import Breakdown, breakdown, busy_us_per_token, plot_breakdowns
 from harness.kernelpath.check import profile_decode_window
+from harness.kernelpath.traces import profile
 from harness.perf import host_cpu
 from harness.perf.clocks import ClockSampler
 from harness.perf.regression import HOST_BOUND_DECODE, THRESHOLDS_FILE, Thresholds, load_thresholds
@@ -278,6 +280,27 @@ def decode_breakdown(suite: Suite, running: RunningServer, notes: list[str]) -> 
         return breakdown(window.summary.source, suite.catalog.kernel_categories(), window.inside).to_json()
     except SuiteError as e:
         notes.append(f"{running.target.name}: no decode-time breakdown ({e})")
+        return None
+
+
+def prefill_breakdown(suite: Suite, running: RunningServer, prompt: list[int], notes: list[str]) -> dict | None:
+    """Where one prefill's kernel time goes on `running`: the kernels of one profiled request of `prompt` and one
+    generated token, by category, in microseconds per prefill (the breakdown's "per token" is per request here).
+    `ppN_gpu` says how much slower a config's prefill is; this says which kernels hold the difference. None, with a
+    note, where it cannot be profiled."""
+    if running.trace_dir is None or not suite.platform.is_cuda:
+        notes.append(f"{running.target.name}: no prefill breakdown (needs a GPU server the suite booted)")
+        return None
+    client = running.client(timeout_s=600)
+    try:
+        summary = profile(running.url, running.trace_dir, lambda: client.complete(prompt, 1, ignore_eos=True),
+                          "kernel")
+        try:
+            return breakdown(summary.source, suite.catalog.kernel_categories(), 1).to_json()
+        finally:  # a 2048-token prefill's trace is tens of MB; the numbers above are what is kept
+            Path(summary.source).unlink(missing_ok=True)
+    except SuiteError as e:
+        notes.append(f"{running.target.name}: no prefill breakdown ({e})")
         return None
 
 

@@ -168,6 +168,46 @@ def test_warm_boots_the_first_entry_still_to_measure_once_and_each_entry_boots_w
     assert plugin_e2e.main() == 0 and calls == [], "a resumed --out boots again"
 
 
+def test_the_prefill_table_says_in_which_category_a_slower_prefill_spends_its_time(tmp_path, monkeypatch):
+    """prefill_breakdown over a synthetic trace (the profiler faked, the breakdown real): per prefill, not per token,
+    and the trace is deleted; the table puts each category's difference from the first config beside it, so a
+    prefill 1.1x slower in its MoE kernels reads +MoE, not a total alone."""
+    import gzip
+    import json
+    from types import SimpleNamespace
+
+    from harness.config.catalog import Catalog
+    from harness.features import run
+
+    def trace(moe_us: float) -> Path:
+        path = tmp_path / f"{moe_us}.pt.trace.json.gz"
+        events = [{"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": d, "args": {"correlation": 1}}
+                  for n, ts, d in (("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x256x128x1_swiglu", 0, moe_us),
+                                   ("sm90_xmma_gemm_bf16bf16_bf16f32", moe_us, 300.0))]
+        with gzip.open(path, "wt") as f:
+            json.dump({"traceEvents": events}, f)
+        return path
+
+    suite = SimpleNamespace(platform=SimpleNamespace(is_cuda=True), catalog=Catalog())
+    running = SimpleNamespace(trace_dir=tmp_path, url="http://127.0.0.1:1", target=SimpleNamespace(name="x"),
+                              client=lambda timeout_s=None: SimpleNamespace(complete=lambda *a, **k: None))
+    results = {}
+    for config, moe_us in (("triton-bf16", 1000.0), ("gemv-bf16-mxfp4-all", 1100.0)):
+        path = trace(moe_us)
+        monkeypatch.setattr(run, "profile", lambda url, d, request, kind, path=path: request() or SimpleNamespace(source=str(path)))
+        notes: list[str] = []
+        results[config] = {"prefill_breakdown": run.prefill_breakdown(suite, running, [0] * 2048, notes)}
+        assert not path.exists() and notes == []
+    b = results["gemv-bf16-mxfp4-all"]["prefill_breakdown"]
+    assert b["exclusive_us_per_token"]["moe"] == pytest.approx(1100.0) and b["busy_us_per_token"] == pytest.approx(1400.0)
+    md = plugin_e2e.prefill_table(results, ["triton-bf16", "gemv-bf16-mxfp4-all"])
+    row = next(ln for ln in md if ln.startswith("| gemv-bf16-mxfp4-all | 1.10"))
+    assert "1.10 (+0.10)" in row and "1.40 (+0.10)" in row, row
+    assert plugin_e2e.prefill_table({"triton-bf16": {"prefill_breakdown": None}}, ["triton-bf16"]) == []
+    cpu = SimpleNamespace(platform=SimpleNamespace(is_cuda=False))
+    notes = []
+    assert run.prefill_breakdown(cpu, running, [0], notes) is None and "no prefill breakdown" in notes[0]
+
 def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkeypatch):
     """measure()'s plumbing with the server faked: the kernel breakdown is the feature verdicts' decode window
     (`decode_breakdown`), so no prompt prefill is in the MoE's time per token (a profiled 16-token request and its
@@ -188,8 +228,10 @@ def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkey
         notes.append("profiled 64 decode steps")
         return {"tokens": 64}
 
+    prefills = []
     monkeypatch.setattr(plugin_e2e, "decode_breakdown", window)
-    monkeypatch.setattr(plugin_e2e.bench, "PromptMaker", lambda client, seed: None)
+    monkeypatch.setattr(plugin_e2e, "prefill_breakdown", lambda s, r, prompt, notes: prefills.append(prompt) or {"tokens": 1})
+    monkeypatch.setattr(plugin_e2e.bench, "PromptMaker", lambda client, seed: SimpleNamespace(make=lambda n: [0] * n))
     monkeypatch.setattr(plugin_e2e.bench, "run_workload", lambda *a, **k: None)
     monkeypatch.setattr(plugin_e2e.bench, "metrics_for", lambda w, m: {})
     monkeypatch.setattr(plugin_e2e.bench, "gpu_prefill", lambda *a: {"samples": [1.0, 1.0, 1.0]})
@@ -198,13 +240,16 @@ def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkey
     r = plugin_e2e.measure(suite, "gemv-bf16", [])
     assert windows == [running] and r["kernel_breakdown"] == {"tokens": 64}
     assert r["breakdown_notes"] == ["profiled 64 decode steps"]
+    assert [len(p) for p in prefills] == [2048] and r["prefill_breakdown"] == {"tokens": 1}
     windows.clear()
     r = plugin_e2e.measure(suite, "gemv-bf16", [], None, plugin_e2e.PREFILL_GPU_ONLY)
     assert windows == [] and r["kernel_breakdown"] is None and "pp2048_gpu" in r["metrics"]
+    assert len(prefills) == 2 and r["prefill_breakdown"] == {"tokens": 1}, "pp2048_gpu comes with where its time goes"
     ran = []
     monkeypatch.setattr(plugin_e2e.bench, "run_workload", lambda client, maker, w: ran.append(w))
     r = plugin_e2e.measure(suite, "gemv-bf16", [], None, plugin_e2e.DECODE_ONLY_MODE)
     assert windows == [running] and "pp2048_gpu" not in r["metrics"]
+    assert len(prefills) == 2 and r["prefill_breakdown"] is None, "a decode-only boot profiles no prefill"
     assert [(w.kind, w.concurrency, w.runs) for w in ran] == [("decode", 1, 24), ("decode", 1, 8)], ran
 
 
