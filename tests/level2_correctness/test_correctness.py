@@ -18,7 +18,6 @@ from harness.correctness.level2 import (
     Level2Result,
     greedy_stream,
     ppl_problem,
-    run_level2,
     scored_problems,
     stream_problems,
     tolerance_line,
@@ -26,13 +25,6 @@ from harness.correctness.level2 import (
 from harness.correctness.logprobs import compare_streams
 
 pytestmark = [pytest.mark.level2, pytest.mark.server]
-
-
-@pytest.fixture(scope="session")
-def level2(server, suite, workload, level2_golden):
-    if not suite.model.has_real_weights:
-        pytest.skip(f"{suite.model.alias} has dummy weights: outputs are meaningless, so there is nothing to check")
-    return run_level2(server.client(), workload, level2_golden)
 
 
 @pytest.fixture(scope="session")

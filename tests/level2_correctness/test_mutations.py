@@ -51,11 +51,15 @@ pytestmark = [pytest.mark.level2, pytest.mark.server]
 
 
 @pytest.fixture(scope="module")
-def mutants(suite, server, tmp_path_factory):
+def mutants(suite, server, tmp_path_factory, unmutated_problem):
     """Each mutation's server (a mutated copy of the model, booted beside the config's server); on CPU the next
-    mutation's server boots while this one's level 2 runs (harness/session/ahead.py)."""
+    mutation's server boots while this one's level 2 runs (harness/session/ahead.py). None is booted where the
+    config itself fails level 2 against the golden: a mutation could not be told apart from that."""
     if server.external or not suite.model.has_real_weights or not Path(suite.model.path).is_dir():
         pytest.skip("mutations need a local checkpoint with real weights and a server the suite boots")
+    if unmutated_problem:
+        pytest.skip(f"{server.target.name} itself fails level 2 against these goldens ({unmutated_problem[:160]}); "
+                    "a mutation cannot be told apart from that: the level 2 tests above say why it fails")
     root = tmp_path_factory.mktemp("mutants")
 
     def boot(mutation: str):
