@@ -19,7 +19,10 @@
 #             e.g. `mkdir -p .gpu-prev && git show 716179f:kernels/csrc/mxfp4_mma.cu > .gpu-prev/mxfp4_mma.cu`);
 #             without it the A/B is against the mma.sync tiling (@1). Exit 1 when a test fails (then no A/B: its
 #             verdict could not change that), or the served build is slower than PREV's (every round beyond every
-#             round of it) or its output differs from PREV's by a bit (`--expect not-slower,identical`).
+#             round of it) or its output differs from PREV's by a bit (`--expect not-slower,identical`; EXPECT
+#             replaces it, e.g. EXPECT=not-slower for a change that rounds differently by design).
+#   prefill   `pp2048_gpu` alone of stock and PLUGIN on MODEL, with one profiled prefill per config split by kernel
+#             (plugin_e2e --prefill-gpu-only: e2e.md's prefill tables), two boots and no decode workloads.
 #   e2e       stock and the plugin's MXFP4 config on MODEL (default gpt-oss-20b-shape) in one plugin_e2e run:
 #             tg32 / tg128 at batch 1, tg32 at 4 and 32 concurrent requests, pp2048 on both clocks, memory.
 #             The tiling comes from kernels/tuning.yaml (nothing forced): what users get.
@@ -33,9 +36,9 @@ RES=$(realpath -m "${PREFILL_DIR:-/tmp/prefill-out}")
 MODEL=${MODEL:-gpt-oss-20b-shape}
 PREV=${PREV:-.gpu-prev/mxfp4_mma.cu}
 PLUGIN=${PLUGIN:-gemv-bf16-mxfp4-all}
-[ $# -gt 0 ] || { echo "gpu_prefill: name a phase: kernels, e2e, e2e-aa"; exit 2; }
+[ $# -gt 0 ] || { echo "gpu_prefill: name a phase: kernels, prefill, e2e, e2e-aa"; exit 2; }
 for phase in "$@"; do  # all checked before any runs: a typo after a 20-minute phase would be found after it
-  case $phase in kernels|e2e|e2e-aa) ;; *) echo "gpu_prefill: unknown phase '$phase'; phases: kernels, e2e, e2e-aa"; exit 2 ;; esac
+  case $phase in kernels|prefill|e2e|e2e-aa) ;; *) echo "gpu_prefill: unknown phase '$phase'; phases: kernels, prefill, e2e, e2e-aa"; exit 2 ;; esac
 done
 case "$RES/" in "$(pwd -P)/"*) echo "gpu_prefill: PREFILL_DIR $RES is inside the repository, which it copies; pass a folder outside it"; exit 2 ;; esac
 mkdir -p "$RES" || { echo "gpu_prefill: PREFILL_DIR $RES cannot be created; pass a writable folder"; exit 2; }
@@ -62,19 +65,34 @@ kernels() {
   [ $rc -eq 0 ] || return $rc
   # the previous build first: the served one is judged against it (not slower in any round, output bit for bit)
   local ab=(--ab @1,served)
-  [ -f "$PREV" ] && ab=(--ab "$PREV,served" --expect not-slower,identical)
+  [ -f "$PREV" ] && ab=(--ab "$PREV,served" --expect "${EXPECT:-not-slower,identical}")
   timeout 420 python3 -m kernels.tools.bench_prefill "${ab[@]}" --ab-m 8192,2048 --rounds 5 \
     --out "$RES/ab.json" > "$RES/ab.log" 2>&1 || rc=1
   grep -v "^NVIDIA" "$RES/ab.log" | tail -12
   return $rc
 }
 
+stock_config() {
+  # stock on this platform: configs/features.yaml baselines.upstream (triton-bf16 on Hopper)
+  python3 -c 'from harness.core.platform import detect_platform
+from harness.features.spec import flavour_baseline
+print(flavour_baseline("upstream", detect_platform().name))'
+}
+
+prefill() {
+  local stock
+  stock=$(stock_config) || return 2
+  # no --warm: kernel time is not moved by a first boot's compiling
+  timeout 1200 python3 scripts/plugin_e2e.py --model "$MODEL" --prefill-gpu-only --configs "$stock,$PLUGIN" \
+    --out "$RES/prefill-$MODEL" > "$RES/prefill-$MODEL.log" 2>&1
+  local rc=$?
+  grep -A4 "^| config | MoE" "$RES/prefill-$MODEL/e2e.md" 2>/dev/null | head -6
+  return $rc
+}
+
 e2e() {
   local stock
-  # stock on this platform: configs/features.yaml baselines.upstream (triton-bf16 on Hopper)
-  stock=$(python3 -c 'from harness.core.platform import detect_platform
-from harness.features.spec import flavour_baseline
-print(flavour_baseline("upstream", detect_platform().name))') || return 2
+  stock=$(stock_config) || return 2
   timeout 1500 python3 scripts/plugin_e2e.py --model "$MODEL" --warm --configs "$stock,$PLUGIN" \
     --out "$RES/e2e-$MODEL" > "$RES/e2e-$MODEL.log" 2>&1
   local rc=$?
@@ -95,6 +113,7 @@ status=0
 for phase in "$@"; do
   case $phase in
     kernels) kernels; rc=$? ;;
+    prefill) prefill; rc=$? ;;
     e2e) e2e; rc=$? ;;
     e2e-aa) e2e_aa; rc=$? ;;
   esac

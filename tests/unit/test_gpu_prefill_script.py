@@ -55,6 +55,27 @@ def test_kernels_judges_the_served_build_against_the_previous_one_bit_for_bit(tm
     assert (tmp_path / "out" / "phases.txt").read_text() == "kernels rc 0\n"
 
 
+def test_a_change_that_rounds_differently_by_design_is_judged_on_speed_alone_when_asked(tmp_path):
+    """EXPECT replaces the A/B's gate (the MoE down kernel's bf16 rows differ from its fp32 ones by a rounding):
+    not asked, the gate stays bit for bit."""
+    prev = tmp_path / "prev.cu"
+    prev.write_text("// the build before the change\n")
+    r, calls = _job(tmp_path, "kernels", PREV=str(prev), EXPECT="not-slower")
+    ab = calls[1].split()
+    assert r.returncode == 0 and ab[ab.index("--expect") + 1] == "not-slower", calls
+
+
+def test_prefill_measures_only_the_kernel_time_of_a_prefill_of_stock_and_the_plugin(tmp_path):
+    r, calls = _job(tmp_path, "prefill", MODEL="gpt-oss-20b-shape")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (argv,) = [c.split() for c in calls if "plugin_e2e" in c]
+    assert "--prefill-gpu-only" in argv and "--warm" not in argv
+    assert argv[argv.index("--model") + 1] == "gpt-oss-20b-shape"
+    assert argv[argv.index("--configs") + 1] == "triton-bf16,gemv-bf16-mxfp4-all"
+    assert argv[argv.index("--out") + 1] == str(tmp_path / "out" / "prefill-gpt-oss-20b-shape")
+    assert (tmp_path / "out" / "phases.txt").read_text() == "prefill rc 0\n"
+
+
 def test_kernels_without_a_previous_build_compares_with_the_mma_sync_tiling_and_judges_nothing(tmp_path):
     r, calls = _job(tmp_path, "kernels", PREV=str(tmp_path / "absent.cu"))
     ab = calls[1].split()
@@ -97,7 +118,7 @@ def test_a_failed_e2e_is_its_phase_line_and_the_next_phase_still_runs(tmp_path):
                                             (("kernels", "e2e", "e2e-aaa"), "unknown phase 'e2e-aaa'")])
 def test_no_phase_or_an_unknown_one_is_one_line_and_exit_2_before_any_phase_runs(tmp_path, phases, expect):
     r, calls = _job(tmp_path, *phases)
-    assert r.returncode == 2 and expect in r.stdout and "kernels, e2e, e2e-aa" in r.stdout
+    assert r.returncode == 2 and expect in r.stdout and "kernels, prefill, e2e, e2e-aa" in r.stdout
     assert not calls
 
 
