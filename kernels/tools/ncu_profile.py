@@ -31,6 +31,10 @@ METRICS = {
     "sm__warps_active.avg.pct_of_peak_sustained_active": "warps_active_pct",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
     "dram__bytes_read.sum": "dram_read_bytes",
+    # L2: the MoE prefill's CTAs each read their token block's activations again, per 128 output rows (the 20b's
+    # 2048-token down: ~1.1 GB per layer against 0.14 GB of weights), so L2 may bound it before DRAM does
+    "lts__t_bytes.sum": "l2_bytes",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "l2_pct",
     "gpu__time_duration.sum": "duration_ns",
     "launch__registers_per_thread": "regs",
 }
@@ -210,7 +214,8 @@ def stall_profile(out: Path, ncu: str, tag: str, driver_args: list[str], labels:
     (out / f"{tag}_summary.json").write_text(json.dumps(summary, indent=1))
     for rec in summary:
         print(f"{rec['case']:40s} {rec['duration_ns'] / 1e3:7.2f} us  issue {rec['issue_active_pct']:5.1f}%  "
-              f"warps {rec['warps_active_pct']:5.1f}%  dram {rec['dram_pct']:5.1f}%  stalls "
+              f"warps {rec['warps_active_pct']:5.1f}%  dram {rec['dram_pct']:5.1f}%  L2 {rec['l2_pct']:5.1f}% "
+              f"({rec['l2_bytes'] / 1e9:.2f} GB)  stalls "
               + ", ".join(f"{k} {v:.0%}" for k, v in list(rec["stall_share"].items())[:5]))
     return 0
 

@@ -13,10 +13,11 @@ pytestmark = pytest.mark.level1_5
 
 def _csv(time_unit: str, duration: str, byte_unit: str, read: str) -> str:
     return (
-        '"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","launch__registers_per_thread"\n'
-        f'"","","{time_unit}","{byte_unit}","register/thread"\n'
-        f'"0","warm-up","1","1","1"\n'
-        f'"1","mxfp4_kernel<0, 1, 1, 1, 6>","{duration}","{read}","128"\n'
+        '"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","lts__t_bytes.sum",'
+        '"launch__registers_per_thread"\n'
+        f'"","","{time_unit}","{byte_unit}","Gbyte","register/thread"\n'
+        f'"0","warm-up","1","1","1","1"\n'
+        f'"1","mxfp4_kernel<0, 1, 1, 1, 6>","{duration}","{read}","1.25","128"\n'
     )
 
 
@@ -30,6 +31,7 @@ def test_durations_and_sizes_come_out_in_base_units_whatever_ncu_printed(time_un
     rec = metric_values(rows[1], units)
     assert rec["duration_ns"] == pytest.approx(10272.0)
     assert rec["dram_read_bytes"] == pytest.approx(7895552.0)
+    assert rec["l2_bytes"] == pytest.approx(1.25e9)
     assert rec["regs"] == 128.0
     assert math.isnan(rec["thread_inst"])  # not collected: NaN, not 0
 
