@@ -36,9 +36,13 @@ RES=$(realpath -m "${PREFILL_DIR:-/tmp/prefill-out}")
 MODEL=${MODEL:-gpt-oss-20b-shape}
 PREV=${PREV:-.gpu-prev/mxfp4_mma.cu}
 PLUGIN=${PLUGIN:-gemv-bf16-mxfp4-all}
-[ $# -gt 0 ] || { echo "gpu_prefill: name a phase: kernels, prefill, e2e, e2e-aa"; exit 2; }
+PHASES=(kernels prefill e2e e2e-aa)
+phase_list=$(IFS=,; echo "${PHASES[*]}" | sed 's/,/, /g')
+[ $# -gt 0 ] || { echo "gpu_prefill: name a phase: $phase_list"; exit 2; }
 for phase in "$@"; do  # all checked before any runs: a typo after a 20-minute phase would be found after it
-  case $phase in kernels|prefill|e2e|e2e-aa) ;; *) echo "gpu_prefill: unknown phase '$phase'; phases: kernels, prefill, e2e, e2e-aa"; exit 2 ;; esac
+  known=0
+  for p in "${PHASES[@]}"; do [ "$p" = "$phase" ] && known=1; done
+  [ $known = 1 ] || { echo "gpu_prefill: unknown phase '$phase'; phases: $phase_list"; exit 2; }
 done
 case "$RES/" in "$(pwd -P)/"*) echo "gpu_prefill: PREFILL_DIR $RES is inside the repository, which it copies; pass a folder outside it"; exit 2 ;; esac
 mkdir -p "$RES" || { echo "gpu_prefill: PREFILL_DIR $RES cannot be created; pass a writable folder"; exit 2; }
@@ -79,34 +83,34 @@ from harness.features.spec import flavour_baseline
 print(flavour_baseline("upstream", detect_platform().name))'
 }
 
+# One plugin_e2e run on MODEL: NAME (its --out and log under RES), TIMEOUT in seconds, the e2e.md table to print
+# (its header's second column, lines after the header), then plugin_e2e's arguments.
+plugin_run() {
+  local name=$1 limit=$2 column=$3 lines=$4
+  shift 4
+  timeout "$limit" python3 scripts/plugin_e2e.py --model "$MODEL" "$@" \
+    --out "$RES/$name-$MODEL" > "$RES/$name-$MODEL.log" 2>&1
+  local rc=$?
+  grep -A"$lines" "^| config | $column" "$RES/$name-$MODEL/e2e.md" 2>/dev/null | head -$((lines + 2))
+  return $rc
+}
+
 prefill() {
   local stock
   stock=$(stock_config) || return 2
   # no --warm: kernel time is not moved by a first boot's compiling
-  timeout 1200 python3 scripts/plugin_e2e.py --model "$MODEL" --prefill-gpu-only --configs "$stock,$PLUGIN" \
-    --out "$RES/prefill-$MODEL" > "$RES/prefill-$MODEL.log" 2>&1
-  local rc=$?
-  grep -A4 "^| config | MoE" "$RES/prefill-$MODEL/e2e.md" 2>/dev/null | head -6
-  return $rc
+  plugin_run prefill 1200 MoE 4 --prefill-gpu-only --configs "$stock,$PLUGIN"
 }
 
 e2e() {
   local stock
   stock=$(stock_config) || return 2
-  timeout 1500 python3 scripts/plugin_e2e.py --model "$MODEL" --warm --configs "$stock,$PLUGIN" \
-    --out "$RES/e2e-$MODEL" > "$RES/e2e-$MODEL.log" 2>&1
-  local rc=$?
-  grep -A8 "^| config | boot" "$RES/e2e-$MODEL/e2e.md" 2>/dev/null | head -10
-  return $rc
+  plugin_run e2e 1500 boot 8 --warm --configs "$stock,$PLUGIN"
 }
 
 e2e_aa() {
   # SUITE_AA=1 is read by nothing: the second boot is the same config, named apart in the table
-  timeout 1500 python3 scripts/plugin_e2e.py --model "$MODEL" --warm --configs "$PLUGIN,$PLUGIN+SUITE_AA=1" \
-    --out "$RES/aa-$MODEL" > "$RES/aa-$MODEL.log" 2>&1
-  local rc=$?
-  grep -A6 "^| config | boot" "$RES/aa-$MODEL/e2e.md" 2>/dev/null | head -8
-  return $rc
+  plugin_run aa 1500 boot 6 --warm --configs "$PLUGIN,$PLUGIN+SUITE_AA=1"
 }
 
 status=0

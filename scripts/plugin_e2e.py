@@ -331,13 +331,14 @@ def prefill_table(results: dict[str, dict], order: list[str]) -> list[str]:
           f"difference from {drawn[0][0]}):", "",
           "| config | MoE | dense | attention | other | busy | launches |", "|---|---|---|---|---|---|---|"]
 
-    def cell(b: dict, cat: str) -> str:
-        ms, ms0 = b["exclusive_us_per_token"][cat] / 1e3, first["exclusive_us_per_token"][cat] / 1e3
+    def cell(b: dict, us_of) -> str:  # ms, and after the first config its difference from the first's
+        ms, ms0 = us_of(b) / 1e3, us_of(first) / 1e3
         return f"{ms:.2f}" if b is first else f"{ms:.2f} ({ms - ms0:+.2f})"
     for c, b in drawn:
-        busy, busy0 = b["busy_us_per_token"] / 1e3, first["busy_us_per_token"] / 1e3
-        md.append(f"| {c} | " + " | ".join(cell(b, cat) for cat in ("moe", "dense", "attention", "other")) +
-                  f" | {busy:.2f}{'' if b is first else f' ({busy - busy0:+.2f})'} | {b['launches_per_token']:.0f} |")
+        cells = [cell(b, lambda x, cat=cat: x["exclusive_us_per_token"][cat])
+                 for cat in ("moe", "dense", "attention", "other")]
+        cells.append(cell(b, lambda x: x["busy_us_per_token"]))
+        md.append(f"| {c} | " + " | ".join(cells) + f" | {b['launches_per_token']:.0f} |")
     md += ["", "Costliest kernels of that prefill (us, summed over its calls; overlaps counted once):", "",
            "| config | kernel | category | calls | us |", "|---|---|---|---|---|"]
     for c, b in drawn:
