@@ -3,7 +3,7 @@
 # warm boot plus two configs is ~15 minutes): start it under scripts/gpu_bg.sh and poll, e.g.
 #
 #   export PYTHONPATH=/tmp/vllm-site SUITE_GIT_SHA=<sha>      # vLLM staged as in docs/gpu-lab.md
-#   bash scripts/gpu_bg.sh prefill 540 /tmp/prefill-out -- bash scripts/gpu_prefill.sh kernels e2e
+#   bash scripts/gpu_bg.sh prefill 540 /tmp/prefill-out -- bash scripts/gpu_prefill.sh kernels level2 e2e
 #
 # Results go to PREFILL_DIR (default /tmp/prefill-out), never to $OUT: the device tool empties $OUT before every call,
 # which deleted a phase's files (plugin_e2e's resume file among them) under the job still writing them. The job runs
@@ -21,6 +21,10 @@
 #             verdict could not change that), or the served build is slower than PREV's (every round beyond every
 #             round of it) or its output differs from PREV's by a bit (`--expect not-slower,identical`; EXPECT
 #             replaces it, e.g. EXPECT=not-slower for a change that rounds differently by design).
+#   level2    level 2 of LEVEL2_CONFIG (default gemv-bf16: its quantization is stock's, so stock's goldens judge it) on the
+#             tiny MXFP4 model against stock's goldens (`--goldens-of`), the mutation tests left out (they test the
+#             suite's rules, not the kernels, and boot six more servers): streams, teacher forcing, perplexity, chat.
+#             A kernel change that rounds differently must still pass it (the MoE down kernel's bf16 rows did not).
 #   prefill   `pp2048_gpu` alone of stock and PLUGIN on MODEL, with one profiled prefill per config split by kernel
 #             (plugin_e2e --prefill-gpu-only: e2e.md's prefill tables), two boots and no decode workloads.
 #   e2e       stock and the plugin's MXFP4 config on MODEL (default gpt-oss-20b-shape) in one plugin_e2e run:
@@ -28,15 +32,16 @@
 #             The tiling comes from kernels/tuning.yaml (nothing forced): what users get.
 #   e2e-aa    the plugin config twice in one run (its second entry with a no-op variable): the run-to-run spread
 #             of every workload, which the ratios of `e2e` must exceed to mean anything.
-# Each phase writes a line `PHASE rc N` to $PREFILL_DIR/phases.txt; the phases after a failed `kernels` are skipped,
-# and the job exits 1 when any phase failed.
+# Each phase writes a line `PHASE rc N` to $PREFILL_DIR/phases.txt; the phases after a failed `kernels` or `level2` are
+# skipped, and the job exits 1 when any phase failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RES=$(realpath -m "${PREFILL_DIR:-/tmp/prefill-out}")
 MODEL=${MODEL:-gpt-oss-20b-shape}
 PREV=${PREV:-.gpu-prev/mxfp4_mma.cu}
 PLUGIN=${PLUGIN:-gemv-bf16-mxfp4-all}
-PHASES=(kernels prefill e2e e2e-aa)
+LEVEL2_CONFIG=${LEVEL2_CONFIG:-gemv-bf16}
+PHASES=(kernels level2 prefill e2e e2e-aa)
 phase_list=$(IFS=,; echo "${PHASES[*]}" | sed 's/,/, /g')
 [ $# -gt 0 ] || { echo "gpu_prefill: name a phase: $phase_list"; exit 2; }
 for phase in "$@"; do  # all checked before any runs: a typo after a 20-minute phase would be found after it
@@ -73,6 +78,15 @@ kernels() {
   timeout 420 python3 -m kernels.tools.bench_prefill "${ab[@]}" --ab-m 8192,2048 --rounds 5 \
     --out "$RES/ab.json" > "$RES/ab.log" 2>&1 || rc=1
   grep -v "^NVIDIA" "$RES/ab.log" | tail -12
+  return $rc
+}
+
+level2() {
+  local stock rc=0
+  stock=$(stock_config) || return 2
+  timeout 1200 python3 -m pytest -p no:cacheprovider -q -rs -m level2 --config="$LEVEL2_CONFIG" --goldens-of="$stock" \
+    -k "not mutated" > "$RES/level2.log" 2>&1 || rc=1
+  grep -E "^(FAILED|ERROR|E +assert not)|passed|failed" "$RES/level2.log" | tail -6
   return $rc
 }
 
@@ -117,14 +131,15 @@ status=0
 for phase in "$@"; do
   case $phase in
     kernels) kernels; rc=$? ;;
+    level2) level2; rc=$? ;;
     prefill) prefill; rc=$? ;;
     e2e) e2e; rc=$? ;;
     e2e-aa) e2e_aa; rc=$? ;;
   esac
   echo "$phase rc $rc" | tee -a "$RES/phases.txt"
   [ $rc -eq 0 ] || status=1
-  if [ "$phase" = kernels ] && [ $rc -ne 0 ]; then
-    echo "gpu_prefill: the kernels phase failed; the served model is not measured on a kernel that failed its tests"
+  if { [ "$phase" = kernels ] || [ "$phase" = level2 ]; } && [ $rc -ne 0 ]; then
+    echo "gpu_prefill: the $phase phase failed; the served model is not measured on a kernel that failed its tests"
     exit 1
   fi
 done

@@ -118,7 +118,7 @@ def test_a_failed_e2e_is_its_phase_line_and_the_next_phase_still_runs(tmp_path):
                                             (("kernels", "e2e", "e2e-aaa"), "unknown phase 'e2e-aaa'")])
 def test_no_phase_or_an_unknown_one_is_one_line_and_exit_2_before_any_phase_runs(tmp_path, phases, expect):
     r, calls = _job(tmp_path, *phases)
-    assert r.returncode == 2 and expect in r.stdout and "kernels, prefill, e2e, e2e-aa" in r.stdout
+    assert r.returncode == 2 and expect in r.stdout and "kernels, level2, prefill, e2e, e2e-aa" in r.stdout
     assert not calls
 
 
@@ -140,3 +140,23 @@ def test_the_job_runs_from_its_own_copy_of_the_tree_and_writes_outside_the_tools
 def test_a_results_folder_inside_the_repository_is_refused(tmp_path):
     r, calls = _job(tmp_path, "kernels", copy=True, PREFILL_DIR=str(REPO / "runs" / "prefill"))
     assert r.returncode == 2 and "inside the repository" in r.stdout and not calls
+
+
+def test_level2_judges_the_plugin_config_by_stocks_goldens_without_the_mutants(tmp_path):
+    r, calls = _job(tmp_path, "level2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (argv,) = [c.split() for c in calls if "-m pytest" in c]
+    assert "-m" in argv and argv[argv.index("-m", argv.index("pytest")) + 1] == "level2"
+    assert "--config=gemv-bf16" in argv and "--goldens-of=triton-bf16" in argv
+    assert " ".join(argv[argv.index("-k") + 1:]) == "not mutated"  # the stand-in logs its arguments unquoted
+    assert (tmp_path / "out" / "phases.txt").read_text() == "level2 rc 0\n"
+
+
+def test_a_failed_level2_stops_the_job_before_any_server_is_measured(tmp_path):
+    """A kernel change that rounds the served model's logprobs past level 2's rules (the MoE down kernel's bf16 rows
+    flipped a teacher-forced top-1 on an H100) fails the job before its speed is measured."""
+    r, calls = _job(tmp_path, "level2", "prefill", "e2e", PYTEST_RC="1")
+    assert r.returncode == 1
+    assert not [c for c in calls if "plugin_e2e" in c], calls
+    assert (tmp_path / "out" / "phases.txt").read_text() == "level2 rc 1\n"
+    assert "the level2 phase failed" in r.stdout
