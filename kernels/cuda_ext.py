@@ -72,7 +72,7 @@ def source_variants(text: str) -> list[tuple[int, int, int, int]]:
 # tiles per warp, registers capped for CTAS CTAs per SM; FORM 0 f16 activation fragments (xprep_kernel) with the scale
 # as an FFMA per MX block, FORM 1 bf16 activations as they are with the scale applied to the decoded bf16 weights,
 # FORM 2 the same on Hopper's wgmma (mxfp4_wg_kernel: sm_90a only, GB10 has no wgmma).
-PF_VARIANTS = [(8, 2, 1, 1), (8, 2, 2, 1), (8, 2, 1, 0), (8, 1, 2, 2), (16, 1, 2, 2)]
+PF_VARIANTS = [(8, 2, 1, 1), (8, 2, 2, 1), (8, 2, 1, 0), (8, 1, 2, 2), (16, 1, 2, 2), (16, 2, 1, 2)]
 FORM_F16, FORM_BF16, FORM_WG = 0, 1, 2
 WG_CAPABILITY = (9, 0)  # wgmma: sm_90a (H100 / H200); the kernel refuses other devices
 

@@ -285,27 +285,33 @@ def _cuda_prefill(x: torch.Tensor, cfg: dict) -> bool:
     return prefill_available()[0]
 
 
-def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4) -> int:
+def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4, down: bool = False) -> int:
     """Prefill kernel variant (cuda_ext.PF_VARIANTS): `cuda_variant` from the tuning, else the tiling the tuning names:
     dense layers 64 token rows per CTA, `cuda_row_tiles` row tiles per warp, `cuda_ctas_per_sm` and `cuda_form`; the
     MoE its own `cuda_moe_*` keys where given (`cuda_moe_tokens`, `cuda_moe_row_tiles`, `cuda_moe_ctas_per_sm`,
-    `cuda_moe_form`; sm_90 serves its MoE on wgmma). The bf16 forms (bf16, wgmma) serve weights whose scale bytes they
-    multiply exactly (cuda_ext.BF16_MAX_SCALE); others take the f16 form at 64 rows, one CTA per SM."""
+    `cuda_moe_form`; sm_90 serves its MoE on wgmma). `down`: the MoE's down half, whose `cuda_down_variant` /
+    `cuda_moe_down_*` keys come first (`_moe_variants` checks it can read gate_up's h). The bf16 forms (bf16, wgmma)
+    serve weights whose scale bytes they multiply exactly (cuda_ext.BF16_MAX_SCALE); others take the f16 form at 64
+    rows, one CTA per SM."""
     from .cuda_ext import BF16_MAX_SCALE, FORM_BF16, FORM_F16, FORM_WG, PF_VARIANTS, reads_bf16_rows, variant_problem
 
-    if "cuda_variant" in cfg:
-        v = int(cfg["cuda_variant"])
+    explicit = "cuda_down_variant" if down and "cuda_down_variant" in cfg else "cuda_variant"
+    if explicit in cfg:
+        v = int(cfg[explicit])
         if variant_problem(v):
-            raise ValueError(f"packed_mm cuda_variant {v}: {variant_problem(v)}; unset cuda_variant "
-                             "(KERNELS_PACKED_MM_CUDA_VARIANT) or pick another")
+            raise ValueError(f"packed_mm {explicit} {v}: {variant_problem(v)}; unset {explicit} "
+                             f"(KERNELS_PACKED_MM_{explicit.upper()}) or pick another")
         if reads_bf16_rows(v) and any(w.scale_max() > BF16_MAX_SCALE for w in weights):
-            raise ValueError(f"packed_mm cuda_variant {v} is a bf16-form tiling, which cannot multiply scale bytes above "
+            raise ValueError(f"packed_mm {explicit} {v} is a bf16-form tiling, which cannot multiply scale bytes above "
                              f"{BF16_MAX_SCALE} (these weights have {max(w.scale_max() for w in weights)}): unset "
-                             "cuda_variant (KERNELS_PACKED_MM_CUDA_VARIANT) or pick an f16-form variant")
+                             f"{explicit} (KERNELS_PACKED_MM_{explicit.upper()}) or pick an f16-form variant")
         return v
 
     def key(name: str, default):
-        return cfg.get(f"cuda_moe_{name}", cfg.get(f"cuda_{name}", default)) if moe else cfg.get(f"cuda_{name}", default)
+        if not moe:
+            return cfg.get(f"cuda_{name}", default)
+        moe_value = cfg.get(f"cuda_moe_{name}", cfg.get(f"cuda_{name}", default))
+        return cfg.get(f"cuda_moe_down_{name}", moe_value) if down else moe_value
 
     forms = {"bf16": FORM_BF16, "f16": FORM_F16, "wgmma": FORM_WG}
     form = key("form", "bf16")
@@ -447,6 +453,21 @@ def mxfp4_moe_packed_mm(x: torch.Tensor, expert_ids: torch.Tensor, expert_weight
     return out
 
 
+def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4) -> tuple[int, int]:
+    """The MoE's gate_up and down prefill variants. Down may take its own row tiles and CTAs per SM (it has half
+    gate_up's output rows and re-reads its token block's h once per row group), but it walks gate_up's token blocks
+    and reads gate_up's h: the same token rows per CTA, and bf16 rows or f16 fragments alike."""
+    from .cuda_ext import PF_VARIANTS, reads_bf16_rows
+
+    v = _cuda_variant(cfg, True, gate_up, down)
+    vd = _cuda_variant(cfg, True, gate_up, down, down=True)
+    if PF_VARIANTS[vd][0] != PF_VARIANTS[v][0] or reads_bf16_rows(vd) != reads_bf16_rows(v):
+        raise ValueError(f"packed_mm: the MoE's down tiling {PF_VARIANTS[vd]} cannot read the h of gate_up's "
+                         f"{PF_VARIANTS[v]} (token rows per CTA and form must match, (NT, RT, CTAS, FORM)): set "
+                         "cuda_moe_down_* (or cuda_down_variant) to a tiling with gate_up's NT and form, or unset them")
+    return v, vd
+
+
 def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias, down: PackedMXFP4, down_bias, out,
               cfg: dict, alpha: float, limit: float) -> torch.Tensor:
     """mxfp4_moe_packed_mm on the CUDA prefill kernel: gate_up + SwiGLU writes h (bf16 form: bf16 rows [S, I]; f16
@@ -463,7 +484,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     slots = m * top_k
     n_exp = gate_up.words.shape[0]
     src = cfg.get("cuda_src", "")  # an earlier kernel source, for a same-process A/B (bench_prefill --cuda-src-before)
-    v = _cuda_variant(cfg, True, gate_up, down)
+    v, vd = _moe_variants(cfg, gate_up, down)
     bm = 8 * PF_VARIANTS[v][0]
     if align_supported(n_exp, src):  # one launch instead of torch's ~20 (same result)
         rows, bexp, n_blocks = align_by_expert_cuda(expert_ids, n_exp, bm, src)
@@ -481,7 +502,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
         h = torch.empty((slots, gate_up.n // 2), dtype=torch.bfloat16, device=x.device)
         prefill_launch(MODE_GATEUP, v, frag, None, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
                        rows=rows, bexp=bexp, x_div=top_k, alpha=alpha, limit=limit, src=src)
-        prefill_launch(MODE_DOWN, v, h, None, 1.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
+        prefill_launch(MODE_DOWN, vd, h, None, 1.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
                        bexp=bexp, x_div=1, wts=wts, src=src)
     else:
         kc_h = down.k_chunks
@@ -491,7 +512,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
         prefill_launch(MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
                        rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit, src=src)
         # h is stored * 2**8 and the decoded weights are value * 2**-14: products come out * 2**-6
-        prefill_launch(MODE_DOWN, v, h, None, 64.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
+        prefill_launch(MODE_DOWN, vd, h, None, 64.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
                        bexp=bexp, x_div=1, wts=wts, src=src)
     if one_pass:
         return combine(y, expert_ids, n_exp, out, src)

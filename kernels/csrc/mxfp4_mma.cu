@@ -1814,8 +1814,8 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
 // its run per expert, a scan over the warps gives each (warp, expert) its first place, and the warp then places its run
 // 32 slots at a time in order (rank within the 32 from __match_any_sync), with no CTA barrier between its steps: four
 // barriers in all. The earlier form placed the slots in rounds of ALIGN_THREADS, four barriers per round and each slot
-// summing the counts of every earlier warp: 17 us per layer at 2048 tokens of the 20b on an H100 (411 us per prefill,
-// against ~7 us for stock's whole routing).
+// summing the counts of every earlier warp: 17 us per layer at 2048 tokens of the 20b on an H100 (411 us per prefill
+// against ~180 us for stock's whole routing).
 constexpr int ALIGN_THREADS = 1024, ALIGN_WARPS = ALIGN_THREADS / 32, ALIGN_MAX_E = 256;
 constexpr int ALIGN_IDS = 8;  // ids per lane loaded at once when a warp places its run
 __global__ void __launch_bounds__(ALIGN_THREADS) align_kernel(const int* ids, int S, int E, int bm, int n_blocks,
@@ -2051,10 +2051,13 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // (NT 8 RT 1: no faster), NT 16 RT 2 at one CTA (0.788x / 0.944x; in the served 20b model 0.823x stock's pp2048_gpu
 // against NT 16 RT 1's 0.928x). H100, 2026-12-06: NT 32 RT 1 at one CTA (two wgmmas per k-step) 1.04-2.16x the time
 // of NT 16 RT 1 at 192-64 slots per expert, 1.16x at 256 (kernels/NOTES.md "256 token rows per CTA").
-#define PF_N 5
+// NT 16 RT 2 at one CTA again, for the MoE's down half alone (tuning cuda_moe_down_*; not measured yet, kernels/NOTES.md
+// "The down half's own tiling"): down re-reads its token block's h once per 128-row group and sat at ~79% of L2 peak
+// (H100, Nsight Compute); 256 rows per CTA halve those reads.
+#define PF_N 6
 #define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>, \
-    pf_launch<MODE, 8, 1, 2, 2>, pf_launch<MODE, 16, 1, 2, 2>
-static const int PF_RT[PF_N] = {2, 2, 2, 1, 1};
+    pf_launch<MODE, 8, 1, 2, 2>, pf_launch<MODE, 16, 1, 2, 2>, pf_launch<MODE, 16, 2, 1, 2>
+static const int PF_RT[PF_N] = {2, 2, 2, 1, 1, 2};
 
 int mxfp4_pf_num_variants() { return PF_N; }
 

@@ -24,8 +24,8 @@ entries are NaN with the reason.
 SPEC in one process on the same layer and routing, `--rounds` rounds in alternating order (each round a median of
 `--reps` graph replays), stock's `matmul_ogs` and Marlin in every round as the yardstick, and each SPEC's output
 compared bit for bit with the first's. A SPEC is `served` (this tree's source and the tiling tuning.yaml serves),
-`@V` (variant V of cuda_ext.PF_VARIANTS), or `PATH` / `PATH@V` (another csrc/mxfp4_mma.cu with the same PF_TABLE:
-add a new tiling to the tree's table first). The verdict (`ab_verdict`) calls a SPEC faster or slower only when all
+`@V` (variant V of cuda_ext.PF_VARIANTS; `@V/W`: V for gate_up, W for down), or `PATH` / `PATH@V` (another
+csrc/mxfp4_mma.cu with the same PF_TABLE: add a new tiling to the tree's table first). The verdict (`ab_verdict`) calls a SPEC faster or slower only when all
 its rounds lie beyond all of the first's. `--expect faster,identical` (or `not-slower`) makes it a gate: exit 1,
 with one line per spec and M that missed, when the A/B did not show it.
 """
@@ -272,17 +272,23 @@ def bench_topk(ms: list[int], reps: int, src_before: str | None) -> list[dict]:
     return rows
 
 
-def parse_ab_spec(spec: str) -> tuple[str, int | None]:
-    """"served" -> ("", None); "@3" -> ("", 3); "a.cu" -> ("a.cu", None); "a.cu@3" -> ("a.cu", 3). ValueError, naming
-    the fix, for a variant not in the table, a missing source, or one whose tables this tree cannot launch."""
+def parse_ab_spec(spec: str) -> tuple[str, int | None, int | None]:
+    """"served" -> ("", None, None); "@3" -> ("", 3, None); "@4/5" -> ("", 4, 5): variant 4 for gate_up, 5 for down;
+    "a.cu" -> ("a.cu", None, None); "a.cu@3" -> ("a.cu", 3, None). ValueError, naming the fix, for a variant not in
+    the table, a missing source, or one whose tables this tree cannot launch."""
     spec = spec.strip()
     if spec in ("", "served"):
-        return "", None
-    src, _, v = spec.partition("@")
-    if v and not v.isdigit():
-        raise ValueError(f"--ab spec {spec!r}: the part after @ must be a variant index of cuda_ext.PF_VARIANTS")
-    if v and int(v) >= len(PF_VARIANTS):
-        raise ValueError(f"--ab spec {spec!r}: variant {v} is not in cuda_ext.PF_VARIANTS {PF_VARIANTS}")
+        return "", None, None
+    src, _, vs = spec.partition("@")
+    v, _, vd = vs.partition("/")
+    for part in (v, vd):
+        if part and not part.isdigit():
+            raise ValueError(f"--ab spec {spec!r}: the part after @ must be a variant index of cuda_ext.PF_VARIANTS, "
+                             "or two (gate_up/down)")
+        if part and int(part) >= len(PF_VARIANTS):
+            raise ValueError(f"--ab spec {spec!r}: variant {part} is not in cuda_ext.PF_VARIANTS {PF_VARIANTS}")
+    if vd and not v:
+        raise ValueError(f"--ab spec {spec!r}: name gate_up's variant before the down one (@V/W)")
     if src:
         path = Path(src)
         if not path.is_file():
@@ -292,7 +298,7 @@ def parse_ab_spec(spec: str) -> tuple[str, int | None]:
         except RuntimeError as ex:
             raise ValueError(f"--ab spec {spec!r}: {ex} (a new tiling: add it to this tree's PF_TABLE and "
                              "cuda_ext.PF_VARIANTS, then A/B it as @V)") from None
-    return src, (int(v) if v else None)
+    return src, (int(v) if v else None), (int(vd) if vd else None)
 
 
 def ab_verdict(base: list[float], other: list[float]) -> str:
@@ -332,8 +338,8 @@ def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int) -> dict:
     from ..tuning import get_config
 
     parsed = [parse_ab_spec(s) for s in specs]
-    cfgs = [{**get_config("packed_mm"), "impl": "cuda", "cuda_src": src, **({} if v is None else {"cuda_variant": v})}
-            for src, v in parsed]
+    cfgs = [{**get_config("packed_mm"), "impl": "cuda", "cuda_src": src, **({} if v is None else {"cuda_variant": v}),
+             **({} if vd is None else {"cuda_down_variant": vd})} for src, v, vd in parsed]
     gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g = random_moe_layer(11)
     stock = {}
     for name, make in (("matmul_ogs", vllm_triton_moe_fn), ("marlin", vllm_marlin_moe_fn)):

@@ -49,14 +49,18 @@ def test_without_a_gpu_it_refuses_with_the_reason(capsys):
 
 
 def test_ab_specs_name_a_source_and_a_variant_or_are_refused():
-    assert bench_prefill.parse_ab_spec("served") == ("", None)
-    assert bench_prefill.parse_ab_spec("@0") == ("", 0)
+    assert bench_prefill.parse_ab_spec("served") == ("", None, None)
+    assert bench_prefill.parse_ab_spec("@0") == ("", 0, None)
+    assert bench_prefill.parse_ab_spec("@4/5") == ("", 4, 5)  # gate_up's variant, then down's
     src = str(bench_prefill.cuda_ext.SRC)  # a source with this tree's tables (another path: see the refusals below)
-    assert bench_prefill.parse_ab_spec(src) == (src, None)
-    assert bench_prefill.parse_ab_spec(f"{src}@1") == (src, 1)
-    for bad in ("@x", f"@{len(bench_prefill.PF_VARIANTS)}"):
+    assert bench_prefill.parse_ab_spec(src) == (src, None, None)
+    assert bench_prefill.parse_ab_spec(f"{src}@1") == (src, 1, None)
+    n = len(bench_prefill.PF_VARIANTS)
+    for bad in ("@x", f"@{n}", "@0/x", f"@0/{n}"):
         with pytest.raises(ValueError, match="PF_VARIANTS"):
             bench_prefill.parse_ab_spec(bad)
+    with pytest.raises(ValueError, match="gate_up's variant before"):
+        bench_prefill.parse_ab_spec("@/1")
 
 
 def test_ab_verdict_calls_a_change_only_beyond_the_runs_spread():
@@ -129,7 +133,7 @@ def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
     other.write_text(src.replace("pf_launch<MODE, 8, 2, 2, 1>", "pf_launch<MODE, 16, 2, 2, 1>"))
     same = tmp_path / "same.cu"
     same.write_text(src)
-    assert bench_prefill.parse_ab_spec(f"{same}@1") == (str(same), 1)
+    assert bench_prefill.parse_ab_spec(f"{same}@1") == (str(same), 1, None)
     for argv, why in ((["--ab", "served,@x"], "variant index"), (["--ab", "served"], "two specs or more"),
                       (["--ab", "served,@0", "--ab-m", "2048,8"], "above 16"),
                       (["--ab", "served,@0", "--rounds", "1"], "--rounds must be at least 2"),

@@ -283,6 +283,33 @@ def test_sm_90_serves_the_moe_prefill_on_wgmma_and_gb10_on_mma_sync(monkeypatch)
         tiling("sm_90", True, ok, ok, cuda_moe_form="wmma")
 
 
+def test_the_moe_down_half_takes_its_own_tiling_only_over_gate_ups_token_blocks(monkeypatch):
+    """Down may have its own row tiles and CTAs per SM (`cuda_moe_down_*`, or `cuda_down_variant`), and without them
+    takes gate_up's; a down tiling with other token rows per CTA or another form could not read gate_up's h (other
+    blocks, other layout) and is refused in one line naming the keys."""
+    from kernels.cuda_ext import FORM_BF16, FORM_WG
+    from kernels.packed_mm import _moe_variants
+
+    g = generator(fresh_seed(), "cpu")
+    w, s = random_mxfp4((16, 64), g, 120, 127)
+    p = pack_mxfp4(w, s)
+    _on_hopper(monkeypatch)
+    base = {k: v for k, v in get_config("packed_mm", "sm_90").items() if not k.startswith("cuda_moe_down_")}
+
+    def tilings(**over) -> tuple[tuple, tuple]:
+        v, vd = _moe_variants({**base, **over}, p, p)
+        return PF_VARIANTS[v], PF_VARIANTS[vd]
+
+    assert tilings() == ((16, 1, 2, FORM_WG), (16, 1, 2, FORM_WG)), "no down keys: down runs gate_up's tiling"
+    assert tilings(cuda_moe_down_row_tiles=2, cuda_moe_down_ctas_per_sm=1) == ((16, 1, 2, FORM_WG), (16, 2, 1, FORM_WG))
+    wide = PF_VARIANTS.index((16, 2, 1, FORM_WG))
+    assert tilings(cuda_variant=PF_VARIANTS.index((16, 1, 2, FORM_WG)), cuda_down_variant=wide)[1] == (16, 2, 1, FORM_WG)
+    with pytest.raises(ValueError, match="cannot read the h of gate_up's .*cuda_moe_down_"):
+        tilings(cuda_moe_down_tokens=64, cuda_moe_down_row_tiles=1)  # NT 8: other token blocks
+    with pytest.raises(ValueError, match="cannot read the h of gate_up's"):
+        tilings(cuda_variant=PF_VARIANTS.index((8, 2, 1, FORM_BF16)), cuda_down_variant=PF_VARIANTS.index((8, 2, 1, 0)))
+
+
 def _on_hopper(monkeypatch) -> None:
     """This process as an sm_90 device (wgmma available) for the host-side checks; no kernel runs."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
