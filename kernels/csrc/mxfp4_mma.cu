@@ -2051,9 +2051,9 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // (NT 8 RT 1: no faster), NT 16 RT 2 at one CTA (0.788x / 0.944x; in the served 20b model 0.823x stock's pp2048_gpu
 // against NT 16 RT 1's 0.928x). H100, 2026-12-06: NT 32 RT 1 at one CTA (two wgmmas per k-step) 1.04-2.16x the time
 // of NT 16 RT 1 at 192-64 slots per expert, 1.16x at 256 (kernels/NOTES.md "256 token rows per CTA").
-// NT 16 RT 2 at one CTA again, for the MoE's down half alone (tuning cuda_moe_down_*; not measured yet, kernels/NOTES.md
-// "The down half's own tiling"): down re-reads its token block's h once per 128-row group and sat at ~79% of L2 peak
-// (H100, Nsight Compute); 256 rows per CTA halve those reads.
+// NT 16 RT 2 at one CTA again, for the MoE's down half alone (tuning cuda_moe_down_*, not served; kernels/NOTES.md "The
+// down half's own tiling"): 256 rows per CTA, half the re-reads of h. H100, MoE layer of the 120b shape: 0.929x at 8192
+// tokens (~256 slots per expert), 1.015x at 2048 (~64: half the warps per SM hide less latency), bit-identical.
 #define PF_N 6
 #define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>, \
     pf_launch<MODE, 8, 1, 2, 2>, pf_launch<MODE, 16, 1, 2, 2>, pf_launch<MODE, 16, 2, 1, 2>
