@@ -186,6 +186,11 @@ def _load(src: str = "") -> ctypes.CDLL:
         lib.mxfp4_prefill.restype = I
         lib.mxfp4_prefill.argtypes = [I, I, P, P, F, P, P, I, I, I, P, P, LL, LL, P, I, LL, P, LL, I, P, I, I, I, F, F,
                                       P, LL, I]
+    if hasattr(lib, "mxfp4_prefill2"):  # absent from sources older than the MoE down kernel's f16 rows
+        lib.mxfp4_prefill2.restype = I
+        lib.mxfp4_prefill2.argtypes = lib.mxfp4_prefill.argtypes + [I]
+        lib.mxfp4_combine_f16.restype = I
+        lib.mxfp4_combine_f16.argtypes = [P, P, I, I, I, I, P, LL, P]
     if hasattr(lib, "mxfp4_combine"):  # absent from sources older than the one-pass MoE combine
         lib.mxfp4_combine.restype = I
         lib.mxfp4_combine.argtypes = [P, P, I, I, I, I, P, LL, P]
@@ -519,9 +524,13 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
                    src: str = "") -> None:
     """One launch of the prefill kernel (mxfp4_prefill): dense (rows None) or one MoE half over align_by_expert's
     blocks. FORM_F16 variants: `frag` the f16 fragments of `activation_frags`; `out` dense bf16 [M, N], gate_up int32
-    h fragments [S, kc_h * 32], down float32 [S, N]. FORM_BF16 variants: `frag` bf16 rows [rows, K] (unit stride
-    along K, rows 16-byte aligned), gate_up's `out` bf16 h rows [S, N / 2]."""
+    h fragments [S, kc_h * 32], down float32 [S, N], or float16 [S, N] holding value * 2**-DOWN_F16_SHIFT
+    (`down_f16_supported`). FORM_BF16 variants: `frag` bf16 rows [rows, K] (unit stride along K, rows 16-byte
+    aligned), gate_up's `out` bf16 h rows [S, N / 2]."""
     lib = _load(src)
+    f16_rows = mode == MODE_DOWN and out.dtype == torch.float16
+    if f16_rows and not down_f16_supported(p.n, src):
+        raise ValueError(f"f16 down rows need an even N and a source with mxfp4_prefill2 (N={p.n}); pass float32 rows")
     bf16 = reads_bf16_rows(variant)
     if bf16 and (frag.dtype != torch.bfloat16 or frag.stride(-1) != 1 or frag.stride(0) % 8 or frag.data_ptr() % 16):
         raise ValueError("the bf16 prefill form reads bf16 rows with unit stride along K, 16-byte aligned")
@@ -530,7 +539,7 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
     stacked = p.words.dim() == 5
     bk, b = _param_kind(bias)
     stream = torch.cuda.current_stream(frag.device).cuda_stream
-    err = lib.mxfp4_prefill(
+    args = (
         mode, variant, frag.data_ptr(), xdown.data_ptr() if xdown is not None else None, float(xmul),
         rows.data_ptr() if rows is not None else None, bexp.data_ptr() if bexp is not None else None, x_div, n_rows,
         n_blocks, p.words.data_ptr(), p.scales.data_ptr(), p.words[0].numel() // 4 if stacked else 0,
@@ -538,7 +547,16 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
         b.stride(0) if (b is not None and b.dim() == 2) else 0, out.data_ptr(), out.stride(0), kc_h,
         wts.data_ptr() if wts is not None else None, p.n, p.n_tiles, p.k_chunks, float(alpha), float(limit), stream,
         frag.stride(0) if bf16 else 0, frag.shape[1] if bf16 else 0)
+    err = lib.mxfp4_prefill2(*args, 1) if f16_rows else lib.mxfp4_prefill(*args)
     _check(err, "mxfp4 prefill launch")
+
+
+DOWN_F16_SHIFT = 4  # the .cu's: f16 down rows hold value * 2**-4
+
+
+def down_f16_supported(n: int, src: str = "") -> bool:
+    """The MoE down kernel can write f16 rows of N columns (and `combine` sum them): the source has it, N even."""
+    return n % 2 == 0 and hasattr(_load(src), "mxfp4_prefill2")
 
 
 def combine_supported(out: torch.Tensor, hdim: int, src: str = "") -> bool:
@@ -548,9 +566,10 @@ def combine_supported(out: torch.Tensor, hdim: int, src: str = "") -> bool:
 
 
 def combine(y: torch.Tensor, ids: torch.Tensor, num_experts: int, out: torch.Tensor, src: str = "") -> torch.Tensor:
-    """out [M, H] bf16 = the sum of y's k rows per token (y [M * k, H] fp32, the down kernel's rows with their routing
-    weights), in slot order, leaving out slots whose id is outside [0, num_experts) (the sort leaves them out, so their
-    rows are never written and y need not be zeroed). One launch (combine_kernel)."""
+    """out [M, H] bf16 = the sum of y's k rows per token (y [M * k, H] fp32, or f16 holding value * 2**-DOWN_F16_SHIFT:
+    the down kernel's rows with their routing weights), in slot order, in fp32, leaving out slots whose id is outside
+    [0, num_experts) (the sort leaves them out, so their rows are never written and y need not be zeroed). One launch
+    (combine_kernel)."""
     if ids.dim() != 2:
         raise ValueError(f"combine: ids must be [M, k], got {tuple(ids.shape)}")
     m, top_k = ids.shape
@@ -558,14 +577,19 @@ def combine(y: torch.Tensor, ids: torch.Tensor, num_experts: int, out: torch.Ten
     if out.shape != (m, h) or not combine_supported(out, h, src):
         raise ValueError(f"combine: out {tuple(out.shape)} {out.dtype} must be bf16 [{m}, H] with unit stride along H, "
                          "8-byte aligned rows and H % 4 == 0 (combine_supported)")
-    if (y.shape != (m * top_k, h) or y.dtype != torch.float32 or not y.is_contiguous() or y.data_ptr() % 16
-            or not (y.device == ids.device == out.device)):
-        raise ValueError(f"combine: y {tuple(y.shape)} {y.dtype} must be contiguous 16-byte aligned fp32 "
+    f16 = y.dtype == torch.float16
+    if f16 and not down_f16_supported(h, src):
+        raise ValueError("combine: f16 rows need a source with mxfp4_combine_f16; pass fp32 rows")
+    if (y.shape != (m * top_k, h) or y.dtype not in (torch.float32, torch.float16) or not y.is_contiguous()
+            or y.data_ptr() % 16 or not (y.device == ids.device == out.device)):
+        raise ValueError(f"combine: y {tuple(y.shape)} {y.dtype} must be contiguous 16-byte aligned fp32 or f16 "
                          f"[{m * top_k}, {h}] on the device of ids and out")
     ids = ids.to(torch.int32).contiguous()  # the same tensor when it already is
     stream = torch.cuda.current_stream(y.device).cuda_stream
-    _check(_load(src).mxfp4_combine(y.data_ptr(), ids.data_ptr(), m, top_k, num_experts, h, out.data_ptr(),
-                                    out.stride(0), stream), "mxfp4 combine launch")
+    lib = _load(src)
+    fn = lib.mxfp4_combine_f16 if f16 else lib.mxfp4_combine
+    _check(fn(y.data_ptr(), ids.data_ptr(), m, top_k, num_experts, h, out.data_ptr(), out.stride(0), stream),
+           "mxfp4 combine launch")
     return out
 
 

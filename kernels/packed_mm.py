@@ -453,10 +453,13 @@ def mxfp4_moe_packed_mm(x: torch.Tensor, expert_ids: torch.Tensor, expert_weight
     return out
 
 
-def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4) -> tuple[int, int]:
+def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4, slots: int | None = None) -> tuple[int, int]:
     """The MoE's gate_up and down prefill variants. Down may take its own row tiles and CTAs per SM (it has half
     gate_up's output rows and re-reads its token block's h once per row group), but it walks gate_up's token blocks
-    and reads gate_up's h: the same token rows per CTA, and bf16 rows or f16 fragments alike."""
+    and reads gate_up's h: the same token rows per CTA, and bf16 rows or f16 fragments alike. With
+    `cuda_moe_down_min_slots` it takes them only for calls of `slots` (tokens x top_k) whose mean slots per expert reach
+    that many (below, gate_up's): fewer re-reads pay where experts are dense, and half the CTAs per SM cost where
+    they are sparse (kernels/NOTES.md "The down half's own tiling")."""
     from .cuda_ext import PF_VARIANTS, reads_bf16_rows
 
     v = _cuda_variant(cfg, True, gate_up, down)
@@ -465,6 +468,9 @@ def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4) -> tuple[i
         raise ValueError(f"packed_mm: the MoE's down tiling {PF_VARIANTS[vd]} cannot read the h of gate_up's "
                          f"{PF_VARIANTS[v]} (token rows per CTA and form must match, (NT, RT, CTAS, FORM)): set "
                          "cuda_moe_down_* (or cuda_down_variant) to a tiling with gate_up's NT and form, or unset them")
+    min_slots = int(cfg.get("cuda_moe_down_min_slots", 0))
+    if slots is not None and slots < min_slots * gate_up.words.shape[0]:
+        return v, v
     return v, vd
 
 
@@ -475,7 +481,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     fp32 row per slot with its routing weight, and the k slots of a token are summed in a fixed order, as the Triton
     path does."""
     from .cuda_ext import (MODE_DOWN, MODE_GATEUP, PF_VARIANTS, align_supported, combine, combine_supported,
-                           prefill_launch, reads_bf16_rows)
+                           down_f16_supported, prefill_launch, reads_bf16_rows)
     from .cuda_ext import align_by_expert as align_by_expert_cuda
 
     m, hdim = x.shape
@@ -484,7 +490,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     slots = m * top_k
     n_exp = gate_up.words.shape[0]
     src = cfg.get("cuda_src", "")  # an earlier kernel source, for a same-process A/B (bench_prefill --cuda-src-before)
-    v, vd = _moe_variants(cfg, gate_up, down)
+    v, vd = _moe_variants(cfg, gate_up, down, slots)
     bm = 8 * PF_VARIANTS[v][0]
     if align_supported(n_exp, src):  # one launch instead of torch's ~20 (same result)
         rows, bexp, n_blocks = align_by_expert_cuda(expert_ids, n_exp, bm, src)
@@ -495,8 +501,14 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     if out is None:
         out = torch.empty((m, hdim), dtype=torch.bfloat16, device=x.device)
     one_pass = combine_supported(out, hdim, src)
+    rows_kind = cfg.get("cuda_moe_down_rows", "f16")
+    if rows_kind not in ("f16", "f32"):
+        raise ValueError(f"packed_mm.cuda_moe_down_rows must be f16 or f32 (kernels/tuning.yaml), got {rows_kind!r}")
+    # f16 rows (value * 2**-4, half the bytes of fp32) where the one-pass combine reads them; torch's sum takes fp32
+    f16_rows = one_pass and rows_kind == "f16" and down_f16_supported(hdim, src)
     # the one-pass combine skips the slots the down kernel never writes (ids < 0); torch's sum needs them zero
-    y = (torch.empty if one_pass else torch.zeros)((slots, hdim), dtype=torch.float32, device=x.device)
+    y = (torch.empty if one_pass else torch.zeros)((slots, hdim), dtype=torch.float16 if f16_rows else torch.float32,
+                                                   device=x.device)
     if reads_bf16_rows(v):
         # rows of skipped slots (-1) are never written and are read only into columns that are never stored
         h = torch.empty((slots, gate_up.n // 2), dtype=torch.bfloat16, device=x.device)

@@ -1122,8 +1122,9 @@ struct PfArgs {
   const void* bias;
   int bias_kind;
   long long bstride_e;
-  void* out;              // dense: bf16 [M][so]; gate_up: h fragments u32 [S][kc_h][32] (f16 * 2**8); down: f32 [S][so]
-  long long so;
+  void* out;              // dense: bf16 [M][so]; gate_up: h fragments u32 [S][kc_h][32] (f16 * 2**8); down: f32 [S][so],
+  long long so;           // or f16 [S][so] holding value * 2**-DOWN_F16_SHIFT when down_f16
+  int down_f16;
   int kc_h;
   const float* wts;       // down: routing weight per slot
   long long sx;           // FORM 1: row stride of x in elements (a multiple of 8)
@@ -1319,6 +1320,59 @@ __device__ __forceinline__ void pf_epilogue(const PfArgs& a, float (&acc)[RT][NT
   }
 }
 
+// Down's rows in f16 (PfArgs.down_f16): value * 2**-DOWN_F16_SHIFT, so that f16's range holds |value| up to ~1e6 and
+// its subnormals start at 2**-10 (an absolute error <= 2**-21 below that); 11 significant bits where bf16 rows kept 8
+// (those moved the served model's logprobs past level 2's near-tie allowance). Half the bytes of fp32 rows, written by
+// down and read once by the combine. Clamped to f16's largest finite value rather than written as inf.
+constexpr int DOWN_F16_SHIFT = 4;
+__device__ __forceinline__ __half2 down_f16_pair(float lo, float hi) {
+  constexpr float s = 1.f / (1 << DOWN_F16_SHIFT), top = 65504.f;
+  return __floats2half2_rn(fminf(fmaxf(lo * s, -top), top), fminf(fmaxf(hi * s, -top), top));
+}
+
+// pf_epilogue's down rows in f16: lanes g and g ^ 1 (lane ^ 4) hold output columns r0, r0 ^ 1 (and r1, r1 ^ 1) of the
+// same two tokens 2t, 2t + 1; they trade one f16 pair so that the even lane stores token 2t's columns as two 4-byte
+// pairs and the odd lane token 2t + 1's. N even (the host checks), so a pair is in range when its lane's column is.
+template <int NT, int RT, bool BF>
+__device__ __forceinline__ void pf_down_f16(const PfArgs& a, float (&acc)[RT][NT][4], int tile0, int tile_step,
+                                            const int* srow, int e, int g, int t) {
+  const bool odd = g & 1;
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const int tl = tile0 + rt * tile_step;
+    if (tl >= a.n_tiles) continue;  // the same in all lanes: the shuffle below needs all of them
+    const int r0 = tl * 16 + g, r1 = r0 + 8;
+    float b0 = 0.f, b1 = 0.f;
+    if (a.bias_kind) {
+      if (r0 < a.N) b0 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r0);
+      if (r1 < a.N) b1 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r1);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      __half2 pair[2];  // token 2t + j: (column r0, column r1)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int row = srow[nt * 8 + 2 * t + j];
+        const float xd = BF ? 1.f : (a.xdown ? a.xdown[max(row, 0) / a.x_div] : a.xmul);
+        const float w = row >= 0 ? a.wts[row] : 0.f;
+        pair[j] = down_f16_pair(fmaf(acc[rt][nt][j], xd, b0) * w, fmaf(acc[rt][nt][2 + j], xd, b1) * w);
+      }
+      // the even lane stores token 2t and sends token 2t + 1's pair; the odd lane the other way round
+      const __half2 own = odd ? pair[1] : pair[0], send = odd ? pair[0] : pair[1];
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, *reinterpret_cast<const uint32_t*>(&send), 4);
+      const __half2 other = *reinterpret_cast<const __half2*>(&got);  // the partner's columns of this lane's token
+      const int row = srow[nt * 8 + 2 * t + (odd ? 1 : 0)];
+      if (row < 0 || r0 >= a.N) continue;
+      __half2* o = reinterpret_cast<__half2*>(reinterpret_cast<__half*>(a.out) + row * a.so);
+      // column pair (r & ~1, r | 1): the even lane's value first
+      o[r0 >> 1] = odd ? __halves2half2(__low2half(other), __low2half(own)) : __halves2half2(__low2half(own), __low2half(other));
+      if (r1 < a.N)
+        o[r1 >> 1] = odd ? __halves2half2(__high2half(other), __high2half(own))
+                         : __halves2half2(__high2half(own), __high2half(other));
+    }
+  }
+}
+
 // CTAS: CTAs per SM the registers are capped for (2: <= 128 registers, so a CTA waiting at its per-chunk barrier
 // leaves the other one issuing).
 // FORM 0: f16 activation fragments (xprep_kernel's, or gate_up's h), the E8M0 scale as one FFMA per accumulator per
@@ -1465,7 +1519,10 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   if (!wact) return;
 
-  pf_epilogue<MODE, NT, RT, FORM != 0>(a, acc, tile0, 1, srow, e, g, t);
+  if (MODE == MODE_DOWN && a.down_f16)
+    pf_down_f16<NT, RT, FORM != 0>(a, acc, tile0, 1, srow, e, g, t);
+  else
+    pf_epilogue<MODE, NT, RT, FORM != 0>(a, acc, tile0, 1, srow, e, g, t);
 }
 
 // ---- The prefill kernel on Hopper's wgmma (sm_90a only; FORM_WG) ----
@@ -1803,7 +1860,10 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   if constexpr (MODE == MODE_DENSE) kloop(std::integral_constant<int, NT>{});
   else pick_live_tiles<NT>(nt_live, kloop);
   asm volatile("cp.async.wait_all;\n" ::: "memory");
-  pf_epilogue<MODE, NT, RT, true>(a, acc, tile0, 4, srow, e, g, t);
+  if (MODE == MODE_DOWN && a.down_f16)
+    pf_down_f16<NT, RT, true>(a, acc, tile0, 4, srow, e, g, t);
+  else
+    pf_epilogue<MODE, NT, RT, true>(a, acc, tile0, 4, srow, e, g, t);
 #endif
 }
 
@@ -1908,16 +1968,26 @@ __global__ void __launch_bounds__(ALIGN_THREADS) align_kernel(const int* ids, in
 // written and y needs no zeroing).
 // y holds the down kernel's fp32 rows with the routing weight applied. One pass over y instead of three (zero fill,
 // torch's sum over the k slots, the bf16 copy) and one launch instead of four.
-__global__ void __launch_bounds__(THREADS) combine_kernel(const float* y, const int* ids, int top_k, int E, int H,
+// T: float (fp32 rows), or __half (pf_down_f16's rows, * 2**-DOWN_F16_SHIFT: summed in fp32, then scaled back exactly).
+__device__ __forceinline__ float4 combine_load(const float* p) { return __ldcs(reinterpret_cast<const float4*>(p)); }
+__device__ __forceinline__ float4 combine_load(const __half* p) {
+  const uint2 u = __ldcs(reinterpret_cast<const uint2*>(p));
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x)), hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+template <typename T>
+__global__ void __launch_bounds__(THREADS) combine_kernel(const T* y, const int* ids, int top_k, int E, int H,
                                                           __nv_bfloat16* out, long long so) {
   const long long m = blockIdx.x;
+  constexpr float back = sizeof(T) == 2 ? float(1 << DOWN_F16_SHIFT) : 1.f;
   for (int c = threadIdx.x * 4; c < H; c += THREADS * 4) {
     float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int j = 0; j < top_k; ++j) {
       if ((unsigned)ids[m * top_k + j] >= (unsigned)E) continue;
-      const float4 v = __ldcs(reinterpret_cast<const float4*>(y + (m * top_k + j) * H + c));  // read once
+      const float4 v = combine_load(y + (m * top_k + j) * H + c);  // read once
       s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
     }
+    s.x *= back; s.y *= back; s.z *= back; s.w *= back;
     __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + m * so + c);
     o[0] = __floats2bfloat162_rn(s.x, s.y);
     o[1] = __floats2bfloat162_rn(s.z, s.w);
@@ -2061,13 +2131,15 @@ static const int PF_RT[PF_N] = {2, 2, 2, 1, 1, 2};
 
 int mxfp4_pf_num_variants() { return PF_N; }
 
-int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, float xmul, const int* rows,
-                  const int* bexp, int x_div, int n_rows, int n_blocks, const void* words, const void* scales,
-                  long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
-                  void* out, long long so, int kc_h, const float* wts, int N, int n_tiles, int kc, float alpha,
-                  float limit, void* stream, long long sx, int K) {
+// mxfp4_prefill2 = mxfp4_prefill + down_f16: the down mode writes f16 rows (value * 2**-DOWN_F16_SHIFT; N even).
+int mxfp4_prefill2(int mode, int variant, const void* xfrag, const float* xdown, float xmul, const int* rows,
+                   const int* bexp, int x_div, int n_rows, int n_blocks, const void* words, const void* scales,
+                   long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
+                   void* out, long long so, int kc_h, const float* wts, int N, int n_tiles, int kc, float alpha,
+                   float limit, void* stream, long long sx, int K, int down_f16) {
   static const pf_fn table[3][PF_N] = {{PF_TABLE(MODE_DENSE)}, {PF_TABLE(MODE_GATEUP)}, {PF_TABLE(MODE_DOWN)}};
   if (variant < 0 || variant >= PF_N || mode < 0 || mode > 2 || n_blocks < 1 || x_div < 1) return (int)cudaErrorInvalidValue;
+  if (down_f16 && (mode != MODE_DOWN || N % 2 || so % 2)) return (int)cudaErrorInvalidValue;
   PfArgs a;
   a.xfrag = reinterpret_cast<const uint32_t*>(xfrag); a.xdown = xdown; a.xmul = xmul;
   a.rows = rows; a.bexp = bexp; a.x_div = x_div; a.n_rows = n_rows;
@@ -2076,9 +2148,19 @@ int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, 
   a.bias = bias; a.bias_kind = bias_kind; a.bstride_e = bstride_e;
   a.out = out; a.so = so; a.kc_h = kc_h; a.wts = wts;
   a.N = N; a.n_tiles = n_tiles; a.kc = kc; a.alpha = alpha; a.limit = limit;
-  a.sx = sx; a.K = K;
+  a.sx = sx; a.K = K; a.down_f16 = down_f16;
   const int groups = (n_tiles + WARPS * PF_RT[variant] - 1) / (WARPS * PF_RT[variant]);
   return (int)table[mode][variant](a, n_blocks, groups, reinterpret_cast<cudaStream_t>(stream));
+}
+
+int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, float xmul, const int* rows,
+                  const int* bexp, int x_div, int n_rows, int n_blocks, const void* words, const void* scales,
+                  long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
+                  void* out, long long so, int kc_h, const float* wts, int N, int n_tiles, int kc, float alpha,
+                  float limit, void* stream, long long sx, int K) {
+  return mxfp4_prefill2(mode, variant, xfrag, xdown, xmul, rows, bexp, x_div, n_rows, n_blocks, words, scales,
+                        wstride_e, sstride_e, bias, bias_kind, bstride_e, out, so, kc_h, wts, N, n_tiles, kc, alpha,
+                        limit, stream, sx, K, 0);
 }
 
 // ids [S] int32 -> rows [n_blocks * bm] int32 (slot or S), bexp [n_blocks] int32 (expert or -1): align_kernel.
@@ -2092,8 +2174,17 @@ int mxfp4_align(const int* ids, int S, int E, int bm, int n_blocks, int* rows, i
 // out [M][so] bf16 = the in-order sum of y's k fp32 rows per token (combine_kernel). H % 4 == 0; y, out 8-byte aligned.
 int mxfp4_combine(const float* y, const int* ids, int M, int top_k, int E, int H, void* out, long long so, void* stream) {
   if (M < 1 || top_k < 1 || E < 1 || H % 4 || so % 4) return (int)cudaErrorInvalidValue;
-  combine_kernel<<<M, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(y, ids, top_k, E, H,
-                                                                           reinterpret_cast<__nv_bfloat16*>(out), so);
+  combine_kernel<float><<<M, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+      y, ids, top_k, E, H, reinterpret_cast<__nv_bfloat16*>(out), so);
+  return (int)cudaGetLastError();
+}
+
+// mxfp4_combine on f16 rows (mxfp4_prefill2's down_f16). y 8-byte aligned.
+int mxfp4_combine_f16(const void* y, const int* ids, int M, int top_k, int E, int H, void* out, long long so,
+                      void* stream) {
+  if (M < 1 || top_k < 1 || E < 1 || H % 4 || so % 4) return (int)cudaErrorInvalidValue;
+  combine_kernel<__half><<<M, THREADS, 0, reinterpret_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const __half*>(y), ids, top_k, E, H, reinterpret_cast<__nv_bfloat16*>(out), so);
   return (int)cudaGetLastError();
 }
 

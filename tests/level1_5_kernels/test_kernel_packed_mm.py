@@ -310,6 +310,31 @@ def test_the_moe_down_half_takes_its_own_tiling_only_over_gate_ups_token_blocks(
         tilings(cuda_variant=PF_VARIANTS.index((8, 2, 1, FORM_BF16)), cuda_down_variant=PF_VARIANTS.index((8, 2, 1, 0)))
 
 
+def test_the_moe_down_half_takes_its_own_tiling_only_where_experts_hold_enough_slots(monkeypatch):
+    """`cuda_moe_down_min_slots`: down's own tiling serves a call only where its mean slots per expert (tokens x top_k
+    / experts) reach it, gate_up's below; a misconfigured down tiling is still refused at every size."""
+    from kernels.cuda_ext import FORM_WG
+    from kernels.packed_mm import _moe_variants
+
+    g = generator(fresh_seed(), "cpu")
+    w, s = random_mxfp4((3, 16, 64), g, 120, 127)
+    p = pack_mxfp4(w, s)  # 3 experts
+    _on_hopper(monkeypatch)
+    cfg = {**get_config("packed_mm", "sm_90"), "cuda_moe_down_row_tiles": 2, "cuda_moe_down_ctas_per_sm": 1,
+           "cuda_moe_down_min_slots": 192}
+
+    def down_tiling(slots: int | None, **over) -> tuple:
+        return PF_VARIANTS[_moe_variants({**cfg, **over}, p, p, slots)[1]]
+
+    own, gate_ups = (16, 2, 1, FORM_WG), (16, 1, 2, FORM_WG)
+    assert down_tiling(3 * 192) == own, "192 slots per expert: down's own tiling"
+    assert down_tiling(3 * 192 - 1) == gate_ups, "just under 192 per expert: gate_up's"
+    assert down_tiling(None) == own, "no call size (a tiling report): the tiling the keys name"
+    assert down_tiling(1, cuda_moe_down_min_slots=0) == own, "unset threshold: always its own"
+    with pytest.raises(ValueError, match="cannot read the h of gate_up's"):
+        down_tiling(1, cuda_moe_down_tokens=64, cuda_moe_down_row_tiles=1, cuda_moe_down_ctas_per_sm=2)  # NT 8
+
+
 def _on_hopper(monkeypatch) -> None:
     """This process as an sm_90 device (wgmma available) for the host-side checks; no kernel runs."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -433,6 +458,44 @@ def test_the_moe_on_each_tiling_hands_its_kernels_their_own_rows_and_blocks(monk
         assert down["frag"] is up["out"], f"variant {v}: down does not read gate_up's h"
 
 
+@pytest.mark.parametrize("rows, combine_ok, f16_ok, want", [
+    ("f16", True, True, torch.float16), ("f32", True, True, torch.float32),
+    ("f16", False, True, torch.float32),  # torch's zeroed sum: fp32 rows
+    ("f16", True, False, torch.float32),  # a source without f16 rows (an A/B against an older build)
+])
+def test_the_moe_down_kernel_writes_f16_rows_where_the_combine_reads_them(monkeypatch, rows, combine_ok, f16_ok, want):
+    """Down's per-slot rows are f16 (half the bytes of fp32) when the one-pass combine sums them and the source has
+    them, fp32 otherwise or when the tuning's `cuda_moe_down_rows` says f32; any other value is refused in one line."""
+    from kernels import cuda_ext
+    from kernels.packed_mm import _moe_cuda
+
+    _on_hopper(monkeypatch)
+    x, ids, wts, gu, dn, pm, _ = _packed_case(40, 6, 64, 96, 3, fresh_seed(), 1.0, True, dev="cpu")
+    rows_out = []
+    monkeypatch.setattr(cuda_ext, "align_supported", lambda *a: False)
+    monkeypatch.setattr(cuda_ext, "combine_supported", lambda *a: combine_ok)
+    monkeypatch.setattr(cuda_ext, "down_f16_supported", lambda *a: f16_ok)
+    monkeypatch.setattr(cuda_ext, "combine", lambda y, ids, e, out, src="": out)
+    monkeypatch.setattr(cuda_ext, "prefill_launch", lambda mode, v, frag, xdown, xmul, p, bias, out, **kw:
+                        rows_out.append(out) if mode == cuda_ext.MODE_DOWN else None)
+    cfg = {**get_config("packed_mm", "sm_90"), "cuda_moe_down_rows": rows}
+    _moe_cuda(x, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], None, cfg, 1.702, 7.0)
+    assert [r.dtype for r in rows_out] == [want]
+    with pytest.raises(ValueError, match="cuda_moe_down_rows must be f16 or f32"):
+        _moe_cuda(x, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], None, {**cfg, "cuda_moe_down_rows": "bf16"},
+                  1.702, 7.0)
+
+
+def test_the_f16_rows_scale_is_the_kernels():
+    """CPU: cuda_ext.DOWN_F16_SHIFT (the tests' reference) is the .cu's, which its down epilogue and combine share."""
+    import re
+
+    from kernels import cuda_ext
+
+    found = re.search(r"DOWN_F16_SHIFT = (\d+);", cuda_ext.SRC.read_text())
+    assert found and int(found.group(1)) == cuda_ext.DOWN_F16_SHIFT
+
+
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
@@ -504,6 +567,7 @@ def test_cuda_combine_sums_the_slots_in_order_and_skips_unrouted_ones():
     """The MoE prefill's one-pass combine: each token's k fp32 rows summed in slot order, then rounded to bf16 once,
     bit for bit; rows of slots whose id is outside [0, E) are never written by the down kernel, so they hold anything
     (NaN here) and must not be read; a strided output row is honoured; an output it cannot write is refused."""
+    from kernels import cuda_ext
     from kernels.cuda_ext import available, combine, combine_supported
 
     ok, why = available()
@@ -532,6 +596,15 @@ def test_cuda_combine_sums_the_slots_in_order_and_skips_unrouted_ones():
         combine(y, ids, 128, out[:-1])  # one row short: it would write past the end
     with pytest.raises(ValueError, match="combine_supported"):
         combine(y, ids, 128, want)  # fp32
+
+    # f16 rows (the down kernel's, value * 2**-DOWN_F16_SHIFT): summed in fp32 in slot order, scaled back, then bf16
+    scale = 2.0 ** cuda_ext.DOWN_F16_SHIFT
+    y16 = (y / scale).half()
+    want16 = torch.zeros(m, h, device="cuda")
+    for j in range(k):
+        want16 = want16 + torch.where(routed[:, j, None], y16.view(m, k, h)[:, j].float(), 0.0)
+    combine(y16, ids, 128, out)
+    assert torch.equal(out, (want16 * scale).to(torch.bfloat16)), f"f16 combine differs (seed={seed})"
 
 
 def test_bf16_form_serves_only_scale_bytes_it_multiplies_exactly():
