@@ -478,8 +478,8 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
               cfg: dict, alpha: float, limit: float) -> torch.Tensor:
     """mxfp4_moe_packed_mm on the CUDA prefill kernel: gate_up + SwiGLU writes h (bf16 form: bf16 rows [S, I]; f16
     form: f16 * 2**8 fragments, the decode kernels' form, |h| <= (limit + 1) * limit < 2**6 for gpt-oss), down one
-    fp32 row per slot with its routing weight, and the k slots of a token are summed in a fixed order, as the Triton
-    path does."""
+    row per slot with its routing weight (f16 * 2**-4 for the one-pass combine, else fp32), and the k slots of a token
+    are summed in fp32 in a fixed order, as the Triton path does."""
     from .cuda_ext import (MODE_DOWN, MODE_GATEUP, PF_VARIANTS, align_supported, combine, combine_supported,
                            down_f16_supported, prefill_launch, reads_bf16_rows)
     from .cuda_ext import align_by_expert as align_by_expert_cuda

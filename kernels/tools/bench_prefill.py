@@ -25,9 +25,11 @@ SPEC in one process on the same layer and routing, `--rounds` rounds in alternat
 `--reps` graph replays), stock's `matmul_ogs` and Marlin in every round as the yardstick, and each SPEC's output
 compared bit for bit with the first's. A SPEC is `served` (this tree's source and the tiling tuning.yaml serves),
 `@V` (variant V of cuda_ext.PF_VARIANTS; `@V/W`: V for gate_up, W for down), or `PATH` / `PATH@V` (another
-csrc/mxfp4_mma.cu with the same PF_TABLE: add a new tiling to the tree's table first). The verdict (`ab_verdict`) calls a SPEC faster or slower only when all
-its rounds lie beyond all of the first's. `--expect faster,identical` (or `not-slower`) makes it a gate: exit 1,
-with one line per spec and M that missed, when the A/B did not show it.
+csrc/mxfp4_mma.cu with the same PF_TABLE: add a new tiling to the tree's table first). The verdict (`ab_verdict`)
+calls a SPEC faster or slower only when all its rounds lie beyond all of the first's. `--expect faster,identical`
+(or `not-slower`) makes it a gate: exit 1, with one line per spec and M that missed, when the A/B did not show it.
+An older PATH without the down kernel's f16 rows serves fp32 rows (`cuda_ext.down_f16_supported`): PATH against
+`served` is then that change's A/B.
 """
 
 from __future__ import annotations
