@@ -1323,11 +1323,12 @@ __device__ __forceinline__ void pf_epilogue(const PfArgs& a, float (&acc)[RT][NT
 // Down's rows in f16 (PfArgs.down_f16): value * 2**-DOWN_F16_SHIFT, so that f16's range holds |value| up to ~1e6 and
 // its subnormals start at 2**-10 (an absolute error <= 2**-21 below that); 11 significant bits where bf16 rows kept 8
 // (those moved the served model's logprobs past level 2's near-tie allowance). Half the bytes of fp32 rows, written by
-// down and read once by the combine. Clamped to f16's largest finite value rather than written as inf.
+// down and read once by the combine. Not clamped: a value past the range becomes inf and NaN stays NaN, as loud in the
+// model's output as in fp32 rows (a clamp would turn NaN into -65504).
 constexpr int DOWN_F16_SHIFT = 4;
 __device__ __forceinline__ __half2 down_f16_pair(float lo, float hi) {
-  constexpr float s = 1.f / (1 << DOWN_F16_SHIFT), top = 65504.f;
-  return __floats2half2_rn(fminf(fmaxf(lo * s, -top), top), fminf(fmaxf(hi * s, -top), top));
+  constexpr float s = 1.f / (1 << DOWN_F16_SHIFT);
+  return __floats2half2_rn(lo * s, hi * s);
 }
 
 // pf_epilogue's down rows in f16: lanes g and g ^ 1 (lane ^ 4) hold output columns r0, r0 ^ 1 (and r1, r1 ^ 1) of the
