@@ -478,8 +478,8 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
               cfg: dict, alpha: float, limit: float) -> torch.Tensor:
     """mxfp4_moe_packed_mm on the CUDA prefill kernel: gate_up + SwiGLU writes h (bf16 form: bf16 rows [S, I]; f16
     form: f16 * 2**8 fragments, the decode kernels' form, |h| <= (limit + 1) * limit < 2**6 for gpt-oss), down one
-    row per slot with its routing weight (f16 * 2**-4 for the one-pass combine, else fp32), and the k slots of a token
-    are summed in fp32 in a fixed order, as the Triton path does."""
+    row per slot with its routing weight (fp32, or f16 * 2**-4 on request for the one-pass combine), and the k slots
+    of a token are summed in fp32 in a fixed order, as the Triton path does."""
     from .cuda_ext import (MODE_DOWN, MODE_GATEUP, PF_VARIANTS, align_supported, combine, combine_supported,
                            down_f16_supported, prefill_launch, reads_bf16_rows)
     from .cuda_ext import align_by_expert as align_by_expert_cuda
@@ -501,10 +501,11 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     if out is None:
         out = torch.empty((m, hdim), dtype=torch.bfloat16, device=x.device)
     one_pass = combine_supported(out, hdim, src)
-    rows_kind = cfg.get("cuda_moe_down_rows", "f16")
+    rows_kind = cfg.get("cuda_moe_down_rows", "f32")
     if rows_kind not in ("f16", "f32"):
         raise ValueError(f"packed_mm.cuda_moe_down_rows must be f16 or f32 (kernels/tuning.yaml), got {rows_kind!r}")
-    # f16 rows (value * 2**-4, half the bytes of fp32) where the one-pass combine reads them; torch's sum takes fp32
+    # f16 rows (value * 2**-4, half the bytes of fp32) on request where the one-pass combine reads them; torch's sum
+    # takes fp32
     f16_rows = one_pass and rows_kind == "f16" and down_f16_supported(hdim, src)
     # the one-pass combine skips the slots the down kernel never writes (ids < 0); torch's sum needs them zero
     y = (torch.empty if one_pass else torch.zeros)((slots, hdim), dtype=torch.float16 if f16_rows else torch.float32,

@@ -535,14 +535,16 @@ def live_tiles_per_block(slots_per_expert: list[int], nt: int) -> set[int]:
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
 @pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
-def test_cuda_prefill_moe_at_every_live_tile_count(variant):
+@pytest.mark.parametrize("rows", ["f32", "f16"])
+def test_cuda_prefill_moe_at_every_live_tile_count(variant, rows):
     """Blocks with 1..NT live token tiles of 8 rows (and an empty expert, a skipped slot, the result allocated by the
-    call) against the fp32 reference: a tile count served by the wrong unrolled loop drops or mixes token rows."""
+    call) against the fp32 reference, with down's per-slot rows in fp32 and in f16 (`cuda_moe_down_rows`: its lanes
+    trade halves to store column pairs): a tile count served by the wrong unrolled loop drops or mixes token rows."""
     from .test_kernel_moe import _random_experts
 
     nt = PF_VARIANTS[variant][0]
     seed = fresh_seed()
-    cfg = _impl_cfg("cuda", variant)
+    cfg = {**_impl_cfg("cuda", variant), "cuda_moe_down_rows": rows}
     g = generator(seed, "cuda")
     e, h, inter, k = len(LIVE_TILE_COUNTS), 64, 96, 2
     experts = torch.repeat_interleave(torch.arange(e, device="cuda"), torch.tensor(LIVE_TILE_COUNTS, device="cuda"))
