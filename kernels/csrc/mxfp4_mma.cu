@@ -1246,6 +1246,16 @@ __device__ __forceinline__ void pf_decode_step(const uint4 (&wb)[RT], const uint
   }
 }
 
+// The bias of output rows r0 and r1 of expert e (0 past N or without a bias): the dense and down epilogues' rows.
+__device__ __forceinline__ void pf_row_bias(const PfArgs& a, int e, int r0, int r1, float& b0, float& b1) {
+  b0 = 0.f;
+  b1 = 0.f;
+  if (a.bias_kind) {
+    if (r0 < a.N) b0 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r0);
+    if (r1 < a.N) b1 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r1);
+  }
+}
+
 // The prefill epilogue: lane (g, t) of a warp holds, per row tile rt (tile0 + rt * tile_step), rows (16 tl + g,
 // 16 tl + g + 8) x columns (8 nt + 2t, 8 nt + 2t + 1): the layout of mma.sync's m16n8 accumulators, and of wgmma's
 // m64nN ones for the warp's 16 rows. BF: the activations were bf16 rows (no per-row 2**L to undo; gate_up writes bf16
@@ -1294,11 +1304,8 @@ __device__ __forceinline__ void pf_epilogue(const PfArgs& a, float (&acc)[RT][NT
     }
     if (!tile_ok) continue;
     const int r0 = tl * 16 + g, r1 = r0 + 8;
-    float b0 = 0.f, b1 = 0.f;
-    if (a.bias_kind) {
-      if (r0 < a.N) b0 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r0);
-      if (r1 < a.N) b1 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r1);
-    }
+    float b0, b1;
+    pf_row_bias(a, e, r0, r1, b0, b1);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -1343,11 +1350,8 @@ __device__ __forceinline__ void pf_down_f16(const PfArgs& a, float (&acc)[RT][NT
     const int tl = tile0 + rt * tile_step;
     if (tl >= a.n_tiles) continue;  // the same in all lanes: the shuffle below needs all of them
     const int r0 = tl * 16 + g, r1 = r0 + 8;
-    float b0 = 0.f, b1 = 0.f;
-    if (a.bias_kind) {
-      if (r0 < a.N) b0 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r0);
-      if (r1 < a.N) b1 = load_param(a.bias, a.bias_kind, e * a.bstride_e + r1);
-    }
+    float b0, b1;
+    pf_row_bias(a, e, r0, r1, b0, b1);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       __half2 pair[2];  // token 2t + j: (column r0, column r1)
