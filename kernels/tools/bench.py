@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from ..cases import HIDDEN, LINEAR_SHAPES, MOE
+from ..cases import HIDDEN, LINEAR_SHAPES, MOE, MoeLayer
 from .read_floor import plain_read_us
 from .timing import copy_bandwidth, n_buffers, time_calls
 
@@ -146,13 +146,13 @@ def bench_linear(name: str, n: int, k: int, ms: list[int], l2: int, copy_gbps: f
     return rows
 
 
-def random_moe_layer(seed: int) -> tuple:
-    """A gpt-oss-120b MoE layer (kernels/cases.py MOE) of random MXFP4 experts on the GPU: checkpoint layout and
-    biases (gate_up / down) plus our packed copies -> (gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, generator)."""
+def random_moe_layer(seed: int, layer: MoeLayer = MOE) -> tuple:
+    """A MoE layer (default the gpt-oss-120b one, kernels/cases.py MOE) of random MXFP4 experts on the GPU: checkpoint
+    layout and biases (gate_up / down) plus our packed copies -> (gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, generator)."""
     from ..moe import pack_moe_experts
     from ..testing import generator, random_mxfp4
 
-    e, h, inter = MOE.experts, MOE.hidden, MOE.inter
+    e, h, inter = layer.experts, layer.hidden, layer.inter
     g = generator(seed, "cuda")
     gu_p, gu_s = random_mxfp4((e, 2 * inter, h), g)
     d_p, d_s = random_mxfp4((e, h, inter), g)
@@ -162,11 +162,11 @@ def random_moe_layer(seed: int) -> tuple:
     return gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g
 
 
-def random_routing(m: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Router logits of m tokens over the MOE case's experts from random numbers (bf16, as vLLM's router GEMM gives
+def random_routing(m: int, g: torch.Generator, layer: MoeLayer = MOE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Router logits of m tokens over the layer's experts from random numbers (bf16, as vLLM's router GEMM gives
     them), and their top-k ids (int32) and softmax weights: every expert is hit at prefill sizes, as in a real prefill."""
-    logits = torch.randn(m, MOE.experts, generator=g, device="cuda").to(torch.bfloat16)
-    top = torch.topk(logits.float(), MOE.top_k, dim=-1)
+    logits = torch.randn(m, layer.experts, generator=g, device="cuda").to(torch.bfloat16)
+    top = torch.topk(logits.float(), layer.top_k, dim=-1)
     return logits, top.indices.to(torch.int32), torch.softmax(top.values, -1)
 
 

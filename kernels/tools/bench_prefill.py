@@ -28,6 +28,8 @@ compared bit for bit with the first's. A SPEC is `served` (this tree's source an
 csrc/mxfp4_mma.cu with the same PF_TABLE: add a new tiling to the tree's table first). The verdict (`ab_verdict`)
 calls a SPEC faster or slower only when all its rounds lie beyond all of the first's. `--expect faster,identical`
 (or `not-slower`) makes it a gate: exit 1, with one line per spec and M that missed, when the A/B did not show it.
+`--model gpt-oss-20b` takes that model's MoE layer (32 experts) for the A/B: at a given M it has the 120b's h
+and 4x its slots per expert, and the 120b's layer predicted neither of two served 20b results (kernels/NOTES.md).
 An older PATH without the down kernel's f16 rows serves fp32 rows (`cuda_ext.down_f16_supported`): PATH against
 `served` is then that change's A/B.
 """
@@ -43,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from ..cases import LINEAR_SHAPES, MOE
+from ..cases import LINEAR_SHAPES, MODELS, MOE, MoeLayer
 from .. import cuda_ext
 from ..cuda_ext import PF_VARIANTS
 from .bench import random_moe_layer, random_routing, vllm_marlin_moe_fn, vllm_triton_moe_fn
@@ -334,29 +336,29 @@ def ab_unmet(ab: dict, expect: list[str]) -> list[str]:
     return unmet
 
 
-def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int) -> dict:
-    """The MoE layer of each spec against the first (module docstring, `--ab`)."""
+def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: MoeLayer = MOE) -> dict:
+    """The MoE layer (default the 120b's) of each spec against the first (module docstring, `--ab`)."""
     from ..packed_mm import mxfp4_moe_packed_mm
     from ..tuning import get_config
 
     parsed = [parse_ab_spec(s) for s in specs]
     cfgs = [{**get_config("packed_mm"), "impl": "cuda", "cuda_src": src, **({} if v is None else {"cuda_variant": v}),
              **({} if vd is None else {"cuda_down_variant": vd})} for src, v, vd in parsed]
-    gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g = random_moe_layer(11)
+    gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g = random_moe_layer(11, layer)
     stock = {}
     for name, make in (("matmul_ogs", vllm_triton_moe_fn), ("marlin", vllm_marlin_moe_fn)):
         try:
-            stock[name] = make(gu_p, gu_s, gu_b, d_p, d_s, d_b, MOE.top_k)
+            stock[name] = make(gu_p, gu_s, gu_b, d_p, d_s, d_b, layer.top_k)
         except Exception as ex:  # noqa: BLE001 - vLLM absent or its API moved: the A/B stands without the yardstick
             print(f"  {name}: not timed ({type(ex).__name__}: {str(ex)[:200]})", file=sys.stderr, flush=True)
     keys = [f"{i}:{s or 'served'}" for i, s in enumerate(specs)]  # a spec may be given twice (an A/A)
-    res = {"specs": keys, "rounds": rounds, "reps": reps, "M": {}}
+    res = {"specs": keys, "rounds": rounds, "reps": reps, "layer": vars(layer), "M": {}}
     for m in ms:
-        x = torch.randn(m, MOE.hidden, generator=g, device="cuda").to(torch.bfloat16)
-        logits, ids, wts = random_routing(m, g)
+        x = torch.randn(m, layer.hidden, generator=g, device="cuda").to(torch.bfloat16)
+        logits, ids, wts = random_routing(m, g, layer)
         outs = [mxfp4_moe_packed_mm(x, ids, wts, gu_q, gu_b, d_q, d_b, config=c) for c in cfgs]
         row = {"bit_identical": [bool(torch.equal(o, outs[0])) for o in outs]}
-        out = torch.empty(m, MOE.hidden, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(m, layer.hidden, dtype=torch.bfloat16, device="cuda")
         times = {k: [] for k in keys} | {n: [] for n in stock}
         for r in range(rounds):
             for n, fn in stock.items():
@@ -393,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                     "SPEC = served | @V | PATH | PATH@V")
     ap.add_argument("--ab-m", default="2048,512", help="--ab: comma-separated token counts")
     ap.add_argument("--rounds", type=int, default=5, help="--ab: rounds, in alternating order")
+    ap.add_argument("--model", default=MODELS[0].name, choices=[mo.name for mo in MODELS],
+                    help="--ab: whose MoE layer (expert count and top-k; the served 20b's h at 2048 tokens is the "
+                    "120b's at 2048, its slots per expert the 120b's at 8192: the 120b layer alone predicted neither)")
     ap.add_argument("--expect", help=f"--ab: comma-separated criteria every spec after the first must meet "
                     f"at every M, else exit 1 naming each miss: {', '.join(AB_EXPECT)}")
     a = ap.parse_args(argv)
@@ -400,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     if expect is not None and (a.ab is None or not all(e in AB_EXPECT for e in expect)):
         why = "applies to --ab only" if a.ab is None else f"{a.expect!r} is not a comma-separated list of {', '.join(AB_EXPECT)}"
         print(f"bench_prefill: --expect {why}", file=sys.stderr)
+        return 2
+    if a.ab is None and a.model != MODELS[0].name:
+        print("bench_prefill: --model applies to --ab only (the other benches time the 120b's layers)", file=sys.stderr)
         return 2
     if a.ab is not None:
         try:
@@ -421,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
           f"torch {torch.__version__}", flush=True)
     if a.ab is not None:
         res = {"device": torch.cuda.get_device_name(),
-               "ab": bench_ab(a.ab.split(","), [int(v) for v in a.ab_m.split(",")], a.rounds, a.reps)}
+               "ab": bench_ab(a.ab.split(","), [int(v) for v in a.ab_m.split(",")], a.rounds, a.reps,
+                              next(mo for mo in MODELS if mo.name == a.model).moe)}
         timed = [t for r in res["ab"]["M"].values() for k in res["ab"]["specs"] for t in r["rounds_us"][k]]
         failed_to_run = not all(t == t for t in timed)  # NaN: a spec failed to run (printed above)
         if expect:
