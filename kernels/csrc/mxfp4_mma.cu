@@ -1147,15 +1147,35 @@ __device__ __forceinline__ void pick_live_tiles(int n, F& f) {
   }
 }
 
-// The CTA's token rows, shared by both prefill kernels: srow[i] is the activation slot of row i of the block (-1:
-// padding), e its expert. false: the block has no expert (bexp -1) and the whole CTA returns before any barrier.
+// The token block and row group of this CTA. The grid is (token blocks, row groups) and CTAs start in launch order,
+// blockIdx.x fastest: the CTAs in flight cover every token block for a few row groups, and each reads its block's whole
+// activation tile. With PANEL > 0 the launch order walks PANEL token blocks across all row groups before the next
+// PANEL, so the activation tiles in flight are those PANEL blocks' (down's h at 2048 tokens is ~47 MB, about an H100's
+// L2). Down only, and only where the source is built with -DMXFP4_DOWN_PANEL=W or a copy defines it (bench_prefill
+// --ab PATH): not served until the served prefill shows it (kernels/NOTES.md "Down's launch order in panels").
+#ifndef MXFP4_DOWN_PANEL
+#define MXFP4_DOWN_PANEL 0
+#endif
+template <int PANEL>
+__device__ __forceinline__ void pf_cta_tile(int& blk, int& grp) {
+  blk = blockIdx.x;
+  grp = blockIdx.y;
+  if (PANEL <= 0 || PANEL >= (int)gridDim.x) return;
+  const int nb = gridDim.x, ng = gridDim.y, cta = blockIdx.y * nb + blockIdx.x, per = PANEL * ng, full = nb / PANEL;
+  const int p = cta / per;
+  const int w = p < full ? PANEL : nb - full * PANEL, q = cta - p * per;  // the last panel holds the rest
+  blk = p * PANEL + q % w;
+  grp = q / w;
+}
+
+// The token rows of block blk, shared by both prefill kernels: srow[i] is the activation slot of row i of the block
+// (-1: padding), e its expert. false: the block has no expert (bexp -1) and the whole CTA returns before any barrier.
 // nt_live counts the token tiles with a real row: padding sits at the end of a block (align_by_expert pads an expert's
 // run at its end; dense blocks end at M), so the MMAs of the tiles past them are skipped. An expert's run of 70 slots
 // in blocks of 64 made the second block a full block's MMAs for 6 tokens: about half of all MoE blocks at 2048 tokens
 // and top-4 of 128 experts. The weights are still decoded per block; the tensor pipe does only the real tiles.
 template <int BM>
-__device__ __forceinline__ bool pf_block_rows(const PfArgs& a, int* srow, int& e, int& nt_live) {
-  const int blk = blockIdx.x;
+__device__ __forceinline__ bool pf_block_rows(const PfArgs& a, int blk, int* srow, int& e, int& nt_live) {
   e = 0;
   if (a.bexp) {
     e = a.bexp[blk];
@@ -1395,7 +1415,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   __shared__ int srow[BM];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   int e, nt_live;
-  if (!pf_block_rows<BM>(a, srow, e, nt_live)) return;
+  if (!pf_block_rows<BM>(a, blockIdx.x, srow, e, nt_live)) return;
   // A chunk of a row is 128 bytes in both forms (32 f16 pairs, or 64 bf16 values); the shared address of a piece is
   // one register plus compile-time offsets.
   static_assert(PIECES % THREADS == 0, "every thread stages the same number of pieces");
@@ -1752,8 +1772,9 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   __shared__ int srow[BM];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wg = warp >> 2, wi = warp & 3;
-  int e, nt_live;
-  if (!pf_block_rows<BM>(a, srow, e, nt_live)) return;
+  int e, nt_live, blk, grp;
+  pf_cta_tile<MODE == MODE_DOWN ? MXFP4_DOWN_PANEL : 0>(blk, grp);
+  if (!pf_block_rows<BM>(a, blk, srow, e, nt_live)) return;
   // the swizzle repeats every 1024 bytes and is applied to the address bits: the stages start 1024-byte aligned
   const uint32_t sbase = ((uint32_t)__cvta_generic_to_shared(wsm) + 1023u) & ~1023u;
   const uint32_t wbase = sbase + WG_STAGES * STAGE_BYTES;  // the weight stages, after the activations'
@@ -1767,7 +1788,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   const unsigned long long row_bytes = (unsigned long long)a.sx * 2;
   const char* xbase = reinterpret_cast<const char*>(a.xfrag) + t8 * 16;
   const uint32_t dst0 = sbase + r8 * 128 + ((t8 ^ (r8 & 7)) << 4);
-  const int tile0 = (blockIdx.y * WARPS + 4 * wg) * RT + wi;
+  const int tile0 = (grp * WARPS + 4 * wg) * RT + wi;
   PfWeights<RT, 1> w(a, e, tile0, 4, false, lane, g);  // this warp's weight pointers; nothing loaded into registers
   // chunk c's weights of this thread (its lane's uint4 of each row tile) and, from lanes 0 and 1, its row tiles' 8
   // scale words (two 16-byte pieces): the thread stages what it reads, but for the scales, published by the barrier

@@ -564,6 +564,39 @@ def test_cuda_prefill_moe_at_every_live_tile_count(variant, rows):
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE, live tiles 1..{nt}")
 
 
+WG_TILINGS = [v for v, t in enumerate(PF_VARIANTS) if t[3] == 2]  # cuda_ext.FORM_WG: the kernel pf_cta_tile orders
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", WG_TILINGS)
+def test_down_panels_change_only_the_launch_order(variant, tmp_path):
+    """MXFP4_DOWN_PANEL (csrc/mxfp4_mma.cu pf_cta_tile) launches down's CTAs in panels of token blocks: every (token
+    block, row group) must still be computed once, so the MoE's output is bit for bit the unpanelled build's. A panel
+    of 4 over a grid of token blocks that 4 does not divide exercises the last, narrower panel; a mapping that drops or
+    repeats a tile changes output rows."""
+    from kernels import cuda_ext
+
+    from .test_kernel_moe import _random_experts
+
+    cfg = _impl_cfg("cuda", variant)  # skips, with the reason, where the device has no wgmma
+    seed = fresh_seed()
+    g = generator(seed, "cuda")
+    e, h, inter, k, m, panel = 8, 1024, 512, 4, 350, 4
+    grid_blocks = -(-m * k // (8 * PF_VARIANTS[variant][0])) + e  # cuda_ext.align_by_expert's bound: the grid's x
+    assert grid_blocks % panel, f"{grid_blocks} token blocks: the last panel would not be narrower; pick another m"
+    p = _random_experts(g, e, h, inter)
+    gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
+    x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
+    ids = torch.randint(0, e, (m, k), generator=g, device="cuda", dtype=torch.int32)
+    wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
+    panelled = tmp_path / "mxfp4_mma_panelled.cu"
+    panelled.write_text(f"#define MXFP4_DOWN_PANEL {panel}\n" + cuda_ext.SRC.read_text())
+    base, other = (mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], config=c)
+                   for c in (cfg, {**cfg, "cuda_src": str(panelled)}))
+    assert torch.equal(base, other), (f"seed {seed}: down's panelled launch order changed "
+                                      f"{(base != other).any(dim=1).sum().item()} of {m} output rows")
+
+
 @pytest.mark.gpu
 def test_cuda_combine_sums_the_slots_in_order_and_skips_unrouted_ones():
     """The MoE prefill's one-pass combine: each token's k fp32 rows summed in slot order, then rounded to bf16 once,
