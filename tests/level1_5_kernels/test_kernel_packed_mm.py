@@ -18,7 +18,7 @@ import torch
 
 from kernels import reference
 from kernels.cases import GEMV_NMSE, LINEAR_SHAPES, MOE, MOE_MARLIN_PADDED, MOE_NMSE
-from kernels.cuda_ext import PF_VARIANTS
+from kernels.cuda_ext import FORM_WG, PF_VARIANTS
 from kernels.moe import pack_moe_experts
 from kernels.packed import pack_mxfp4
 from kernels.mxfp4 import dequantize_mxfp4
@@ -564,7 +564,7 @@ def test_cuda_prefill_moe_at_every_live_tile_count(variant, rows):
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE, live tiles 1..{nt}")
 
 
-WG_TILINGS = [v for v, t in enumerate(PF_VARIANTS) if t[3] == 2]  # cuda_ext.FORM_WG: the kernel pf_cta_tile orders
+WG_TILINGS = [v for v, t in enumerate(PF_VARIANTS) if t[3] == FORM_WG]  # the wgmma kernel: pf_cta_tile orders its CTAs
 
 
 @pytest.mark.gpu
