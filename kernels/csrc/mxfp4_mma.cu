@@ -1151,10 +1151,12 @@ __device__ __forceinline__ void pick_live_tiles(int n, F& f) {
 // blockIdx.x fastest: the CTAs in flight cover every token block for a few row groups, and each reads its block's whole
 // activation tile. With PANEL > 0 the launch order walks PANEL token blocks across all row groups before the next
 // PANEL, so the activation tiles in flight are those PANEL blocks' (down's h at 2048 tokens is ~47 MB, about an H100's
-// L2). Down only, and only where the source is built with -DMXFP4_DOWN_PANEL=W or a copy defines it (bench_prefill
-// --ab PATH): not served until the served prefill shows it (kernels/NOTES.md "Down's launch order in panels").
+// L2). Down only, in the wgmma kernel (sm_90a: the one place the macro is read). Served at 16: on an H100 the served 20b
+// prefill's down kernel took 9,114 us per 2048-token prefill against 9,726 / 9,721 us for panel 0 and its A/A copy
+// (kernels/NOTES.md "Down's launch order in panels"). A copy that defines the macro first is an A/B spec (0: the order
+// of before).
 #ifndef MXFP4_DOWN_PANEL
-#define MXFP4_DOWN_PANEL 0
+#define MXFP4_DOWN_PANEL 16
 #endif
 template <int PANEL>
 __device__ __forceinline__ void pf_cta_tile(int& blk, int& grp) {

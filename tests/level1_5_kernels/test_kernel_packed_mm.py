@@ -11,6 +11,7 @@ the GEMMs). A wrong row order, scale, expert or slot moves NMSE to 1e-3 .. 1.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -571,9 +572,9 @@ WG_TILINGS = [v for v, t in enumerate(PF_VARIANTS) if t[3] == FORM_WG]  # the wg
 @pytest.mark.parametrize("variant", WG_TILINGS)
 def test_down_panels_change_only_the_launch_order(variant, tmp_path):
     """MXFP4_DOWN_PANEL (csrc/mxfp4_mma.cu pf_cta_tile) launches down's CTAs in panels of token blocks: every (token
-    block, row group) must still be computed once, so the MoE's output is bit for bit the unpanelled build's. A panel
-    of 4 over a grid of token blocks that 4 does not divide exercises the last, narrower panel; a mapping that drops or
-    repeats a tile changes output rows."""
+    block, row group) must still be computed once, so the served build's output (panel 16) is bit for bit that of
+    copies built with panel 0 (the order of before) and 4. Panels of 16 and 4 over a grid of token blocks that neither
+    divides exercise the last, narrower panel; a mapping that drops or repeats a tile changes output rows."""
     from kernels import cuda_ext
 
     from .test_kernel_moe import _random_experts
@@ -581,20 +582,25 @@ def test_down_panels_change_only_the_launch_order(variant, tmp_path):
     cfg = _impl_cfg("cuda", variant)  # skips, with the reason, where the device has no wgmma
     seed = fresh_seed()
     g = generator(seed, "cuda")
-    e, h, inter, k, m, panel = 8, 1024, 512, 4, 350, 4
+    e, h, inter, k, m = 8, 1024, 512, 4, 350
+    served = int(re.search(r"#define MXFP4_DOWN_PANEL (\d+)", cuda_ext.SRC.read_text()).group(1))
     grid_blocks = -(-m * k // (8 * PF_VARIANTS[variant][0])) + e  # cuda_ext.align_by_expert's bound: the grid's x
-    assert grid_blocks % panel, f"{grid_blocks} token blocks: the last panel would not be narrower; pick another m"
+    for panel in (served, 4):
+        assert grid_blocks > panel and grid_blocks % panel, (f"{grid_blocks} token blocks: a panel of {panel} would "
+                                                             "not leave a narrower last panel; pick another m")
     p = _random_experts(g, e, h, inter)
     gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
     x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
     ids = torch.randint(0, e, (m, k), generator=g, device="cuda", dtype=torch.int32)
     wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
-    panelled = tmp_path / "mxfp4_mma_panelled.cu"
-    panelled.write_text(f"#define MXFP4_DOWN_PANEL {panel}\n" + cuda_ext.SRC.read_text())
-    base, other = (mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], config=c)
-                   for c in (cfg, {**cfg, "cuda_src": str(panelled)}))
-    assert torch.equal(base, other), (f"seed {seed}: down's panelled launch order changed "
-                                      f"{(base != other).any(dim=1).sum().item()} of {m} output rows")
+    base = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], config=cfg)
+    for panel in (0, 4):
+        copy = tmp_path / f"mxfp4_mma_panel{panel}.cu"
+        copy.write_text(f"#define MXFP4_DOWN_PANEL {panel}\n" + cuda_ext.SRC.read_text())
+        other = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"],
+                                    config={**cfg, "cuda_src": str(copy)})
+        assert torch.equal(base, other), (f"seed {seed}: the served panel {served} and panel {panel} differ in "
+                                          f"{(base != other).any(dim=1).sum().item()} of {m} output rows")
 
 
 @pytest.mark.gpu
