@@ -1153,10 +1153,16 @@ __device__ __forceinline__ void pick_live_tiles(int n, F& f) {
 // PANEL, so the activation tiles in flight are those PANEL blocks' (down's h at 2048 tokens is ~47 MB, about an H100's
 // L2). Down only, in the wgmma kernel (sm_90a: the one place the macro is read). Served at 16: on an H100 the served 20b
 // prefill's down kernel took 9,114 us per 2048-token prefill against 9,726 / 9,721 us for panel 0 and its A/A copy
-// (kernels/NOTES.md "Down's launch order in panels"). A copy that defines the macro first is an A/B spec (0: the order
+// (kernels/NOTES.md "Panels of 16 served"). A copy that defines the macro first is an A/B spec (0: the order
 // of before).
 #ifndef MXFP4_DOWN_PANEL
 #define MXFP4_DOWN_PANEL 16
+#endif
+// The same for the mma.sync kernel's down (mxfp4_pf_kernel: GB10's MoE prefill, and the H100 / H200 forms 0 and 1).
+// 0, the order of before, until a GB10 run shows a width faster (docs/GB10.md: a copy that defines it first is the A/B
+// spec); GB10's L2 and 48 SMs are not an H100's, so the H100's 16 is not assumed there.
+#ifndef MXFP4_MMA_DOWN_PANEL
+#define MXFP4_MMA_DOWN_PANEL 0
 #endif
 template <int PANEL>
 __device__ __forceinline__ void pf_cta_tile(int& blk, int& grp) {
@@ -1416,8 +1422,9 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   extern __shared__ __align__(16) uint32_t smem[];  // [PF_STAGES][BM][PF_ROW]
   __shared__ int srow[BM];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  int e, nt_live;
-  if (!pf_block_rows<BM>(a, blockIdx.x, srow, e, nt_live)) return;
+  int e, nt_live, blk, grp;
+  pf_cta_tile<MODE == MODE_DOWN ? MXFP4_MMA_DOWN_PANEL : 0>(blk, grp);
+  if (!pf_block_rows<BM>(a, blk, srow, e, nt_live)) return;
   // A chunk of a row is 128 bytes in both forms (32 f16 pairs, or 64 bf16 values); the shared address of a piece is
   // one register plus compile-time offsets.
   static_assert(PIECES % THREADS == 0, "every thread stages the same number of pieces");
@@ -1441,7 +1448,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 
-  const int tile0 = (blockIdx.y * WARPS + warp) * RT;
+  const int tile0 = (grp * WARPS + warp) * RT;
   const bool wact = tile0 < a.n_tiles;
   PfWeights<RT, PF_W> w(a, e, tile0, 1, wact, lane, g);
 #pragma unroll

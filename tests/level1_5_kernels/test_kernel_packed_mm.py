@@ -565,27 +565,32 @@ def test_cuda_prefill_moe_at_every_live_tile_count(variant, rows):
     assert_close_nmse(out, ref, MOE_NMSE, seed, f"CUDA prefill variant {variant} MoE, live tiles 1..{nt}")
 
 
-WG_TILINGS = [v for v, t in enumerate(PF_VARIANTS) if t[3] == FORM_WG]  # the wgmma kernel: pf_cta_tile orders its CTAs
+def panel_macro(variant: int) -> str:
+    """The macro that orders the down CTAs of the variant's kernel (csrc/mxfp4_mma.cu pf_cta_tile): the wgmma
+    kernel's (served at 16 on sm_90a) or the mma.sync kernel's (GB10's MoE prefill; 0 until a GB10 run measures one)."""
+    return "MXFP4_DOWN_PANEL" if PF_VARIANTS[variant][3] == FORM_WG else "MXFP4_MMA_DOWN_PANEL"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", WG_TILINGS)
+@pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
 def test_down_panels_change_only_the_launch_order(variant, tmp_path):
-    """MXFP4_DOWN_PANEL (csrc/mxfp4_mma.cu pf_cta_tile) launches down's CTAs in panels of token blocks: every (token
-    block, row group) must still be computed once, so the served build's output (panel 16) is bit for bit that of
-    copies built with panel 0 (the order of before) and 4. Panels of 16 and 4 over a grid of token blocks that neither
-    divides exercise the last, narrower panel; a mapping that drops or repeats a tile changes output rows."""
+    """The panel macros launch down's CTAs in panels of token blocks: every (token block, row group) must still be
+    computed once, so the served build's output is bit for bit that of copies built with panels of 0 (the order of
+    before), 4 and 16, in both prefill kernels. Panels of 4 and 16 over a grid of token blocks that neither divides
+    exercise the last, narrower panel; a mapping that drops or repeats a tile changes output rows."""
     from kernels import cuda_ext
 
     from .test_kernel_moe import _random_experts
 
-    cfg = _impl_cfg("cuda", variant)  # skips, with the reason, where the device has no wgmma
+    cfg = _impl_cfg("cuda", variant)  # skips, with the reason, where the device cannot run the tiling
+    macro = panel_macro(variant)
+    src = cuda_ext.SRC.read_text()
+    served = int(re.search(rf"#define {macro} (\d+)", src).group(1))
     seed = fresh_seed()
     g = generator(seed, "cuda")
     e, h, inter, k, m = 8, 1024, 512, 4, 350
-    served = int(re.search(r"#define MXFP4_DOWN_PANEL (\d+)", cuda_ext.SRC.read_text()).group(1))
     grid_blocks = -(-m * k // (8 * PF_VARIANTS[variant][0])) + e  # cuda_ext.align_by_expert's bound: the grid's x
-    for panel in (served, 4):
+    for panel in (4, 16):
         assert grid_blocks > panel and grid_blocks % panel, (f"{grid_blocks} token blocks: a panel of {panel} would "
                                                              "not leave a narrower last panel; pick another m")
     p = _random_experts(g, e, h, inter)
@@ -594,12 +599,12 @@ def test_down_panels_change_only_the_launch_order(variant, tmp_path):
     ids = torch.randint(0, e, (m, k), generator=g, device="cuda", dtype=torch.int32)
     wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
     base = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], config=cfg)
-    for panel in (0, 4):
-        copy = tmp_path / f"mxfp4_mma_panel{panel}.cu"
-        copy.write_text(f"#define MXFP4_DOWN_PANEL {panel}\n" + cuda_ext.SRC.read_text())
+    for panel in sorted({0, 4, 16} - {served}):
+        copy = tmp_path / f"mxfp4_mma_{macro.lower()}{panel}.cu"
+        copy.write_text(f"#define {macro} {panel}\n" + src)
         other = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"],
                                     config={**cfg, "cuda_src": str(copy)})
-        assert torch.equal(base, other), (f"seed {seed}: the served panel {served} and panel {panel} differ in "
+        assert torch.equal(base, other), (f"seed {seed}: {macro} {served} (served) and {panel} differ in "
                                           f"{(base != other).any(dim=1).sum().item()} of {m} output rows")
 
 
