@@ -1099,9 +1099,9 @@ __global__ void __launch_bounds__(THREADS) route_kernel(const __nv_bfloat16* x, 
 // touch shared memory, as in Marlin's large-M path (vLLM csrc/quantization/marlin: B fragments dequantized in
 // registers, A tiles staged by cp.async).
 //
-// A CTA is 8 warps; warp w takes row tiles (blockIdx.y * 8 + w) * RT + [0, RT) against all BM rows of block
-// blockIdx.x. Rows: dense, blockIdx.x * BM + i; grouped (MoE), rows[blockIdx.x * BM + i] from align_by_expert (a
-// slot, or >= n_rows for padding), expert bexp[blockIdx.x] (-1: nothing to do).
+// A CTA is 8 warps; warp w takes row tiles (grp * 8 + w) * RT + [0, RT) against all BM rows of token block blk
+// (pf_cta_tile: blockIdx.y and blockIdx.x, or down's panel order). Rows: dense, blk * BM + i; grouped (MoE),
+// rows[blk * BM + i] from align_by_expert (a slot, or >= n_rows for padding), expert bexp[blk] (-1: nothing to do).
 constexpr int PF_STAGES = 3;
 constexpr int PF_W = 2;        // weight chunks in flight per warp
 // u32 per staged row: one chunk (32) + 4 of padding. A quarter-warp's 16-byte loads then touch rows g, g+1 at
@@ -1763,8 +1763,8 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 }
 #endif
 
-// Warp w is warp w % 4 of warpgroup w / 4; its row tiles are tile0 + 4 rt (rt < RT), tile0 = (blockIdx.y * 8 + 4 (w / 4)) *
-// RT + w % 4, so each wgmma covers 4 consecutive row tiles (64 rows). Tiles past the last are copies of the last tile:
+// Warp w is warp w % 4 of warpgroup w / 4; its row tiles are tile0 + 4 rt (rt < RT), tile0 = (grp * 8 + 4 (w / 4)) * RT +
+// w % 4, so each wgmma covers 4 consecutive row tiles (64 rows). Tiles past the last are copies of the last tile:
 // multiplied, never stored. Every warpgroup multiplies, even one with no tile of its own (at most one per layer
 // half, ~2% of the work at gpt-oss shapes): a wgmma under a branch on the warp index is one ptxas cannot prove uniform,
 // and it serializes every wgmma of the kernel ("WG.DP in divergent path").

@@ -403,3 +403,39 @@ def test_the_store_check_fails_a_dequantize_kernel_with_scattered_columns(toolch
     mutated.write_text(src.replace("from .", "from kernels.").replace(line, "    cols = c * 64 + (tl.arange(0, 64) * 9) % 64\n"))
     out = _dequant_ops(build.ARCHS[-1], mutated)
     assert not _stores_are_16_bytes(out), out
+
+
+SASS_DIFF_SRC = """
+namespace {
+template <int N> __global__ void scale(float* x, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = x[i] * N + (x[i] > 0.f ? 1.f : 2.f);
+}
+}  // namespace
+extern "C" void launch(float* x, int n) { scale<2><<<1, 32>>>(x, n); scale<3><<<1, 32>>>(x, n); }
+"""
+
+
+def test_sass_diff_names_the_kernels_a_change_reaches_and_only_those(toolchain, tmp_path):
+    """kernels.tools.sass_diff backs every 'the SASS is unchanged' claim of a source change. A copy under another file
+    name with a kernel added ahead of the others in the cubin (which renumbers their branch labels; the file name
+    changes the anonymous namespace's name) must read as that one kernel added, every other the same; a one-operator change
+    to one instantiation must read as that function differing (the test of the test)."""
+    from kernels.tools import sass_diff
+
+    before = tmp_path / "before.cu"
+    before.write_text(SASS_DIFF_SRC)
+    moved = tmp_path / "moved_and_added.cu"
+    # instantiated last, scale<4>'s section comes first in the cubin (nvcc 13.2) and takes the first branch labels
+    moved.write_text(SASS_DIFF_SRC.replace("scale<3><<<1, 32>>>(x, n);", "scale<3><<<1, 32>>>(x, n); scale<4><<<1, 32>>>(x, n);"))
+    changed = tmp_path / "changed.cu"
+    changed.write_text(SASS_DIFF_SRC.replace("x[i] * N +", "x[i] * N -"))
+    arch = build.ARCHS[-1]
+    read = {p.name: sass_diff.functions(build.disassemble(build.compile_cubin(p, arch, toolchain), toolchain))
+            for p in (before, moved, changed)}
+    assert len(read["before.cu"]) == 2, read.keys()
+    lines = sass_diff.compare(read["before.cu"], read["moved_and_added.cu"])
+    assert len(lines) == 1 and lines[0].startswith("added") and "scaleILi4E" in lines[0], lines
+    lines = sass_diff.compare(read["before.cu"], read["changed.cu"])
+    assert len(lines) == 2 and all(ln.startswith("differs") for ln in lines), lines
+    assert sass_diff.main([str(before), str(before), "--arch", arch]) == 0
+    assert sass_diff.main([str(before), str(changed), "--arch", arch]) == 1

@@ -571,41 +571,67 @@ def panel_macro(variant: int) -> str:
     return "MXFP4_DOWN_PANEL" if PF_VARIANTS[variant][3] == FORM_WG else "MXFP4_MMA_DOWN_PANEL"
 
 
+# Routing for the panel test: per expert 129 or 257 slots (one more than a multiple of 64 and of 128, the token rows
+# per CTA of every prefill tiling), so every expert's last block holds one slot and all but the last of the grid's
+# ceil(S / bm) + E blocks are live: the last, narrower panel of 4 or 16 has live blocks too (with uniform routing
+# about E / 2 empty blocks end the grid, and the narrower panel held none of the real output).
+PANEL_EXPERT_SLOTS = (257,) + (129,) * 7
+PANEL_TOP_K = 4
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
 def test_down_panels_change_only_the_launch_order(variant, tmp_path):
     """The panel macros launch down's CTAs in panels of token blocks: every (token block, row group) must still be
     computed once, so the served build's output is bit for bit that of copies built with panels of 0 (the order of
-    before), 4 and 16, in both prefill kernels. Panels of 4 and 16 over a grid of token blocks that neither divides
-    exercise the last, narrower panel; a mapping that drops or repeats a tile changes output rows."""
+    before), 4 and 16, in both prefill kernels, the last, narrower panel holding live blocks. The output is fp32, so
+    down's rows start zeroed in every build: a tile one build skips cannot read another build's rows from reused
+    memory. A copy whose mapping skips the odd row groups must differ (the comparison can fail)."""
     from kernels import cuda_ext
 
     from .test_kernel_moe import _random_experts
 
-    cfg = _impl_cfg("cuda", variant)  # skips, with the reason, where the device cannot run the tiling
+    cfg = {**_impl_cfg("cuda", variant), "cuda_down_variant": variant}  # skips, with the reason, where it cannot run
     macro = panel_macro(variant)
     src = cuda_ext.SRC.read_text()
     served = int(re.search(rf"#define {macro} (\d+)", src).group(1))
     seed = fresh_seed()
     g = generator(seed, "cuda")
-    e, h, inter, k, m = 8, 1024, 512, 4, 350
-    grid_blocks = -(-m * k // (8 * PF_VARIANTS[variant][0])) + e  # cuda_ext.align_by_expert's bound: the grid's x
+    e, h, inter, k, bm = len(PANEL_EXPERT_SLOTS), 1024, 512, PANEL_TOP_K, 8 * PF_VARIANTS[variant][0]
+    m = sum(PANEL_EXPERT_SLOTS) // k
+    # slot i goes to token i % m: each expert's run (<= m) lands on distinct tokens, so no token repeats an expert
+    order = torch.randperm(e, generator=g, device="cuda")
+    flat = torch.repeat_interleave(order, torch.tensor(PANEL_EXPERT_SLOTS, device="cuda"))
+    ids = flat.view(k, m).t()[torch.randperm(m, generator=g, device="cuda")].to(torch.int32).contiguous()
+    _, bexp, grid_blocks = align_by_expert(ids, e, bm)
     for panel in (4, 16):
-        assert grid_blocks > panel and grid_blocks % panel, (f"{grid_blocks} token blocks: a panel of {panel} would "
-                                                             "not leave a narrower last panel; pick another m")
+        last = grid_blocks // panel * panel
+        assert grid_blocks > panel and grid_blocks % panel and (bexp[last:] >= 0).any(), (
+            f"{grid_blocks} token blocks of {bm}: a panel of {panel} leaves no narrower last panel with a live block")
     p = _random_experts(g, e, h, inter)
     gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
     x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
-    ids = torch.randint(0, e, (m, k), generator=g, device="cuda", dtype=torch.int32)
     wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
-    base = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], config=cfg)
+
+    def run(copy_text: str | None) -> torch.Tensor:
+        c = cfg
+        if copy_text is not None:
+            copy = tmp_path / f"mxfp4_mma_copy{len(list(tmp_path.iterdir()))}.cu"
+            copy.write_text(copy_text)
+            c = {**cfg, "cuda_src": str(copy)}
+        out = poisoned((m, h), torch.float32, "cuda")
+        return mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=c)
+
+    base = run(None)
+    assert torch.isfinite(base).all(), f"seed {seed}: the served build left rows unwritten"
     for panel in sorted({0, 4, 16} - {served}):
-        copy = tmp_path / f"mxfp4_mma_{macro.lower()}{panel}.cu"
-        copy.write_text(f"#define {macro} {panel}\n" + src)
-        other = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"],
-                                    config={**cfg, "cuda_src": str(copy)})
+        other = run(f"#define {macro} {panel}\n" + src)
         assert torch.equal(base, other), (f"seed {seed}: {macro} {served} (served) and {panel} differ in "
                                           f"{(base != other).any(dim=1).sum().item()} of {m} output rows")
+    mapping = "grp = q / w;"
+    assert src.count(mapping) == 1, f"pf_cta_tile's row-group line {mapping!r} moved: update this test's mutation"
+    broken = run(f"#define {macro} 16\n" + src.replace(mapping, "grp = (q / w) & ~1;"))
+    assert not torch.equal(base, broken), f"seed {seed}: a mapping that skips odd row groups went unseen"
 
 
 @pytest.mark.gpu
