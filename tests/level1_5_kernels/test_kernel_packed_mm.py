@@ -577,11 +577,40 @@ def panel_macro(variant: int) -> str:
 # about E / 2 empty blocks end the grid, and the narrower panel held none of the real output).
 PANEL_EXPERT_SLOTS = (257,) + (129,) * 7
 PANEL_TOP_K = 4
+PANEL_MAPPING = "grp = q / w;"  # pf_cta_tile's row-group line, which the broken copy changes
+
+
+@pytest.fixture(scope="module")
+def panel_copies(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """Copies of the kernel source for the panel test, {(macro, "0" / "4" / "16" / "broken"): path}, all built at once:
+    six nvcc builds of ~70 s each one after another would outlast the GPU job's kernel-test phase."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernels import cuda_ext
+
+    ok, why = cuda_ext.prefill_available()
+    if not ok:
+        pytest.skip(f"CUDA prefill kernel not available: {why}")
+    src = cuda_ext.SRC.read_text()
+    assert src.count(PANEL_MAPPING) == 1, f"pf_cta_tile's row-group line {PANEL_MAPPING!r} moved: update the mutation"
+    folder = tmp_path_factory.mktemp("panel_copies")
+    copies = {}
+    for macro in ("MXFP4_DOWN_PANEL", "MXFP4_MMA_DOWN_PANEL"):
+        for panel in ("0", "4", "16"):
+            copies[macro, panel] = f"#define {macro} {panel}\n" + src
+        copies[macro, "broken"] = f"#define {macro} 16\n" + src.replace(PANEL_MAPPING, "grp = (q / w) & ~1;")
+    paths = {}
+    for key, text in copies.items():
+        paths[key] = folder / f"mxfp4_mma_{key[0].lower()}_{key[1]}.cu"
+        paths[key].write_text(text)
+    with ThreadPoolExecutor(max_workers=len(paths)) as pool:
+        list(pool.map(cuda_ext.build_shared, paths.values()))
+    return paths
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
-def test_down_panels_change_only_the_launch_order(variant, tmp_path):
+def test_down_panels_change_only_the_launch_order(variant, panel_copies):
     """The panel macros launch down's CTAs in panels of token blocks: every (token block, row group) must still be
     computed once, so the served build's output is bit for bit that of copies built with panels of 0 (the order of
     before), 4 and 16, in both prefill kernels, the last, narrower panel holding live blocks. The output is fp32, so
@@ -613,24 +642,18 @@ def test_down_panels_change_only_the_launch_order(variant, tmp_path):
     x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
     wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
 
-    def run(copy_text: str | None) -> torch.Tensor:
-        c = cfg
-        if copy_text is not None:
-            copy = tmp_path / f"mxfp4_mma_copy{len(list(tmp_path.iterdir()))}.cu"
-            copy.write_text(copy_text)
-            c = {**cfg, "cuda_src": str(copy)}
+    def run(copy: str | None) -> torch.Tensor:
+        c = cfg if copy is None else {**cfg, "cuda_src": str(panel_copies[macro, copy])}
         out = poisoned((m, h), torch.float32, "cuda")
         return mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=c)
 
     base = run(None)
     assert torch.isfinite(base).all(), f"seed {seed}: the served build left rows unwritten"
     for panel in sorted({0, 4, 16} - {served}):
-        other = run(f"#define {macro} {panel}\n" + src)
+        other = run(str(panel))
         assert torch.equal(base, other), (f"seed {seed}: {macro} {served} (served) and {panel} differ in "
                                           f"{(base != other).any(dim=1).sum().item()} of {m} output rows")
-    mapping = "grp = q / w;"
-    assert src.count(mapping) == 1, f"pf_cta_tile's row-group line {mapping!r} moved: update this test's mutation"
-    broken = run(f"#define {macro} 16\n" + src.replace(mapping, "grp = (q / w) & ~1;"))
+    broken = run("broken")
     assert not torch.equal(base, broken), f"seed {seed}: a mapping that skips odd row groups went unseen"
 
 
