@@ -418,15 +418,16 @@ extern "C" void launch(float* x, int n) { scale<2><<<1, 32>>>(x, n); scale<3><<<
 def test_sass_diff_names_the_kernels_a_change_reaches_and_only_those(toolchain, tmp_path):
     """kernels.tools.sass_diff backs every 'the SASS is unchanged' claim of a source change. A copy under another file
     name with a kernel added ahead of the others in the cubin (which renumbers their branch labels; the file name
-    changes the anonymous namespace's name) must read as that one kernel added, every other the same; a one-operator change
-    to one instantiation must read as that function differing (the test of the test)."""
+    changes the anonymous namespace's name) must read as that one kernel added, every other the same; a one-operator
+    change to the template must read as both of its functions differing (the test of the test)."""
     from kernels.tools import sass_diff
 
     before = tmp_path / "before.cu"
     before.write_text(SASS_DIFF_SRC)
     moved = tmp_path / "moved_and_added.cu"
     # instantiated last, scale<4>'s section comes first in the cubin (nvcc 13.2) and takes the first branch labels
-    moved.write_text(SASS_DIFF_SRC.replace("scale<3><<<1, 32>>>(x, n);", "scale<3><<<1, 32>>>(x, n); scale<4><<<1, 32>>>(x, n);"))
+    last = "scale<3><<<1, 32>>>(x, n);"
+    moved.write_text(SASS_DIFF_SRC.replace(last, last + " scale<4><<<1, 32>>>(x, n);"))
     changed = tmp_path / "changed.cu"
     changed.write_text(SASS_DIFF_SRC.replace("x[i] * N +", "x[i] * N -"))
     arch = build.ARCHS[-1]
