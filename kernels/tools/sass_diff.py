@@ -5,8 +5,8 @@
 
 BEFORE and AFTER are paths, or REV:PATH for a file as git holds it at a revision. A source change meant to leave the
 served kernels alone (a refactor, a macro whose default keeps the code of before) is shown to by this on CPU: every
-function's SASS is compared instruction by instruction, with branch labels renumbered per function (a change to one
-kernel shifts the label numbers of every later one) and the anonymous namespace's file-derived name left out (it
+function's SASS is compared instruction by instruction, with branch targets as addresses in the function (a change to
+one kernel shifts the label numbers of every later one) and the anonymous namespace's file-derived name left out (it
 names the file, not the code). Exit 0 when every function of both is the same on every arch, 1 when one differs, is
 added or is gone (listed), 2 on bad input.
 """
@@ -19,11 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import build
+from . import build, sass_count
 
-SECTION = re.compile(r"\s*\.section\s+\.text\.(\S+?),")
-INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]{4,}\*/\s+([^.\s].*?)\s*;")
-LABEL = re.compile(r"\.L_x_\d+")
 ANON = re.compile(r"_ZN(\d+)(_GLOBAL__N__)")  # _ZN41_GLOBAL__N__2b53a286_9_before_cu_108d9277 15mxfp4_...
 
 
@@ -34,24 +31,10 @@ def _without_anon(name: str) -> str:
 
 
 def functions(sass: str) -> dict[str, list[str]]:
-    """nvdisasm text -> {function: its instructions}, labels renumbered in order of appearance."""
-    out: dict[str, list[str]] = {}
-    cur: list[str] | None = None
-    for line in sass.splitlines():
-        m = SECTION.match(line)
-        if m:
-            cur = out.setdefault(_without_anon(m.group(1)), [])
-            continue
-        if line.lstrip().startswith(".section"):
-            cur = None
-            continue
-        m = INSTRUCTION.match(line)
-        if cur is not None and m:
-            cur.append(re.sub(r"\s+", " ", m.group(1)))
-    for name, ins in out.items():
-        labels: dict[str, str] = {}
-        out[name] = [LABEL.sub(lambda x: labels.setdefault(x.group(0), f".L{len(labels)}"), i) for i in ins]
-    return out
+    """nvdisasm text -> {function: its instructions}. sass_count.parse_nvdisasm resolves branch labels to addresses
+    within the function, so the label numbers nvdisasm counts across the whole cubin drop out."""
+    return {_without_anon(name): [re.sub(r"\s+", " ", text) for _, text, _ in ins]
+            for name, ins in sass_count.parse_nvdisasm(sass).items()}
 
 
 def compare(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[str]:
