@@ -7,7 +7,9 @@ BF16 dense layers through cuBLAS (`torch.matmul`), the MoE through vLLM's Triton
 `matmul_ogs` on its swizzled MXFP4), imported from the installed vLLM.
 
 Method: gpt-oss-120b shapes (kernels/cases.py) at M tokens; the MoE routes each token to 4 of 128 experts from
-random router logits (uniform routing: every expert's weights are read, as in a real prefill). Calls are captured
+random router logits (uniform routing: every expert's weights are read, as in a real prefill; `--routing-skew 0.4`
+routes with the spread the served shape models route with instead, some experts taking several times their share,
+which changes how many token blocks a tiling runs: kernels/tools/bench.py SERVED_SKEW). Calls are captured
 in CUDA graphs and timed with CUDA events after warm-up, median of `--reps` replays (`timing.time_calls`). Every
 packed_mm tiling of the grid (block_m x block_tiles x num_warps x num_stages) is timed; the best MoE tiling is
 written as KERNELS_PACKED_MM_* lines (`--env-out`) so that a served run can take it; those apply to every packed_mm
@@ -48,7 +50,7 @@ import torch
 from ..cases import LINEAR_SHAPES, MODELS, MOE, MoeLayer
 from .. import cuda_ext
 from ..cuda_ext import PF_VARIANTS
-from .bench import random_moe_layer, random_routing, vllm_marlin_moe_fn, vllm_triton_moe_fn
+from .bench import SERVED_SKEW, random_moe_layer, random_routing, vllm_marlin_moe_fn, vllm_triton_moe_fn
 from .timing import time_calls
 
 # Triton: ("triton", block_m, block_tiles, num_warps, num_stages); block_m caps the MoE's per-expert block
@@ -200,7 +202,7 @@ def bench_dense_sweep(ms: list[int], reps: int) -> dict:
     return {"rows": rows, "crossover_m": cross}
 
 
-def bench_moe(m: int, reps: int, src_before: str | None = None) -> dict:
+def bench_moe(m: int, reps: int, src_before: str | None = None, skew: float = 0.0) -> dict:
     """Stock's MoE (vLLM Triton, Marlin) and every grid entry on one gpt-oss-120b layer at M tokens; with an earlier
     kernel source, each CUDA entry of that source too (`us_<entry>_before`), and `align_by_expert` alone (the sort
     every MoE prefill call runs first)."""
@@ -209,7 +211,7 @@ def bench_moe(m: int, reps: int, src_before: str | None = None) -> dict:
     e, k, h = MOE.experts, MOE.top_k, MOE.hidden
     gu_p, gu_s, gu_b, d_p, d_s, d_b, gu_q, d_q, g = random_moe_layer(11)
     x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
-    logits, ids, wts = random_routing(m, g)
+    logits, ids, wts = random_routing(m, g, skew=skew)
     out = torch.empty(m, h, dtype=torch.bfloat16, device="cuda")
     hits = torch.bincount(ids.flatten().long(), minlength=e)
     res = {"M": m, "experts": e, "top_k": k, "experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max())}
@@ -336,7 +338,8 @@ def ab_unmet(ab: dict, expect: list[str]) -> list[str]:
     return unmet
 
 
-def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: MoeLayer = MOE) -> dict:
+def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: MoeLayer = MOE,
+             skew: float = 0.0) -> dict:
     """The MoE layer (default the 120b's) of each spec against the first (module docstring, `--ab`)."""
     from ..packed_mm import mxfp4_moe_packed_mm
     from ..tuning import get_config
@@ -352,10 +355,10 @@ def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: Moe
         except Exception as ex:  # noqa: BLE001 - vLLM absent or its API moved: the A/B stands without the yardstick
             print(f"  {name}: not timed ({type(ex).__name__}: {str(ex)[:200]})", file=sys.stderr, flush=True)
     keys = [f"{i}:{s or 'served'}" for i, s in enumerate(specs)]  # a spec may be given twice (an A/A)
-    res = {"specs": keys, "rounds": rounds, "reps": reps, "layer": vars(layer), "M": {}}
+    res = {"specs": keys, "rounds": rounds, "reps": reps, "layer": vars(layer), "routing_skew": skew, "M": {}}
     for m in ms:
         x = torch.randn(m, layer.hidden, generator=g, device="cuda").to(torch.bfloat16)
-        logits, ids, wts = random_routing(m, g, layer)
+        logits, ids, wts = random_routing(m, g, layer, skew)
         outs = [mxfp4_moe_packed_mm(x, ids, wts, gu_q, gu_b, d_q, d_b, config=c) for c in cfgs]
         row = {"bit_identical": [bool(torch.equal(o, outs[0])) for o in outs]}
         out = torch.empty(m, layer.hidden, dtype=torch.bfloat16, device="cuda")
@@ -369,7 +372,10 @@ def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: Moe
         med = {k: statistics.median(v) for k, v in times.items()}
         row |= {"rounds_us": times, "median_us": med, "verdict": [ab_verdict(times[keys[0]], times[k]) for k in keys]}
         res["M"][m] = row
-        print(f"  MoE M={m}, {rounds} rounds of {reps} replays, us (median; rounds):", flush=True)
+        hits = torch.bincount(ids.flatten().long(), minlength=layer.experts)
+        row |= {"experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max())}
+        print(f"  MoE M={m} (routing skew {skew}: {row['experts_hit']} experts hit, the busiest {row['max_slots_per_expert']} "
+              f"slots), {rounds} rounds of {reps} replays, us (median; rounds):", flush=True)
         for i, k in enumerate(keys):
             print(f"    {k}: {med[k]:.1f} ({med[k] / med[keys[0]]:.3f}x the first; "
                   f"{', '.join(f'{t:.1f}' for t in times[k])}) - {row['verdict'][i]}; output "
@@ -398,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=MODELS[0].name, choices=[mo.name for mo in MODELS],
                     help="--ab: whose MoE layer (expert count and top-k; the served 20b's h at 2048 tokens is the "
                     "120b's at 2048, its slots per expert the 120b's at 8192: the 120b layer alone predicted neither)")
+    ap.add_argument("--routing-skew", type=float, default=0.0,
+                    help=f"spread of a per-expert offset in the random router logits: 0 routes uniformly; {SERVED_SKEW} "
+                    "as the served shape models do (kernels/tools/bench.py SERVED_SKEW)")
     ap.add_argument("--expect", help=f"--ab: comma-separated criteria every spec after the first must meet "
                     f"at every M, else exit 1 naming each miss: {', '.join(AB_EXPECT)}")
     a = ap.parse_args(argv)
@@ -405,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     if expect is not None and (a.ab is None or not all(e in AB_EXPECT for e in expect)):
         why = "applies to --ab only" if a.ab is None else f"{a.expect!r} is not a comma-separated list of {', '.join(AB_EXPECT)}"
         print(f"bench_prefill: --expect {why}", file=sys.stderr)
+        return 2
+    if not a.routing_skew >= 0 or a.routing_skew == float("inf"):
+        print(f"bench_prefill: --routing-skew {a.routing_skew}: a finite spread >= 0 (0 routes uniformly, "
+              f"{SERVED_SKEW} as the served shape models)", file=sys.stderr)
         return 2
     if a.ab is None and a.model != MODELS[0].name:
         print("bench_prefill: --model applies to --ab only (the other benches time the 120b's layers)", file=sys.stderr)
@@ -430,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.ab is not None:
         res = {"device": torch.cuda.get_device_name(),
                "ab": bench_ab(a.ab.split(","), [int(v) for v in a.ab_m.split(",")], a.rounds, a.reps,
-                              next(mo for mo in MODELS if mo.name == a.model).moe)}
+                              next(mo for mo in MODELS if mo.name == a.model).moe, a.routing_skew)}
         timed = [t for r in res["ab"]["M"].values() for k in res["ab"]["specs"] for t in r["rounds_us"][k]]
         failed_to_run = not all(t == t for t in timed)  # NaN: a spec failed to run (printed above)
         if expect:
@@ -450,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(r["us_topk"] == r["us_topk"] for r in res["topk"]) else 1
     if a.dense_m:
         res["dense_sweep"] = bench_dense_sweep(sorted({int(v) for v in a.dense_m.split(",")}), a.reps)
-    res["moe"] = bench_moe(a.m, a.reps, a.cuda_src_before)
+    res["moe"] = bench_moe(a.m, a.reps, a.cuda_src_before, a.routing_skew)
     res["dense"] = [] if a.only_moe else bench_dense(a.m, a.reps)
     if a.out:
         with open(a.out, "w") as f:

@@ -141,6 +141,8 @@ def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
                       (["--ab", "served,@0", "--expect", ""], "is not a comma-separated list of"),
                       (["--expect", "faster"], "--expect applies to --ab only"),
                       (["--model", "gpt-oss-20b"], "--model applies to --ab only"),
+                      (["--ab", "served,@0", "--routing-skew", "-0.4"], "a finite spread >= 0"),
+                      (["--ab", "served,@0", "--routing-skew", "inf"], "a finite spread >= 0"),
                       (["--ab", f"served,{tmp_path / 'none.cu'}"], "no kernel source"),
                       (["--ab", f"served,{other}"], "add it to this tree's PF_TABLE")):
         assert bench_prefill.main(argv) == 2, argv
@@ -149,18 +151,20 @@ def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
 
 
 def test_ab_times_the_layer_of_the_model_named(monkeypatch):
-    """--model picks whose MoE layer the A/B builds (experts, top-k); the default stays the 120b's."""
+    """--model picks whose MoE layer the A/B builds (experts, top-k), --routing-skew how it routes; the defaults stay
+    the 120b's layer, routed uniformly."""
     from kernels.cases import GPT_OSS_20B, GPT_OSS_120B
 
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(bench_prefill, "bench_ab", lambda specs, ms, rounds, reps, layer: seen.append(layer) or {
-        "specs": [], "M": {}})
-    for argv, layer in ((["--model", "gpt-oss-20b"], GPT_OSS_20B.moe), ([], GPT_OSS_120B.moe)):
+    monkeypatch.setattr(bench_prefill, "bench_ab", lambda specs, ms, rounds, reps, layer, skew: seen.append(
+        (layer, skew)) or {"specs": [], "M": {}})
+    for argv, layer, skew in ((["--model", "gpt-oss-20b"], GPT_OSS_20B.moe, 0.0), ([], GPT_OSS_120B.moe, 0.0),
+                              (["--routing-skew", "0.4"], GPT_OSS_120B.moe, 0.4)):
         assert bench_prefill.main(["--ab", "served,@0", *argv]) == 0
-        assert seen.pop() == layer
+        assert seen.pop() == (layer, skew)
 
 
 # The wgmma tilings' host glue, on CPU: a wgmma tiling is timed only where the device has wgmma (sm_90), elsewhere it is

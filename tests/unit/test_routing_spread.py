@@ -142,3 +142,43 @@ def test_the_harness_and_the_hooks_name_the_same_variables():
 
     assert (hooks.ROUTES_ENV, hooks.RANDOM_MXFP4_ENV) == (routes.ROUTES_ENV, dummy_mxfp4.RANDOM_MXFP4_ENV)
     assert hooks.RANDOM_MXFP4_LOG == dummy_mxfp4.LOG_LINE, "the harness would look for a line the hook never prints"
+
+
+SERVED_ROUTES = Path(__file__).resolve().parents[2] / "docs" / "evidence" / "sm_90-2026-11-27-valid-weights"
+
+
+def _median_spread(layer, skew: float, slots: int) -> dict:
+    """The median over seeds of random_routing's spread at `slots` slots (the served window's size)."""
+    import statistics
+
+    from kernels.tools.bench import random_routing
+
+    runs = []
+    for seed in range(9):
+        _, ids, _ = random_routing(slots // layer.top_k, torch.Generator().manual_seed(seed), layer, skew)
+        runs.append(rs.spread(torch.bincount(ids.flatten().long(), minlength=layer.experts).tolist()))
+    return {k: statistics.median(r[k] for r in runs) for k in ("entropy", "top_share")}
+
+
+def test_the_benchs_served_skew_routes_as_the_served_shape_models_did():
+    """kernels.tools.bench.SERVED_SKEW must reproduce the routing spread measured in the served 120b and 20b shape
+    models (their routes.json): within 0.02 of the median layer's normalised entropy and 25% of its busiest expert's
+    share (seed to seed the medians move by ~0.005 and ~10%). Uniform routing (skew 0), which the layer bench used
+    alone before, must not: its 120b entropy is 0.99, and its busiest expert a third of the served one's share."""
+    import json
+
+    from kernels.cases import MODELS
+    from kernels.tools.bench import SERVED_SKEW
+
+    def close(got: dict, want: dict) -> bool:
+        return (abs(got["entropy"] - want["entropy_median"]) <= 0.02
+                and abs(got["top_share"] / want["top_share_median"] - 1) <= 0.25)
+
+    for model, name in zip(MODELS, ("routes-120b-valid", "routes-20b-valid")):
+        served = json.loads((SERVED_ROUTES / name / "routes.json").read_text())["summary"]
+        assert served["model"] == f"{model.name}-shape"
+        got = _median_spread(model.moe, SERVED_SKEW, served["slots_per_layer"])
+        assert close(got, served), f"{model.name}: skew {SERVED_SKEW} routes with {got}; served: {served}"
+        if model.moe.experts == 128:
+            uniform = _median_spread(model.moe, 0.0, served["slots_per_layer"])
+            assert not close(uniform, served), f"{model.name}: uniform routing {uniform} reads as the served spread"
