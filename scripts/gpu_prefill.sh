@@ -20,7 +20,10 @@
 #             without it the A/B is against the mma.sync tiling (@1). Exit 1 when a test fails (then no A/B: its
 #             verdict could not change that), or the served build is slower than PREV's (every round beyond every
 #             round of it) or its output differs from PREV's by a bit (`--expect not-slower,identical`; EXPECT
-#             replaces it, e.g. EXPECT=not-slower for a change that rounds differently by design).
+#             replaces it, e.g. EXPECT=not-slower for a change that rounds differently by design). The layer is routed
+#             with the served shape models' spread (ROUTING_SKEW, default served: bench_prefill --routing-skew; 0 routes
+#             uniformly, as this phase did before 2026-12-07): uniform routing had read the 120b's 2048-token layer 12%
+#             faster than the served model ran it.
 #   level2    level 2 of LEVEL2_CONFIG (default gemv-bf16: its quantization is stock's, so stock's goldens judge it) on the
 #             tiny MXFP4 model against stock's goldens (`--goldens-of`), the mutation tests left out (they test the
 #             suite's rules, not the kernels, and boot six more servers): streams, teacher forcing, perplexity, chat.
@@ -76,7 +79,7 @@ kernels() {
   local ab=(--ab @1,served)
   [ -f "$PREV" ] && ab=(--ab "$PREV,served" --expect "${EXPECT:-not-slower,identical}")
   timeout 420 python3 -m kernels.tools.bench_prefill "${ab[@]}" --ab-m 8192,2048 --rounds 5 \
-    --out "$RES/ab.json" > "$RES/ab.log" 2>&1 || rc=1
+    --routing-skew "${ROUTING_SKEW:-served}" --out "$RES/ab.json" > "$RES/ab.log" 2>&1 || rc=1
   grep -v "^NVIDIA" "$RES/ab.log" | tail -12
   return $rc
 }

@@ -7,7 +7,7 @@ BF16 dense layers through cuBLAS (`torch.matmul`), the MoE through vLLM's Triton
 `matmul_ogs` on its swizzled MXFP4), imported from the installed vLLM.
 
 Method: gpt-oss-120b shapes (kernels/cases.py) at M tokens; the MoE routes each token to 4 of 128 experts from
-random router logits (uniform routing: every expert's weights are read, as in a real prefill; `--routing-skew 0.4`
+random router logits (uniform routing: every expert's weights are read, as in a real prefill; `--routing-skew served`
 routes with the spread the served shape models route with instead, some experts taking several times their share,
 which changes how many token blocks a tiling runs: kernels/tools/bench.py SERVED_SKEW). Calls are captured
 in CUDA graphs and timed with CUDA events after warm-up, median of `--reps` replays (`timing.time_calls`). Every
@@ -404,9 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=MODELS[0].name, choices=[mo.name for mo in MODELS],
                     help="--ab: whose MoE layer (expert count and top-k; the served 20b's h at 2048 tokens is the "
                     "120b's at 2048, its slots per expert the 120b's at 8192: the 120b layer alone predicted neither)")
-    ap.add_argument("--routing-skew", type=float, default=0.0,
-                    help=f"spread of a per-expert offset in the random router logits: 0 routes uniformly; {SERVED_SKEW} "
-                    "as the served shape models do (kernels/tools/bench.py SERVED_SKEW)")
+    ap.add_argument("--routing-skew", default="0",
+                    help=f"spread of a per-expert offset in the random router logits: 0 routes uniformly; 'served' "
+                    f"({SERVED_SKEW}) as the served shape models do (kernels/tools/bench.py SERVED_SKEW)")
     ap.add_argument("--expect", help=f"--ab: comma-separated criteria every spec after the first must meet "
                     f"at every M, else exit 1 naming each miss: {', '.join(AB_EXPECT)}")
     a = ap.parse_args(argv)
@@ -415,9 +415,13 @@ def main(argv: list[str] | None = None) -> int:
         why = "applies to --ab only" if a.ab is None else f"{a.expect!r} is not a comma-separated list of {', '.join(AB_EXPECT)}"
         print(f"bench_prefill: --expect {why}", file=sys.stderr)
         return 2
-    if not a.routing_skew >= 0 or a.routing_skew == float("inf"):
-        print(f"bench_prefill: --routing-skew {a.routing_skew}: a finite spread >= 0 (0 routes uniformly, "
-              f"{SERVED_SKEW} as the served shape models)", file=sys.stderr)
+    try:
+        a.routing_skew = SERVED_SKEW if a.routing_skew == "served" else float(a.routing_skew)
+    except ValueError:
+        a.routing_skew = float("nan")
+    if not 0 <= a.routing_skew < float("inf"):
+        print(f"bench_prefill: --routing-skew {a.routing_skew}: 'served' or a finite spread >= 0 (0 routes uniformly, "
+              f"served = {SERVED_SKEW}, as the served shape models)", file=sys.stderr)
         return 2
     if a.ab is None and a.model != MODELS[0].name:
         print("bench_prefill: --model applies to --ab only (the other benches time the 120b's layers)", file=sys.stderr)

@@ -13,6 +13,7 @@ from kernels import cuda_ext
 from kernels.cuda_ext import FORM_WG, PF_VARIANTS
 from kernels.packed_mm import _cuda_variant
 from kernels.tools import bench_prefill
+from kernels.tools.bench import SERVED_SKEW
 from kernels.tuning import get_config
 
 pytestmark = pytest.mark.level1_5
@@ -141,8 +142,9 @@ def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
                       (["--ab", "served,@0", "--expect", ""], "is not a comma-separated list of"),
                       (["--expect", "faster"], "--expect applies to --ab only"),
                       (["--model", "gpt-oss-20b"], "--model applies to --ab only"),
-                      (["--ab", "served,@0", "--routing-skew", "-0.4"], "a finite spread >= 0"),
-                      (["--ab", "served,@0", "--routing-skew", "inf"], "a finite spread >= 0"),
+                      (["--ab", "served,@0", "--routing-skew", "-0.4"], "'served' or a finite spread >= 0"),
+                      (["--ab", "served,@0", "--routing-skew", "inf"], "'served' or a finite spread >= 0"),
+                      (["--ab", "served,@0", "--routing-skew", "wide"], "'served' or a finite spread >= 0"),
                       (["--ab", f"served,{tmp_path / 'none.cu'}"], "no kernel source"),
                       (["--ab", f"served,{other}"], "add it to this tree's PF_TABLE")):
         assert bench_prefill.main(argv) == 2, argv
@@ -162,7 +164,8 @@ def test_ab_times_the_layer_of_the_model_named(monkeypatch):
     monkeypatch.setattr(bench_prefill, "bench_ab", lambda specs, ms, rounds, reps, layer, skew: seen.append(
         (layer, skew)) or {"specs": [], "M": {}})
     for argv, layer, skew in ((["--model", "gpt-oss-20b"], GPT_OSS_20B.moe, 0.0), ([], GPT_OSS_120B.moe, 0.0),
-                              (["--routing-skew", "0.4"], GPT_OSS_120B.moe, 0.4)):
+                              (["--routing-skew", "0.25"], GPT_OSS_120B.moe, 0.25),
+                              (["--routing-skew", "served"], GPT_OSS_120B.moe, SERVED_SKEW)):
         assert bench_prefill.main(["--ab", "served,@0", *argv]) == 0
         assert seen.pop() == (layer, skew)
 

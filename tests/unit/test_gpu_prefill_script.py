@@ -52,7 +52,11 @@ def test_kernels_judges_the_served_build_against_the_previous_one_bit_for_bit(tm
     # the previous build first: the served one is the spec judged against it
     assert ab[ab.index("--ab") + 1] == f"{prev},served"
     assert ab[ab.index("--expect") + 1] == "not-slower,identical"
+    # routed as the served shape models route (uniform routing read the 120b's layer 12% faster than served)
+    assert ab[ab.index("--routing-skew") + 1] == "served"
     assert (tmp_path / "out" / "phases.txt").read_text() == "kernels rc 0\n"
+    r, calls = _job(tmp_path, "kernels", PREV=str(prev), ROUTING_SKEW="0")
+    assert r.returncode == 0 and calls[-1].split()[calls[-1].split().index("--routing-skew") + 1] == "0", calls
 
 
 def test_a_change_that_rounds_differently_by_design_is_judged_on_speed_alone_when_asked(tmp_path):
