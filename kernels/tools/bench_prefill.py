@@ -338,6 +338,13 @@ def ab_unmet(ab: dict, expect: list[str]) -> list[str]:
     return unmet
 
 
+def token_blocks(ids: torch.Tensor, experts: int, rows: int) -> int:
+    """How many blocks of `rows` token rows a prefill tiling runs for this routing (each expert's slots in blocks of its
+    own). The kernels decode an expert's weights once per block, so the count is what a routing costs a tiling."""
+    hits = torch.bincount(ids.flatten().long(), minlength=experts)
+    return int(((hits + rows - 1) // rows).sum())
+
+
 def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: MoeLayer = MOE,
              skew: float = 0.0) -> dict:
     """The MoE layer (default the 120b's) of each spec against the first (module docstring, `--ab`)."""
@@ -373,9 +380,11 @@ def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: Moe
         row |= {"rounds_us": times, "median_us": med, "verdict": [ab_verdict(times[keys[0]], times[k]) for k in keys]}
         res["M"][m] = row
         hits = torch.bincount(ids.flatten().long(), minlength=layer.experts)
-        row |= {"experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max())}
+        blocks = {rows: token_blocks(ids, layer.experts, rows) for rows in (64, 128)}
+        row |= {"experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max()), "token_blocks": blocks}
         print(f"  MoE M={m} (routing skew {skew}: {row['experts_hit']} experts hit, the busiest {row['max_slots_per_expert']} "
-              f"slots), {rounds} rounds of {reps} replays, us (median; rounds):", flush=True)
+              f"slots; {blocks[128]} blocks of 128 token rows, {blocks[64]} of 64), {rounds} rounds of {reps} replays, "
+              "us (median; rounds):", flush=True)
         for i, k in enumerate(keys):
             print(f"    {k}: {med[k]:.1f} ({med[k] / med[keys[0]]:.3f}x the first; "
                   f"{', '.join(f'{t:.1f}' for t in times[k])}) - {row['verdict'][i]}; output "
