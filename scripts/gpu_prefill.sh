@@ -22,8 +22,8 @@
 #             round of it) or its output differs from PREV's by a bit (`--expect not-slower,identical`; EXPECT
 #             replaces it, e.g. EXPECT=not-slower for a change that rounds differently by design). The layer is routed
 #             with the served shape models' spread (ROUTING_SKEW, default served: bench_prefill --routing-skew; 0 routes
-#             uniformly, as this phase did before 2026-12-07): uniform routing had read the 120b's 2048-token layer 12%
-#             faster than the served model ran it.
+#             uniformly, as this phase did before 2026-12-07, whose ratios are not comparable with these): the uniformly
+#             routed bench had read the 120b's 2048-token layer 12% faster than the served model ran it.
 #   level2    level 2 of LEVEL2_CONFIG (default gemv-bf16: its quantization is stock's, so stock's goldens judge it) on the
 #             tiny MXFP4 model against stock's goldens (`--goldens-of`), the mutation tests left out (they test the
 #             suite's rules, not the kernels, and boot six more servers): streams, teacher forcing, perplexity, chat.

@@ -214,7 +214,8 @@ def bench_moe(m: int, reps: int, src_before: str | None = None, skew: float = 0.
     logits, ids, wts = random_routing(m, g, skew=skew)
     out = torch.empty(m, h, dtype=torch.bfloat16, device="cuda")
     hits = torch.bincount(ids.flatten().long(), minlength=e)
-    res = {"M": m, "experts": e, "top_k": k, "experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max())}
+    res = {"M": m, "experts": e, "top_k": k, "routing_skew": skew, "experts_hit": int((hits > 0).sum()),
+           "max_slots_per_expert": int(hits.max())}
     try:
         fn = vllm_triton_moe_fn(gu_p, gu_s, gu_b, d_p, d_s, d_b, k)
         res["us_vllm_triton"] = _timed("vllm triton", [lambda: fn(x, logits)], reps, 2)
@@ -414,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="--ab: whose MoE layer (expert count and top-k; the served 20b's h at 2048 tokens is the "
                     "120b's at 2048, its slots per expert the 120b's at 8192: the 120b layer alone predicted neither)")
     ap.add_argument("--routing-skew", default="0",
-                    help=f"spread of a per-expert offset in the random router logits: 0 routes uniformly; 'served' "
-                    f"({SERVED_SKEW}) as the served shape models do (kernels/tools/bench.py SERVED_SKEW)")
+                    help=f"the MoE layer's routing: spread of a per-expert offset in the random router logits: 0 "
+                    f"routes uniformly; 'served' ({SERVED_SKEW}) as the served shape models do (kernels/tools/bench.py "
+                    "SERVED_SKEW); the top-k timing keeps its own logits")
     ap.add_argument("--expect", help=f"--ab: comma-separated criteria every spec after the first must meet "
                     f"at every M, else exit 1 naming each miss: {', '.join(AB_EXPECT)}")
     a = ap.parse_args(argv)
@@ -424,12 +426,13 @@ def main(argv: list[str] | None = None) -> int:
         why = "applies to --ab only" if a.ab is None else f"{a.expect!r} is not a comma-separated list of {', '.join(AB_EXPECT)}"
         print(f"bench_prefill: --expect {why}", file=sys.stderr)
         return 2
+    given = a.routing_skew
     try:
-        a.routing_skew = SERVED_SKEW if a.routing_skew == "served" else float(a.routing_skew)
+        a.routing_skew = SERVED_SKEW if given == "served" else float(given) + 0.0  # + 0.0: -0 is recorded as 0
     except ValueError:
         a.routing_skew = float("nan")
     if not 0 <= a.routing_skew < float("inf"):
-        print(f"bench_prefill: --routing-skew {a.routing_skew}: 'served' or a finite spread >= 0 (0 routes uniformly, "
+        print(f"bench_prefill: --routing-skew {given}: 'served' or a finite spread >= 0 (0 routes uniformly, "
               f"served = {SERVED_SKEW}, as the served shape models)", file=sys.stderr)
         return 2
     if a.ab is None and a.model != MODELS[0].name:

@@ -247,19 +247,25 @@ def test_each_cuda_tiling_is_named_by_its_tiling_and_form():
 
 
 def test_the_served_spread_costs_a_128_row_tiling_more_blocks_than_a_64_row_one():
-    """Why the uniformly routed layer bench read our 120b prefill 12% faster than the served model ran it, and stock's
-    2% slower: at 2048 tokens uniform routing gives each of the 120b's 128 experts fewer than 128 slots (one block of
-    our 128 rows each), the served spread gives the busiest several times that. Over five seeds the spread adds 11-13%
-    of 128-row blocks (ours) and 4-9% of 64-row blocks (matmul_ogs' tile there): at least 10%, and more than for 64."""
+    """The likely reason the uniformly routed layer bench read our 120b prefill 12% faster than the served model ran
+    it: at 2048 tokens uniform routing gives each of the 120b's 128 experts fewer than 128 slots (one block of our 128
+    rows each); the served spread gives the busiest several times that. Over 25 seeds the spread adds a median 13% of
+    128-row blocks (ours; the least 9%) and 5% of 64-row blocks (matmul_ogs' tile there; the most 10%): asserted, a
+    median of at least 10% for 128 rows and at most 8% for 64."""
     from kernels.cases import GPT_OSS_120B
     from kernels.tools.bench import random_routing
 
+    import statistics
+
     layer = GPT_OSS_120B.moe
-    for seed in range(5):
+    growth = {64: [], 128: []}
+    for seed in range(25):
         counts = {}
         for skew in (0.0, SERVED_SKEW):
             _, ids, _ = random_routing(2048, torch.Generator().manual_seed(seed), layer, skew)
             counts[skew] = {rows: bench_prefill.token_blocks(ids, layer.experts, rows) for rows in (64, 128)}
         assert counts[0.0][128] == layer.experts, counts
-        assert counts[SERVED_SKEW][128] >= 1.10 * counts[0.0][128], counts
-        assert counts[SERVED_SKEW][128] / counts[0.0][128] > counts[SERVED_SKEW][64] / counts[0.0][64], counts
+        for rows in growth:
+            growth[rows].append(counts[SERVED_SKEW][rows] / counts[0.0][rows])
+    med = {rows: statistics.median(g) for rows, g in growth.items()}
+    assert med[128] >= 1.10 and med[64] <= 1.08, med

@@ -52,7 +52,7 @@ def test_kernels_judges_the_served_build_against_the_previous_one_bit_for_bit(tm
     # the previous build first: the served one is the spec judged against it
     assert ab[ab.index("--ab") + 1] == f"{prev},served"
     assert ab[ab.index("--expect") + 1] == "not-slower,identical"
-    # routed as the served shape models route (uniform routing read the 120b's layer 12% faster than served)
+    # routed as the served shape models route (the uniformly routed bench read the 120b's layer 12% faster than served)
     assert ab[ab.index("--routing-skew") + 1] == "served"
     assert (tmp_path / "out" / "phases.txt").read_text() == "kernels rc 0\n"
     r, calls = _job(tmp_path, "kernels", PREV=str(prev), ROUTING_SKEW="0")
