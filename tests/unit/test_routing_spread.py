@@ -184,3 +184,21 @@ def test_the_benchs_served_skew_routes_as_the_served_shape_models_did():
         if model.moe.experts == 128:
             uniform = _median_spread(model.moe, 0.0, served["slots_per_layer"])
             assert not close(uniform, served), f"{model.name}: uniform routing {uniform} reads as the served spread"
+
+
+def test_uniform_routing_is_the_benchs_routing_of_before():
+    """Skew 0 must route exactly as the bench did before the skew existed (N(0, 1) logits rounded to bf16, top-k of
+    them), and leave the generator where it did: every earlier uniform A/B stays comparable with a new one."""
+    from kernels.cases import MODELS
+    from kernels.tools.bench import random_routing
+
+    layer = MODELS[0].moe
+    g_new, g_old = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    logits, ids, wts = random_routing(64, g_new, layer, 0.0)
+    old = torch.randn(64, layer.experts, generator=g_old).to(torch.bfloat16)
+    top = torch.topk(old.float(), layer.top_k, dim=-1)
+    assert torch.equal(logits, old) and torch.equal(ids, top.indices.to(torch.int32))
+    assert torch.equal(wts, torch.softmax(top.values, -1))
+    assert torch.equal(torch.randn(4, generator=g_new), torch.randn(4, generator=g_old)), "the generator moved on"
+    _, skewed, _ = random_routing(64, torch.Generator().manual_seed(3), layer, 0.4)
+    assert not torch.equal(skewed, ids), "a skew that routes as uniform routing tests nothing"
