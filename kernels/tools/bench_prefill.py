@@ -213,9 +213,7 @@ def bench_moe(m: int, reps: int, src_before: str | None = None, skew: float = 0.
     x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
     logits, ids, wts = random_routing(m, g, skew=skew)
     out = torch.empty(m, h, dtype=torch.bfloat16, device="cuda")
-    hits = torch.bincount(ids.flatten().long(), minlength=e)
-    res = {"M": m, "experts": e, "top_k": k, "routing_skew": skew, "experts_hit": int((hits > 0).sum()),
-           "max_slots_per_expert": int(hits.max())}
+    res = {"M": m, "experts": e, "top_k": k, "routing_skew": skew, **routing_summary(ids, e)}
     try:
         fn = vllm_triton_moe_fn(gu_p, gu_s, gu_b, d_p, d_s, d_b, k)
         res["us_vllm_triton"] = _timed("vllm triton", [lambda: fn(x, logits)], reps, 2)
@@ -339,11 +337,13 @@ def ab_unmet(ab: dict, expect: list[str]) -> list[str]:
     return unmet
 
 
-def token_blocks(ids: torch.Tensor, experts: int, rows: int) -> int:
-    """How many blocks of `rows` token rows a prefill tiling runs for this routing (each expert's slots in blocks of its
-    own). The kernels decode an expert's weights once per block, so the count is what a routing costs a tiling."""
+def routing_summary(ids: torch.Tensor, experts: int) -> dict:
+    """What a routing (top-k ids) gives the prefill kernels: experts hit, the busiest expert's slots, and the blocks of
+    64 and of 128 token rows a tiling runs (each expert's slots in blocks of its own). The kernels decode an expert's
+    weights once per block, so the block count is what a routing costs a tiling."""
     hits = torch.bincount(ids.flatten().long(), minlength=experts)
-    return int(((hits + rows - 1) // rows).sum())
+    return {"experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max()),
+            "token_blocks": {rows: int(((hits + rows - 1) // rows).sum()) for rows in (64, 128)}}
 
 
 def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: MoeLayer = MOE,
@@ -380,9 +380,8 @@ def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: Moe
         med = {k: statistics.median(v) for k, v in times.items()}
         row |= {"rounds_us": times, "median_us": med, "verdict": [ab_verdict(times[keys[0]], times[k]) for k in keys]}
         res["M"][m] = row
-        hits = torch.bincount(ids.flatten().long(), minlength=layer.experts)
-        blocks = {rows: token_blocks(ids, layer.experts, rows) for rows in (64, 128)}
-        row |= {"experts_hit": int((hits > 0).sum()), "max_slots_per_expert": int(hits.max()), "token_blocks": blocks}
+        row |= routing_summary(ids, layer.experts)
+        blocks = row["token_blocks"]
         print(f"  MoE M={m} (routing skew {skew}: {row['experts_hit']} experts hit, the busiest {row['max_slots_per_expert']} "
               f"slots; {blocks[128]} blocks of 128 token rows, {blocks[64]} of 64), {rounds} rounds of {reps} replays, "
               "us (median; rounds):", flush=True)

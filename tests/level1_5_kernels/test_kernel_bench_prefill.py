@@ -252,10 +252,10 @@ def test_the_served_spread_costs_a_128_row_tiling_more_blocks_than_a_64_row_one(
     rows each); the served spread gives the busiest several times that. Over 25 seeds the spread adds a median 13% of
     128-row blocks (ours; the least 9%) and 5% of 64-row blocks (matmul_ogs' tile there; the most 10%): asserted, a
     median of at least 10% for 128 rows and at most 8% for 64."""
+    import statistics
+
     from kernels.cases import GPT_OSS_120B
     from kernels.tools.bench import random_routing
-
-    import statistics
 
     layer = GPT_OSS_120B.moe
     growth = {64: [], 128: []}
@@ -263,7 +263,7 @@ def test_the_served_spread_costs_a_128_row_tiling_more_blocks_than_a_64_row_one(
         counts = {}
         for skew in (0.0, SERVED_SKEW):
             _, ids, _ = random_routing(2048, torch.Generator().manual_seed(seed), layer, skew)
-            counts[skew] = {rows: bench_prefill.token_blocks(ids, layer.experts, rows) for rows in (64, 128)}
+            counts[skew] = bench_prefill.routing_summary(ids, layer.experts)["token_blocks"]
         assert counts[0.0][128] == layer.experts, counts
         for rows in growth:
             growth[rows].append(counts[SERVED_SKEW][rows] / counts[0.0][rows])
