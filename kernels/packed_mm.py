@@ -459,7 +459,13 @@ def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4, slots: int
     and reads gate_up's h: the same token rows per CTA, and bf16 rows or f16 fragments alike. With
     `cuda_moe_down_min_slots` it takes them only for calls of `slots` (tokens x top_k) whose mean slots per expert reach
     that many (below, gate_up's): fewer re-reads pay where experts are dense, and half the CTAs per SM cost where
-    they are sparse (kernels/NOTES.md "The down half's own tiling")."""
+    they are sparse (kernels/NOTES.md "The down half's own tiling").
+
+    `cuda_moe_sparse_tokens` (with `cuda_moe_sparse_max_slots`): a call whose mean slots per expert is at most that
+    many runs both halves at that many token rows per CTA, down's own keys aside. Where experts hold few slots and
+    the routing is uneven, a 128-row block is mostly empty padding and each block decodes its expert's weights
+    again (kernels/NOTES.md "64 token rows where experts are sparse"). Explicit variants (`cuda_variant`,
+    `cuda_down_variant`) are served as given."""
     from .cuda_ext import PF_VARIANTS, reads_bf16_rows
 
     v = _cuda_variant(cfg, True, gate_up, down)
@@ -468,6 +474,15 @@ def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4, slots: int
         raise ValueError(f"packed_mm: the MoE's down tiling {PF_VARIANTS[vd]} cannot read the h of gate_up's "
                          f"{PF_VARIANTS[v]} (token rows per CTA and form must match, (NT, RT, CTAS, FORM)): set "
                          "cuda_moe_down_* (or cuda_down_variant) to a tiling with gate_up's NT and form, or unset them")
+    sparse = int(cfg.get("cuda_moe_sparse_tokens", 0))
+    explicit = "cuda_variant" in cfg or "cuda_down_variant" in cfg
+    if sparse and not explicit and slots is not None:
+        if slots <= int(cfg.get("cuda_moe_sparse_max_slots", 0)) * gate_up.words.shape[0]:
+            try:  # gate_up's keys at the sparse token rows, for both halves (down's own keys are read only for down)
+                vs = _cuda_variant({**cfg, "cuda_moe_tokens": sparse}, True, gate_up, down)
+            except ValueError as ex:
+                raise ValueError(f"packed_mm.cuda_moe_sparse_tokens {sparse}: {ex}") from None
+            return vs, vs
     min_slots = int(cfg.get("cuda_moe_down_min_slots", 0))
     if slots is not None and slots < min_slots * gate_up.words.shape[0]:
         return v, v

@@ -321,8 +321,9 @@ def test_the_moe_down_half_takes_its_own_tiling_only_where_experts_hold_enough_s
     w, s = random_mxfp4((3, 16, 64), g, 120, 127)
     p = pack_mxfp4(w, s)  # 3 experts
     _on_hopper(monkeypatch)
+    # the sparse calls' own tiling off: this is the down threshold's test (the next test is the sparse rule's)
     cfg = {**get_config("packed_mm", "sm_90"), "cuda_moe_down_row_tiles": 2, "cuda_moe_down_ctas_per_sm": 1,
-           "cuda_moe_down_min_slots": 192}
+           "cuda_moe_down_min_slots": 192, "cuda_moe_sparse_tokens": 0}
 
     def down_tiling(slots: int | None, **over) -> tuple:
         return PF_VARIANTS[_moe_variants({**cfg, **over}, p, p, slots)[1]]
@@ -334,6 +335,44 @@ def test_the_moe_down_half_takes_its_own_tiling_only_where_experts_hold_enough_s
     assert down_tiling(1, cuda_moe_down_min_slots=0) == own, "unset threshold: always its own"
     with pytest.raises(ValueError, match="cannot read the h of gate_up's"):
         down_tiling(1, cuda_moe_down_tokens=64, cuda_moe_down_row_tiles=1, cuda_moe_down_ctas_per_sm=2)  # NT 8
+
+
+def test_the_moe_takes_64_token_rows_per_cta_where_experts_are_sparse(monkeypatch):
+    """`cuda_moe_sparse_tokens` / `_max_slots` (sm_90: 64 / 64): a call whose mean slots per expert is at most 64 runs
+    both halves at 64 token rows per CTA, down's own tiling aside (it could not read 64-row blocks); a denser call, a
+    tiling report (no call size) and explicit variants keep the keys' tiling; a sparse size with no such tiling is
+    refused in one line naming the key. The served 120b's 2048-token prefill (64 per expert) is the sparse case; the
+    20b's (256) is not."""
+    from kernels.cuda_ext import FORM_WG
+    from kernels.packed_mm import _moe_variants
+
+    g = generator(fresh_seed(), "cpu")
+    w, s = random_mxfp4((4, 16, 64), g, 120, 127)
+    p = pack_mxfp4(w, s)  # 4 experts
+    _on_hopper(monkeypatch)
+    cfg = get_config("packed_mm", "sm_90")
+
+    def tilings(slots: int | None, **over) -> tuple[tuple, tuple]:
+        v, vd = _moe_variants({**cfg, **over}, p, p, slots)
+        return PF_VARIANTS[v], PF_VARIANTS[vd]
+
+    sparse, dense = (8, 1, 2, FORM_WG), (16, 1, 2, FORM_WG)
+    assert tilings(4 * 64) == (sparse, sparse), "64 slots per expert: 64 token rows, both halves"
+    assert tilings(1) == (sparse, sparse), "a decode batch above 16 tokens is sparse too"
+    assert tilings(4 * 64 + 1) == (dense, dense), "just over 64 per expert: the 128-row tiling"
+    assert tilings(None) == (dense, dense), "no call size (a tiling report): the tiling the keys name"
+    assert tilings(4 * 64, cuda_moe_sparse_tokens=0) == (dense, dense), "unset: one tiling at every size"
+    own = {"cuda_moe_down_row_tiles": 2, "cuda_moe_down_ctas_per_sm": 1}
+    assert tilings(4 * 64, **own) == (sparse, sparse), "down's own 128-row tiling does not serve a sparse call"
+    assert tilings(4 * 256, **own) == (dense, (16, 2, 1, FORM_WG)), "nor is it lost on a dense one"
+    forced = PF_VARIANTS.index(dense)
+    assert tilings(4 * 64, cuda_variant=forced) == (dense, dense), "an explicit variant is served as given"
+    wide = (16, 2, 1, FORM_WG)
+    assert tilings(4 * 64, cuda_down_variant=PF_VARIANTS.index(wide)) == (dense, wide), "explicit down: as given"
+    with pytest.raises(ValueError, match="cuda_moe_sparse_tokens 32: no CUDA prefill tiling"):
+        tilings(4 * 64, cuda_moe_sparse_tokens=32)
+    with pytest.raises(ValueError, match="cannot read the h of gate_up's"):  # a misconfigured down: refused at any size
+        tilings(4 * 64, cuda_moe_down_tokens=64, cuda_moe_down_row_tiles=1)
 
 
 def _on_hopper(monkeypatch) -> None:
