@@ -27,8 +27,10 @@ boot compiled, and it ran engine-clock pp2048 26% slower than the next boot, who
 
 Workloads: tg32 and tg128 at batch 1 (16-token prompt, the seed's headline decode), tg32 at 4 concurrent
 requests (M=4: still the plugin's decode kernels), tg32 at 32 concurrent requests (above the plugin's
-threshold: kernels/packed_mm.py on the same packed weights) and pp2048 (prefill: packed_mm too). Ratios are
-against the first config; used memory and KV capacity are vLLM's own accounting from the server log.
+threshold: kernels/packed_mm.py on the same packed weights) and pp2048 (prefill: packed_mm too). Every boot of the full
+set admits 32 sequences (`--max-num-seqs=32` after the flavour's flags; an entry's own `+--max-num-seqs=N` wins): the
+users' flags admit 2, which would time tg32@c32 as batch-2 decode behind a queue. Ratios are against the first config;
+used memory and KV capacity are vLLM's own accounting from the server log (at those 32 sequences).
 """
 from __future__ import annotations
 
@@ -151,6 +153,22 @@ ALL, PREFILL_GPU_ONLY, DECODE_ONLY_MODE = "all", "pp2048_gpu only", "batch-1 dec
 
 def _workloads(mode: str) -> tuple[bench.Workload, ...]:
     return {ALL: WORKLOADS, PREFILL_GPU_ONLY: (), DECODE_ONLY_MODE: DECODE_ONLY}[mode]
+
+
+def max_num_seqs(mode: str) -> int | None:
+    """The sequences every boot of `mode` admits: its workloads' largest concurrency, where that is above 1 (None: the
+    flavour's flag stands). The users' flags cap a server at `--max-num-seqs 2` (configs/flavours), under which
+    tg32@c4 and tg32@c32 time batch-2 decode behind a queue and never reach the plugin's M > 16 path: an H100 run of
+    2026-12-07 did (its server logs: 2 running, 24 waiting), as every earlier run of this script had."""
+    top = max((w.concurrency for w in _workloads(mode)), default=1)
+    return top if top > 1 else None
+
+
+def boot_args(gpu_memory_utilization: str | None, seqs: int | None, entry_args: list[str]) -> list[str]:
+    """A boot's server arguments beyond the flavour's: they come after its flags (the later flag wins), and the entry's
+    own come last, so `CONFIG+--max-num-seqs=N` still wins over the mode's sequences."""
+    return ((["--gpu-memory-utilization", gpu_memory_utilization] if gpu_memory_utilization else [])
+            + ([f"--max-num-seqs={seqs}"] if seqs else []) + entry_args)
 
 
 def warm_up(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str, str] | None,
@@ -348,12 +366,21 @@ def prefill_table(results: dict[str, dict], order: list[str]) -> list[str]:
     return md
 
 
+def seqs_line(results: dict[str, dict]) -> str:
+    """What batch the concurrent workloads reached: the sequences the boots admitted (one per table, mixed_setting)."""
+    seqs = next((r.get("max_num_seqs") for r in results.values() if "metrics" in r), None)
+    if seqs:
+        return f"Every boot admitted {seqs} sequences (`--max-num-seqs={seqs}`): a tg32@cN up to it ran at batch N."
+    return ("Every boot ran the flavour's `--max-num-seqs` (the users' flags: 2): a tg32@cN above it timed that batch "
+            "behind a queue.")
+
+
 def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str]:
     """e2e.md's lines: the speed table, then each config's decode-time breakdown and host ranges."""
     md = [f"# Kernels plugin end to end: {title}", "",
           "Engine clock (pp2048_gpu: GPU kernel time of one profiled 2048-token prefill), medians after warm-up; "
           "ratio against the first config; a CV after the ratio: samples spread more than "
-          f"{SPREAD_SHOWN:.0%}, so the median alone misleads.", ""] + table(results, order)
+          f"{SPREAD_SHOWN:.0%}, so the median alone misleads.", "", seqs_line(results), ""] + table(results, order)
     md += ["", f"Kernel time per generated token (us), a profiled window of ~{BREAKDOWN_TOKENS} batch-1 decode steps (the "
            "profiler started after the stream's first token: no prefill inside; the profiler's host cost widens the "
            "window's idle, so GPU idle describes the profiled steps, not tg32's); GPU idle = trace wall time - union of the kernels "
@@ -451,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                # before the decode window, a profiled request with two prefills inside (+12.7% busy, 120b shape)
                "breakdown": None if mode == PREFILL_GPU_ONLY else "decode window",
                # logprobs=1 streams before it: the engine's log-softmax and top-k every step (README)
-               "stream": perf.STREAM_REQUEST}
+               "stream": perf.STREAM_REQUEST,
+               # the batch the concurrent workloads reach (before this key: the flavour's 2, whatever they asked)
+               "max_num_seqs": max_num_seqs(mode)}
     mixed = mixed_setting(results, setting)
     if mixed:
         print(f"plugin_e2e: {out} {mixed}: use another --out (one table, one setting)")
@@ -461,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         config, env, args = entries[name]
         frac = util.get(name, util.get(config))
         env = {**({RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else {}), **env}
-        return config, (["--gpu-memory-utilization", frac] if frac else []) + args, env or None
+        return config, boot_args(frac, setting["max_num_seqs"], args), env or None
 
     pending = [n for n in order if "metrics" not in results.get(n, {})]
     if a.warm and pending:

@@ -153,7 +153,7 @@ def test_warm_boots_the_first_entry_still_to_measure_once_and_each_entry_boots_w
             "--gpu-memory-utilization", "gemv-bf16=0.9", "--out", str(tmp_path)]
     monkeypatch.setattr(sys, "argv", argv)
     assert plugin_e2e.main() == 0
-    util = ["--gpu-memory-utilization", "0.9"]
+    util = ["--gpu-memory-utilization", "0.9", "--max-num-seqs=32"]  # the full set's tg32@c32 reaches batch 32
     assert made == ["gemv-bf16"]
     assert calls == [("warm", "gemv-bf16", util, None, "all"),
                      ("measure", "gemv-bf16", util, None, "all"),
