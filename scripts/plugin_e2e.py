@@ -141,6 +141,29 @@ def _summary(entry: dict) -> dict:
             "samples": [round(v, 2) for v in entry["samples"]], "rounds": entry.get("rounds")}
 
 
+GAPS_KEPT = 4  # requests per decode workload whose token gaps are kept
+
+
+def token_gaps(requests: list) -> list[list[float]]:
+    """The client's gaps between consecutive streamed tokens (ms) of the first GAPS_KEPT requests of a batch-1 decode
+    workload: where a decode that is slower per token at 32 tokens than at 128 spends its time. The plugin's 20b read
+    tg32 at 262 and tg128 at 495 tok/s in one H100 run (2026-12-07), as if ~73 ms were paid once per request; the
+    rates alone cannot say in which step."""
+    return [[round(g, 2) for g in perf.itl_ms(r)] for r in requests[:GAPS_KEPT]]
+
+
+def gaps_lines(config: str, gaps: dict[str, list[list[float]]]) -> list[str]:
+    """One line per workload: per request, its median gap, its longest gap and that gap's place (1 = the gap after
+    the first token)."""
+    lines = []
+    for label, per_request in gaps.items():
+        cells = [f"median {stats.median(g):.2f}, longest {max(g):.2f} (gap {g.index(max(g)) + 1} of {len(g)})"
+                 for g in per_request if g]
+        if cells:
+            lines.append(f"- {config}, {label}: " + "; ".join(cells))
+    return lines
+
+
 def _tag(env_extra: dict[str, str] | None, warm: bool = False, args: list[str] | None = None) -> str:
     """The boot's tag: its server log and hook directory apart from every other entry's."""
     suffix = "".join(f"_{k.lower()}-{v}" for k, v in sorted((env_extra or {}).items()))
@@ -194,10 +217,13 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
         client = running.client(timeout_s=600)
         maker = bench.PromptMaker(client, seed=7)
         metrics: dict[str, dict] = {}
+        gaps: dict[str, list[list[float]]] = {}
         for w in _workloads(mode):
             m = bench.run_workload(client, maker, w)
             for metric, entry in bench.metrics_for(w, m).items():
                 metrics[metric] = _summary(entry)
+            if w.kind == "decode":
+                gaps[f"tg{w.tg}"] = token_gaps(m.requests)
         if running.trace_dir is not None and mode != DECODE_ONLY_MODE:
             # the engine-clock pp2048 holds host time (scheduling, launches) that moved stock's median by 24% between
             # boots; the kernels' own time is what a prefill kernel changes (the gate's ppN_gpu)
@@ -218,7 +244,8 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
         log = running.log_path.read_text(errors="replace") if running.log_path else ""
         mem = server_memory(running, suite.platform.is_cuda)
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
-                "args_extra": args_extra, "metrics": metrics, "kernel_breakdown": kernels, "breakdown_notes": notes,
+                "args_extra": args_extra, "metrics": metrics, "token_gaps_ms": gaps,
+                "kernel_breakdown": kernels, "breakdown_notes": notes,
                 "prefill_breakdown": prefill,
                 "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")},
                 "plugin_lines": [ln.strip()[-220:] for ln in log.splitlines() if "suite_kernels" in ln][:40],
@@ -412,6 +439,11 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
         md += ["", f"What bounds batch-1 decode (host-bound: the tg32 step is over {HOST_BOUND:.2f}x the kernels' busy "
                "time per token of the profiled decode window, overlapping kernels counted once; their share of the "
                "step is the GPU's busy fraction in tg32's own steps):", ""] + bounds
+    gap_lines = [line for c in order for line in gaps_lines(c, (results.get(c) or {}).get("token_gaps_ms") or {})]
+    if gap_lines:
+        md += ["", f"Gaps between streamed tokens at batch 1 (client clock, ms; the first {GAPS_KEPT} measured requests "
+               "of each workload; a cost paid once per request shows as one long gap, a slow step as a higher median):",
+               ""] + gap_lines
     for c in order:  # where each step's host time goes (the GPU waits for it): vLLM's phase ranges, ops, runtime
         host = ((results.get(c) or {}).get("kernel_breakdown") or {}).get("host_top") or []
         if host:

@@ -232,7 +232,7 @@ def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkey
     monkeypatch.setattr(plugin_e2e, "decode_breakdown", window)
     monkeypatch.setattr(plugin_e2e, "prefill_breakdown", lambda s, r, prompt, notes: prefills.append(prompt) or {"tokens": 1})
     monkeypatch.setattr(plugin_e2e.bench, "PromptMaker", lambda client, seed: SimpleNamespace(make=lambda n: [0] * n))
-    monkeypatch.setattr(plugin_e2e.bench, "run_workload", lambda *a, **k: None)
+    monkeypatch.setattr(plugin_e2e.bench, "run_workload", lambda *a, **k: SimpleNamespace(requests=[]))
     monkeypatch.setattr(plugin_e2e.bench, "metrics_for", lambda w, m: {})
     monkeypatch.setattr(plugin_e2e.bench, "gpu_prefill", lambda *a: {"samples": [1.0, 1.0, 1.0]})
     monkeypatch.setattr(plugin_e2e, "kernel_time_probe", lambda r: None)
@@ -246,11 +246,13 @@ def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkey
     assert windows == [] and r["kernel_breakdown"] is None and "pp2048_gpu" in r["metrics"]
     assert len(prefills) == 2 and r["prefill_breakdown"] == {"tokens": 1}, "pp2048_gpu comes with where its time goes"
     ran = []
-    monkeypatch.setattr(plugin_e2e.bench, "run_workload", lambda client, maker, w: ran.append(w))
+    monkeypatch.setattr(plugin_e2e.bench, "run_workload",
+                        lambda client, maker, w: ran.append(w) or SimpleNamespace(requests=[]))
     r = plugin_e2e.measure(suite, "gemv-bf16", [], None, plugin_e2e.DECODE_ONLY_MODE)
     assert windows == [running] and "pp2048_gpu" not in r["metrics"]
     assert len(prefills) == 2 and r["prefill_breakdown"] is None, "a decode-only boot profiles no prefill"
     assert [(w.kind, w.concurrency, w.runs) for w in ran] == [("decode", 1, 24), ("decode", 1, 8)], ran
+    assert r["token_gaps_ms"] == {"tg32": [], "tg128": []}, "each batch-1 decode workload keeps its token gaps"
 
 
 @pytest.mark.parametrize("platform, stock", [("sm_90", "triton-bf16"), ("sm_121", "marlin-bf16"), ("cpu", None)])
