@@ -19,6 +19,7 @@ from typing import Callable
 
 from harness.core import stats
 from harness.core.errors import SuiteError
+from harness.engine.server import flag_value
 from harness.engine.server_metrics import scrape, spec_decode_between
 from harness.features.spec import Criterion
 from harness.perf import bench, host_cpu
@@ -43,6 +44,9 @@ class Side:
     host_loop_us: list[float] = field(default_factory=list)
     host_cpus: list[int] = field(default_factory=list)
     host_reason: str | None = None  # why the loop could not be timed
+    # the sequences its server admitted (--max-num-seqs; None: not known): a criterion at more concurrent requests
+    # timed them that many at a time behind a queue (the users' flags admit 2)
+    max_num_seqs: int | None = None
 
     def end_boot(self) -> None:
         self.boot_ends.append({m: len(v) for m, v in self.samples.items()})
@@ -75,7 +79,8 @@ class Side:
     def to_json(self) -> dict:
         return {"role": self.role, "config": self.config, "samples": self.samples, "numbers": self.numbers,
                 "boots": self.boots, "clocks": self.clocks, "unresolved": self.unresolved, "boot_ends": self.boot_ends,
-                "host_loop_us": self.host_loop_us, "host_cpus": self.host_cpus, "host_reason": self.host_reason}
+                "host_loop_us": self.host_loop_us, "host_cpus": self.host_cpus, "host_reason": self.host_reason,
+                "max_num_seqs": self.max_num_seqs}
 
 
 def workloads_for(criteria: list[Criterion], platform_name: str) -> list[tuple[str, bench.Workload]]:
@@ -134,6 +139,9 @@ class Measurer:
         side.number("used_memory", mem.get("used_gib"))
         side.number("kv_capacity", mem.get("kv_capacity_tokens"))
         side.number("boot_s", running.boot_seconds)
+        seqs = flag_value(running.process.argv_extra, "--max-num-seqs") if running.process else None
+        if seqs is not None and seqs.isdigit():
+            side.max_num_seqs = int(seqs)
         side.boots.append({"log": str(running.log_path), "boot_seconds": running.boot_seconds,
                            "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")}})
 

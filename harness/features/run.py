@@ -66,7 +66,7 @@ class FeatureResult:
         for s in data.get("sides", []):
             side = Side(s["role"], s["config"], s["samples"], s["numbers"], s["boots"], s["clocks"], s["unresolved"],
                         s.get("boot_ends") or [], s.get("host_loop_us") or [], s.get("host_cpus") or [],
-                        s.get("host_reason"))
+                        s.get("host_reason"), s.get("max_num_seqs"))
             sides.append(side)
         for side in sides:  # results written before the unprofiled busy fraction was kept
             _busy_unprofiled((data.get("breakdown") or {}).get(side.config), side)
@@ -123,8 +123,26 @@ def judge_all(criteria: tuple[Criterion, ...], baseline: Side, candidate: Side,
             if unresolved and v.status is not Status.ERROR:  # rounds below the GPU's loaded clock: never judged
                 v = CriterionVerdict(v.criterion, v.metric, Status.INCONCLUSIVE, f"{unresolved}; not judged ({v.why})",
                                      v.baseline, v.candidate, v.ratio, v.ci, v.target, v.n)
+            queued = queued_note(c.metric, (baseline, candidate))
+            if queued:
+                v = replace(v, why=f"{v.why}; {queued}")
             out.append(_unsteady_host(v, baseline, candidate))
     return out
+
+
+def queued_note(metric: str, sides: tuple[Side, ...]) -> str | None:
+    """Why a criterion at C concurrent requests did not time a batch of C (None: it did, or no side's limit is
+    known): a side's server admitted fewer sequences (--max-num-seqs), so the requests ran that many at a time behind
+    a queue. The users' flags admit 2: their tg32@c4 compares two servers each decoding 2 of 4 clients at a time."""
+    if "@c" not in metric:
+        return None
+    conc = int(metric.rsplit("@c", 1)[1])
+    capped = [s for s in sides if s.max_num_seqs is not None and s.max_num_seqs < conc]
+    if not capped:
+        return None
+    limits = ", ".join(f"{s.role} {s.max_num_seqs}" for s in capped)
+    return (f"its {conc} requests ran at most {min(s.max_num_seqs for s in capped)} at a time (--max-num-seqs: "
+            f"{limits}), so no batch of {conc} was timed")
 
 
 def host_bound_sides(breakdowns: dict[str, dict], sides: tuple[Side, ...], host_bound_ratio: float) -> str | None:

@@ -126,6 +126,15 @@ def test_the_host_cpu_loop_of_each_side_survives_the_verdict_file(tmp_path):
     assert again.sides[0].host_cpu() == {"available": False, "reason": r.sides[0].host_reason}
 
 
+def test_the_sequences_each_server_admitted_survive_the_verdict_file(tmp_path):
+    """A re-rendered review still says when a concurrency criterion's requests queued (harness.features.run
+    queued_note reads each side's --max-num-seqs)."""
+    r = result(tmp_path)
+    r.sides[0].max_num_seqs, r.sides[1].max_num_seqs = 2, 32
+    again = FeatureResult.from_json(json.loads(json.dumps(r.to_json())), r.feature)
+    assert [s.max_num_seqs for s in again.sides] == [2, 32]
+
+
 def test_a_rerendered_review_shows_the_candidate_hypothesis_and_criteria_its_run_judged(tmp_path):
     """The candidate, hypothesis and criterion units of a re-rendered review come from the run's verdict.json: a
     review once named today's candidate and hypothesis beside numbers another candidate produced."""

@@ -719,3 +719,33 @@ def test_a_candidate_booted_more_than_once_is_judged_by_its_worst_boot():
     kv, used = judge_all((parse_criterion("kv_capacity >= -5%"), parse_criterion("used_memory <= +1 GB")), base, cand)
     assert (kv.status, kv.candidate) == (Status.FAIL, 90_000), kv.why
     assert (used.status, used.candidate) == (Status.FAIL, 62.0), used.why
+
+
+
+def test_a_concurrency_criterion_above_the_servers_sequences_says_its_requests_queued(tmp_path, monkeypatch):
+    """The users' flags admit 2 sequences (--max-num-seqs 2): `tg32@c4` then compares two servers each decoding 2 of
+    4 clients at a time. The verdict keeps its status and says so; at or below the limit, or with no limit known, it
+    says nothing. The limit is read from the boot's argv as vLLM reads it (the last flag wins)."""
+    from types import SimpleNamespace
+
+    import harness.features.measure as measure_mod
+    from harness.features.measure import Measurer, Side
+    from harness.features.run import judge_all
+
+    c4, c2 = parse_criterion("tg32@c4 >= -3%"), parse_criterion("tg32@c2 >= -3%")
+    samples = {"tg32@c4": around(100.0), "tg32@c2": around(100.0)}
+    base = Side("baseline", "triton-bf16", samples=samples, max_num_seqs=2)
+    cand = Side("candidate", "gemv-bf16", samples=samples, max_num_seqs=2)
+    v4, v2 = judge_all((c4, c2), base, cand)
+    assert v4.status is Status.PASS and "4 requests ran at most 2 at a time" in v4.why, v4.why
+    assert "at a time" not in v2.why, "2 requests on a 2-sequence server ran as one batch"
+    unknown = judge_all((c4,), Side("baseline", "a", samples=samples), Side("candidate", "b", samples=samples))
+    assert "at a time" not in unknown[0].why, "no limit known: nothing claimed"
+    monkeypatch.setattr(measure_mod, "server_memory", lambda running, on_gpu: {})
+    measurer = Measurer.__new__(Measurer)  # record_boot reads only on_gpu
+    measurer.on_gpu = False
+    side = Side("candidate", "gemv-bf16")
+    argv = ["--max-num-seqs", "2", "--max-num-seqs=32"]
+    measurer.record_boot(side, SimpleNamespace(process=SimpleNamespace(argv_extra=argv), log_path=tmp_path / "log",
+                                               boot_seconds=1.0))
+    assert side.max_num_seqs == 32
