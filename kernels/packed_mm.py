@@ -461,10 +461,11 @@ def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4, slots: int
     that many (below, gate_up's): fewer re-reads pay where experts are dense, and half the CTAs per SM cost where
     they are sparse (kernels/NOTES.md "The down half's own tiling").
 
-    `cuda_moe_sparse_tokens` (with `cuda_moe_sparse_max_slots`): a call whose mean slots per expert is at most that
-    many runs both halves at that many token rows per CTA, down's own keys aside. Where experts hold few slots and
-    the routing is uneven, a 128-row block is mostly empty padding and each block decodes its expert's weights
-    again (kernels/NOTES.md "64 token rows where experts are sparse"). Explicit variants (`cuda_variant`,
+    `cuda_moe_sparse_tokens` (with `cuda_moe_sparse_max_slots`): a call whose mean slots per expert, rounded down
+    (slots // experts, as triton_kernels' routing sizes matmul_ogs' blocks), is at most `cuda_moe_sparse_max_slots`
+    runs both halves at `cuda_moe_sparse_tokens` token rows per CTA, down's own keys aside. Where experts hold few
+    slots and the routing is uneven, a 128-row block is mostly empty padding and each block decodes its expert's
+    weights again (kernels/NOTES.md "64 token rows where experts are sparse"). Explicit variants (`cuda_variant`,
     `cuda_down_variant`) are served as given."""
     from .cuda_ext import PF_VARIANTS, reads_bf16_rows
 
@@ -475,9 +476,12 @@ def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4, slots: int
                          f"{PF_VARIANTS[v]} (token rows per CTA and form must match, (NT, RT, CTAS, FORM)): set "
                          "cuda_moe_down_* (or cuda_down_variant) to a tiling with gate_up's NT and form, or unset them")
     sparse = int(cfg.get("cuda_moe_sparse_tokens", 0))
-    explicit = "cuda_variant" in cfg or "cuda_down_variant" in cfg
-    if sparse and not explicit and slots is not None:
-        if slots <= int(cfg.get("cuda_moe_sparse_max_slots", 0)) * gate_up.words.shape[0]:
+    if sparse and int(cfg.get("cuda_moe_sparse_max_slots", 0)) < 1:
+        raise ValueError(f"packed_mm.cuda_moe_sparse_tokens {sparse} needs cuda_moe_sparse_max_slots (the mean slots "
+                         "per expert up to which it serves; kernels/tuning.yaml), or set it to 0")
+    # an explicit cuda_variant is served as given by _cuda_variant itself; an explicit down variant must keep its h
+    if sparse and "cuda_down_variant" not in cfg and slots is not None:
+        if slots // gate_up.words.shape[0] <= int(cfg["cuda_moe_sparse_max_slots"]):
             try:  # gate_up's keys at the sparse token rows, for both halves (down's own keys are read only for down)
                 vs = _cuda_variant({**cfg, "cuda_moe_tokens": sparse}, True, gate_up, down)
             except ValueError as ex:

@@ -27,10 +27,11 @@ boot compiled, and it ran engine-clock pp2048 26% slower than the next boot, who
 
 Workloads: tg32 and tg128 at batch 1 (16-token prompt, the seed's headline decode), tg32 at 4 concurrent
 requests (M=4: still the plugin's decode kernels), tg32 at 32 concurrent requests (above the plugin's
-threshold: kernels/packed_mm.py on the same packed weights) and pp2048 (prefill: packed_mm too). Every boot of the full
-set admits 32 sequences (`--max-num-seqs=32` after the flavour's flags; an entry's own `+--max-num-seqs=N` wins): the
-users' flags admit 2, which would time tg32@c32 as batch-2 decode behind a queue. Ratios are against the first config;
-used memory and KV capacity are vLLM's own accounting from the server log (at those 32 sequences).
+threshold: kernels/packed_mm.py on the same packed weights) and pp2048 (prefill: packed_mm too). Every boot, in
+every mode, admits 32 sequences (`--max-num-seqs=32` after the flavour's flags; an entry's own `+--max-num-seqs=N`
+wins, and e2e.md says what each boot admitted): the users' flags admit 2, which would time tg32@c32 as batch-2 decode
+behind a queue. Ratios are against the first config; used memory and KV capacity are vLLM's own accounting from the
+server log (at those 32 sequences).
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ from harness.plugin.options import positive_number  # noqa: E402
 from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_breakdowns, tokens_note  # noqa: E402
 from harness.perf.regression import HOST_BOUND_RATIO  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
+from harness.engine.server import flag_value  # noqa: E402
 from harness.features.run import BREAKDOWN_TOKENS, decode_breakdown, prefill_breakdown  # noqa: E402
 from harness.features.spec import flavour_baseline  # noqa: E402
 from harness.perf import bench  # noqa: E402
@@ -146,9 +148,9 @@ GAPS_KEPT = 4  # requests per decode workload whose token gaps are kept
 
 def token_gaps(requests: list) -> list[list[float]]:
     """The client's gaps between consecutive streamed tokens (ms) of the first GAPS_KEPT requests of a batch-1 decode
-    workload: where a decode that is slower per token at 32 tokens than at 128 spends its time. The plugin's 20b read
-    tg32 at 262 and tg128 at 495 tok/s in one H100 run (2026-12-07), as if ~73 ms were paid once per request; the
-    rates alone cannot say in which step."""
+    workload: whether a slow decode pays once per request (one long gap) or in every step (a higher median). The
+    plugin's 20b read tg32 at 262 and tg128 at 406-566 tok/s in one H100 run (2026-12-07), where the run before read
+    585; the rates alone cannot say which."""
     return [[round(g, 2) for g in perf.itl_ms(r)] for r in requests[:GAPS_KEPT]]
 
 
@@ -178,13 +180,12 @@ def _workloads(mode: str) -> tuple[bench.Workload, ...]:
     return {ALL: WORKLOADS, PREFILL_GPU_ONLY: (), DECODE_ONLY_MODE: DECODE_ONLY}[mode]
 
 
-def max_num_seqs(mode: str) -> int | None:
-    """The sequences every boot of `mode` admits: its workloads' largest concurrency, where that is above 1 (None: the
-    flavour's flag stands). The users' flags cap a server at `--max-num-seqs 2` (configs/flavours), under which
-    tg32@c4 and tg32@c32 time batch-2 decode behind a queue and never reach the plugin's M > 16 path: an H100 run of
-    2026-12-07 did (its server logs: 2 running, 24 waiting), as every earlier run of this script had."""
-    top = max((w.concurrency for w in _workloads(mode)), default=1)
-    return top if top > 1 else None
+# The sequences every boot admits, whatever the mode (one server setting, so a --decode-only tg32 compares with the full
+# set's): the full set's largest concurrency. The users' flags cap a server at `--max-num-seqs 2` (configs/flavours),
+# under which tg32@c4 and tg32@c32 time batch-2 decode behind a queue and never reach the plugin's M > 16 path: an
+# H100 run of 2026-12-07 did (its server log: 2 running, 24 waiting; docs/evidence/sm_90-2026-12-07-h100-sparse-moe-tokens),
+# as every earlier run of this script had.
+SERVER_SEQS = max(w.concurrency for w in WORKLOADS)
 
 
 def boot_args(gpu_memory_utilization: str | None, seqs: int | None, entry_args: list[str]) -> list[str]:
@@ -393,13 +394,12 @@ def prefill_table(results: dict[str, dict], order: list[str]) -> list[str]:
     return md
 
 
-def seqs_line(results: dict[str, dict]) -> str:
-    """What batch the concurrent workloads reached: the sequences the boots admitted (one per table, mixed_setting)."""
-    seqs = next((r.get("max_num_seqs") for r in results.values() if "metrics" in r), None)
-    if seqs:
-        return f"Every boot admitted {seqs} sequences (`--max-num-seqs={seqs}`): a tg32@cN up to it ran at batch N."
-    return ("Every boot ran the flavour's `--max-num-seqs` (the users' flags: 2): a tg32@cN above it timed that batch "
-            "behind a queue.")
+def seqs_line(results: dict[str, dict], order: list[str]) -> str:
+    """What batch the concurrent workloads reached: the sequences each boot admitted (`--max-num-seqs`)."""
+    flavours = "the flavour's (the users' flags: 2)"  # results written before each boot said
+    cells = [f"{c} {results[c].get('admitted_seqs') or flavours}" for c in order if "metrics" in results.get(c, {})]
+    return ("Sequences each boot admitted (`--max-num-seqs`; a tg32@cN above it ran that many at a time behind a "
+            "queue): " + ", ".join(cells) + ".") if cells else ""
 
 
 def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str]:
@@ -407,7 +407,7 @@ def markdown(results: dict[str, dict], order: list[str], title: str) -> list[str
     md = [f"# Kernels plugin end to end: {title}", "",
           "Engine clock (pp2048_gpu: GPU kernel time of one profiled 2048-token prefill), medians after warm-up; "
           "ratio against the first config; a CV after the ratio: samples spread more than "
-          f"{SPREAD_SHOWN:.0%}, so the median alone misleads.", "", seqs_line(results), ""] + table(results, order)
+          f"{SPREAD_SHOWN:.0%}, so the median alone misleads.", "", seqs_line(results, order), ""] + table(results, order)
     md += ["", f"Kernel time per generated token (us), a profiled window of ~{BREAKDOWN_TOKENS} batch-1 decode steps (the "
            "profiler started after the stream's first token: no prefill inside; the profiler's host cost widens the "
            "window's idle, so GPU idle describes the profiled steps, not tg32's); GPU idle = trace wall time - union of the kernels "
@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
                # logprobs=1 streams before it: the engine's log-softmax and top-k every step (README)
                "stream": perf.STREAM_REQUEST,
                # the batch the concurrent workloads reach (before this key: the flavour's 2, whatever they asked)
-               "max_num_seqs": max_num_seqs(mode)}
+               "max_num_seqs": SERVER_SEQS}
     mixed = mixed_setting(results, setting)
     if mixed:
         print(f"plugin_e2e: {out} {mixed}: use another --out (one table, one setting)")
@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         config, env, args = entries[name]
         frac = util.get(name, util.get(config))
         env = {**({RANDOM_MXFP4_ENV: "0"} if a.vllm_dummy_weights else {}), **env}
-        return config, boot_args(frac, setting["max_num_seqs"], args), env or None
+        return config, boot_args(frac, SERVER_SEQS, args), env or None
 
     pending = [n for n in order if "metrics" not in results.get(n, {})]
     if a.warm and pending:
@@ -535,7 +535,9 @@ def main(argv: list[str] | None = None) -> int:
         config, extra, env = server(name)
         print(f"plugin_e2e: {name} {' '.join(extra)}", flush=True)
         try:
-            results[name] = {**measure(suite, config, extra, env, mode), **setting}
+            # what this boot admitted: the entry's own +--max-num-seqs=N wins over SERVER_SEQS
+            results[name] = {**measure(suite, config, extra, env, mode), **setting,
+                             "admitted_seqs": int(flag_value(extra, "--max-num-seqs"))}
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
         res_file.write_text(json.dumps({"model": a.model, "platform": suite.platform.name,

@@ -183,11 +183,13 @@ def template_args(mangled: str) -> tuple[int, ...]:
     return tuple(int(a) for a in re.findall(r"Li(\d+)E", mangled))
 
 
-# The wgmma prefill kernel mxfp4_wg_kernel<MODE, NT, RT, CTAS> (sm_90a only): the MoE tiling sm_90 serves (tuning.yaml
-# sm_90 packed_mm cuda_moe_*).
+# The wgmma prefill kernel mxfp4_wg_kernel<MODE, NT, RT, CTAS> (sm_90a only): the MoE tilings sm_90 serves (tuning.yaml
+# sm_90 packed_mm cuda_moe_*: 128 token rows, 64 where experts are sparse).
 WG_VARIANTS = {
     "ILi1ELi16ELi1ELi2EE": "prefill moe gate_up NT=16 RT=1 wgmma 2 CTAs/SM (sm_90 default)",
     "ILi2ELi16ELi1ELi2EE": "prefill moe down NT=16 RT=1 wgmma 2 CTAs/SM (sm_90 default)",
+    "ILi1ELi8ELi1ELi2EE": "prefill moe gate_up NT=8 RT=1 wgmma 2 CTAs/SM (sm_90, <= 64 slots per expert)",
+    "ILi2ELi8ELi1ELi2EE": "prefill moe down NT=8 RT=1 wgmma 2 CTAs/SM (sm_90, <= 64 slots per expert)",
 }
 
 

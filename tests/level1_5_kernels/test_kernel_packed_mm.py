@@ -338,11 +338,12 @@ def test_the_moe_down_half_takes_its_own_tiling_only_where_experts_hold_enough_s
 
 
 def test_the_moe_takes_64_token_rows_per_cta_where_experts_are_sparse(monkeypatch):
-    """`cuda_moe_sparse_tokens` / `_max_slots` (sm_90: 64 / 64): a call whose mean slots per expert is at most 64 runs
-    both halves at 64 token rows per CTA, down's own tiling aside (it could not read 64-row blocks); a denser call, a
-    tiling report (no call size) and explicit variants keep the keys' tiling; a sparse size with no such tiling is
-    refused in one line naming the key. The served 120b's 2048-token prefill (64 per expert) is the sparse case; the
-    20b's (256) is not."""
+    """`cuda_moe_sparse_tokens` / `_max_slots` (sm_90: 64 / 64): a call whose mean slots per expert, rounded down as
+    triton_kernels' routing rounds it, is at most 64 runs both halves at 64 token rows per CTA, down's own tiling
+    aside (it could not read 64-row blocks); a denser call, a tiling report (no call size) and explicit variants keep
+    the keys' tiling; a sparse size with no such tiling, or sparse rows with no threshold, are refused in one line
+    naming the key. The served 120b's 2048-token prefill (64 per expert) is the sparse case, also with a decode
+    request beside it (2049 tokens); the 20b's (256) is not."""
     from kernels.cuda_ext import FORM_WG
     from kernels.packed_mm import _moe_variants
 
@@ -358,8 +359,9 @@ def test_the_moe_takes_64_token_rows_per_cta_where_experts_are_sparse(monkeypatc
 
     sparse, dense = (8, 1, 2, FORM_WG), (16, 1, 2, FORM_WG)
     assert tilings(4 * 64) == (sparse, sparse), "64 slots per expert: 64 token rows, both halves"
-    assert tilings(1) == (sparse, sparse), "a decode batch above 16 tokens is sparse too"
-    assert tilings(4 * 64 + 1) == (dense, dense), "just over 64 per expert: the 128-row tiling"
+    assert tilings(4 * 64 + 3) == (sparse, sparse), "64.75 per expert rounds down to 64 (a prefill + one decode)"
+    assert tilings(1) == (sparse, sparse), "a fraction of a slot per expert is sparse too"
+    assert tilings(4 * 65) == (dense, dense), "65 per expert: the 128-row tiling"
     assert tilings(None) == (dense, dense), "no call size (a tiling report): the tiling the keys name"
     assert tilings(4 * 64, cuda_moe_sparse_tokens=0) == (dense, dense), "unset: one tiling at every size"
     own = {"cuda_moe_down_row_tiles": 2, "cuda_moe_down_ctas_per_sm": 1}
@@ -371,6 +373,8 @@ def test_the_moe_takes_64_token_rows_per_cta_where_experts_are_sparse(monkeypatc
     assert tilings(4 * 64, cuda_down_variant=PF_VARIANTS.index(wide)) == (dense, wide), "explicit down: as given"
     with pytest.raises(ValueError, match="cuda_moe_sparse_tokens 32: no CUDA prefill tiling"):
         tilings(4 * 64, cuda_moe_sparse_tokens=32)
+    with pytest.raises(ValueError, match="cuda_moe_sparse_tokens 64 needs cuda_moe_sparse_max_slots"):
+        tilings(4 * 256, cuda_moe_sparse_max_slots=0)
     with pytest.raises(ValueError, match="cannot read the h of gate_up's"):  # a misconfigured down: refused at any size
         tilings(4 * 64, cuda_moe_down_tokens=64, cuda_moe_down_row_tiles=1)
 

@@ -10,12 +10,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import plugin_e2e  # noqa: E402
 
 
-def test_the_full_set_admits_its_largest_concurrency_and_the_single_request_modes_keep_the_flavours():
-    top = max(w.concurrency for w in plugin_e2e.WORKLOADS)
-    assert top >= 32, "the full set has a batch above the plugin's 16-token decode threshold"
-    assert plugin_e2e.max_num_seqs(plugin_e2e.ALL) == top
-    assert plugin_e2e.max_num_seqs(plugin_e2e.DECODE_ONLY_MODE) is None
-    assert plugin_e2e.max_num_seqs(plugin_e2e.PREFILL_GPU_ONLY) is None
+def test_every_mode_admits_the_full_sets_largest_concurrency():
+    """One server setting for every mode (a --decode-only tg32 compares with the full set's), and one that lets the
+    full set's concurrent workloads run as one batch, above the plugin's 16-token decode threshold."""
+    assert plugin_e2e.SERVER_SEQS == max(w.concurrency for w in plugin_e2e.WORKLOADS) >= 32
 
 
 def test_the_sequences_follow_the_flavours_flags_and_an_entrys_own_flag_wins():
@@ -31,9 +29,26 @@ def test_results_measured_at_the_flavours_two_sequences_do_not_share_a_table_wit
     assert plugin_e2e.mixed_setting({"t": {"metrics": {}, **now}}, now) is None
 
 
-def test_the_report_says_what_batch_the_concurrent_workloads_reached():
-    assert "--max-num-seqs=32" in plugin_e2e.seqs_line({"t": {"metrics": {}, "max_num_seqs": 32}})
-    assert "behind a queue" in plugin_e2e.seqs_line({"t": {"metrics": {}}})
+def test_each_boot_records_and_the_report_shows_the_sequences_it_admitted(tmp_path, monkeypatch):
+    """main() boots with SERVER_SEQS, an entry's own `+--max-num-seqs=N` wins and is what its result records (the
+    report once said 32 for an entry booted at 4)."""
+    from types import SimpleNamespace
+
+    fake = SimpleNamespace(model=SimpleNamespace(fingerprint="fp"), platform=SimpleNamespace(name="sm_90", device="H"))
+    monkeypatch.setattr(plugin_e2e.Suite, "create", staticmethod(lambda configs, *a: fake))
+    booted = []
+    monkeypatch.setattr(plugin_e2e, "measure", lambda suite, config, extra, env, mode: booted.append(extra)
+                        or {"boot_s": 1.0, "metrics": {"tg32": {"median": 100.0}}})
+    monkeypatch.setattr(sys, "argv", ["plugin_e2e.py", "--decode-only", "--configs", "gemv-bf16,gemv-bf16+--max-num-seqs=4",
+                                      "--out", str(tmp_path)])
+    assert plugin_e2e.main() == 0
+    assert booted == [["--max-num-seqs=32"], ["--max-num-seqs=32", "--max-num-seqs=4"]]
+    import json
+
+    results = json.loads((tmp_path / "e2e.json").read_text())["results"]
+    assert [r["admitted_seqs"] for r in results.values()] == [32, 4]
+    assert "gemv-bf16 32, gemv-bf16+--max-num-seqs=4 4." in (tmp_path / "e2e.md").read_text()
+    assert plugin_e2e.seqs_line({"old": {"metrics": {}}}, ["old"]).endswith("old the flavour's (the users' flags: 2).")
 
 
 def test_a_cost_paid_once_per_request_shows_as_one_long_gap_in_the_report():
