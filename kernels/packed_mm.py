@@ -475,13 +475,13 @@ def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4, slots: int
         raise ValueError(f"packed_mm: the MoE's down tiling {PF_VARIANTS[vd]} cannot read the h of gate_up's "
                          f"{PF_VARIANTS[v]} (token rows per CTA and form must match, (NT, RT, CTAS, FORM)): set "
                          "cuda_moe_down_* (or cuda_down_variant) to a tiling with gate_up's NT and form, or unset them")
-    sparse = int(cfg.get("cuda_moe_sparse_tokens", 0))
-    if sparse and int(cfg.get("cuda_moe_sparse_max_slots", 0)) < 1:
+    sparse, sparse_max = int(cfg.get("cuda_moe_sparse_tokens", 0)), int(cfg.get("cuda_moe_sparse_max_slots", 0))
+    if sparse and sparse_max < 1:
         raise ValueError(f"packed_mm.cuda_moe_sparse_tokens {sparse} needs cuda_moe_sparse_max_slots (the mean slots "
                          "per expert up to which it serves; kernels/tuning.yaml), or set it to 0")
     # an explicit cuda_variant is served as given by _cuda_variant itself; an explicit down variant must keep its h
     if sparse and "cuda_down_variant" not in cfg and slots is not None:
-        if slots // gate_up.words.shape[0] <= int(cfg["cuda_moe_sparse_max_slots"]):
+        if slots // gate_up.words.shape[0] <= sparse_max:
             try:  # gate_up's keys at the sparse token rows, for both halves (down's own keys are read only for down)
                 vs = _cuda_variant({**cfg, "cuda_moe_tokens": sparse}, True, gate_up, down)
             except ValueError as ex:

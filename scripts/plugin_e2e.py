@@ -56,7 +56,7 @@ from harness.plugin.options import positive_number  # noqa: E402
 from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_breakdowns, tokens_note  # noqa: E402
 from harness.perf.regression import HOST_BOUND_RATIO  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
-from harness.engine.server import flag_value  # noqa: E402
+from harness.engine.server import max_num_seqs  # noqa: E402
 from harness.features.run import BREAKDOWN_TOKENS, decode_breakdown, prefill_breakdown  # noqa: E402
 from harness.features.spec import flavour_baseline  # noqa: E402
 from harness.perf import bench  # noqa: E402
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # what this boot admitted: the entry's own +--max-num-seqs=N wins over SERVER_SEQS
             results[name] = {**measure(suite, config, extra, env, mode), **setting,
-                             "admitted_seqs": int(flag_value(extra, "--max-num-seqs"))}
+                             "admitted_seqs": max_num_seqs(extra)}
         except SuiteError as e:
             results[name] = {"error": str(e).splitlines()[0][:300]}
         res_file.write_text(json.dumps({"model": a.model, "platform": suite.platform.name,

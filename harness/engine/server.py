@@ -266,6 +266,13 @@ def flag_value(argv: list[str], name: str) -> str | None:
     return flags(argv).get(name)
 
 
+def max_num_seqs(argv: list[str]) -> int | None:
+    """The sequences a vLLM argv admits at once (`--max-num-seqs`, the last one wins); None where absent or not a
+    number."""
+    value = flag_value(argv, "--max-num-seqs")
+    return int(value) if value is not None and value.isdigit() else None
+
+
 @dataclass
 class VllmServer:
     """One vLLM server process tree. Use `start()`, then `stop()` (always)."""

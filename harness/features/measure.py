@@ -19,13 +19,13 @@ from typing import Callable
 
 from harness.core import stats
 from harness.core.errors import SuiteError
-from harness.engine.server import flag_value
+from harness.engine.server import max_num_seqs
 from harness.engine.server_metrics import scrape, spec_decode_between
 from harness.features.spec import Criterion
 from harness.perf import bench, host_cpu
 from harness.perf.benchmark import kernel_time_probe
 from harness.perf.memory import server_memory
-from harness.perf.metrics import parse_metric_name
+from harness.perf.metrics import metric_concurrency, parse_metric_name
 from harness.session.suite import RunningServer
 
 @dataclass
@@ -98,7 +98,7 @@ def workloads_for(criteria: list[Criterion], platform_name: str) -> list[tuple[s
             out.setdefault("spec", decode or bench.Workload("decode", short, 128))
             continue
         base, depth = parse_metric_name(c.metric)
-        conc = int(c.metric.split("@c")[1]) if "@c" in c.metric else 1
+        conc = metric_concurrency(c.metric)
         n = int("".join(ch for ch in base if ch.isdigit()) or 0)
         if base.startswith("tg"):
             w = bench.Workload("concurrent" if conc > 1 else "decode", latency.pp if conc > 1 else short, n, depth, conc)
@@ -139,9 +139,8 @@ class Measurer:
         side.number("used_memory", mem.get("used_gib"))
         side.number("kv_capacity", mem.get("kv_capacity_tokens"))
         side.number("boot_s", running.boot_seconds)
-        seqs = flag_value(running.process.argv_extra, "--max-num-seqs") if running.process else None
-        if seqs is not None and seqs.isdigit():
-            side.max_num_seqs = int(seqs)
+        if running.process:
+            side.max_num_seqs = max_num_seqs(running.process.argv_extra)
         side.boots.append({"log": str(running.log_path), "boot_seconds": running.boot_seconds,
                            "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")}})
 

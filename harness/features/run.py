@@ -22,6 +22,7 @@ from harness.kernelpath.check import profile_decode_window
 from harness.kernelpath.traces import profile
 from harness.perf import host_cpu
 from harness.perf.clocks import ClockSampler
+from harness.perf.metrics import metric_concurrency
 from harness.perf.regression import HOST_BOUND_DECODE, THRESHOLDS_FILE, Thresholds, load_thresholds
 from harness.session.suite import RunningServer, Suite
 
@@ -134,9 +135,7 @@ def queued_note(metric: str, sides: tuple[Side, ...]) -> str | None:
     """Why a criterion at C concurrent requests did not time a batch of C (None: it did, or no side's limit is
     known): a side's server admitted fewer sequences (--max-num-seqs), so the requests ran that many at a time behind
     a queue. The users' flags admit 2: their tg32@c4 compares two servers each decoding 2 of 4 clients at a time."""
-    if "@c" not in metric:
-        return None
-    conc = int(metric.rsplit("@c", 1)[1])
+    conc = metric_concurrency(metric)
     capped = [s for s in sides if s.max_num_seqs is not None and s.max_num_seqs < conc]
     if not capped:
         return None

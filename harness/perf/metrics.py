@@ -76,6 +76,12 @@ def parse_metric_name(name: str) -> tuple[str, int]:
     return m.group("base"), int(m.group("depth") or 0)
 
 
+def metric_concurrency(name: str) -> int:
+    """The concurrent requests a metric name's `@cC` suffix asks for, 1 without one: `"tg32@c4" -> 4`."""
+    m = _NAME.match(name)
+    return int(m.group("conc")) if m and m.group("conc") else 1
+
+
 def higher_is_better(name: str) -> bool:
     """Throughputs (pp*, tg*) are better higher; latencies (ttft/tpot/itl/e2e) are better lower."""
     base, _ = parse_metric_name(name)

@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.core.errors import SuiteError
 from harness.engine.client import Client, all_finite
 from harness.engine.process_memory import MemorySampler, gpu_bytes, rss_bytes
-from harness.engine.server import flag_value
+from harness.engine.server import max_num_seqs
 from harness.engine.server_metrics import parse_prometheus
 from harness.session.suite import RunningServer, Suite
 
@@ -87,12 +87,8 @@ def server_limits(server: RunningServer, suite: Suite) -> Limits:
     entries = r.json().get("data") or []
     if r.status_code != 200 or not entries or "max_model_len" not in entries[0]:
         raise SuiteError(f"/v1/models answered {r.status_code} without max_model_len; level 3 scales to it")
-    seqs = None
-    if not server.external:
-        # the argv it was booted with: --server-arg comes after the config's flags and wins
-        value = flag_value(server.process.argv_extra, "--max-num-seqs")
-        if value is not None:
-            seqs = int(value)
+    # the argv it was booted with: --server-arg comes after the config's flags and wins
+    seqs = None if server.external else max_num_seqs(server.process.argv_extra)
     vocab = None
     if not server.external:
         cfg = Path(suite.model.path) / "config.json"
