@@ -30,7 +30,7 @@ from ._triton import INTERPRET, StaticCountCase, _dot_bf16, _round_bf16, check_d
 from .mxfp4 import as_packed, dequantize_mxfp4
 from .packed import PackedMXFP4, pack_mxfp4, prepare_activation
 from .cuda_ext import CUDA_MAX_M
-from .packed_mm import mxfp4_mm_packed
+from .packed_mm import large_m_path, mxfp4_mm_packed
 from .tuning import get_config
 
 @triton.jit
@@ -569,7 +569,15 @@ class PackedLinear:
     packed bytes. The tuning config is read once and each M's launch plan made on its first call: vLLM computes
     the logits outside its CUDA graphs, so the lm_head runs this on the host every decode step, and a config
     lookup plus launch sizing per call cost more host time than the kernel's GPU time (H100 host: 119 us for the
-    lm_head at M=1 against ~95 of GPU time; 47 us with the config and plans held)."""
+    lm_head at M=1 against ~95 of GPU time; 47 us with the config and plans held).
+
+    `gemv.packed.decode_chunks_max_m` (0: off): batches above the threshold up to this many tokens run as calls of
+    the decode kernels on `threshold` rows each, for weights of at most `decode_chunks_max_mib` packed MiB. Why: a
+    decode batch of 17-63 tokens (tg32 at concurrency 32 runs M = 32) otherwise takes the prefill kernel, whose grid
+    is one CTA per 256 output rows and token block: 20 CTAs for qkv, 12 for o_proj, on 132 SMs (H100, bench_prefill:
+    ~44 / ~59 us from 64 to 256 tokens, cuBLAS on BF16 weights 8.6 / 10.1). The decode kernels spread K over every SM,
+    and after the first chunk a weight this small is read again from L2, not DRAM; a large one (the lm_head) would be
+    read from DRAM once per chunk, hence the size limit."""
 
     def __init__(self, packed: PackedMXFP4, threshold: int | None = None):
         if packed.words.dim() != 4 or packed.paired:
@@ -578,7 +586,18 @@ class PackedLinear:
         self.p = packed
         self.threshold = int(base["small_m_threshold"]) if threshold is None else int(threshold)
         self.cfg = {**base, **base.get("packed", {})}
+        mib = (packed.words.numel() * packed.words.element_size() + packed.scales.numel()) / 2**20
+        self.chunks_max_m = (int(self.cfg.get("decode_chunks_max_m", 0))
+                             if mib <= float(self.cfg.get("decode_chunks_max_mib", 0)) else 0)
         self._plans: dict[int, object] = {}
+
+    def path(self, m: int) -> str:
+        """Which kernels serve M tokens (the plugin logs it once per shape and M)."""
+        if m <= self.threshold:
+            return "decode kernels"
+        if m <= self.chunks_max_m:
+            return f"decode kernels, {-(-m // self.threshold)} calls of <= {self.threshold} tokens"
+        return large_m_path(m, self.p)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
@@ -586,23 +605,34 @@ class PackedLinear:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         m = x2.shape[0]
-        plan = self._plans.get(m)  # made only where the CUDA path applied once, so it applies now
-        if m > self.threshold:  # from the same packed bytes: no second resident copy of the weights for large M
+        if m <= self.threshold:
+            y = self._decode(x2, bias)
+        elif m <= self.chunks_max_m:
+            y = torch.empty((m, p.n), dtype=torch.bfloat16, device=x2.device)
+            for i in range(0, m, self.threshold):  # rows of a contiguous [M, N] are contiguous slices
+                self._decode(x2[i:i + self.threshold], bias, y[i:i + self.threshold])
+        else:  # from the same packed bytes: no second resident copy of the weights for large M
             y = mxfp4_mm_packed(x2, p, bias)
-        elif x2.shape[1] != p.k or (plan is None and not _use_cuda(x2, self.cfg)):
-            y = mxfp4_gemv_packed(x2, p, bias, config=self.cfg)  # the portable path; raises on a shape mismatch
-        else:
-            from . import cuda_ext
-
-            for t in (x2, bias):  # a pointer from another device would be an illegal address in the kernel
-                if t is not None and t.device != p.words.device:
-                    raise ValueError(f"a tensor on {t.device} for packed weights on {p.words.device}")
-            if plan is None:
-                plan = self._plans[m] = cuda_ext.gemv_plan(m, p, self.cfg)
-            x2 = x2.to(torch.bfloat16).contiguous()
-            y = cuda_ext.gemv(x2, p, bias, torch.empty((m, p.n), dtype=torch.bfloat16, device=x2.device), self.cfg,
-                              plan)
         return y.reshape(*lead, p.n)
+
+    def _decode(self, x2: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The decode kernels on x2 [M <= threshold, K] into `out` (new if None)."""
+        p = self.p
+        m = x2.shape[0]
+        plan = self._plans.get(m)  # made only where the CUDA path applied once, so it applies now
+        if x2.shape[1] != p.k or (plan is None and not _use_cuda(x2, self.cfg)):
+            return mxfp4_gemv_packed(x2, p, bias, out=out, config=self.cfg)  # portable; raises on a shape mismatch
+        from . import cuda_ext
+
+        for t in (x2, bias):  # a pointer from another device would be an illegal address in the kernel
+            if t is not None and t.device != p.words.device:
+                raise ValueError(f"a tensor on {t.device} for packed weights on {p.words.device}")
+        if plan is None:
+            plan = self._plans[m] = cuda_ext.gemv_plan(m, p, self.cfg)
+        x2 = x2.to(torch.bfloat16).contiguous()
+        if out is None:
+            out = torch.empty((m, p.n), dtype=torch.bfloat16, device=x2.device)
+        return cuda_ext.gemv(x2, p, bias, out, self.cfg, plan)
 
 
 def mxfp4_linear(

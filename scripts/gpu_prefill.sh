@@ -23,7 +23,9 @@
 #             replaces it, e.g. EXPECT=not-slower for a change that rounds differently by design). The layer is routed
 #             with the served shape models' spread (ROUTING_SKEW, default served: bench_prefill --routing-skew; 0 routes
 #             uniformly, as this phase did before 2026-12-07, whose ratios are not comparable with these): the uniformly
-#             routed bench had read the 120b's 2048-token layer 12% faster than the served model ran it.
+#             routed bench had read the 120b's 2048-token layer 12% faster than the served model ran it. Then the
+#             dense layers' sweep at decode-batch sizes (DENSE_M; `bench_prefill --dense-m --only-dense-sweep`): what
+#             places gemv.packed.decode_chunks_max_m and packed_mm.dequant_min_m; printed, never the phase's verdict.
 #   level2    level 2 of LEVEL2_CONFIG (default gemv-bf16: its quantization is stock's, so stock's goldens judge it) on the
 #             tiny MXFP4 model against stock's goldens (`--goldens-of`), the mutation tests left out (they test the
 #             suite's rules, not the kernels, and boot six more servers): streams, teacher forcing, perplexity, chat.
@@ -81,6 +83,11 @@ kernels() {
   timeout 420 python3 -m kernels.tools.bench_prefill "${ab[@]}" --ab-m 8192,2048 --rounds 5 \
     --routing-skew "${ROUTING_SKEW:-served}" --out "$RES/ab.json" > "$RES/ab.log" 2>&1 || rc=1
   grep -v "^NVIDIA" "$RES/ab.log" | tail -12
+  # the dense layers at a decode batch's M (tg32@c32 runs 32): the prefill kernel, the bf16 copy + cuBLAS and the
+  # decode kernels in 16-row calls against cuBLAS on BF16 weights (stock's); a record, not a gate
+  timeout 300 python3 -m kernels.tools.bench_prefill --dense-m "${DENSE_M:-17,32,48,63,64,256}" --only-dense-sweep \
+    --out "$RES/dense_sweep.json" > "$RES/dense_sweep.log" 2>&1 || echo "dense sweep failed: $RES/dense_sweep.log"
+  grep -E "M=|beats" "$RES/dense_sweep.log" | tail -14
   return $rc
 }
 

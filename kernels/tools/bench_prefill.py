@@ -171,7 +171,10 @@ def _ratio(a: float, b: float) -> float:
 def bench_dense_sweep(ms: list[int], reps: int) -> dict:
     """Where the dense layers' dequantize + BLAS path starts to beat the kernels: per M, cuBLAS on BF16 weights (stock),
     the kernels as served below `dequant_min_m` (tuning.yaml's tiling) and dequantize + cuBLAS, same process. The
-    crossover is the smallest M from which dequantize + BLAS is faster on every shape, at every larger M too."""
+    crossover is the smallest M from which dequantize + BLAS is faster on every shape, at every larger M too. Above
+    the decode kernels' threshold, also the decode kernels in calls of threshold rows (gemv.packed.decode_chunks_max_m:
+    a decode batch of 17-63 tokens), as PackedLinear serves them."""
+    from ..gemv import PackedLinear
     from ..packed_mm import mxfp4_mm_packed
     from ..testing import generator
     from ..tuning import get_config
@@ -182,6 +185,8 @@ def bench_dense_sweep(ms: list[int], reps: int) -> dict:
     rows = []
     for name in ("qkv", "o_proj"):
         n, k, p, wbf, x_max, out_max = _dense_inputs(name, max(ms), g)
+        chunked = PackedLinear(p)
+        chunked.chunks_max_m = max(ms)  # whatever the tuning says: this column times the chunks wherever M allows
         for m in ms:
             x, out = x_max[:m], out_max[:m]
             r = {"shape": name, "M": m,
@@ -190,9 +195,16 @@ def bench_dense_sweep(ms: list[int], reps: int) -> dict:
                  "us_dequant_blas": _timed("dequant + cuBLAS", [lambda: mxfp4_mm_packed(x, p, out=out, config=blas)],
                                            reps, 4)}
             r["dequant_blas_over_kernels"] = _ratio(r["us_kernels"], r["us_dequant_blas"])
+            chunks = ""
+            if m > chunked.threshold:
+                r["us_decode_chunks"] = _timed("decode chunks", [lambda: chunked(x)], reps, 4)
+                r["decode_chunks_over_kernels"] = _ratio(r["us_kernels"], r["us_decode_chunks"])
+                chunks = (f", decode kernels in {-(-m // chunked.threshold)} calls {r['us_decode_chunks']} "
+                          f"({r['decode_chunks_over_kernels']}x the kernels' speed, "
+                          f"{_ratio(r['us_bf16_cublas'], r['us_decode_chunks'])}x stock's)")
             print(f"  {name} M={m}: cuBLAS bf16 {r['us_bf16_cublas']} us, kernels {r['us_kernels']}, dequantize + "
                   f"cuBLAS {r['us_dequant_blas']} ({r['dequant_blas_over_kernels']}x the kernels' speed, "
-                  f"{_ratio(r['us_bf16_cublas'], r['us_dequant_blas'])}x stock's)", flush=True)
+                  f"{_ratio(r['us_bf16_cublas'], r['us_dequant_blas'])}x stock's){chunks}", flush=True)
             rows.append(r)
     wins = {m: all(r["dequant_blas_over_kernels"] > 1 for r in rows if r["M"] == m) for m in ms}
     cross = next((m for m in sorted(ms) if all(wins[q] for q in ms if q >= m)), None)
@@ -405,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-topk", action="store_true", help="time the routing only (seconds, not minutes)")
     ap.add_argument("--only-moe", action="store_true", help="time the routing and the MoE layer, not the dense layers")
     ap.add_argument("--dense-m", default="", help="comma-separated Ms: time the dense kernels against dequantize + "
-                    "BLAS at each, to place tuning.yaml's dequant_min_m")
+                    "BLAS (and, above 16, the decode kernels in calls of 16 rows) at each, to place tuning.yaml's "
+                    "dequant_min_m and gemv.packed.decode_chunks_max_m")
+    ap.add_argument("--only-dense-sweep", action="store_true", help="with --dense-m: time that sweep alone")
     ap.add_argument("--ab", help="SPEC,SPEC,...: the MoE layer of each against the first, in rounds (module docstring); "
                     "SPEC = served | @V | PATH | PATH@V")
     ap.add_argument("--ab-m", default="2048,512", help="--ab: comma-separated token counts")
@@ -433,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= a.routing_skew < float("inf"):
         print(f"bench_prefill: --routing-skew {given}: 'served' or a finite spread >= 0 (0 routes uniformly, "
               f"served = {SERVED_SKEW}, as the served shape models)", file=sys.stderr)
+        return 2
+    if a.only_dense_sweep and not a.dense_m:
+        print("bench_prefill: --only-dense-sweep needs --dense-m (the Ms to sweep)", file=sys.stderr)
+        return 2
+    if a.dense_m and not all(v.strip().isdigit() and int(v) > 0 for v in a.dense_m.split(",")):
+        print(f"bench_prefill: --dense-m {a.dense_m!r}: comma-separated token counts above 0", file=sys.stderr)
         return 2
     if a.ab is None and a.model != MODELS[0].name:
         print("bench_prefill: --model applies to --ab only (the other benches time the 120b's layers)", file=sys.stderr)
@@ -478,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(r["us_topk"] == r["us_topk"] for r in res["topk"]) else 1
     if a.dense_m:
         res["dense_sweep"] = bench_dense_sweep(sorted({int(v) for v in a.dense_m.split(",")}), a.reps)
+        if a.only_dense_sweep:
+            if a.out:
+                with open(a.out, "w") as f:
+                    json.dump(res, f, indent=1)
+            timed = [v for r in res["dense_sweep"]["rows"] for k, v in r.items() if k.startswith("us_")]
+            return 0 if all(t == t for t in timed) else 1
     res["moe"] = bench_moe(a.m, a.reps, a.cuda_src_before, a.routing_skew)
     res["dense"] = [] if a.only_moe else bench_dense(a.m, a.reps)
     if a.out:

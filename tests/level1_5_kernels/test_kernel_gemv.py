@@ -22,6 +22,7 @@ from kernels import reference
 from kernels._triton import INTERPRET
 from kernels.cases import GEMV_NMSE, HIDDEN, LINEAR_SHAPES, MATMUL_NMSE
 from kernels.gemv import mxfp4_gemv, mxfp4_linear
+from kernels.packed_mm import mxfp4_mm_packed
 from kernels.testing import (
     DEV,
     assert_close_nmse,
@@ -199,6 +200,38 @@ def test_a_held_packed_linear_serves_every_m_and_reuses_its_plans():
     stacked, stacked_scales = random_mxfp4((2, 40, 64), g)
     with pytest.raises(ValueError, match="one dense matrix"):
         PackedLinear(pack_mxfp4(stacked, stacked_scales))
+
+
+def test_a_decode_batch_above_the_threshold_runs_as_decode_kernel_calls_where_configured(monkeypatch):
+    """gemv.packed.decode_chunks_max_m: a batch above the decode threshold (a tg32@c32 step's M = 32 on a GPU) runs as
+    calls of the decode kernels on threshold rows each, written in place into one output: bit for bit what those
+    calls give alone, within the decode kernels' tolerance of the fp32 reference. Past the limit, or for a weight
+    larger than decode_chunks_max_mib, the packed GEMM serves as before; unset (the served tuning), nothing changes."""
+    from kernels.gemv import PackedLinear
+    from kernels.packed import pack_mxfp4
+
+    seed = fresh_seed()
+    g = generator(seed, DEV)
+    packed, scales = random_mxfp4((40, 64), g)
+    p = pack_mxfp4(packed, scales)
+    b = torch.randn(40, generator=g, device=DEV)
+    for var in ("KERNELS_GEMV_PACKED__DECODE_CHUNKS_MAX_M", "KERNELS_GEMV_PACKED__DECODE_CHUNKS_MAX_MIB"):
+        monkeypatch.delenv(var, raising=False)
+    assert PackedLinear(p, 4).path(9) == "packed_mm", "the served tuning must leave decode chunks off (unmeasured)"
+    monkeypatch.setenv("KERNELS_GEMV_PACKED__DECODE_CHUNKS_MAX_M", "12")
+    lin = PackedLinear(p, 4)
+    for m, calls in ((5, 2), (9, 3), (12, 3)):
+        x = torch.randn(m, 64, generator=g, device=DEV).to(torch.bfloat16)
+        assert lin.path(m) == f"decode kernels, {calls} calls of <= 4 tokens"
+        out = lin(x, b)
+        alone = torch.cat([lin(x[i:i + 4], b) for i in range(0, m, 4)])
+        assert torch.equal(out, alone), f"seed={seed} M={m}: the chunked batch differs from its chunks run alone"
+        assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed, f"chunked M={m}")
+    x = torch.randn(13, 64, generator=g, device=DEV).to(torch.bfloat16)
+    assert lin.path(13) == "packed_mm"
+    assert torch.equal(lin(x, b), mxfp4_mm_packed(x, p, b)), "past decode_chunks_max_m the packed GEMM serves"
+    monkeypatch.setenv("KERNELS_GEMV_PACKED__DECODE_CHUNKS_MAX_MIB", "0.001")  # this weight: 1,632 packed bytes
+    assert PackedLinear(p, 4).path(9) == "packed_mm", "a weight above decode_chunks_max_mib must not be chunked"
 
 
 def test_gemv_accepts_checkpoint_blocks_layout():

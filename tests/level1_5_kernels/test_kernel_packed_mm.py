@@ -870,6 +870,33 @@ def test_moe_is_captured_by_a_cuda_graph():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qkv", "o_proj"])
+@pytest.mark.parametrize("m", [17, 32, 63])
+def test_dense_decode_chunks_on_gpt_oss_shapes(name, m, monkeypatch):
+    """gemv.packed.decode_chunks_max_m on the GPU: a decode batch of 17-63 tokens through the CUDA decode kernels in
+    16-row calls, against the fp32 reference (the decode kernels' tolerance), and replayed by a CUDA graph (vLLM
+    captures decode batches) on new activations as eager gives them."""
+    from kernels.gemv import PackedLinear
+
+    monkeypatch.setenv("KERNELS_GEMV_PACKED__DECODE_CHUNKS_MAX_M", "63")
+    n, k = LINEAR_SHAPES[name]
+    seed = fresh_seed()
+    x, p, bias, ref = _dense_case(m, n, k, seed, "cuda")
+    lin = PackedLinear(p, 16)
+    assert lin.path(m) == f"decode kernels, {-(-m // 16)} calls of <= 16 tokens", lin.path(m)
+    assert_close_nmse(lin(x, bias), ref, GEMV_NMSE, seed, f"decode chunks {name} M={m}")
+    x2 = _dense_case(m, n, k, seed + 1, "cuda")[0]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = lin(x, bias)
+    x.copy_(x2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, lin(x2, bias)), f"graph replay differs from eager (seed={seed})"
+
+
+@pytest.mark.gpu
 def test_dense_dequant_path_is_captured_by_a_cuda_graph():
     """vLLM captures batches up to 1,024 tokens, one graph per piece between attention layers, so a graph holds o_proj
     and the next layer's qkv, both through the one scratch buffer. A replay with new activations and new weights

@@ -212,6 +212,8 @@ def test_dense_layers_serve_every_batch_from_one_mxfp4_copy(monkeypatch, capsys)
     seed = fresh_seed()
     monkeypatch.setattr(plugin, "_seen_paths", set())
     monkeypatch.delenv("KERNELS_PACKED_MM_DEQUANT_MIN_M", raising=False)
+    monkeypatch.delenv("KERNELS_GEMV_PACKED__DECODE_CHUNKS_MAX_MIB", raising=False)
+    monkeypatch.setenv("KERNELS_GEMV_PACKED__DECODE_CHUNKS_MAX_M", "12")  # a decode batch above the threshold
     copies = []
     real = packed_mm.dequantize_packed
     monkeypatch.setattr(packed_mm, "dequantize_packed", lambda *a: copies.append(a[0].n) or real(*a))
@@ -231,13 +233,14 @@ def test_dense_layers_serve_every_batch_from_one_mxfp4_copy(monkeypatch, capsys)
     bias = torch.randn(96, generator=generator(seed + 1)).to(torch.bfloat16).to(DEV)
     big = get_config("packed_mm")["dequant_min_m"]
     assert big > 21, f"packed_mm.dequant_min_m {big}: this test needs the packed GEMM at M = 21"
-    for m in (3, 21, big):  # decode kernels (<= 4 here), then the packed GEMM, then the bf16 copy + BLAS
+    for m in (3, 9, 21, big):  # decode kernels (<= 4 here; in 4-row calls to 12), the packed GEMM, the bf16 copy + BLAS
         x = torch.randn(m, 64, generator=generator(seed + m)).to(torch.bfloat16).to(DEV)
         ref = x.float() @ dequantize_mxfp4(q, s).T + bias.float()
         assert_close_nmse(qkv.quant_method.apply(qkv, x, bias), ref, GEMV_NMSE, seed, f"plugin dense M={m}")
         assert copies == ([96] if m == big else []), f"M={m}: bf16 copies made {copies}"
     logged = [line for line in capsys.readouterr().err.splitlines() if line.startswith("suite_kernels: mxfp4_linear 96x64")]
     assert logged == ["suite_kernels: mxfp4_linear 96x64 M=3 -> decode kernels",
+                      "suite_kernels: mxfp4_linear 96x64 M=9 -> decode kernels, 3 calls of <= 4 tokens",
                       "suite_kernels: mxfp4_linear 96x64 M=21 -> packed_mm",
                       f"suite_kernels: mxfp4_linear 96x64 M={big} -> bf16 copy + BLAS"], logged
     with pytest.raises(RuntimeError, match="no qkv_proj"):

@@ -47,6 +47,8 @@ def test_kernels_judges_the_served_build_against_the_previous_one_bit_for_bit(tm
     r, calls = _job(tmp_path, "kernels", PREV=str(prev))
     assert r.returncode == 0, r.stdout + r.stderr
     assert calls[0].startswith("-m pytest") and "test_kernel_packed_mm.py" in calls[0] and "test_kernel_moe.py" in calls[0]
+    sweep = calls[2].split()  # after the A/B: the dense layers at decode-batch sizes, recorded beside it
+    assert "--only-dense-sweep" in sweep and sweep[sweep.index("--dense-m") + 1] == "17,32,48,63,64,256"
     ab = calls[1].split()
     assert ab[:2] == ["-m", "kernels.tools.bench_prefill"]
     # the previous build first: the served one is the spec judged against it
@@ -56,7 +58,8 @@ def test_kernels_judges_the_served_build_against_the_previous_one_bit_for_bit(tm
     assert ab[ab.index("--routing-skew") + 1] == "served"
     assert (tmp_path / "out" / "phases.txt").read_text() == "kernels rc 0\n"
     r, calls = _job(tmp_path, "kernels", PREV=str(prev), ROUTING_SKEW="0")
-    assert r.returncode == 0 and calls[-1].split()[calls[-1].split().index("--routing-skew") + 1] == "0", calls
+    last_ab = [c.split() for c in calls if "--ab" in c.split()][-1]
+    assert r.returncode == 0 and last_ab[last_ab.index("--routing-skew") + 1] == "0", calls
 
 
 def test_a_change_that_rounds_differently_by_design_is_judged_on_speed_alone_when_asked(tmp_path):

@@ -415,9 +415,7 @@ def dense_forward(linear, x, bias=None):
     p = linear.p
     m = x.numel() // p.k
     if (p.n, p.k, m) not in _seen_paths:  # the path is looked up once per shape and M: the eager lm_head runs here
-        from kernels.packed_mm import large_m_path  # every decode step, where each host microsecond counts
-
-        _note_path(p.n, p.k, m, "decode kernels" if m <= linear.threshold else large_m_path(m, p))
+        _note_path(p.n, p.k, m, linear.path(m))  # every decode step, where each host microsecond counts
     return linear(x, bias).to(x.dtype)
 
 
