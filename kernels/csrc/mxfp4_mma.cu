@@ -1204,14 +1204,39 @@ __device__ __forceinline__ bool pf_block_rows(const PfArgs& a, int blk, int* sro
 // expert's run at its end): their columns are computed and never stored. Only the row index is kept per piece: the
 // earlier form (a 64-bit source pointer, a shared address and a flag per piece) did not fit the 2-CTA build's 128
 // registers, and ptxas spilled or recomputed it every chunk, ~14% of the MoE loop's instructions (sm_90a SASS).
+// MXFP4_STAGE_LIVE_ROWS 1: padding rows are staged as zeros instead (xrow -1; src-size 0 reads nothing). Their copies
+// of the first row cost L2 traffic: a 64-row block's activations are 8 KB per K chunk against its 4 KB of weights, and
+// a decode batch of 32 tokens gives the 120b's experts one or two live rows per 64-row block. Zeros are as harmless as
+// the copies (their columns are never stored). Not served until a GPU A/B: kernels/NOTES.md "Decode batches of 17-63
+// tokens"; at 0 the SASS is main's.
+#ifndef MXFP4_STAGE_LIVE_ROWS
+#define MXFP4_STAGE_LIVE_ROWS 0
+#endif
 template <int CP>
 __device__ __forceinline__ void pf_stage_rows(const PfArgs& a, const int* srow, int (&xrow)[CP]) {
   constexpr int ROWS_PER_U = THREADS / 8;
 #pragma unroll
   for (int u = 0; u < CP; ++u) {
     const int r = (threadIdx.x >> 3) + u * ROWS_PER_U;
+#if MXFP4_STAGE_LIVE_ROWS
+    xrow[u] = srow[r] >= 0 ? srow[r] / a.x_div : -1;
+#else
     xrow[u] = (srow[r] >= 0 ? srow[r] : srow[0]) / a.x_div;
+#endif
   }
+}
+
+// One staged piece: 16 bytes of activation row xrow at col into shared dst (bytes 0: zero-filled, nothing read).
+__device__ __forceinline__ void pf_stage_piece(uint32_t dst, const char* col, int xrow, unsigned long long row_bytes,
+                                               uint32_t bytes) {
+#if MXFP4_STAGE_LIVE_ROWS
+  const bool live = xrow >= 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(col + (unsigned long long)(live ? xrow : 0) * row_bytes), "r"(live ? bytes : 0u));
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(col + (unsigned long long)xrow * row_bytes),
+               "r"(bytes));
+#endif
 }
 
 // A warp's weight stream: its RT row tiles (tile0 + rt * tile_step; past the last tile, the last, whose products are
@@ -1442,9 +1467,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
     const uint32_t bytes = in_k ? 16u : 0u;
     const char* col = xbase + (in_k ? c * 128 : 0);
 #pragma unroll
-    for (int u = 0; u < CP; ++u)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + u * ROWS_PER_U * PF_ROW * 4),
-                   "l"(col + (unsigned long long)xrow[u] * row_bytes), "r"(bytes));
+    for (int u = 0; u < CP; ++u) pf_stage_piece(dst + u * ROWS_PER_U * PF_ROW * 4, col, xrow[u], row_bytes, bytes);
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 
@@ -1818,9 +1841,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
     const bool in_k = c * 64 + t8 * 8 < a.K;  // pieces past K are zero-filled (src-size 0 reads nothing)
     const char* col = xbase + (in_k ? c * 128 : 0);
 #pragma unroll
-    for (int u = 0; u < CP; ++u)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + u * ROWS_PER_U * 128),
-                   "l"(col + (unsigned long long)xrow[u] * row_bytes), "r"(in_k ? 16u : 0u));
+    for (int u = 0; u < CP; ++u) pf_stage_piece(dst + u * ROWS_PER_U * 128, col, xrow[u], row_bytes, in_k ? 16u : 0u);
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 

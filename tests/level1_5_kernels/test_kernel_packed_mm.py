@@ -621,12 +621,16 @@ def panel_macro(variant: int) -> str:
 PANEL_EXPERT_SLOTS = (257,) + (129,) * 7
 PANEL_TOP_K = 4
 PANEL_MAPPING = "grp = q / w;"  # pf_cta_tile's row-group line, which the broken copy changes
+LIVE_ROWS_MACRO = "MXFP4_STAGE_LIVE_ROWS"
+LIVE_ROWS_LINE = "xrow[u] = srow[r] >= 0 ? srow[r] / a.x_div : -1;"  # pf_stage_rows' live-row staging
 
 
 @pytest.fixture(scope="module")
-def panel_copies(tmp_path_factory) -> dict[tuple[str, str], Path]:
-    """Copies of the kernel source for the panel test, {(macro, "0" / "4" / "16" / "broken"): path}, all built at once:
-    six nvcc builds of ~70 s each one after another would outlast the GPU job's kernel-test phase."""
+def macro_copies(tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """Copies of the kernel source with a macro defined, for the tests that compare them with the served build bit for
+    bit: {(macro, value or "broken"): path} (the panels at 0 / 4 / 16, the live-row staging at 1, and a broken copy of
+    each), all built at once: eight nvcc builds of ~70 s each one after another would outlast the GPU job's kernel-test
+    phase."""
     from concurrent.futures import ThreadPoolExecutor
 
     from kernels import cuda_ext
@@ -636,12 +640,17 @@ def panel_copies(tmp_path_factory) -> dict[tuple[str, str], Path]:
         pytest.skip(f"CUDA prefill kernel not available: {why}")
     src = cuda_ext.SRC.read_text()
     assert src.count(PANEL_MAPPING) == 1, f"pf_cta_tile's row-group line {PANEL_MAPPING!r} moved: update the mutation"
-    folder = tmp_path_factory.mktemp("panel_copies")
+    assert src.count(LIVE_ROWS_LINE) == 1, f"pf_stage_rows' live-row line {LIVE_ROWS_LINE!r} moved: update the mutation"
+    folder = tmp_path_factory.mktemp("macro_copies")
     copies = {}
     for macro in ("MXFP4_DOWN_PANEL", "MXFP4_MMA_DOWN_PANEL"):
         for panel in ("0", "4", "16"):
             copies[macro, panel] = f"#define {macro} {panel}\n" + src
         copies[macro, "broken"] = f"#define {macro} 16\n" + src.replace(PANEL_MAPPING, "grp = (q / w) & ~1;")
+    copies[LIVE_ROWS_MACRO, "1"] = f"#define {LIVE_ROWS_MACRO} 1\n" + src
+    # zeroes every staged row but each block's first: real rows lost, which the comparison must see
+    copies[LIVE_ROWS_MACRO, "broken"] = f"#define {LIVE_ROWS_MACRO} 1\n" + src.replace(
+        LIVE_ROWS_LINE, "xrow[u] = r == 0 ? srow[r] / a.x_div : -1;")
     paths = {}
     for key, text in copies.items():
         paths[key] = folder / f"mxfp4_mma_{key[0].lower()}_{key[1]}.cu"
@@ -653,7 +662,7 @@ def panel_copies(tmp_path_factory) -> dict[tuple[str, str], Path]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
-def test_down_panels_change_only_the_launch_order(variant, panel_copies):
+def test_down_panels_change_only_the_launch_order(variant, macro_copies):
     """The panel macros launch down's CTAs in panels of token blocks: every (token block, row group) must still be
     computed once, so the served build's output is bit for bit that of copies built with panels of 0 (the order of
     before), 4 and 16, in both prefill kernels, the last, narrower panel holding live blocks. The output is fp32, so
@@ -686,7 +695,7 @@ def test_down_panels_change_only_the_launch_order(variant, panel_copies):
     wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
 
     def run(copy: str | None) -> torch.Tensor:
-        c = cfg if copy is None else {**cfg, "cuda_src": str(panel_copies[macro, copy])}
+        c = cfg if copy is None else {**cfg, "cuda_src": str(macro_copies[macro, copy])}
         out = poisoned((m, h), torch.float32, "cuda")
         return mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"], out=out, config=c)
 
@@ -698,6 +707,46 @@ def test_down_panels_change_only_the_launch_order(variant, panel_copies):
                                           f"{(base != other).any(dim=1).sum().item()} of {m} output rows")
     broken = run("broken")
     assert not torch.equal(base, broken), f"seed {seed}: a mapping that skips odd row groups went unseen"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", range(len(PF_VARIANTS)))
+def test_live_row_staging_changes_no_output_bit(variant, macro_copies):
+    """MXFP4_STAGE_LIVE_ROWS 1 stages a block's padding rows as zeros instead of copies of its first row: their columns
+    are never stored, so the MoE (every expert's last block holding one slot, the panel test's routing) and a dense
+    call whose last token block is mostly padding must come out bit for bit as the served build's; a copy that also
+    zeroes real rows must differ (the comparison can fail)."""
+    from .test_kernel_moe import _random_experts
+
+    cfg = {**_impl_cfg("cuda", variant), "cuda_down_variant": variant}  # skips, with the reason, where it cannot run
+    seed = fresh_seed()
+    g = generator(seed, "cuda")
+    e, h, inter, k, bm = len(PANEL_EXPERT_SLOTS), 1024, 512, PANEL_TOP_K, 8 * PF_VARIANTS[variant][0]
+    m = sum(PANEL_EXPERT_SLOTS) // k
+    order = torch.randperm(e, generator=g, device="cuda")
+    flat = torch.repeat_interleave(order, torch.tensor(PANEL_EXPERT_SLOTS, device="cuda"))
+    ids = flat.view(k, m).t()[torch.randperm(m, generator=g, device="cuda")].to(torch.int32).contiguous()
+    p = _random_experts(g, e, h, inter)
+    gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
+    x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
+    wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
+    xd, pd, bias, _ = _dense_case(bm + 3, 256, 512, seed + 1, "cuda")  # the last block: 3 real rows of bm
+
+    def run(copy: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        c = cfg if copy is None else {**cfg, "cuda_src": str(macro_copies[LIVE_ROWS_MACRO, copy])}
+        moe = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"],
+                                  out=poisoned((m, h), torch.float32, "cuda"), config=c)
+        dense = mxfp4_mm_packed(xd, pd, bias, out=poisoned((bm + 3, 256), torch.bfloat16, "cuda"),
+                                config=c)
+        return moe, dense
+
+    base = run(None)
+    assert all(torch.isfinite(t).all() for t in base), f"seed {seed}: the served build left rows unwritten"
+    for name, a, b in zip(("MoE", "dense"), base, run("1")):
+        assert torch.equal(a, b), (f"seed {seed}: {LIVE_ROWS_MACRO} 1 changed {(a != b).any(dim=1).sum().item()} "
+                                   f"of {a.shape[0]} {name} output rows")
+    assert not any(torch.equal(a, b) for a, b in zip(base, run("broken"))), \
+        f"seed {seed}: a copy that zeroes real rows went unseen"
 
 
 @pytest.mark.gpu
