@@ -574,10 +574,10 @@ class PackedLinear:
     `gemv.packed.decode_chunks_max_m` (0: off): batches above the threshold up to this many tokens run as calls of
     the decode kernels on `threshold` rows each, for weights of at most `decode_chunks_max_mib` packed MiB. Why: a
     decode batch of 17-63 tokens (tg32 at concurrency 32 runs M = 32) otherwise takes the prefill kernel, whose grid
-    is one CTA per 256 output rows and token block: 20 CTAs for qkv, 12 for o_proj, on 132 SMs (H100, bench_prefill:
+    is one CTA per 256 output rows and token block: 20 CTAs for qkv, 12 for o_proj, on 132 SMs (H200, bench_prefill:
     ~44 / ~59 us from 64 to 256 tokens, cuBLAS on BF16 weights 8.6 / 10.1). The decode kernels spread K over every SM,
-    and after the first chunk a weight this small is read again from L2, not DRAM; a large one (the lm_head) would be
-    read from DRAM once per chunk, hence the size limit."""
+    and after the first chunk a weight this small (qkv 7.5 MiB packed) may be read again from L2, not DRAM; a large one
+    (the lm_head, ~293 MiB) would be read from DRAM once per chunk, hence the size limit."""
 
     def __init__(self, packed: PackedMXFP4, threshold: int | None = None):
         if packed.words.dim() != 4 or packed.paired:

@@ -332,13 +332,14 @@ def _cuda_variant(cfg: dict, moe: bool, *weights: PackedMXFP4, down: bool = Fals
     return v
 
 
-def _activation(x: torch.Tensor, k_chunks: int, variant: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """What the prefill variant reads: bf16 rows as they are (16-byte aligned), or xprep_kernel's f16 fragments."""
+def _activation(x: torch.Tensor, k_chunks: int, variant: int, src: str = "") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the prefill variant reads: bf16 rows as they are (16-byte aligned), or xprep_kernel's f16 fragments (of
+    kernel source `src`, default the served one)."""
     from .cuda_ext import activation_frags, reads_bf16_rows
 
     if reads_bf16_rows(variant):
         return (x if x.data_ptr() % 16 == 0 else x.clone()), None
-    return activation_frags(x, k_chunks)
+    return activation_frags(x, k_chunks, src)
 
 
 def large_m_path(m: int, p: PackedMXFP4, config: dict | None = None) -> str:
@@ -372,9 +373,10 @@ def mxfp4_mm_packed(x: torch.Tensor, p: PackedMXFP4, bias: torch.Tensor | None =
         from .cuda_ext import MODE_DENSE, PF_VARIANTS, prefill_launch
 
         v = _cuda_variant(cfg, False, p)
-        frag, xdown = _activation(x, p.k_chunks, v)
+        src = cfg.get("cuda_src", "")  # another kernel source, as the MoE takes it (a same-process A/B)
+        frag, xdown = _activation(x, p.k_chunks, v, src)
         bm = 8 * PF_VARIANTS[v][0]
-        prefill_launch(MODE_DENSE, v, frag, xdown, 1.0, p, bias, out, n_rows=m, n_blocks=-(-m // bm))
+        prefill_launch(MODE_DENSE, v, frag, xdown, 1.0, p, bias, out, n_rows=m, n_blocks=-(-m // bm), src=src)
         return out
     return _launch(x, p, bias, out, bm=int(cfg.get("block_m", 64)), cfg=cfg)
 
@@ -515,7 +517,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
         rows, bexp, n_blocks = align_by_expert_cuda(expert_ids, n_exp, bm, src)
     else:
         rows, bexp, n_blocks = align_by_expert(expert_ids, n_exp, bm)
-    frag, xdown = _activation(x, gate_up.k_chunks, v)
+    frag, xdown = _activation(x, gate_up.k_chunks, v, src)
     wts = torch.where(expert_ids >= 0, expert_weights.float(), 0.0).reshape(-1).contiguous()
     if out is None:
         out = torch.empty((m, hdim), dtype=torch.bfloat16, device=x.device)

@@ -87,7 +87,7 @@ kernels() {
   # decode kernels in 16-row calls against cuBLAS on BF16 weights (stock's); a record, not a gate
   timeout 300 python3 -m kernels.tools.bench_prefill --dense-m "${DENSE_M:-17,32,48,63,64,256}" --only-dense-sweep \
     --out "$RES/dense_sweep.json" > "$RES/dense_sweep.log" 2>&1 || echo "dense sweep failed: $RES/dense_sweep.log"
-  grep -E "M=|beats" "$RES/dense_sweep.log" | tail -14
+  grep -E "M=|beats|FAILED" "$RES/dense_sweep.log" | tail -14
   return $rc
 }
 

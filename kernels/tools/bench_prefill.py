@@ -199,7 +199,7 @@ def bench_dense_sweep(ms: list[int], reps: int) -> dict:
             if m > chunked.threshold:
                 r["us_decode_chunks"] = _timed("decode chunks", [lambda: chunked(x)], reps, 4)
                 r["decode_chunks_over_kernels"] = _ratio(r["us_kernels"], r["us_decode_chunks"])
-                chunks = (f", decode kernels in {-(-m // chunked.threshold)} calls {r['us_decode_chunks']} "
+                chunks = (f", {chunked.path(m)} {r['us_decode_chunks']} "
                           f"({r['decode_chunks_over_kernels']}x the kernels' speed, "
                           f"{_ratio(r['us_bf16_cublas'], r['us_decode_chunks'])}x stock's)")
             print(f"  {name} M={m}: cuBLAS bf16 {r['us_bf16_cublas']} us, kernels {r['us_kernels']}, dequantize + "
@@ -448,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_prefill: --routing-skew {given}: 'served' or a finite spread >= 0 (0 routes uniformly, "
               f"served = {SERVED_SKEW}, as the served shape models)", file=sys.stderr)
         return 2
-    if a.only_dense_sweep and not a.dense_m:
-        print("bench_prefill: --only-dense-sweep needs --dense-m (the Ms to sweep)", file=sys.stderr)
+    if a.only_dense_sweep and (not a.dense_m or a.ab is not None or a.only_topk or a.only_moe):
+        print("bench_prefill: --only-dense-sweep needs --dense-m (the Ms to sweep) and no --ab, --only-topk or "
+              "--only-moe", file=sys.stderr)
         return 2
     if a.dense_m and not all(v.strip().isdigit() and int(v) > 0 for v in a.dense_m.split(",")):
         print(f"bench_prefill: --dense-m {a.dense_m!r}: comma-separated token counts above 0", file=sys.stderr)
@@ -490,6 +491,14 @@ def main(argv: list[str] | None = None) -> int:
             with open(a.out, "w") as f:
                 json.dump(res, f, indent=1)
         return 1 if failed_to_run or (expect and res["expect"]["unmet"]) else 0
+    if a.only_dense_sweep:
+        res = {"device": torch.cuda.get_device_name(),
+               "dense_sweep": bench_dense_sweep(sorted({int(v) for v in a.dense_m.split(",")}), a.reps)}
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+        timed = [v for r in res["dense_sweep"]["rows"] for k, v in r.items() if k.startswith("us_")]
+        return 0 if all(t == t for t in timed) else 1
     res = {"device": torch.cuda.get_device_name(), "topk": bench_topk(sorted({1, a.m}), a.reps, a.cuda_src_before)}
     if a.only_topk:
         if a.out:
@@ -498,12 +507,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(r["us_topk"] == r["us_topk"] for r in res["topk"]) else 1
     if a.dense_m:
         res["dense_sweep"] = bench_dense_sweep(sorted({int(v) for v in a.dense_m.split(",")}), a.reps)
-        if a.only_dense_sweep:
-            if a.out:
-                with open(a.out, "w") as f:
-                    json.dump(res, f, indent=1)
-            timed = [v for r in res["dense_sweep"]["rows"] for k, v in r.items() if k.startswith("us_")]
-            return 0 if all(t == t for t in timed) else 1
     res["moe"] = bench_moe(a.m, a.reps, a.cuda_src_before, a.routing_skew)
     res["dense"] = [] if a.only_moe else bench_dense(a.m, a.reps)
     if a.out:

@@ -143,6 +143,7 @@ def test_ab_refuses_bad_input_before_measuring(capsys, tmp_path):
                       (["--expect", "faster"], "--expect applies to --ab only"),
                       (["--model", "gpt-oss-20b"], "--model applies to --ab only"),
                       (["--only-dense-sweep"], "needs --dense-m"),
+                      (["--only-dense-sweep", "--dense-m", "32", "--ab", "served,@0"], "no --ab, --only-topk"),
                       (["--dense-m", "32,x"], "comma-separated token counts above 0"),
                       (["--dense-m", "0"], "comma-separated token counts above 0"),
                       (["--ab", "served,@0", "--routing-skew", "-0.4"], "'served' or a finite spread >= 0"),
@@ -171,6 +172,28 @@ def test_ab_times_the_layer_of_the_model_named(monkeypatch):
                               (["--routing-skew", "served"], GPT_OSS_120B.moe, SERVED_SKEW)):
         assert bench_prefill.main(["--ab", "served,@0", *argv]) == 0
         assert seen.pop() == (layer, skew)
+
+
+def test_only_dense_sweep_times_the_sweep_alone_and_fails_on_a_path_that_did_not_run(monkeypatch, tmp_path):
+    """--only-dense-sweep: the sweep at the Ms given and nothing else (no top-k, no MoE), written to --out; a NaN time
+    (a path that failed to run) exits 1. The device is faked; nothing is launched."""
+    import json
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    ran = []
+    for name in ("bench_topk", "bench_moe", "bench_dense"):
+        monkeypatch.setattr(bench_prefill, name, lambda *a, name=name, **k: ran.append(name))
+    times = {"us_kernels": 44.0, "us_decode_chunks": 19.0}
+    monkeypatch.setattr(bench_prefill, "bench_dense_sweep", lambda ms, reps: ran.append(("sweep", ms)) or {
+        "rows": [{"shape": "qkv", "M": 32, **times}], "crossover_m": None})
+    out = tmp_path / "sweep.json"
+    assert bench_prefill.main(["--dense-m", "63,17,32", "--only-dense-sweep", "--out", str(out)]) == 0
+    assert ran == [("sweep", [17, 32, 63])]
+    assert json.loads(out.read_text())["dense_sweep"]["rows"][0]["us_decode_chunks"] == 19.0
+    times["us_decode_chunks"] = float("nan")
+    assert bench_prefill.main(["--dense-m", "32", "--only-dense-sweep"]) == 1
 
 
 # The wgmma tilings' host glue, on CPU: a wgmma tiling is timed only where the device has wgmma (sm_90), elsewhere it is

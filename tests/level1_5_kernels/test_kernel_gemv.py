@@ -220,10 +220,16 @@ def test_a_decode_batch_above_the_threshold_runs_as_decode_kernel_calls_where_co
     assert PackedLinear(p, 4).path(9) == "packed_mm", "the served tuning must leave decode chunks off (unmeasured)"
     monkeypatch.setenv("KERNELS_GEMV_PACKED__DECODE_CHUNKS_MAX_M", "12")
     lin = PackedLinear(p, 4)
+    decode, seen = lin._decode, []
+    monkeypatch.setattr(lin, "_decode", lambda x2, bias, out=None: seen.append((x2.shape[0], out)) or decode(x2, bias, out))
     for m, calls in ((5, 2), (9, 3), (12, 3)):
         x = torch.randn(m, 64, generator=g, device=DEV).to(torch.bfloat16)
         assert lin.path(m) == f"decode kernels, {calls} calls of <= 4 tokens"
+        seen.clear()
         out = lin(x, b)
+        # threshold rows per call, each written in place into its rows of the one output (no copy after)
+        assert [rows for rows, _ in seen] == [min(4, m - i) for i in range(0, m, 4)], seen
+        assert [o.data_ptr() for _, o in seen] == [out[i].data_ptr() for i in range(0, m, 4)]
         alone = torch.cat([lin(x[i:i + 4], b) for i in range(0, m, 4)])
         assert torch.equal(out, alone), f"seed={seed} M={m}: the chunked batch differs from its chunks run alone"
         assert_close_nmse(out, reference.mxfp4_linear_ref(x, packed, scales, b), GEMV_NMSE, seed, f"chunked M={m}")

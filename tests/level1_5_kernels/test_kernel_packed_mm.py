@@ -502,6 +502,32 @@ def test_the_moe_on_each_tiling_hands_its_kernels_their_own_rows_and_blocks(monk
         assert down["frag"] is up["out"], f"variant {v}: down does not read gate_up's h"
 
 
+def test_another_kernel_source_reaches_every_prefill_launch(monkeypatch):
+    """packed_mm's `cuda_src` (a copy of the kernel source: a same-process A/B, or KERNELS_PACKED_MM_CUDA_SRC in a
+    served entry) must reach the dense launches as well as the MoE's, activation prep included: a dense layer that ran
+    the served build under another build's name would make the A/B of a dense change an A/A (CPU: launches recorded)."""
+    from kernels import cuda_ext, packed_mm
+    from kernels.cuda_ext import FORM_F16
+
+    _on_hopper(monkeypatch)
+    seen = []
+    monkeypatch.setattr(packed_mm, "_cuda_prefill", lambda x, cfg: True)
+    monkeypatch.setattr(cuda_ext, "align_supported", lambda *a: False)
+    monkeypatch.setattr(cuda_ext, "combine_supported", lambda *a: False)
+    monkeypatch.setattr(cuda_ext, "activation_frags", lambda x, kc, src="": seen.append(("xprep", src)) or (
+        torch.zeros(x.shape[0], kc * 32, dtype=torch.int32), torch.ones(x.shape[0])))
+    monkeypatch.setattr(cuda_ext, "prefill_launch", lambda mode, *a, src="", **kw: seen.append((mode, src)))
+    f16 = next(v for v, t in enumerate(PF_VARIANTS) if t[3] == FORM_F16)
+    cfg = {"impl": "cuda", "dequant_min_m": 0, "cuda_variant": f16, "cuda_src": "/copies/live.cu"}
+    x, p, bias, _ = _dense_case(20, 32, 64, fresh_seed(), "cpu")
+    mxfp4_mm_packed(x, p, bias, config=cfg)
+    xm, ids, wts, gu, dn, pm, _ = _packed_case(40, 6, 64, 96, 3, fresh_seed(), 1.0, True, dev="cpu")
+    packed_mm._moe_cuda(xm, ids, wts, gu, pm["gate_up_bias"], dn, pm["down_bias"], None, cfg, 1.702, 7.0)
+    assert [what for what, _ in seen] == ["xprep", cuda_ext.MODE_DENSE, "xprep", cuda_ext.MODE_GATEUP,
+                                          cuda_ext.MODE_DOWN], seen
+    assert all(src == "/copies/live.cu" for _, src in seen), seen
+
+
 @pytest.mark.parametrize("rows, combine_ok, f16_ok, want", [
     ("f16", True, True, torch.float16), ("f32", True, True, torch.float32),
     ("f16", False, True, torch.float32),  # torch's zeroed sum: fp32 rows
@@ -629,7 +655,7 @@ LIVE_ROWS_LINE = "xrow[u] = srow[r] >= 0 ? srow[r] / a.x_div : -1;"  # pf_stage_
 def macro_copies(tmp_path_factory) -> dict[tuple[str, str], Path]:
     """Copies of the kernel source with a macro defined, for the tests that compare them with the served build bit for
     bit: {(macro, value or "broken"): path} (the panels at 0 / 4 / 16, the live-row staging at 1, and a broken copy of
-    each), all built at once: eight nvcc builds of ~70 s each one after another would outlast the GPU job's kernel-test
+    each), all built at once: ten nvcc builds of ~70 s each one after another would outlast the GPU job's kernel-test
     phase."""
     from concurrent.futures import ThreadPoolExecutor
 
