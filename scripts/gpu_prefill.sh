@@ -25,7 +25,9 @@
 #             uniformly, as this phase did before 2026-12-07, whose ratios are not comparable with these): the uniformly
 #             routed bench had read the 120b's 2048-token layer 12% faster than the served model ran it. Then the
 #             dense layers' sweep at decode-batch sizes (DENSE_M; `bench_prefill --dense-m --only-dense-sweep`): what
-#             places gemv.packed.decode_chunks_max_m and packed_mm.dequant_min_m; printed, never the phase's verdict.
+#             places gemv.packed.decode_chunks_max_m and packed_mm.dequant_min_m; and the MoE layer at a decode batch's
+#             tokens (BATCH_M, default 32,64,2048): served, 128 rows and MXFP4_STAGE_LIVE_ROWS 1 beside matmul_ogs.
+#             Both printed, never the phase's verdict.
 #   level2    level 2 of LEVEL2_CONFIG (default gemv-bf16: its quantization is stock's, so stock's goldens judge it) on the
 #             tiny MXFP4 model against stock's goldens (`--goldens-of`), the mutation tests left out (they test the
 #             suite's rules, not the kernels, and boot six more servers): streams, teacher forcing, perplexity, chat.
@@ -88,6 +90,13 @@ kernels() {
   timeout 300 python3 -m kernels.tools.bench_prefill --dense-m "${DENSE_M:-17,32,48,63,64,256}" --only-dense-sweep \
     --out "$RES/dense_sweep.json" > "$RES/dense_sweep.log" 2>&1 || echo "dense sweep failed: $RES/dense_sweep.log"
   grep -E "M=|beats|FAILED" "$RES/dense_sweep.log" | tail -14
+  # the MoE layer at a decode batch's tokens: served (64 rows there), 128 rows (@4) and padding rows staged as zeros
+  # (MXFP4_STAGE_LIVE_ROWS 1), with stock's matmul_ogs in the same rounds; outputs bit for bit; a record, not a gate
+  { echo '#define MXFP4_STAGE_LIVE_ROWS 1'; cat kernels/csrc/mxfp4_mma.cu; } > "$RES/live_rows.cu"
+  timeout 420 python3 -m kernels.tools.bench_prefill --ab "served,@4,$RES/live_rows.cu" --ab-m "${BATCH_M:-32,64,2048}" \
+    --rounds 5 --routing-skew "${ROUTING_SKEW:-served}" --out "$RES/batch_ab.json" > "$RES/batch_ab.log" 2>&1 \
+    || echo "decode-batch A/B failed: $RES/batch_ab.log"
+  grep -E "MoE M=|x the first|stock|FAILED" "$RES/batch_ab.log" | tail -16
   return $rc
 }
 

@@ -49,6 +49,10 @@ def test_kernels_judges_the_served_build_against_the_previous_one_bit_for_bit(tm
     assert calls[0].startswith("-m pytest") and "test_kernel_packed_mm.py" in calls[0] and "test_kernel_moe.py" in calls[0]
     sweep = calls[2].split()  # after the A/B: the dense layers at decode-batch sizes, recorded beside it
     assert "--only-dense-sweep" in sweep and sweep[sweep.index("--dense-m") + 1] == "17,32,48,63,64,256"
+    batch = calls[3].split()  # then the MoE at a decode batch's tokens, padding rows staged as zeros among the specs
+    live = tmp_path / "out" / "live_rows.cu"
+    assert batch[batch.index("--ab") + 1] == f"served,@4,{live}" and batch[batch.index("--ab-m") + 1] == "32,64,2048"
+    assert live.read_text().startswith("#define MXFP4_STAGE_LIVE_ROWS 1\n")
     ab = calls[1].split()
     assert ab[:2] == ["-m", "kernels.tools.bench_prefill"]
     # the previous build first: the served one is the spec judged against it
