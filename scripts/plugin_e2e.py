@@ -29,8 +29,8 @@ Workloads: tg32 and tg128 at batch 1 (16-token prompt, the seed's headline decod
 requests (M=4: still the plugin's decode kernels), tg32 at 32 concurrent requests (above the plugin's
 threshold: kernels/packed_mm.py on the same packed weights) and pp2048 (prefill: packed_mm too). Every boot, in
 every mode, admits 32 sequences (`--max-num-seqs=32` after the flavour's flags; an entry's own `+--max-num-seqs=N`
-wins, and e2e.md says what each boot admitted): the users' flags admit 2, which would time tg32@c32 as batch-2 decode
-behind a queue. Ratios are against the first config; used memory and KV capacity are vLLM's own accounting from the
+wins, and e2e.md says what each boot admitted and the most requests /metrics showed running at once in each concurrent
+workload): the users' flags admit 2, which would time tg32@c32 as batch-2 decode behind a queue. Ratios are against the first config; used memory and KV capacity are vLLM's own accounting from the
 server log (at those 32 sequences).
 """
 from __future__ import annotations
@@ -57,6 +57,7 @@ from harness.kernelpath.breakdown import Breakdown, busy_us_per_token, plot_brea
 from harness.perf.regression import HOST_BOUND_RATIO  # noqa: E402
 from harness.engine.hooks import RANDOM_MXFP4_ENV  # noqa: E402
 from harness.engine.server import max_num_seqs  # noqa: E402
+from harness.engine.server_metrics import metric_value  # noqa: E402
 from harness.features.run import BREAKDOWN_TOKENS, decode_breakdown, prefill_breakdown  # noqa: E402
 from harness.features.spec import flavour_baseline  # noqa: E402
 from harness.perf import bench  # noqa: E402
@@ -64,6 +65,7 @@ from harness.perf import metrics as perf  # noqa: E402
 from harness.perf.benchmark import kernel_time_probe  # noqa: E402
 from harness.perf.memory import server_memory  # noqa: E402
 from harness.session.suite import Suite  # noqa: E402
+from harness.stress.burst import SchedulerWatch  # noqa: E402
 
 WORKLOADS = (
     bench.Workload("decode", 16, 32, runs=8, warmup=3),
@@ -208,6 +210,20 @@ def warm_up(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
             bench.run_workload(client, maker, dataclasses.replace(w, runs=1, warmup=0))
 
 
+# A concurrent workload's /metrics poll (seconds): a few light requests a second beside its streams, for the most
+# requests the engine ran at once. The boot's --max-num-seqs says what it admitted; this says what the workload reached
+# (every tg32@c32 before 2026-12-07 ran at batch 2, seen only in a server log).
+PEAK_POLL_S = 0.25
+
+
+def run_watched(read_metric, run):
+    """run() while /metrics is polled: (its result, the most requests seen running at once; None where no reading saw
+    a request running or waiting, e.g. /metrics unreadable)."""
+    with SchedulerWatch(read_metric, interval_s=PEAK_POLL_S) as watch:
+        result = run()
+    return result, (int(watch.max_running) if watch.busy_samples else None)
+
+
 def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str, str] | None = None,
             mode: str = ALL) -> dict:
     target = next(t for t in suite.targets() if t.name == name)
@@ -219,8 +235,13 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
         maker = bench.PromptMaker(client, seed=7)
         metrics: dict[str, dict] = {}
         gaps: dict[str, list[list[float]]] = {}
+        peaks: dict[str, int | None] = {}
         for w in _workloads(mode):
-            m = bench.run_workload(client, maker, w)
+            if w.concurrency > 1:
+                m, peaks[bench.metric_names(w)[-1]] = run_watched(lambda n: metric_value(running.url, n),
+                                                                  lambda w=w: bench.run_workload(client, maker, w))
+            else:
+                m = bench.run_workload(client, maker, w)
             for metric, entry in bench.metrics_for(w, m).items():
                 metrics[metric] = _summary(entry)
             if w.kind == "decode":
@@ -245,7 +266,7 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
         log = running.log_path.read_text(errors="replace") if running.log_path else ""
         mem = server_memory(running, suite.platform.is_cuda)
         return {"boot_s": round(running.boot_seconds, 1), "total_s": round(time.monotonic() - t0, 1),
-                "args_extra": args_extra, "metrics": metrics, "token_gaps_ms": gaps,
+                "args_extra": args_extra, "metrics": metrics, "token_gaps_ms": gaps, "peak_running": peaks,
                 "kernel_breakdown": kernels, "breakdown_notes": notes,
                 "prefill_breakdown": prefill,
                 "memory": {k: mem.get(k) for k in ("used_gib", "used_source", "kv_capacity_tokens")},
@@ -395,9 +416,16 @@ def prefill_table(results: dict[str, dict], order: list[str]) -> list[str]:
 
 
 def seqs_line(results: dict[str, dict], order: list[str]) -> str:
-    """What batch the concurrent workloads reached: the sequences each boot admitted (`--max-num-seqs`)."""
+    """What batch the concurrent workloads reached: the sequences each boot admitted (`--max-num-seqs`), and the most
+    requests /metrics showed running at once in each concurrent workload (results written before it lack them)."""
     flavours = "the flavour's (the users' flags: 2)"  # results written before each boot said
-    cells = [f"{c} {results[c].get('admitted_seqs') or flavours}" for c in order if "metrics" in results.get(c, {})]
+
+    def cell(c: str) -> str:
+        peaks = results[c].get("peak_running") or {}
+        seen = ", ".join(f"{w} {'not seen' if n is None else n}" for w, n in peaks.items())
+        return f"{c} {results[c].get('admitted_seqs') or flavours}" + (f" (most running at once: {seen})" if seen else "")
+
+    cells = [cell(c) for c in order if "metrics" in results.get(c, {})]
     return ("Sequences each boot admitted (`--max-num-seqs`; a tg32@cN above it ran that many at a time behind a "
             "queue): " + ", ".join(cells) + ".") if cells else ""
 

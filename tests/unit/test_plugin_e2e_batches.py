@@ -66,3 +66,65 @@ def test_a_cost_paid_once_per_request_shows_as_one_long_gap_in_the_report():
     assert plugin_e2e.gaps_lines("gemv", {"tg5": [[]]}) == [], "a request of one token has no gap to show"
     md = plugin_e2e.markdown({"gemv": {"boot_s": 1.0, "metrics": {}, "token_gaps_ms": {"tg5": gaps[:1]}}}, ["gemv"], "t")
     assert line in md, "e2e.md shows the gaps"
+
+
+def test_a_concurrent_workload_records_the_most_requests_the_engine_ran_at_once(monkeypatch):
+    """run_watched polls /metrics while the workload runs: the peak of vllm:num_requests_running is what the batch
+    reached (a server admitting 2 shows 2 under 32 clients), None where no reading saw the workload (an unreadable
+    /metrics says 'not seen', never a number); the report names it beside what the boot admitted."""
+    import threading
+    import time
+
+    monkeypatch.setattr(plugin_e2e, "PEAK_POLL_S", 0.01)
+    busy = threading.Event()
+
+    def read(name: str) -> float:
+        if name == "vllm:num_requests_running":
+            return 2.0 if busy.is_set() else 0.0
+        return 30.0 if busy.is_set() else 0.0  # waiting: a queue behind the 2
+
+    def workload() -> str:
+        busy.set()
+        time.sleep(0.2)
+        busy.clear()
+        return "measured"
+
+    assert plugin_e2e.run_watched(read, workload) == ("measured", 2)
+    assert plugin_e2e.run_watched(lambda name: 0.0, lambda: time.sleep(0.05)) == (None, None)
+
+    def broken(name: str) -> float:
+        raise OSError("connection refused")
+
+    assert plugin_e2e.run_watched(broken, lambda: time.sleep(0.05))[1] is None
+    results = {"gemv": {"metrics": {}, "admitted_seqs": 32, "peak_running": {"tg32@c4": 4, "tg32@c32": None}}}
+    assert plugin_e2e.seqs_line(results, ["gemv"]).endswith(
+        "gemv 32 (most running at once: tg32@c4 4, tg32@c32 not seen).")
+
+
+def test_measure_watches_only_the_concurrent_workloads_and_keeps_their_peaks(monkeypatch):
+    """measure() (the boot faked): each concurrent workload runs under run_watched, keyed by its metric name, and the
+    result keeps the peaks; batch-1 workloads run unwatched (their 1 running says nothing)."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    running = SimpleNamespace(url="http://127.0.0.1:1", trace_dir=None, log_path=None, boot_seconds=1.0,
+                              client=lambda timeout_s: "client")
+
+    @contextmanager
+    def boot(*a, **k):
+        yield running
+
+    target = SimpleNamespace(name="gemv", runnable=True)
+    suite = SimpleNamespace(targets=lambda: [target], boot=boot, platform=SimpleNamespace(is_cuda=False))
+    ran, watched = [], []
+    monkeypatch.setattr(plugin_e2e.bench, "PromptMaker", lambda client, seed: "maker")
+    monkeypatch.setattr(plugin_e2e.bench, "run_workload", lambda client, maker, w: ran.append(w) or SimpleNamespace(
+        requests=[]))
+    monkeypatch.setattr(plugin_e2e.bench, "metrics_for", lambda w, m: {})
+    monkeypatch.setattr(plugin_e2e, "run_watched", lambda read, run: watched.append(run()) or (watched[-1], 7))
+    monkeypatch.setattr(plugin_e2e, "decode_breakdown", lambda *a: None)
+    monkeypatch.setattr(plugin_e2e, "server_memory", lambda *a: {})
+    r = plugin_e2e.measure(suite, "gemv", [], None, plugin_e2e.ALL)
+    concurrent = [w for w in plugin_e2e.WORKLOADS if w.concurrency > 1]
+    assert len(ran) == len(plugin_e2e.WORKLOADS) and len(watched) == len(concurrent) >= 2
+    assert r["peak_running"] == {f"tg{w.tg}@c{w.concurrency}": 7 for w in concurrent}
