@@ -29,9 +29,10 @@ Workloads: tg32 and tg128 at batch 1 (16-token prompt, the seed's headline decod
 requests (M=4: still the plugin's decode kernels), tg32 at 32 concurrent requests (above the plugin's
 threshold: kernels/packed_mm.py on the same packed weights) and pp2048 (prefill: packed_mm too). Every boot, in
 every mode, admits 32 sequences (`--max-num-seqs=32` after the flavour's flags; an entry's own `+--max-num-seqs=N`
-wins, and e2e.md says what each boot admitted and the most requests /metrics showed running at once in each concurrent
-workload): the users' flags admit 2, which would time tg32@c32 as batch-2 decode behind a queue. Ratios are against the first config; used memory and KV capacity are vLLM's own accounting from the
-server log (at those 32 sequences).
+wins, and e2e.md says what each boot admitted and the most requests /metrics showed running at once in each
+concurrent workload): the users' flags admit 2, which would time tg32@c32 as batch-2 decode behind a queue. Ratios
+are against the first config; used memory and KV capacity are vLLM's own accounting from the server log (at those
+32 sequences).
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -214,9 +217,10 @@ def warm_up(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
 # requests the engine ran at once. The boot's --max-num-seqs says what it admitted; this says what the workload reached
 # (every tg32@c32 before 2026-12-07 ran at batch 2, seen only in a server log).
 PEAK_POLL_S = 0.25
+T = TypeVar("T")
 
 
-def run_watched(read_metric, run):
+def run_watched(read_metric: Callable[[str], float], run: Callable[[], T]) -> tuple[T, int | None]:
     """run() while /metrics is polled: (its result, the most requests seen running at once; None where no reading saw
     a request running or waiting, e.g. /metrics unreadable)."""
     with SchedulerWatch(read_metric, interval_s=PEAK_POLL_S) as watch:
