@@ -586,7 +586,7 @@ class PackedLinear:
         self.p = packed
         self.threshold = int(base["small_m_threshold"]) if threshold is None else int(threshold)
         self.cfg = {**base, **base.get("packed", {})}
-        mib = (packed.words.numel() * packed.words.element_size() + packed.scales.numel()) / 2**20
+        mib = (packed.words.nbytes + packed.scales.nbytes) / 2**20
         self.chunks_max_m = (int(self.cfg.get("decode_chunks_max_m", 0))
                              if mib <= float(self.cfg.get("decode_chunks_max_mib", 0)) else 0)
         self._plans: dict[int, object] = {}

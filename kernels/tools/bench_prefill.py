@@ -406,6 +406,13 @@ def bench_ab(specs: list[str], ms: list[int], rounds: int, reps: int, layer: Moe
     return res
 
 
+def _save(res: dict, out: str | None) -> None:
+    """The results as JSON at --out, where one was given."""
+    if out:
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, default=2048, help="tokens (prefill chunk)")
@@ -487,31 +494,23 @@ def main(argv: list[str] | None = None) -> int:
                 ["a spec failed to run (NaN rounds): nothing it was expected to show is shown"] if failed_to_run else [])}
             for line in res["expect"]["unmet"]:
                 print(f"bench_prefill: NOT MET {line}", file=sys.stderr)
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(res, f, indent=1)
+        _save(res, a.out)
         return 1 if failed_to_run or (expect and res["expect"]["unmet"]) else 0
     if a.only_dense_sweep:
         res = {"device": torch.cuda.get_device_name(),
                "dense_sweep": bench_dense_sweep(sorted({int(v) for v in a.dense_m.split(",")}), a.reps)}
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(res, f, indent=1)
+        _save(res, a.out)
         timed = [v for r in res["dense_sweep"]["rows"] for k, v in r.items() if k.startswith("us_")]
         return 0 if all(t == t for t in timed) else 1
     res = {"device": torch.cuda.get_device_name(), "topk": bench_topk(sorted({1, a.m}), a.reps, a.cuda_src_before)}
     if a.only_topk:
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(res, f, indent=1)
+        _save(res, a.out)
         return 0 if all(r["us_topk"] == r["us_topk"] for r in res["topk"]) else 1
     if a.dense_m:
         res["dense_sweep"] = bench_dense_sweep(sorted({int(v) for v in a.dense_m.split(",")}), a.reps)
     res["moe"] = bench_moe(a.m, a.reps, a.cuda_src_before, a.routing_skew)
     res["dense"] = [] if a.only_moe else bench_dense(a.m, a.reps)
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+    _save(res, a.out)
     if not res["moe"].get("best") or not all(r.get("best") for r in res["dense"]):
         print("bench_prefill: a shape had no configuration that ran (see FAILED above)", file=sys.stderr)
         return 1

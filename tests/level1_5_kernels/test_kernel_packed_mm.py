@@ -651,6 +651,24 @@ LIVE_ROWS_MACRO = "MXFP4_STAGE_LIVE_ROWS"
 LIVE_ROWS_LINE = "xrow[u] = srow[r] >= 0 ? srow[r] / a.x_div : -1;"  # pf_stage_rows' live-row staging
 
 
+def _panel_moe_case(g: torch.Generator) -> tuple:
+    """A MoE layer routed by PANEL_EXPERT_SLOTS (every expert's last token block holds one slot), on the GPU: ids [m, k]
+    int32, x [m, h] bf16, routing weights, the experts' tensors and their packed gate_up / down."""
+    from .test_kernel_moe import _random_experts
+
+    e, h, inter, k = len(PANEL_EXPERT_SLOTS), 1024, 512, PANEL_TOP_K
+    m = sum(PANEL_EXPERT_SLOTS) // k
+    # slot i goes to token i % m: each expert's run (<= m) lands on distinct tokens, so no token repeats an expert
+    order = torch.randperm(e, generator=g, device="cuda")
+    flat = torch.repeat_interleave(order, torch.tensor(PANEL_EXPERT_SLOTS, device="cuda"))
+    ids = flat.view(k, m).t()[torch.randperm(m, generator=g, device="cuda")].to(torch.int32).contiguous()
+    p = _random_experts(g, e, h, inter)
+    gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
+    x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
+    wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
+    return ids, x, wts, p, gu, dn
+
+
 @pytest.fixture(scope="module")
 def macro_copies(tmp_path_factory) -> dict[tuple[str, str], Path]:
     """Copies of the kernel source with a macro defined, for the tests that compare them with the served build bit for
@@ -696,29 +714,18 @@ def test_down_panels_change_only_the_launch_order(variant, macro_copies):
     memory. A copy whose mapping skips the odd row groups must differ (the comparison can fail)."""
     from kernels import cuda_ext
 
-    from .test_kernel_moe import _random_experts
-
     cfg = {**_impl_cfg("cuda", variant), "cuda_down_variant": variant}  # skips, with the reason, where it cannot run
     macro = panel_macro(variant)
     src = cuda_ext.SRC.read_text()
     served = int(re.search(rf"#define {macro} (\d+)", src).group(1))
     seed = fresh_seed()
-    g = generator(seed, "cuda")
-    e, h, inter, k, bm = len(PANEL_EXPERT_SLOTS), 1024, 512, PANEL_TOP_K, 8 * PF_VARIANTS[variant][0]
-    m = sum(PANEL_EXPERT_SLOTS) // k
-    # slot i goes to token i % m: each expert's run (<= m) lands on distinct tokens, so no token repeats an expert
-    order = torch.randperm(e, generator=g, device="cuda")
-    flat = torch.repeat_interleave(order, torch.tensor(PANEL_EXPERT_SLOTS, device="cuda"))
-    ids = flat.view(k, m).t()[torch.randperm(m, generator=g, device="cuda")].to(torch.int32).contiguous()
-    _, bexp, grid_blocks = align_by_expert(ids, e, bm)
+    ids, x, wts, p, gu, dn = _panel_moe_case(generator(seed, "cuda"))
+    (m, h), bm = x.shape, 8 * PF_VARIANTS[variant][0]
+    _, bexp, grid_blocks = align_by_expert(ids, len(PANEL_EXPERT_SLOTS), bm)
     for panel in (4, 16):
         last = grid_blocks // panel * panel
         assert grid_blocks > panel and grid_blocks % panel and (bexp[last:] >= 0).any(), (
             f"{grid_blocks} token blocks of {bm}: a panel of {panel} leaves no narrower last panel with a live block")
-    p = _random_experts(g, e, h, inter)
-    gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
-    x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
-    wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
 
     def run(copy: str | None) -> torch.Tensor:
         c = cfg if copy is None else {**cfg, "cuda_src": str(macro_copies[macro, copy])}
@@ -742,20 +749,10 @@ def test_live_row_staging_changes_no_output_bit(variant, macro_copies):
     are never stored, so the MoE (every expert's last block holding one slot, the panel test's routing) and a dense
     call whose last token block is mostly padding must come out bit for bit as the served build's; a copy that also
     zeroes real rows must differ (the comparison can fail)."""
-    from .test_kernel_moe import _random_experts
-
     cfg = {**_impl_cfg("cuda", variant), "cuda_down_variant": variant}  # skips, with the reason, where it cannot run
     seed = fresh_seed()
-    g = generator(seed, "cuda")
-    e, h, inter, k, bm = len(PANEL_EXPERT_SLOTS), 1024, 512, PANEL_TOP_K, 8 * PF_VARIANTS[variant][0]
-    m = sum(PANEL_EXPERT_SLOTS) // k
-    order = torch.randperm(e, generator=g, device="cuda")
-    flat = torch.repeat_interleave(order, torch.tensor(PANEL_EXPERT_SLOTS, device="cuda"))
-    ids = flat.view(k, m).t()[torch.randperm(m, generator=g, device="cuda")].to(torch.int32).contiguous()
-    p = _random_experts(g, e, h, inter)
-    gu, dn = pack_moe_experts(p["gate_up_blocks"], p["gate_up_scales"], p["down_blocks"], p["down_scales"])
-    x = torch.randn(m, h, generator=g, device="cuda").to(torch.bfloat16)
-    wts = torch.softmax(torch.randn(m, k, generator=g, device="cuda"), dim=-1)
+    ids, x, wts, p, gu, dn = _panel_moe_case(generator(seed, "cuda"))
+    (m, h), bm = x.shape, 8 * PF_VARIANTS[variant][0]
     xd, pd, bias, _ = _dense_case(bm + 3, 256, 512, seed + 1, "cuda")  # the last block: 3 real rows of bm
 
     def run(copy: str | None) -> tuple[torch.Tensor, torch.Tensor]:
