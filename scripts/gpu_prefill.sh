@@ -39,6 +39,9 @@
 #             The tiling comes from kernels/tuning.yaml (nothing forced): what users get.
 #   e2e-aa    the plugin config twice in one run (its second entry with a no-op variable): the run-to-run spread
 #             of every workload, which the ratios of `e2e` must exceed to mean anything.
+#   batch     tg32 at 4 and 32 concurrent requests alone (plugin_e2e --batch-only, a warm boot first) of stock and PLUGIN
+#             on MODEL: the M > 16 paths of candidate entries (e.g. PLUGIN=CONFIG,CONFIG+KERNELS_...=...) against stock,
+#             one short boot each.
 # Each phase writes a line `PHASE rc N` to $PREFILL_DIR/phases.txt; the phases after a failed `kernels` or `level2` are
 # skipped, and the job exits 1 when any phase failed.
 set -uo pipefail
@@ -48,7 +51,7 @@ MODEL=${MODEL:-gpt-oss-20b-shape}
 PREV=${PREV:-.gpu-prev/mxfp4_mma.cu}
 PLUGIN=${PLUGIN:-gemv-bf16-mxfp4-all}
 LEVEL2_CONFIG=${LEVEL2_CONFIG:-gemv-bf16}
-PHASES=(kernels level2 prefill e2e e2e-aa)
+PHASES=(kernels level2 prefill e2e e2e-aa batch)
 phase_list=$(IFS=,; echo "${PHASES[*]}" | sed 's/,/, /g')
 [ $# -gt 0 ] || { echo "gpu_prefill: name a phase: $phase_list"; exit 2; }
 for phase in "$@"; do  # all checked before any runs: a typo after a 20-minute phase would be found after it
@@ -146,6 +149,12 @@ e2e_aa() {
   plugin_run aa 1500 boot 6 --warm --configs "$PLUGIN,$PLUGIN+SUITE_AA=1"
 }
 
+batch() {
+  local stock
+  stock=$(stock_config) || return 2
+  plugin_run batch 1500 boot 8 --batch-only --warm --configs "$stock,$PLUGIN"
+}
+
 status=0
 for phase in "$@"; do
   case $phase in
@@ -154,6 +163,7 @@ for phase in "$@"; do
     prefill) prefill; rc=$? ;;
     e2e) e2e; rc=$? ;;
     e2e-aa) e2e_aa; rc=$? ;;
+    batch) batch; rc=$? ;;
   esac
   echo "$phase rc $rc" | tee -a "$RES/phases.txt"
   [ $rc -eq 0 ] || status=1

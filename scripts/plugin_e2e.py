@@ -20,7 +20,8 @@ A config entry may carry extra server environment or vLLM server arguments,
 it in one run (e.g. `gemv-bf16-mxfp4-all,gemv-bf16-mxfp4-all+SUITE_KERNELS_ROUTE=fused`, or
 `triton-bf16,triton-bf16+--stream-interval=8`).
 `--decode-only` measures batch-1 decode alone, with more rounds (tg32 x24, tg128 x8) and the decode breakdown: the
-spread of a host-bound decode needs rounds, and a boot spends no time on the other workloads.
+spread of a host-bound decode needs rounds, and a boot spends no time on the other workloads. `--batch-only` measures
+tg32 at 4 and 32 concurrent requests alone (x8 rounds, no profiling): a kernel path for M > 16 against stock, a boot each.
 `--warm` first boots the first entry and runs each workload once, discarded. On a fresh H200 (2026-11-30) the first
 boot compiled, and it ran engine-clock pp2048 26% slower than the next boot, whose prefill ran the same kernels
 (`pp2048_gpu` within 0.2%): whichever config comes first would be judged on the host.
@@ -82,6 +83,12 @@ WORKLOADS = (
 DECODE_ONLY = (
     bench.Workload("decode", 16, 32, runs=24, warmup=3),
     bench.Workload("decode", 16, 128, runs=8, warmup=2),
+)
+# the batches alone (--batch-only): tg32 at 4 and 32 concurrent requests with more rounds than the full set, for candidate
+# kernel paths of M > 16 against stock; no prefill and no profiled window, so a boot costs little beyond its start
+BATCH_ONLY = (
+    bench.Workload("concurrent", 16, 32, concurrency=4, runs=8, warmup=2),
+    bench.Workload("concurrent", 16, 32, concurrency=32, runs=8, warmup=2),
 )
 PREFILL_GPU = bench.Workload("prefill", 2048, 1, runs=3, warmup=0)  # pp2048_gpu: GPU kernel time of one prefill
 SHOWN = ("tg32", "tg128", "tg32@c4", "tg32@c32", "pp2048", "pp2048_gpu")
@@ -178,11 +185,21 @@ def _tag(env_extra: dict[str, str] | None, warm: bool = False, args: list[str] |
     return "__e2e" + ("_warm" if warm else "") + "".join(c if c.isalnum() or c in "-_." else "_" for c in suffix)
 
 
-ALL, PREFILL_GPU_ONLY, DECODE_ONLY_MODE = "all", "pp2048_gpu only", "batch-1 decode only"  # what a boot measures
+# what a boot measures
+ALL, PREFILL_GPU_ONLY, DECODE_ONLY_MODE, BATCH_ONLY_MODE = ("all", "pp2048_gpu only", "batch-1 decode only",
+                                                            "concurrent decode only")
 
 
 def _workloads(mode: str) -> tuple[bench.Workload, ...]:
-    return {ALL: WORKLOADS, PREFILL_GPU_ONLY: (), DECODE_ONLY_MODE: DECODE_ONLY}[mode]
+    return {ALL: WORKLOADS, PREFILL_GPU_ONLY: (), DECODE_ONLY_MODE: DECODE_ONLY, BATCH_ONLY_MODE: BATCH_ONLY}[mode]
+
+
+def _profiles_prefill(mode: str) -> bool:
+    return mode in (ALL, PREFILL_GPU_ONLY)
+
+
+def _profiles_decode(mode: str) -> bool:
+    return mode in (ALL, DECODE_ONLY_MODE)
 
 
 # The sequences every boot admits, whatever the mode (one server setting, so a --decode-only tg32 compares with the full
@@ -250,7 +267,7 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
                 metrics[metric] = _summary(entry)
             if w.kind == "decode":
                 gaps[f"tg{w.tg}"] = token_gaps(m.requests)
-        if running.trace_dir is not None and mode != DECODE_ONLY_MODE:
+        if running.trace_dir is not None and _profiles_prefill(mode):
             # the engine-clock pp2048 holds host time (scheduling, launches) that moved stock's median by 24% between
             # boots; the kernels' own time is what a prefill kernel changes (the gate's ppN_gpu)
             try:
@@ -260,9 +277,9 @@ def measure(suite: Suite, name: str, args_extra: list[str], env_extra: dict[str,
             except SuiteError as e:  # the decode metrics above stay measured
                 metrics["pp2048_gpu"] = {"error": str(e).splitlines()[0][:300]}
         kernels, notes, prefill = None, [], None
-        if running.trace_dir is not None and mode != DECODE_ONLY_MODE:
+        if running.trace_dir is not None and _profiles_prefill(mode):
             prefill = prefill_breakdown(suite, running, maker.make(PREFILL_GPU.pp), notes)
-        if mode != PREFILL_GPU_ONLY:
+        if _profiles_decode(mode):
             # decode steps only: a profiled request would hold its prompt's prefill and its warm-up request's, which
             # at 16 tokens read ~50 of 128 experts per layer (the plugin on the 120b shape, H200: 342 us per token of GPU
             # busy time that decode does not spend, 13% of it; 288 us of MoE, 8 us per layer)
@@ -502,10 +519,13 @@ def main(argv: list[str] | None = None) -> int:
                       help="measure pp2048_gpu only (GPU kernel time of a 2048-token prefill; no decode workloads)")
     only.add_argument("--decode-only", action="store_true",
                       help="measure batch-1 decode only (tg32 x24, tg128 x8 rounds) and its kernel breakdown")
+    only.add_argument("--batch-only", action="store_true",
+                      help="measure tg32 at 4 and 32 concurrent requests only (x8 rounds each; no profiling)")
     ap.add_argument("--warm", action="store_true", help="first boot the first entry still to measure and run each "
                     "workload once, discarded (a fresh machine's first boot compiles and disturbs the host)")
     a = ap.parse_args(argv)
-    mode = PREFILL_GPU_ONLY if a.prefill_gpu_only else DECODE_ONLY_MODE if a.decode_only else ALL
+    mode = (PREFILL_GPU_ONLY if a.prefill_gpu_only else DECODE_ONLY_MODE if a.decode_only
+            else BATCH_ONLY_MODE if a.batch_only else ALL)
     try:
         util = memory_overrides(a.gpu_memory_utilization)
         out = writable_dir(Path(a.out), "--out")
@@ -540,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                "kernel_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("KERNELS_", "SUITE_KERNELS_"))},
                "workloads": mode,
                # before the decode window, a profiled request with two prefills inside (+12.7% busy, 120b shape)
-               "breakdown": None if mode == PREFILL_GPU_ONLY else "decode window",
+               "breakdown": "decode window" if _profiles_decode(mode) else None,
                # logprobs=1 streams before it: the engine's log-softmax and top-k every step (README)
                "stream": perf.STREAM_REQUEST,
                # the batch the concurrent workloads reach (before this key: the flavour's 2, whatever they asked)

@@ -118,6 +118,16 @@ def test_e2e_runs_stock_and_the_plugin_in_one_run_and_the_aa_the_plugin_twice(tm
     assert (tmp_path / "out" / "phases.txt").read_text() == "e2e rc 0\ne2e-aa rc 0\n"
 
 
+def test_batch_runs_the_concurrent_workloads_alone_of_stock_and_every_plugin_entry(tmp_path):
+    plugin = "gemv-bf16-mxfp4-all,gemv-bf16-mxfp4-all+KERNELS_PACKED_MM_DEQUANT_MIN_M=17"
+    r, calls = _job(tmp_path, "batch", PLUGIN=plugin)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (argv,) = [c.split() for c in calls if "plugin_e2e" in c]
+    assert "--batch-only" in argv and "--warm" in argv and argv[argv.index("--model") + 1] == "gpt-oss-20b-shape"
+    assert argv[argv.index("--configs") + 1] == f"triton-bf16,{plugin}"
+    assert (tmp_path / "out" / "phases.txt").read_text() == "batch rc 0\n"
+
+
 def test_a_failed_e2e_is_its_phase_line_and_the_next_phase_still_runs(tmp_path):
     r, calls = _job(tmp_path, "e2e", "e2e-aa", E2E_RC="1")
     assert r.returncode == 1
@@ -129,7 +139,7 @@ def test_a_failed_e2e_is_its_phase_line_and_the_next_phase_still_runs(tmp_path):
                                             (("kernels", "e2e", "e2e-aaa"), "unknown phase 'e2e-aaa'")])
 def test_no_phase_or_an_unknown_one_is_one_line_and_exit_2_before_any_phase_runs(tmp_path, phases, expect):
     r, calls = _job(tmp_path, *phases)
-    assert r.returncode == 2 and expect in r.stdout and "kernels, level2, prefill, e2e, e2e-aa" in r.stdout
+    assert r.returncode == 2 and expect in r.stdout and "kernels, level2, prefill, e2e, e2e-aa, batch" in r.stdout
     assert not calls
 
 

@@ -253,6 +253,13 @@ def test_the_breakdown_is_a_decode_window_not_a_request_with_its_prefills(monkey
     assert len(prefills) == 2 and r["prefill_breakdown"] is None, "a decode-only boot profiles no prefill"
     assert [(w.kind, w.concurrency, w.runs) for w in ran] == [("decode", 1, 24), ("decode", 1, 8)], ran
     assert r["token_gaps_ms"] == {"tg32": [], "tg128": []}, "each batch-1 decode workload keeps its token gaps"
+    ran.clear()
+    monkeypatch.setattr(plugin_e2e, "run_watched", lambda read, run: (run(), 32))
+    r = plugin_e2e.measure(suite, "gemv-bf16", [], None, plugin_e2e.BATCH_ONLY_MODE)
+    assert windows == [running] and "pp2048_gpu" not in r["metrics"], "a batch-only boot profiles nothing"
+    assert len(prefills) == 2 and r["prefill_breakdown"] is None and r["kernel_breakdown"] is None
+    assert [(w.kind, w.concurrency, w.runs) for w in ran] == [("concurrent", 4, 8), ("concurrent", 32, 8)], ran
+    assert r["peak_running"] == {"tg32@c4": 32, "tg32@c32": 32}, "each batch records the most requests seen running"
 
 
 @pytest.mark.parametrize("platform, stock", [("sm_90", "triton-bf16"), ("sm_121", "marlin-bf16"), ("cpu", None)])
