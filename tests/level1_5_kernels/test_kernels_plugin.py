@@ -231,8 +231,9 @@ def test_dense_layers_serve_every_batch_from_one_mxfp4_copy(monkeypatch, capsys)
     assert plugin.install_dense(model, threshold=4) == []
     qkv = model.qkv_proj
     bias = torch.randn(96, generator=generator(seed + 1)).to(torch.bfloat16).to(DEV)
+    # the packed GEMM at 21 tokens and the copy from 32, whatever this device's tuning (sm_90 copies from 17)
+    monkeypatch.setenv("KERNELS_PACKED_MM_DEQUANT_MIN_M", "32")
     big = get_config("packed_mm")["dequant_min_m"]
-    assert big > 21, f"packed_mm.dequant_min_m {big}: this test needs the packed GEMM at M = 21"
     for m in (3, 9, 21, big):  # decode kernels (<= 4 here; in 4-row calls to 12), the packed GEMM, the bf16 copy + BLAS
         x = torch.randn(m, 64, generator=generator(seed + m)).to(torch.bfloat16).to(DEV)
         ref = x.float() @ dequantize_mxfp4(q, s).T + bias.float()
