@@ -101,7 +101,7 @@ def source_pf_variants(text: str) -> list[tuple[int, ...]]:
     """The (NT, RT, CTAS, FORM) table of a kernel source's PF_TABLE macro, in order (any number of template
     arguments is read, so an older source's table is refused as a mismatch instead of read as none)."""
     return [tuple(int(v) for v in re.findall(r"\d+", m.group(1)))
-            for m in re.finditer(r"pf_launch<MODE((?:, \d+)+)>", text)]
+            for m in re.finditer(r"pf_launch<MODE((?:, \d+)+)(?:, LIVE)?>", text)]
 
 
 def build_shared(src_path: Path, src_bytes: bytes | None = None) -> Path:
@@ -191,6 +191,9 @@ def _load(src: str = "") -> ctypes.CDLL:
         lib.mxfp4_prefill2.argtypes = lib.mxfp4_prefill.argtypes + [I]
         lib.mxfp4_combine_f16.restype = I
         lib.mxfp4_combine_f16.argtypes = [P, P, I, I, I, I, P, LL, P]
+    if hasattr(lib, "mxfp4_prefill3"):  # absent from sources older than the live-row kernels
+        lib.mxfp4_prefill3.restype = I
+        lib.mxfp4_prefill3.argtypes = lib.mxfp4_prefill2.argtypes + [I]
     if hasattr(lib, "mxfp4_combine"):  # absent from sources older than the one-pass MoE combine
         lib.mxfp4_combine.restype = I
         lib.mxfp4_combine.argtypes = [P, P, I, I, I, I, P, LL, P]
@@ -521,13 +524,16 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
                    bias: torch.Tensor | None, out: torch.Tensor, *, n_rows: int, n_blocks: int,
                    rows: torch.Tensor | None = None, bexp: torch.Tensor | None = None, x_div: int = 1,
                    kc_h: int = 0, wts: torch.Tensor | None = None, alpha: float = 0.0, limit: float = 0.0,
-                   src: str = "") -> None:
+                   src: str = "", live: bool = False) -> None:
     """One launch of the prefill kernel (mxfp4_prefill): dense (rows None) or one MoE half over align_by_expert's
     blocks. FORM_F16 variants: `frag` the f16 fragments of `activation_frags`; `out` dense bf16 [M, N], gate_up int32
     h fragments [S, kc_h * 32], down float32 [S, N], or float16 [S, N] holding value * 2**-DOWN_F16_SHIFT
     (`down_f16_supported`). FORM_BF16 variants: `frag` bf16 rows [rows, K] (unit stride along K, rows 16-byte
-    aligned), gate_up's `out` bf16 h rows [S, N / 2]."""
+    aligned), gate_up's `out` bf16 h rows [S, N / 2]. `live`: a MoE half that stages its blocks' padding rows as
+    zeros (the *_live_kernel entries; `live_rows_supported`), same output."""
     lib = _load(src)
+    if live and (mode == MODE_DENSE or not live_rows_supported(src)):
+        raise ValueError("live-row staging serves the MoE halves of a source with mxfp4_prefill3 (live_rows_supported)")
     f16_rows = mode == MODE_DOWN and out.dtype == torch.float16
     if f16_rows and not down_f16_supported(p.n, src):
         raise ValueError(f"f16 down rows need an even N and a source with mxfp4_prefill2 (N={p.n}); pass float32 rows")
@@ -547,8 +553,16 @@ def prefill_launch(mode: int, variant: int, frag: torch.Tensor, xdown: torch.Ten
         b.stride(0) if (b is not None and b.dim() == 2) else 0, out.data_ptr(), out.stride(0), kc_h,
         wts.data_ptr() if wts is not None else None, p.n, p.n_tiles, p.k_chunks, float(alpha), float(limit), stream,
         frag.stride(0) if bf16 else 0, frag.shape[1] if bf16 else 0)
-    err = lib.mxfp4_prefill2(*args, 1) if f16_rows else lib.mxfp4_prefill(*args)
+    if live:
+        err = lib.mxfp4_prefill3(*args, int(f16_rows), 1)
+    else:
+        err = lib.mxfp4_prefill2(*args, 1) if f16_rows else lib.mxfp4_prefill(*args)
     _check(err, "mxfp4 prefill launch")
+
+
+def live_rows_supported(src: str = "") -> bool:
+    """The source has the MoE kernels that stage a block's padding rows as zeros (mxfp4_prefill3's `live`)."""
+    return hasattr(_load(src), "mxfp4_prefill3")
 
 
 DOWN_F16_SHIFT = 4  # the .cu's: f16 down rows hold value * 2**-4

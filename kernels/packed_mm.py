@@ -35,6 +35,8 @@ slots of a token are summed in a fixed order afterwards (deterministic, no atomi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ._checks import check_bias, check_routes
@@ -495,6 +497,18 @@ def _moe_variants(cfg: dict, gate_up: PackedMXFP4, down: PackedMXFP4, slots: int
     return v, vd
 
 
+def _moe_live_rows(cfg: dict, slots: int, experts: int, supported: Callable[[], bool]) -> bool:
+    """`cuda_moe_live_rows_max_slots` (0: off): a call whose mean slots per expert (slots // experts) are at most this
+    stages its token blocks' padding rows as zeros in both halves instead of copies of each block's first row: the same
+    output for less L2 traffic where blocks are mostly padding (a decode batch), more loop instructions everywhere
+    (kernels/NOTES.md "Decode batches of 32 tokens, measured"). Only where the source has those kernels (`supported`,
+    asked only when the rule applies): an earlier source in an A/B runs as it always did."""
+    most = int(cfg.get("cuda_moe_live_rows_max_slots", 0))
+    if most < 0:
+        raise ValueError(f"packed_mm.cuda_moe_live_rows_max_slots must be >= 0 (0: off; kernels/tuning.yaml), got {most}")
+    return 0 < most and slots // experts <= most and supported()
+
+
 def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias, down: PackedMXFP4, down_bias, out,
               cfg: dict, alpha: float, limit: float) -> torch.Tensor:
     """mxfp4_moe_packed_mm on the CUDA prefill kernel: gate_up + SwiGLU writes h (bf16 form: bf16 rows [S, I]; f16
@@ -502,7 +516,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     row per slot with its routing weight (fp32, or f16 * 2**-4 on request for the one-pass combine), and the k slots
     of a token are summed in fp32 in a fixed order, as the Triton path does."""
     from .cuda_ext import (MODE_DOWN, MODE_GATEUP, PF_VARIANTS, align_supported, combine, combine_supported,
-                           down_f16_supported, prefill_launch, reads_bf16_rows)
+                           down_f16_supported, live_rows_supported, prefill_launch, reads_bf16_rows)
     from .cuda_ext import align_by_expert as align_by_expert_cuda
 
     m, hdim = x.shape
@@ -512,6 +526,7 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
     n_exp = gate_up.words.shape[0]
     src = cfg.get("cuda_src", "")  # an earlier kernel source, for a same-process A/B (bench_prefill --cuda-src-before)
     v, vd = _moe_variants(cfg, gate_up, down, slots)
+    live = _moe_live_rows(cfg, slots, n_exp, lambda: live_rows_supported(src))
     bm = 8 * PF_VARIANTS[v][0]
     if align_supported(n_exp, src):  # one launch instead of torch's ~20 (same result)
         rows, bexp, n_blocks = align_by_expert_cuda(expert_ids, n_exp, bm, src)
@@ -535,19 +550,19 @@ def _moe_cuda(x, expert_ids, expert_weights, gate_up: PackedMXFP4, gate_up_bias,
         # rows of skipped slots (-1) are never written and are read only into columns that are never stored
         h = torch.empty((slots, gate_up.n // 2), dtype=torch.bfloat16, device=x.device)
         prefill_launch(MODE_GATEUP, v, frag, None, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
-                       rows=rows, bexp=bexp, x_div=top_k, alpha=alpha, limit=limit, src=src)
+                       rows=rows, bexp=bexp, x_div=top_k, alpha=alpha, limit=limit, src=src, live=live)
         prefill_launch(MODE_DOWN, vd, h, None, 1.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
-                       bexp=bexp, x_div=1, wts=wts, src=src)
+                       bexp=bexp, x_div=1, wts=wts, src=src, live=live)
     else:
         kc_h = down.k_chunks
         # pairs past the intermediate size up to kc_h * 32 are never written: zero them unless there are none
         alloc = torch.empty if (gate_up.n // 2) % 64 == 0 else torch.zeros
         h = alloc((slots, kc_h * 32), dtype=torch.int32, device=x.device)
         prefill_launch(MODE_GATEUP, v, frag, xdown, 1.0, gate_up, gate_up_bias, h, n_rows=slots, n_blocks=n_blocks,
-                       rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit, src=src)
+                       rows=rows, bexp=bexp, x_div=top_k, kc_h=kc_h, alpha=alpha, limit=limit, src=src, live=live)
         # h is stored * 2**8 and the decoded weights are value * 2**-14: products come out * 2**-6
         prefill_launch(MODE_DOWN, vd, h, None, 64.0, down, down_bias, y, n_rows=slots, n_blocks=n_blocks, rows=rows,
-                       bexp=bexp, x_div=1, wts=wts, src=src)
+                       bexp=bexp, x_div=1, wts=wts, src=src, live=live)
     if one_pass:
         return combine(y, expert_ids, n_exp, out, src)
     out.copy_(y.view(m, top_k, hdim).sum(dim=1))  # fixed order over the k slots

@@ -1204,39 +1204,40 @@ __device__ __forceinline__ bool pf_block_rows(const PfArgs& a, int blk, int* sro
 // expert's run at its end): their columns are computed and never stored. Only the row index is kept per piece: the
 // earlier form (a 64-bit source pointer, a shared address and a flag per piece) did not fit the 2-CTA build's 128
 // registers, and ptxas spilled or recomputed it every chunk, ~14% of the MoE loop's instructions (sm_90a SASS).
-// MXFP4_STAGE_LIVE_ROWS 1: padding rows are staged as zeros instead (xrow -1; src-size 0 reads nothing). Their copies
-// of the first row cost L2 traffic: a 64-row block's activations are 8 KB per K chunk against its 4 KB of weights, and
-// a decode batch of 32 tokens gives the 120b's experts one or two live rows per 64-row block. Zeros are as harmless as
-// the copies (their columns are never stored). Not served until a GPU A/B: kernels/NOTES.md "Decode batches of 17-63
-// tokens"; at 0 the SASS is main's.
+// LIVE (the *_live_kernel entries, packed_mm's cuda_moe_live_rows_max_slots): padding rows are staged as zeros instead
+// (xrow -1; src-size 0 reads nothing). Their copies of the first row cost L2 traffic: a 64-row block's activations are
+// 8 KB per K chunk against its 4 KB of weights, and a decode batch of 32 tokens gives the 120b's experts one or two live
+// rows per 64-row block. Zeros are as harmless as the copies (their columns are never stored). H100, MoE layer, same
+// output bits: 0.83-0.92x the time at 32-64 tokens, not faster at 2048 (kernels/NOTES.md "Decode batches of 32 tokens,
+// measured"), and it costs loop instructions. MXFP4_STAGE_LIVE_ROWS 1 makes every entry LIVE (an A/B copy).
 #ifndef MXFP4_STAGE_LIVE_ROWS
 #define MXFP4_STAGE_LIVE_ROWS 0
 #endif
-template <int CP>
+template <bool LIVE, int CP>
 __device__ __forceinline__ void pf_stage_rows(const PfArgs& a, const int* srow, int (&xrow)[CP]) {
   constexpr int ROWS_PER_U = THREADS / 8;
 #pragma unroll
   for (int u = 0; u < CP; ++u) {
     const int r = (threadIdx.x >> 3) + u * ROWS_PER_U;
-#if MXFP4_STAGE_LIVE_ROWS
-    xrow[u] = srow[r] >= 0 ? srow[r] / a.x_div : -1;
-#else
-    xrow[u] = (srow[r] >= 0 ? srow[r] : srow[0]) / a.x_div;
-#endif
+    if constexpr (LIVE || MXFP4_STAGE_LIVE_ROWS)
+      xrow[u] = srow[r] >= 0 ? srow[r] / a.x_div : -1;
+    else
+      xrow[u] = (srow[r] >= 0 ? srow[r] : srow[0]) / a.x_div;
   }
 }
 
 // One staged piece: 16 bytes of activation row xrow at col into shared dst (bytes 0: zero-filled, nothing read).
+template <bool LIVE>
 __device__ __forceinline__ void pf_stage_piece(uint32_t dst, const char* col, int xrow, unsigned long long row_bytes,
                                                uint32_t bytes) {
-#if MXFP4_STAGE_LIVE_ROWS
-  const bool live = xrow >= 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-               "l"(col + (unsigned long long)(live ? xrow : 0) * row_bytes), "r"(live ? bytes : 0u));
-#else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(col + (unsigned long long)xrow * row_bytes),
-               "r"(bytes));
-#endif
+  if constexpr (LIVE || MXFP4_STAGE_LIVE_ROWS) {
+    const bool live = xrow >= 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(col + (unsigned long long)(live ? xrow : 0) * row_bytes), "r"(live ? bytes : 0u));
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(col + (unsigned long long)xrow * row_bytes), "r"(bytes));
+  }
 }
 
 // A warp's weight stream: its RT row tiles (tile0 + rt * tile_step; past the last tile, the last, whose products are
@@ -1439,8 +1440,8 @@ __device__ __forceinline__ void pf_down_f16(const PfArgs& a, float (&acc)[RT][NT
 // (value * 2**-126) and is multiplied by its scale in bf16 before the MMA (exact: bf16 has fp32's exponent range,
 // Marlin's order: vLLM csrc/quantization/marlin scales the dequantized B fragment before its mma), so the MMAs
 // accumulate straight into the accumulators: no partials, no FFMA.
-template <int MODE, int NT, int RT, int CTAS, int FORM>
-__global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a) {
+template <int MODE, int NT, int RT, int CTAS, int FORM, bool LIVE>
+__device__ __forceinline__ void pf_kernel_body(const PfArgs& a) {
   constexpr int BM = NT * 8;
   constexpr int PIECES = BM * 8;  // 16-byte pieces per staged chunk
   constexpr int CP = (PIECES + THREADS - 1) / THREADS;
@@ -1456,7 +1457,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
   constexpr int ROWS_PER_U = THREADS / 8;
   const int t8 = threadIdx.x & 7;
   int xrow[CP];
-  pf_stage_rows(a, srow, xrow);
+  pf_stage_rows<LIVE>(a, srow, xrow);
   const unsigned long long row_bytes = FORM ? (unsigned long long)a.sx * 2 : (unsigned long long)a.kc * 128;
   const char* xbase = reinterpret_cast<const char*>(a.xfrag) + t8 * 16;
   const uint32_t dst0 = (uint32_t)__cvta_generic_to_shared(smem + (threadIdx.x >> 3) * PF_ROW + t8 * 4);
@@ -1467,7 +1468,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
     const uint32_t bytes = in_k ? 16u : 0u;
     const char* col = xbase + (in_k ? c * 128 : 0);
 #pragma unroll
-    for (int u = 0; u < CP; ++u) pf_stage_piece(dst + u * ROWS_PER_U * PF_ROW * 4, col, xrow[u], row_bytes, bytes);
+    for (int u = 0; u < CP; ++u) pf_stage_piece<LIVE>(dst + u * ROWS_PER_U * PF_ROW * 4, col, xrow[u], row_bytes, bytes);
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 
@@ -1580,6 +1581,16 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a)
     pf_down_f16<NT, RT, FORM != 0>(a, acc, tile0, 1, srow, e, g, t);
   else
     pf_epilogue<MODE, NT, RT, FORM != 0>(a, acc, tile0, 1, srow, e, g, t);
+}
+
+// The kernels of that body: a block's padding rows staged as copies of its first row, or as zeros (LIVE, above)
+template <int MODE, int NT, int RT, int CTAS, int FORM>
+__global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_kernel(const PfArgs a) {
+  pf_kernel_body<MODE, NT, RT, CTAS, FORM, false>(a);
+}
+template <int MODE, int NT, int RT, int CTAS, int FORM>
+__global__ void __launch_bounds__(THREADS, CTAS) mxfp4_pf_live_kernel(const PfArgs a) {
+  pf_kernel_body<MODE, NT, RT, CTAS, FORM, true>(a);
 }
 
 // ---- The prefill kernel on Hopper's wgmma (sm_90a only; FORM_WG) ----
@@ -1791,8 +1802,8 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 // multiplied, never stored. Every warpgroup multiplies, even one with no tile of its own (at most one per layer
 // half, ~2% of the work at gpt-oss shapes): a wgmma under a branch on the warp index is one ptxas cannot prove uniform,
 // and it serializes every wgmma of the kernel ("WG.DP in divergent path").
-template <int MODE, int NT, int RT, int CTAS>
-__global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a) {
+template <int MODE, int NT, int RT, int CTAS, bool LIVE>
+__device__ __forceinline__ void wg_kernel_body(const PfArgs& a) {
 #ifdef MXFP4_WGMMA
   constexpr int BM = NT * 8;
   constexpr int STAGE_BYTES = wg_act_stage_bytes(NT);  // BM token rows of one K chunk (64 bf16)
@@ -1816,7 +1827,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   constexpr int ROWS_PER_U = THREADS / 8;
   const int t8 = threadIdx.x & 7, r8 = threadIdx.x >> 3;
   int xrow[CP];
-  pf_stage_rows(a, srow, xrow);
+  pf_stage_rows<LIVE>(a, srow, xrow);
   const unsigned long long row_bytes = (unsigned long long)a.sx * 2;
   const char* xbase = reinterpret_cast<const char*>(a.xfrag) + t8 * 16;
   const uint32_t dst0 = sbase + r8 * 128 + ((t8 ^ (r8 & 7)) << 4);
@@ -1841,7 +1852,7 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
     const bool in_k = c * 64 + t8 * 8 < a.K;  // pieces past K are zero-filled (src-size 0 reads nothing)
     const char* col = xbase + (in_k ? c * 128 : 0);
 #pragma unroll
-    for (int u = 0; u < CP; ++u) pf_stage_piece(dst + u * ROWS_PER_U * 128, col, xrow[u], row_bytes, in_k ? 16u : 0u);
+    for (int u = 0; u < CP; ++u) pf_stage_piece<LIVE>(dst + u * ROWS_PER_U * 128, col, xrow[u], row_bytes, in_k ? 16u : 0u);
   };
   auto commit = [] { asm volatile("cp.async.commit_group;\n" ::: "memory"); };
 
@@ -1921,6 +1932,15 @@ __global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a)
   else
     pf_epilogue<MODE, NT, RT, true>(a, acc, tile0, 4, srow, e, g, t);
 #endif
+}
+
+template <int MODE, int NT, int RT, int CTAS>
+__global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_kernel(const PfArgs a) {
+  wg_kernel_body<MODE, NT, RT, CTAS, false>(a);
+}
+template <int MODE, int NT, int RT, int CTAS>
+__global__ void __launch_bounds__(THREADS, CTAS) mxfp4_wg_live_kernel(const PfArgs a) {
+  wg_kernel_body<MODE, NT, RT, CTAS, true>(a);
 }
 
 // align_by_expert (kernels/packed_mm.py) in one launch: slots s = 0..S-1 (ids[s], < 0 or >= E: not on this rank)
@@ -2050,7 +2070,7 @@ __global__ void __launch_bounds__(THREADS) combine_kernel(const T* y, const int*
   }
 }
 
-template <int MODE, int NT, int RT, int CTAS, int FORM>
+template <int MODE, int NT, int RT, int CTAS, int FORM, bool LIVE>
 cudaError_t pf_launch(const PfArgs& a, int n_blocks, int groups, cudaStream_t stream) {
   if constexpr (FORM == FORM_WG) {
     // built for every arch, with a body only for sm_90a: refuse other devices rather than run an empty kernel
@@ -2061,19 +2081,21 @@ cudaError_t pf_launch(const PfArgs& a, int n_blocks, int groups, cudaStream_t st
     if (major != 9 || minor != 0) return cudaErrorNotSupported;
     // activations and weights per stage (mxfp4_wg_kernel), + the alignment of the stages to 1024 bytes
     const size_t smem = (size_t)WG_STAGES * (wg_act_stage_bytes(NT) + wg_weight_stage_bytes(RT)) + 1024;
-    const cudaError_t err = cudaFuncSetAttribute(mxfp4_wg_kernel<MODE, NT, RT, CTAS>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    auto kern = mxfp4_wg_kernel<MODE, NT, RT, CTAS>;  // if constexpr: no live kernel for the tables that never use one
+    if constexpr (LIVE) kern = mxfp4_wg_live_kernel<MODE, NT, RT, CTAS>;
+    const cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
-    mxfp4_wg_kernel<MODE, NT, RT, CTAS><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
+    kern<<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
     return cudaGetLastError();
   } else {
     const size_t smem = (size_t)PF_STAGES * NT * 8 * PF_ROW * 4;
+    auto kern = mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM>;
+    if constexpr (LIVE) kern = mxfp4_pf_live_kernel<MODE, NT, RT, CTAS, FORM>;
     if (smem > 48 * 1024) {  // NT > 8 tilings: above the default dynamic limit
-      const cudaError_t err = cudaFuncSetAttribute(mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      const cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
       if (err != cudaSuccess) return err;
     }
-    mxfp4_pf_kernel<MODE, NT, RT, CTAS, FORM><<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
+    kern<<<dim3(n_blocks, groups), THREADS, smem, stream>>>(a);
     return cudaGetLastError();
   }
 }
@@ -2181,20 +2203,25 @@ typedef cudaError_t (*pf_fn)(const PfArgs&, int, int, cudaStream_t);
 // down half's own tiling"): 256 rows per CTA, half the re-reads of h. H100, MoE layer of the 120b shape: 0.929x at 8192
 // tokens (~256 slots per expert), 1.015x at 2048 (~64: half the warps per SM hide less latency), bit-identical.
 #define PF_N 6
-#define PF_TABLE(MODE) pf_launch<MODE, 8, 2, 1, 1>, pf_launch<MODE, 8, 2, 2, 1>, pf_launch<MODE, 8, 2, 1, 0>, \
-    pf_launch<MODE, 8, 1, 2, 2>, pf_launch<MODE, 16, 1, 2, 2>, pf_launch<MODE, 16, 2, 1, 2>
+#define PF_TABLE(MODE, LIVE) pf_launch<MODE, 8, 2, 1, 1, LIVE>, pf_launch<MODE, 8, 2, 2, 1, LIVE>, \
+    pf_launch<MODE, 8, 2, 1, 0, LIVE>, pf_launch<MODE, 8, 1, 2, 2, LIVE>, pf_launch<MODE, 16, 1, 2, 2, LIVE>, \
+    pf_launch<MODE, 16, 2, 1, 2, LIVE>
 static const int PF_RT[PF_N] = {2, 2, 2, 1, 1, 2};
 
 int mxfp4_pf_num_variants() { return PF_N; }
 
-// mxfp4_prefill2 = mxfp4_prefill + down_f16: the down mode writes f16 rows (value * 2**-DOWN_F16_SHIFT; N even).
-int mxfp4_prefill2(int mode, int variant, const void* xfrag, const float* xdown, float xmul, const int* rows,
+// mxfp4_prefill3 = mxfp4_prefill + down_f16 (the down mode writes f16 rows, value * 2**-DOWN_F16_SHIFT; N even) + live
+// (a block's padding rows staged as zeros: the MoE halves only, where experts hold few slots).
+int mxfp4_prefill3(int mode, int variant, const void* xfrag, const float* xdown, float xmul, const int* rows,
                    const int* bexp, int x_div, int n_rows, int n_blocks, const void* words, const void* scales,
                    long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
                    void* out, long long so, int kc_h, const float* wts, int N, int n_tiles, int kc, float alpha,
-                   float limit, void* stream, long long sx, int K, int down_f16) {
-  static const pf_fn table[3][PF_N] = {{PF_TABLE(MODE_DENSE)}, {PF_TABLE(MODE_GATEUP)}, {PF_TABLE(MODE_DOWN)}};
+                   float limit, void* stream, long long sx, int K, int down_f16, int live) {
+  static const pf_fn table[3][PF_N] = {{PF_TABLE(MODE_DENSE, false)}, {PF_TABLE(MODE_GATEUP, false)},
+                                       {PF_TABLE(MODE_DOWN, false)}};
+  static const pf_fn live_table[2][PF_N] = {{PF_TABLE(MODE_GATEUP, true)}, {PF_TABLE(MODE_DOWN, true)}};
   if (variant < 0 || variant >= PF_N || mode < 0 || mode > 2 || n_blocks < 1 || x_div < 1) return (int)cudaErrorInvalidValue;
+  if (live && mode == MODE_DENSE) return (int)cudaErrorInvalidValue;
   if (down_f16 && (mode != MODE_DOWN || N % 2 || so % 2)) return (int)cudaErrorInvalidValue;
   PfArgs a;
   a.xfrag = reinterpret_cast<const uint32_t*>(xfrag); a.xdown = xdown; a.xmul = xmul;
@@ -2206,7 +2233,18 @@ int mxfp4_prefill2(int mode, int variant, const void* xfrag, const float* xdown,
   a.N = N; a.n_tiles = n_tiles; a.kc = kc; a.alpha = alpha; a.limit = limit;
   a.sx = sx; a.K = K; a.down_f16 = down_f16;
   const int groups = (n_tiles + WARPS * PF_RT[variant] - 1) / (WARPS * PF_RT[variant]);
-  return (int)table[mode][variant](a, n_blocks, groups, reinterpret_cast<cudaStream_t>(stream));
+  const pf_fn fn = live ? live_table[mode - MODE_GATEUP][variant] : table[mode][variant];
+  return (int)fn(a, n_blocks, groups, reinterpret_cast<cudaStream_t>(stream));
+}
+
+int mxfp4_prefill2(int mode, int variant, const void* xfrag, const float* xdown, float xmul, const int* rows,
+                   const int* bexp, int x_div, int n_rows, int n_blocks, const void* words, const void* scales,
+                   long long wstride_e, long long sstride_e, const void* bias, int bias_kind, long long bstride_e,
+                   void* out, long long so, int kc_h, const float* wts, int N, int n_tiles, int kc, float alpha,
+                   float limit, void* stream, long long sx, int K, int down_f16) {
+  return mxfp4_prefill3(mode, variant, xfrag, xdown, xmul, rows, bexp, x_div, n_rows, n_blocks, words, scales,
+                        wstride_e, sstride_e, bias, bias_kind, bstride_e, out, so, kc_h, wts, N, n_tiles, kc, alpha,
+                        limit, stream, sx, K, down_f16, 0);
 }
 
 int mxfp4_prefill(int mode, int variant, const void* xfrag, const float* xdown, float xmul, const int* rows,

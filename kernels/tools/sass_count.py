@@ -178,6 +178,15 @@ PF_VARIANTS = {
 }
 
 
+# The same kernels with a token block's padding rows staged as zeros (csrc *_live_kernel, packed_mm's
+# cuda_moe_live_rows_max_slots): the MoE tilings that rule would serve, sm_12x's (bf16, 2 CTAs per SM) and sm_90's
+# sparse one (wgmma, 64 token rows).
+PF_LIVE_VARIANTS = {
+    "ILi1ELi8ELi2ELi2ELi1EE": "prefill moe gate_up NT=8 RT=2 bf16 2 CTAs/SM, padding rows as zeros",
+    "ILi2ELi8ELi2ELi2ELi1EE": "prefill moe down NT=8 RT=2 bf16 2 CTAs/SM, padding rows as zeros",
+}
+
+
 def template_args(mangled: str) -> tuple[int, ...]:
     """'ILi0ELi1ELi8ELi2ELi5E' -> (0, 1, 8, 2, 5)."""
     return tuple(int(a) for a in re.findall(r"Li(\d+)E", mangled))
@@ -191,6 +200,10 @@ WG_VARIANTS = {
     "ILi1ELi8ELi1ELi2EE": "prefill moe gate_up NT=8 RT=1 wgmma 2 CTAs/SM (sm_90, <= 64 slots per expert)",
     "ILi2ELi8ELi1ELi2EE": "prefill moe down NT=8 RT=1 wgmma 2 CTAs/SM (sm_90, <= 64 slots per expert)",
 }
+WG_LIVE_VARIANTS = {
+    "ILi1ELi8ELi1ELi2EE": "prefill moe gate_up NT=8 RT=1 wgmma 2 CTAs/SM, padding rows as zeros",
+    "ILi2ELi8ELi1ELi2EE": "prefill moe down NT=8 RT=1 wgmma 2 CTAs/SM, padding rows as zeros",
+}
 
 
 def words_per_pass(kernel: str, args: tuple[int, ...], src_text: str) -> int:
@@ -203,7 +216,7 @@ def words_per_pass(kernel: str, args: tuple[int, ...], src_text: str) -> int:
     if kernel == "mxfp4_kernel":
         _, _, _, rt, pf = args
         return rt * pf * 4
-    const = "WG_WPF" if kernel == "mxfp4_wg_kernel" else "PF_W"
+    const = "WG_WPF" if kernel.startswith("mxfp4_wg") else "PF_W"
     m = re.search(rf"constexpr int {const} = (\d+);", src_text)
     if not m:
         raise RuntimeError(f"the kernel source no longer defines `constexpr int {const}`: update sass_count.words_per_pass")
@@ -251,7 +264,9 @@ def count_cuda_functions(funcs: dict[str, list[tuple[int, str, int]]], src: Path
     cold = all_lines - hot
     out = []
     for kernel, table, marker in (("mxfp4_kernel", CUDA_VARIANTS, "HMMA"), ("mxfp4_pf_kernel", PF_VARIANTS, "HMMA"),
-                                  ("mxfp4_wg_kernel", WG_VARIANTS, "HGMMA")):
+                                  ("mxfp4_wg_kernel", WG_VARIANTS, "HGMMA"),
+                                  ("mxfp4_pf_live_kernel", PF_LIVE_VARIANTS, "HMMA"),
+                                  ("mxfp4_wg_live_kernel", WG_LIVE_VARIANTS, "HGMMA")):
         for key, desc in table.items():
             name = next((f for f in funcs if f"{kernel}{key}" in f), None)
             # the wgmma kernel is built empty for archs without wgmma (sm_121a): nothing to count there

@@ -59,8 +59,10 @@ def test_the_kernels_build_for_every_shipped_arch(counts, toolchain, record_prop
         found = {r["variant"] for r in rows}
         want = {sass_count.variant_id(k) for k in sass_count.CUDA_VARIANTS}
         want |= {sass_count.variant_id(k, "mxfp4_pf_kernel") for k in sass_count.PF_VARIANTS}
+        want |= {sass_count.variant_id(k, "mxfp4_pf_live_kernel") for k in sass_count.PF_LIVE_VARIANTS}
         if arch == "90a":  # wgmma: Hopper only; the sm_121a build of that kernel is empty (and so not counted)
             want |= {sass_count.variant_id(k, "mxfp4_wg_kernel") for k in sass_count.WG_VARIANTS}
+            want |= {sass_count.variant_id(k, "mxfp4_wg_live_kernel") for k in sass_count.WG_LIVE_VARIANTS}
         assert found == want, (f"sm_{arch}: no decode or prefill loop found for {sorted(want - found)}, "
                                f"or one found that must not be there: {sorted(found - want)}")
         record_property(f"sass_sm_{arch}", json.dumps({r["variant"]: [r["instr_per_word"], r["loop_instr_per_word"]]
@@ -76,7 +78,7 @@ def test_words_per_pass_give_one_mma_per_word_and_token_tile(counts):
     for arch, rows in counts.items():
         for r in rows:
             nt = int(r["variant"].split("<")[1].split(",")[1])  # <MODE, NT, ...> for every kernel
-            want = 1 if r["variant"].startswith("mxfp4_wg_kernel") else nt
+            want = 1 if r["variant"].startswith("mxfp4_wg") else nt
             assert r["mma_per_word"] == want, f"sm_{arch} {r['variant']}: {r['mma_per_word']} MMA per word, want {want}"
 
 
@@ -96,7 +98,7 @@ def test_every_served_loop_s_weight_loads_are_read_from_real_control_codes(count
             kernel, args = r["variant"].split("<")
             mangled = "I" + "".join(f"Li{a}E" for a in args.rstrip(">").split(",")) + "E"
             name = next(f for f in funcs if f"{kernel}{mangled}" in f)
-            loop = sass_count.hot_loop(funcs[name], "HGMMA" if kernel == "mxfp4_wg_kernel" else "HMMA")[1]
+            loop = sass_count.hot_loop(funcs[name], "HGMMA" if kernel.startswith("mxfp4_wg") else "HMMA")[1]
             ctl = [controls[name][a] for a, _, _ in loop]
             loads = [(c, t) for c, (_, t, _) in zip(ctl, loop) if scoreboard.is_global_load(t)]
             if r["loads_via_cp_async"]:  # the wgmma prefill stages its weights with the activations' cp.async groups
@@ -247,7 +249,8 @@ def test_the_budget_fails_a_build_that_computes_each_product_twice(toolchain, tm
 
 def test_the_budget_fails_a_build_whose_bf16_prefill_decode_grew(toolchain, tmp_path):
     over, problems = _breaches_of_bloated_source(BF16_BLOAT, toolchain, tmp_path)
-    bf16 = {sass_count.variant_id(k, "mxfp4_pf_kernel") for k in sass_count.PF_VARIANTS if k.endswith("ELi1EE")}
+    bf16 = ({sass_count.variant_id(k, "mxfp4_pf_kernel") for k in sass_count.PF_VARIANTS if k.endswith("ELi1EE")}
+            | {sass_count.variant_id(k, "mxfp4_pf_live_kernel") for k in sass_count.PF_LIVE_VARIANTS})
     assert bf16 and over == bf16, problems
 
 

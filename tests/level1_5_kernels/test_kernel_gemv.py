@@ -477,9 +477,9 @@ def test_cuda_ext_refuses_a_source_with_another_prefill_table(tmp_path):
     from kernels import cuda_ext
 
     src = cuda_ext.SRC.read_text()
-    table = src[src.index("#define PF_TABLE(MODE)"):].splitlines()[0]
-    three = table.replace(", 1>", ">").replace(", 0>", ">")
-    for other in (table.replace("pf_launch<MODE, 8, 2, 2, 1>", "pf_launch<MODE, 8, 2, 1, 1>"), three):
+    table = src[src.index("#define PF_TABLE(MODE, LIVE)"):].splitlines()[0]
+    three = table.replace(", 1, LIVE>", ", LIVE>").replace(", 0, LIVE>", ", LIVE>")
+    for other in (table.replace("pf_launch<MODE, 8, 2, 2, 1, LIVE>", "pf_launch<MODE, 8, 2, 1, 1, LIVE>"), three):
         older = tmp_path / "older_pf.cu"
         older.write_text(src.replace(table, other))
         assert cuda_ext.source_pf_variants(older.read_text()), "a table must be read, whatever its arity"

@@ -379,6 +379,32 @@ def test_the_moe_takes_64_token_rows_per_cta_where_experts_are_sparse(monkeypatc
         tilings(4 * 64, cuda_moe_down_tokens=64, cuda_moe_down_row_tiles=1)
 
 
+def test_live_row_staging_serves_only_calls_with_few_slots_per_expert():
+    """`cuda_moe_live_rows_max_slots`: a MoE call whose mean slots per expert, rounded down, is at most the key stages
+    padding rows as zeros (both halves); a denser call, the key at 0 (the served tuning until a GPU run) or a source
+    without those kernels (an earlier build in an A/B) does not; the source is asked only when the rule applies (it is
+    loaded per call); a negative key is refused in one line naming it."""
+    from kernels.packed_mm import _moe_live_rows
+
+    asked = []
+
+    def has(answer: bool):
+        return lambda: asked.append(answer) or answer
+
+    on = {"cuda_moe_live_rows_max_slots": 16}
+    assert _moe_live_rows(on, 32 * 4, 32, has(True)), "4 slots per expert (the 20b at 32 tokens): live rows"
+    assert _moe_live_rows(on, 16 * 128 + 127, 128, has(True)), "16.99 per expert rounds down to 16"
+    assert not _moe_live_rows(on, 17 * 128, 128, has(True)), "17 per expert: padding rows copied as before"
+    assert not _moe_live_rows(on, 4, 32, has(False)), "a source without the live kernels runs as it always did"
+    assert asked == [True, True, False], asked
+    asked.clear()
+    assert not _moe_live_rows({}, 4, 32, has(True)) and not _moe_live_rows(on, 2048 * 4, 32, has(True))
+    assert asked == [], "the source is not asked where the rule does not apply"
+    assert get_config("packed_mm", "sm_90")["cuda_moe_live_rows_max_slots"] == 0, "not served before a GPU run"
+    with pytest.raises(ValueError, match="cuda_moe_live_rows_max_slots must be >= 0"):
+        _moe_live_rows({"cuda_moe_live_rows_max_slots": -1}, 4, 32, has(True))
+
+
 def _on_hopper(monkeypatch) -> None:
     """This process as an sm_90 device (wgmma available) for the host-side checks; no kernel runs."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -748,7 +774,8 @@ def test_live_row_staging_changes_no_output_bit(variant, macro_copies):
     """MXFP4_STAGE_LIVE_ROWS 1 stages a block's padding rows as zeros instead of copies of its first row: their columns
     are never stored, so the MoE (every expert's last block holding one slot, the panel test's routing) and a dense
     call whose last token block is mostly padding must come out bit for bit as the served build's; a copy that also
-    zeroes real rows must differ (the comparison can fail)."""
+    zeroes real rows must differ (the comparison can fail). The served build's live kernels, which
+    `cuda_moe_live_rows_max_slots` picks per MoE call, give the same bits too and are seen launched."""
     cfg = {**_impl_cfg("cuda", variant), "cuda_down_variant": variant}  # skips, with the reason, where it cannot run
     seed = fresh_seed()
     ids, x, wts, p, gu, dn = _panel_moe_case(generator(seed, "cuda"))
@@ -770,6 +797,17 @@ def test_live_row_staging_changes_no_output_bit(variant, macro_copies):
                                    f"of {a.shape[0]} {name} output rows")
     assert not any(torch.equal(a, b) for a, b in zip(base, run("broken"))), \
         f"seed {seed}: a copy that zeroes real rows went unseen"
+    # the served build's own live kernels, chosen per call by cuda_moe_live_rows_max_slots: the same bits, and the
+    # profiler sees them launched (both halves) where the rule applies and never where it is off
+    for most in (0, 10**6):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            moe = mxfp4_moe_packed_mm(x, ids, wts, gu, p["gate_up_bias"], dn, p["down_bias"],
+                                      out=poisoned((m, h), torch.float32, "cuda"),
+                                      config={**cfg, "cuda_moe_live_rows_max_slots": most})
+            torch.cuda.synchronize()
+        live = [e.name for e in prof.events() if "_live_kernel" in e.name]
+        assert torch.equal(base[0], moe), f"seed {seed}: cuda_moe_live_rows_max_slots {most} changed the MoE's output"
+        assert len(live) == (2 if most else 0), f"cuda_moe_live_rows_max_slots {most}: live kernels launched {live}"
 
 
 @pytest.mark.gpu

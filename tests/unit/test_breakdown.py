@@ -62,6 +62,7 @@ def test_kernels_take_the_category_the_catalog_gives_them(categories, name, expe
 # source without a category fails below instead of landing in "other" (the wgmma prefill, align_kernel and
 # combine_kernel did: a plugin prefill's MoE time was under-counted by their share).
 CSRC_MODE_KERNELS = {"mxfp4_kernel": "Args", "mxfp4_pf_kernel": "PfArgs", "mxfp4_wg_kernel": "PfArgs"}
+CSRC_MOE_MODE_KERNELS = {"mxfp4_pf_live_kernel": "PfArgs", "mxfp4_wg_live_kernel": "PfArgs"}  # built for modes 1, 2
 CSRC_KERNELS = {"xprep_kernel": "dense", "topk_kernel": "moe", "route_kernel": "moe", "align_kernel": "moe",
                 "combine_kernel": "moe"}
 
@@ -70,14 +71,15 @@ def test_every_kernel_of_the_cuda_source_has_its_category(categories):
     import re
     src = (Path(__file__).resolve().parents[2] / "kernels" / "csrc" / "mxfp4_mma.cu").read_text()
     names = set(re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\)\)? )?(\w+)\(", src))
-    assert names and names == set(CSRC_MODE_KERNELS) | set(CSRC_KERNELS), (
+    assert names and names == set(CSRC_MODE_KERNELS) | set(CSRC_MOE_MODE_KERNELS) | set(CSRC_KERNELS), (
         f"kernels of mxfp4_mma.cu: {sorted(names)}; give a new one its category in configs/flavours/upstream.yaml "
         "`categories:` and name it here")
     wrong = []
-    for kernel, args in CSRC_MODE_KERNELS.items():
-        for mode, expected in ((0, "dense"), (1, "moe"), (2, "moe")):
-            name = f"void (anonymous namespace)::{kernel}<{mode}, 16, 1, 2>((anonymous namespace)::{args})"
-            wrong += [f"{name} -> {categorise(name, categories)}"] if categorise(name, categories) != expected else []
+    modes = [(k, a, m, e) for k, a in CSRC_MODE_KERNELS.items() for m, e in ((0, "dense"), (1, "moe"), (2, "moe"))]
+    modes += [(k, a, m, "moe") for k, a in CSRC_MOE_MODE_KERNELS.items() for m in (1, 2)]
+    for kernel, args, mode, expected in modes:
+        name = f"void (anonymous namespace)::{kernel}<{mode}, 16, 1, 2>((anonymous namespace)::{args})"
+        wrong += [f"{name} -> {categorise(name, categories)}"] if categorise(name, categories) != expected else []
     for kernel, expected in CSRC_KERNELS.items():
         name = f"void (anonymous namespace)::{kernel}(int const*, int, int)"
         wrong += [f"{name} -> {categorise(name, categories)}"] if categorise(name, categories) != expected else []
